@@ -1,0 +1,39 @@
+# The two set-up commands of README: `make demo` (the main job) and `make test` (all tests).
+# Each builds .venv on first use: torch==2.13.0 first (a CPU build here), then the project and its extras.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.spotswarm-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint venv browser clean bench
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[all]'
+	touch $(STAMP)
+
+# Debian's chromium for the status-page browser tests (Playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium >/dev/null)
+
+demo: venv
+	$(VENV)/bin/spotswarm demo
+
+test: venv browser
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check orchestrator worker tests bench
+	$(VENV)/bin/mypy
+
+bench: venv
+	$(PY) bench/strategy_overhead.py
+
+clean:
+	rm -rf $(VENV) data

@@ -1,0 +1,1 @@
+"""Launcher backends: ``base`` (the interface), ``local`` (subprocess workers), ``ec2`` (spot instances)."""

@@ -1,0 +1,80 @@
+"""The launcher interface: how the reconcile loop starts and stops workers on some kind of machine.
+
+Rules every backend follows (the reconciler relies on them):
+
+- ``launch`` is idempotent by ``request_id``: calling it twice for one request starts one worker.
+  The worker row carrying that request id is written to the database *before* ``launch`` is called.
+- ``launch`` and ``terminate`` do not raise for failures of the machines themselves (no capacity, a
+  process that died at once): those are reported by ``poll_errors``. They raise only
+  :class:`LauncherConfigError` for a request that can never succeed (bad options).
+- ``describe`` lists everything this launcher owns that is not known to be gone, including workers
+  launched by an earlier orchestrator process (adoption after a restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class LauncherConfigError(ValueError):
+    """A launch request that can never succeed as given (unknown option, bad instance type...)."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One worker to start. ``env`` is what the worker agent needs to boot (URL, join token, request id)."""
+
+    request_id: str
+    run_name: str
+    env: Mapping[str, str]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A worker machine or process as the launcher sees it."""
+
+    request_id: str
+    handle: str  # PID for local, instance id for EC2
+    run_name: str
+    alive: bool
+    details: Mapping[str, Any] = field(default_factory=dict)  # instance type, zone, price, exit code...
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """A launch that failed or a worker that died at start-up, reported by polling."""
+
+    request_id: str
+    run_name: str
+    reason: str
+    retryable: bool = True
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """A backend that runs worker agents. Implementations: ``local`` (subprocesses), ``ec2`` (spot)."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> str:
+        """Start one worker for ``request`` (idempotent by request id) and return its handle."""
+        ...
+
+    def terminate(self, request_id: str) -> None:
+        """Stop the worker of ``request_id`` if it still runs; a no-op for an unknown or gone one."""
+        ...
+
+    def describe(self) -> list[Instance]:
+        """Every worker this launcher owns, alive or recently gone, with its request id."""
+        ...
+
+    def poll_errors(self) -> list[LaunchFailure]:
+        """Failures seen since the last call; each is reported once."""
+        ...
+
+    def close(self) -> None:
+        """Release clients and threads; workers keep running (they outlive an orchestrator restart)."""
+        ...

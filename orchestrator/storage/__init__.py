@@ -1,0 +1,1 @@
+"""Checkpoint storage backends: ``base`` (the interface), ``local`` (a directory), ``s3``."""

@@ -1,0 +1,47 @@
+"""The checkpoint store interface. Keys look like ``runs/<swarm_id>/epoch-00000012.ckpt``.
+
+The API layer receives an upload into a temporary file, verifies its size and SHA-256, and only then
+calls :meth:`CheckpointStore.put_file`, which must make the object visible atomically: a reader sees
+the old state or the whole new object, never a part. ``open_stream`` verifies nothing; callers that need
+integrity compare the recorded checksum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+class CheckpointNotFound(KeyError):
+    """No object is stored under the key."""
+
+
+class CheckpointCorrupt(ValueError):
+    """The stored bytes do not match the recorded checksum or size."""
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    name: str
+
+    def put_file(self, key: str, path: Path, sha256: str) -> None:
+        """Store the verified file at ``path`` under ``key``, atomically."""
+        ...
+
+    def open_stream(self, key: str, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """Yield the object's bytes; raises :class:`CheckpointNotFound`."""
+        ...
+
+    def size(self, key: str) -> int:
+        """Size in bytes; raises :class:`CheckpointNotFound`."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; a no-op when it is absent."""
+        ...
+
+
+def checkpoint_key(swarm_id: str, epoch: int) -> str:
+    """The storage key of a run's checkpoint at ``epoch``."""
+    return f"runs/{swarm_id}/epoch-{epoch:08d}.ckpt"

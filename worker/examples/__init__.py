@@ -1,0 +1,1 @@
+"""Example LightningModules and DataModules whose data ships with a package (no download)."""

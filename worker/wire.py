@@ -1,0 +1,180 @@
+"""The JSON wire format between the orchestrator and its workers (and any other API client).
+
+This module is the one piece both sides share. It lives in the worker package because a worker image
+carries no server code; the orchestrator imports it, never the other way round. It depends on pydantic
+only, so importing it pulls in neither torch nor hivemind.
+
+Endpoints that carry these models (all under ``/api/v1``):
+
+==========================================  ================  =======================================
+``POST /workers/register``                  join token        :class:`WorkerRegister` -> :class:`WorkerRegistered`
+``POST /workers/{worker_id}/heartbeat``     worker token      :class:`Heartbeat` -> :class:`HeartbeatReply`
+``POST /workers/{worker_id}/deregister``    worker token      :class:`Deregister` -> 204
+``PUT  /workers/{worker_id}/checkpoints/{epoch}``  worker token  raw bytes, header ``X-Checksum-Sha256``
+``GET  /runs/{name}/checkpoints/latest/download``  worker/run/admin token   raw bytes
+``GET  /runs/{name}/peers``                 none              :class:`PeerList`
+==========================================  ================  =======================================
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+CHECKSUM_HEADER = "X-Checksum-Sha256"
+
+
+class StrictModel(BaseModel):
+    """Base of every request model: unknown fields are an error, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunState(str, Enum):
+    """Lifecycle of a run; the allowed transitions live in ``orchestrator/runs.py``."""
+
+    pending = "pending"
+    running = "running"
+    stopping = "stopping"
+    stopped = "stopped"
+    completed = "completed"
+    failed = "failed"
+
+
+class WorkerState(str, Enum):
+    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/runs.py``."""
+
+    launching = "launching"
+    running = "running"
+    lost = "lost"
+    interrupted = "interrupted"
+    exited = "exited"
+    failed = "failed"
+
+
+LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
+
+
+class StopCondition(StrictModel):
+    """When a run is complete: whichever target is reached first. Neither set means run until stopped."""
+
+    target_epochs: int | None = Field(default=None, ge=1, description="Swarm epochs (hivemind global steps).")
+    target_samples: int | None = Field(default=None, ge=1, description="Samples accumulated by the swarm.")
+
+
+class RunSpec(StrictModel):
+    """What a user asks for: the model, the data, the swarm's batch, the worker count and when to stop."""
+
+    name: str = Field(pattern=RUN_NAME_PATTERN, description="Unique run name: lowercase, digits, hyphens.")
+    module: str = Field(pattern=IMPORT_PATH_PATTERN, description="LightningModule as `package.module:Class`.")
+    module_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the module.")
+    datamodule: str = Field(pattern=IMPORT_PATH_PATTERN, description="LightningDataModule import path.")
+    datamodule_args: dict[str, Any] = Field(default_factory=dict)
+    target_batch_size: int = Field(ge=1, le=10**9, description="Samples the swarm accumulates per epoch.")
+    batch_size: int = Field(ge=1, le=10**7, description="Per-worker batch size.")
+    strategy_options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra HivemindStrategy keywords (matchmaking_time, ...)."
+    )
+    min_workers: int = Field(default=1, ge=0, le=10_000)
+    max_workers: int = Field(default=8, ge=1, le=10_000)
+    desired_workers: int = Field(default=2, ge=0, le=10_000)
+    stop: StopCondition = Field(default_factory=StopCondition)
+    checkpoint_every_epochs: int = Field(default=5, ge=1, description="Checkpointer uploads every N epochs.")
+    keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
+    launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
+    launcher_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _counts_are_ordered(self) -> RunSpec:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) > max_workers ({self.max_workers})")
+        if not self.min_workers <= self.desired_workers <= self.max_workers:
+            raise ValueError(
+                f"desired_workers ({self.desired_workers}) must lie in "
+                f"[min_workers={self.min_workers}, max_workers={self.max_workers}]"
+            )
+        return self
+
+
+class WorkerRegister(StrictModel):
+    """Sent by a worker at boot with the run's join token as bearer token."""
+
+    request_id: str | None = Field(
+        default=None, max_length=64, description="Set by a launcher: binds the worker to its launch row."
+    )
+    hostname: str = Field(default="", max_length=255)
+    launcher_handle: str | None = Field(default=None, max_length=128, description="PID or instance id.")
+
+
+class CheckpointRef(BaseModel):
+    """A stored checkpoint of a run."""
+
+    epoch: int
+    size_bytes: int
+    sha256: str
+    created_at: str
+    download_path: str = Field(description="API path (under the orchestrator URL) to GET the bytes from.")
+
+
+class WorkerRegistered(BaseModel):
+    """The orchestrator's answer to a registration: identity, spec and where the swarm is."""
+
+    worker_id: str
+    worker_token: str
+    run: RunSpec
+    swarm_id: str = Field(description="hivemind run_id (DHT key prefix) for this run.")
+    initial_peers: list[str]
+    heartbeat_interval_s: float
+    resume_checkpoint: CheckpointRef | None = Field(
+        default=None, description="Latest checkpoint, to load when no live peer can hand over state."
+    )
+
+
+class Heartbeat(StrictModel):
+    """Progress a worker reports every few seconds."""
+
+    local_step: int = Field(default=0, ge=0)
+    swarm_epoch: int = Field(default=0, ge=0)
+    samples: int = Field(default=0, ge=0, description="Samples this worker contributed since it started.")
+    loss: float | None = Field(default=None, allow_inf_nan=False)
+    samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    num_peers: int = Field(default=0, ge=0)
+    visible_maddrs: list[str] = Field(default_factory=list, max_length=16)
+    phase: str = Field(default="training", pattern=r"^(starting|training|stopping)$")
+
+
+class WorkerAction(str, Enum):
+    proceed = "continue"
+    stop = "stop"
+
+
+class HeartbeatReply(BaseModel):
+    action: WorkerAction = WorkerAction.proceed
+    checkpointer: bool = Field(default=False, description="This worker uploads the run's checkpoints.")
+    checkpoint_every_epochs: int = 5
+    latest_checkpoint_epoch: int | None = None
+
+
+class DeregisterReason(str, Enum):
+    interrupted = "interrupted"  # a spot interruption notice
+    stopped = "stopped"  # told to stop (run stopping / scaled down) or SIGTERM
+    completed = "completed"  # the run reached its stop condition
+    error = "error"  # training failed in the worker
+
+
+class Deregister(StrictModel):
+    reason: DeregisterReason
+    message: str | None = Field(default=None, max_length=4000)
+
+
+class PeerList(BaseModel):
+    """Initial peers: the orchestrator's DHT addresses first, then recent workers' (freshest first)."""
+
+    initial_peers: list[str]
+    orchestrator_peers: list[str] = Field(default_factory=list)
+    worker_peers: list[str] = Field(default_factory=list)
