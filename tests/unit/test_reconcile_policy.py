@@ -1,0 +1,137 @@
+"""The reconcile loop's decisions, rule by rule, on plain views (no processes, no database)."""
+
+from __future__ import annotations
+
+from orchestrator.reconcile_policy import (
+    FailureView,
+    InstanceView,
+    ReconcilePolicy,
+    RunView,
+    WorkerView,
+    plan_run,
+)
+from worker.wire import RunState, StopCondition, WorkerState
+
+POLICY = ReconcilePolicy(heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3)
+NOW = 1000.0
+
+
+def run(**kw: object) -> RunView:
+    base: dict[str, object] = dict(
+        name="r", state=RunState.running, desired_workers=2, stop=StopCondition(target_epochs=10)
+    )
+    base.update(kw)
+    return RunView(**base)  # type: ignore[arg-type]
+
+
+def worker(wid: str, state: WorkerState = WorkerState.running, **kw: object) -> WorkerView:
+    base: dict[str, object] = dict(
+        id=wid, request_id=f"req-{wid}", state=state, created_at=NOW - 20, registered=True,
+        last_heartbeat_at=NOW - 1,
+    )
+    base.update(kw)
+    return WorkerView(**base)  # type: ignore[arg-type]
+
+
+def alive(*ids: str, is_alive: bool = True) -> dict[str, InstanceView]:
+    return {f"req-{i}": InstanceView(request_id=f"req-{i}", alive=is_alive) for i in ids}
+
+
+def test_missing_workers_are_launched() -> None:
+    plan = plan_run(run(desired_workers=3), [worker("a")], alive("a"), [], NOW, POLICY)
+    assert plan.launch == 2 and not plan.retire
+
+
+def test_silent_worker_is_lost_and_terminated() -> None:
+    silent = worker("a", last_heartbeat_at=NOW - 11)
+    plan = plan_run(run(), [silent, worker("b")], alive("a", "b"), [], NOW, POLICY)
+    assert "a" in plan.lost and "req-a" in plan.terminate
+    assert plan.launch == 1
+
+
+def test_vanished_instance_is_lost_without_waiting_for_heartbeat_timeout() -> None:
+    instances = {**alive("a", is_alive=False), **alive("b")}
+    plan = plan_run(run(), [worker("a"), worker("b")], instances, [], NOW, POLICY)
+    assert plan.lost == {"a": "its process or instance is gone"}
+    assert plan.launch == 1
+
+
+def test_worker_that_dies_before_registering_is_a_start_failure() -> None:
+    starting = worker("a", WorkerState.launching, registered=False, last_heartbeat_at=None)
+    plan = plan_run(run(desired_workers=1), [starting], alive("a", is_alive=False), [], NOW, POLICY)
+    assert "a" in plan.failed and plan.start_failures == 1
+
+
+def test_launch_backs_off_after_failures() -> None:
+    r = run(desired_workers=1, consecutive_start_failures=2, last_start_failure_at=NOW - 1)
+    plan = plan_run(r, [], {}, [], NOW, POLICY)
+    assert plan.launch == 0 and plan.backoff_until == NOW - 1 + POLICY.backoff_s(2)
+    later = plan_run(r, [], {}, [], NOW + POLICY.backoff_s(2), POLICY)
+    assert later.launch == 1
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    delays = [POLICY.backoff_s(n) for n in range(1, 12)]
+    assert delays[:3] == [2.0, 4.0, 8.0]
+    assert max(delays) == POLICY.backoff_cap_s
+
+
+def test_run_fails_after_repeated_start_failures() -> None:
+    starting = worker("a", WorkerState.launching, registered=False)
+    failure = FailureView(request_id="req-a", reason="ImportError: no module named nope")
+    r = run(desired_workers=1, consecutive_start_failures=2)
+    plan = plan_run(r, [starting], alive("a", is_alive=False), [failure], NOW, POLICY)
+    assert plan.run_state is not None and plan.run_state[0] == RunState.failed
+    assert plan.launch == 0
+
+
+def test_surplus_workers_are_retired_youngest_and_unregistered_first() -> None:
+    old = worker("old", created_at=NOW - 500)
+    young = worker("young", created_at=NOW - 10)
+    starting = worker("starting", WorkerState.launching, registered=False, created_at=NOW - 30)
+    plan = plan_run(run(desired_workers=1), [old, young, starting], alive("old", "young", "starting"), [],
+                    NOW, POLICY)
+    assert plan.retire == ["starting", "young"]
+
+
+def test_retired_worker_that_outstays_grace_is_terminated() -> None:
+    lingering = worker("a", retire_requested_at=NOW - 6)
+    plan = plan_run(run(desired_workers=1), [lingering, worker("b")], alive("a", "b"), [], NOW, POLICY)
+    assert plan.exited and "req-a" in plan.terminate and plan.launch == 0
+
+
+def test_stop_condition_moves_run_to_stopping() -> None:
+    plan = plan_run(run(swarm_epoch=10), [worker("a")], alive("a"), [], NOW, POLICY)
+    assert plan.run_state == (RunState.stopping, "stop condition reached")
+    assert plan.launch == 0
+
+
+def test_stopping_run_completes_when_its_workers_have_left() -> None:
+    r = run(state=RunState.stopping, swarm_epoch=10, stop_requested_at=NOW - 1)
+    assert plan_run(r, [], {}, [], NOW, POLICY).run_state == (RunState.completed, "all workers have left")
+    manual = run(state=RunState.stopping, swarm_epoch=3, stop_requested_at=NOW - 1)
+    assert plan_run(manual, [], {}, [], NOW, POLICY).run_state == (RunState.stopped, "all workers have left")
+
+
+def test_stopping_run_terminates_workers_after_grace() -> None:
+    r = run(state=RunState.stopping, stop_requested_at=NOW - 6)
+    plan = plan_run(r, [worker("a")], alive("a"), [], NOW, POLICY)
+    assert "req-a" in plan.terminate and plan.run_state is not None
+
+
+def test_stopping_run_waits_for_graceful_exit_within_grace() -> None:
+    r = run(state=RunState.stopping, stop_requested_at=NOW - 1)
+    plan = plan_run(r, [worker("a")], alive("a"), [], NOW, POLICY)
+    assert plan.is_empty()
+
+
+def test_intent_without_instance_is_launched_again_idempotently() -> None:
+    intent = worker("a", WorkerState.launching, registered=False, created_at=NOW - 5)
+    plan = plan_run(run(desired_workers=1), [intent], {}, [], NOW, POLICY)
+    assert plan.relaunch == ["req-a"] and plan.launch == 0
+
+
+def test_launching_worker_that_never_registers_times_out() -> None:
+    stuck = worker("a", WorkerState.launching, registered=False, created_at=NOW - 61)
+    plan = plan_run(run(desired_workers=1), [stuck], alive("a"), [], NOW, POLICY)
+    assert "a" in plan.failed and "req-a" in plan.terminate
