@@ -1,0 +1,73 @@
+"""A real moto server (its own process, on a free port) that stands in for AWS in the tests.
+
+Import the fixtures into a test module (``from tests.aws_fixture import aws, moto_endpoint``). One server
+runs for the whole session; :func:`aws` resets its state before each test, so tests never see each
+other's buckets or instances.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.helpers import VENV_BIN, ManagedProcess, free_port, wait_until
+
+REGION = "us-east-1"
+_FAKE_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+@dataclass(frozen=True)
+class FakeAws:
+    """Where the fake cloud answers, and clients for it."""
+
+    endpoint_url: str
+    region: str = REGION
+
+    def client(self, service: str) -> Any:
+        """A boto3 client for ``service`` that talks to the moto server only."""
+        return boto3.client(
+            service, region_name=self.region, endpoint_url=self.endpoint_url, **_FAKE_CREDENTIALS
+        )
+
+    def reset(self) -> None:
+        """Forget every resource (moto's own reset endpoint)."""
+        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/moto-api/", timeout=2) as response:
+        return response.status == 200
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start ``moto_server`` on 127.0.0.1 for the session; killed (by process group) at the end."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    proc = ManagedProcess(
+        [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        log,
+        # No real credentials or region leak into the fake cloud; unknown instance types are refused.
+        env={"AWS_DEFAULT_REGION": REGION, "MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION": "true"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: proc.alive() and _answers(url), timeout_s=30, message=f"moto server\n{proc.log()}")
+        yield url
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def aws(moto_endpoint: str) -> FakeAws:
+    """The session's moto server, emptied for this test."""
+    fake = FakeAws(moto_endpoint)
+    fake.reset()
+    return fake
