@@ -1,0 +1,361 @@
+"""The ``local`` launcher: each worker is a subprocess of this machine, in its own process group.
+
+Layout under ``data_dir``::
+
+    workers/<request_id>.log          the worker's stdout and stderr
+    workers/<request_id>/             the worker's directory (SPOTSWARM_WORKER_DIR unless the env sets one)
+    launcher-local/<request_id>.json  pid, start time, run name, terminate/report flags
+    launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor shell
+
+The state files make the launcher survive an orchestrator restart (even ``kill -9``): a new instance on the
+same ``data_dir`` adopts the workers that still run (a PID counts only if its start time matches, so a
+reused PID is never mistaken for a worker) and never launches a request id twice. Workers outlive the
+orchestrator: they run in their own session, and :meth:`LocalLauncher.close` leaves them alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from orchestrator.launchers import local_proc as proc
+from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Set in every worker's environment (inherited by its children): finds a worker's processes when its PID
+# alone cannot be trusted (a launch interrupted before the PID was recorded, children left by a dead leader).
+LAUNCH_MARKER_ENV = "SPOTSWARM_LOCAL_LAUNCH"
+
+
+def default_worker_command() -> list[str]:
+    """The worker agent, run by the same Python interpreter as the orchestrator."""
+    return [sys.executable, "-m", "worker.agent"]
+
+
+@dataclass
+class _Record:
+    """What the launcher knows of one request; everything but ``popen`` is persisted."""
+
+    request_id: str
+    run_name: str
+    log_path: str
+    launched_at: float
+    pid: int | None = None
+    start_ticks: int | None = None
+    exit_code: int | None = None
+    gone_at: float | None = None
+    terminate_requested_at: float | None = None
+    reported: bool = False
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _Record:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "popen"}
+        return cls(**known)
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None and self.gone_at is None
+
+
+class LocalLauncher:
+    """Runs worker agents as local subprocesses; see the module docstring for the files it keeps.
+
+    ``command`` replaces the worker agent (tests use a tiny script). ``grace_s`` is how long a worker
+    has between SIGTERM and SIGKILL. ``keep_gone_s`` is how long a finished worker stays listed (and its
+    request id stays reserved) after its exit was reported by :meth:`poll_errors`.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        data_dir: Path,
+        command: Sequence[str] | None = None,
+        *,
+        grace_s: float = 20.0,
+        keep_gone_s: float = 24 * 3600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._command = list(command) if command else default_worker_command()
+        self._grace_s = grace_s
+        self._keep_gone_s = keep_gone_s
+        self._clock = clock
+        self._state_dir = Path(data_dir) / "launcher-local"
+        self._workers_dir = Path(data_dir) / "workers"
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        self._workers_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._records: dict[str, _Record] = {}
+        self._failures: list[LaunchFailure] = []
+        self._escalations: dict[str, threading.Timer] = {}
+        self._adopt_existing()
+
+    # -- the Launcher interface ------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> str:
+        """Start the worker of ``request`` unless this request id was ever launched here; return its PID.
+
+        Raises :class:`LauncherConfigError` for options (the local launcher takes none) or a request id
+        unfit for a file name. A worker that cannot be spawned is reported by :meth:`poll_errors`.
+        """
+        if request.options:
+            raise LauncherConfigError(f"the local launcher takes no options, got {sorted(request.options)}")
+        if not REQUEST_ID_PATTERN.match(request.request_id):
+            raise LauncherConfigError(f"request id {request.request_id!r} is not [A-Za-z0-9_.-]{{1,64}}")
+        with self._lock:
+            record = self._records.get(request.request_id) or self._load(request.request_id)
+            if record is not None:
+                return str(record.pid or "")
+            record = _Record(
+                request_id=request.request_id,
+                run_name=request.run_name,
+                log_path=str(self._workers_dir / f"{request.request_id}.log"),
+                launched_at=self._clock(),
+            )
+            if not self._reserve(record):  # another launcher on this data dir got there first
+                adopted = self._load(request.request_id)
+                return str(adopted.pid or "") if adopted else ""
+            self._records[record.request_id] = record
+            self._spawn(record, request.env)
+            return str(record.pid or "")
+
+    def terminate(self, request_id: str) -> None:
+        """SIGTERM the worker's process group now, SIGKILL it after the grace period; never blocks."""
+        with self._lock:
+            record = self._records.get(request_id)
+            if record is None or record.pid is None:
+                return
+            if record.terminate_requested_at is None:
+                record.terminate_requested_at = self._clock()
+                self._persist(record)
+            if self._owns_group(record):
+                logger.info("worker %s (run %s, pid %s): SIGTERM", request_id, record.run_name, record.pid)
+                proc.signal_group(record.pid, signal.SIGTERM)
+            self._schedule_escalation(record, self._grace_s)
+
+    def describe(self) -> list[Instance]:
+        """Every worker launched or adopted here that was not yet forgotten, alive or gone."""
+        with self._lock:
+            self._refresh()
+            self._prune()
+            return [self._instance(record) for record in self._records.values()]
+
+    def poll_errors(self) -> list[LaunchFailure]:
+        """Workers that failed since the last call, each reported once (also across restarts).
+
+        A non-zero exit that this launcher did not ask for is a failure; exit codes 2, 3, 126 and 127
+        (bad command line, permanent configuration error, command not runnable) are not retryable.
+        """
+        with self._lock:
+            self._refresh()
+            failures, self._failures = self._failures, []
+            for record in self._records.values():
+                if record.gone_at is None or record.reported:
+                    continue
+                record.reported = True
+                self._persist(record)
+                if record.terminate_requested_at is None and record.exit_code != 0:
+                    failures.append(self._failure(record))
+            return failures
+
+    def close(self) -> None:
+        """Nothing to release: workers keep running, pending SIGKILL timers still fire (daemon threads)."""
+        logger.debug("local launcher closed; %d worker(s) keep running", len(self._records))
+
+    # -- spawning and watching -------------------------------------------------------------------
+
+    def _spawn(self, record: _Record, request_env: Mapping[str, str]) -> None:
+        worker_dir = self._workers_dir / record.request_id
+        worker_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "SPOTSWARM_WORKER_DIR": str(worker_dir), **request_env}
+        env.update({"PYTHONUNBUFFERED": "1", LAUNCH_MARKER_ENV: record.request_id})
+        args = ["sh", "-c", proc.SUPERVISOR_SCRIPT, "spotswarm-supervisor", str(self._exit_path(record))]
+        try:
+            with open(record.log_path, "ab") as log:
+                popen = subprocess.Popen(
+                    args + self._command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(worker_dir),
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            record.gone_at, record.reported = self._clock(), True
+            self._persist(record)
+            self._failures.append(
+                LaunchFailure(record.request_id, record.run_name, f"cannot start the worker: {exc}")
+            )
+            logger.warning("worker %s (run %s): spawn failed: %s", record.request_id, record.run_name, exc)
+            return
+        record.popen, record.pid = popen, popen.pid
+        record.start_ticks = proc.proc_start_ticks(popen.pid, include_zombies=True)
+        self._persist(record)
+        logger.info(
+            "worker %s (run %s): started, pid %s, log %s",
+            record.request_id,
+            record.run_name,
+            popen.pid,
+            record.log_path,
+        )
+        threading.Thread(
+            target=self._reap, args=(record, popen), name=f"reap-{record.request_id}", daemon=True
+        ).start()
+
+    def _reap(self, record: _Record, popen: subprocess.Popen[bytes]) -> None:
+        """Wait for our own child (so it never lingers as a zombie) and record how it ended."""
+        code = popen.wait()
+        with self._lock:
+            self._mark_gone(record, code)
+
+    def _mark_gone(self, record: _Record, code: int | None) -> None:
+        record.exit_code, record.gone_at = code, self._clock()
+        self._persist(record)
+        logger.info(
+            "worker %s (run %s, pid %s) %s",
+            record.request_id,
+            record.run_name,
+            record.pid,
+            proc.describe_exit(code),
+        )
+        # Its own children (hivemind's p2pd) may outlive it in the group: they have no purpose left.
+        if self._owns_group(record):
+            proc.signal_group(record.pid or 0, signal.SIGKILL)
+
+    def _refresh(self) -> None:
+        """Notice adopted workers (not our children, so no reaper thread) that have exited."""
+        for record in self._records.values():
+            if record.popen is not None or not record.alive or record.pid is None:
+                continue
+            if proc.proc_start_ticks(record.pid) != record.start_ticks:
+                self._mark_gone(record, proc.read_exit_file(self._exit_path(record)))
+
+    def _owns_group(self, record: _Record) -> bool:
+        """True if signalling the group ``record.pid`` reaches this worker and nobody else."""
+        if record.pid is None:
+            return False
+        if record.alive and proc.proc_start_ticks(record.pid, include_zombies=True) == record.start_ticks:
+            return True
+        # The leader is gone, so its PID may be reused: trust the group only if its members carry our marker.
+        members = proc.processes_with_marker(LAUNCH_MARKER_ENV, record.request_id)
+        return any(pgid == record.pid for _, pgid in members)
+
+    def _schedule_escalation(self, record: _Record, delay_s: float) -> None:
+        if record.request_id in self._escalations:
+            return
+        timer = threading.Timer(max(0.0, delay_s), self._escalate, args=(record.request_id,))
+        timer.daemon = True
+        self._escalations[record.request_id] = timer
+        timer.start()
+
+    def _escalate(self, request_id: str) -> None:
+        with self._lock:
+            self._escalations.pop(request_id, None)
+            record = self._records.get(request_id)
+            if record is not None and record.pid is not None and self._owns_group(record):
+                logger.warning(
+                    "worker %s (run %s, pid %s): still running after %.0f s, SIGKILL",
+                    request_id,
+                    record.run_name,
+                    record.pid,
+                    self._grace_s,
+                )
+                proc.signal_group(record.pid, signal.SIGKILL)
+
+    # -- state files -----------------------------------------------------------------------------
+
+    def _state_path(self, request_id: str) -> Path:
+        return self._state_dir / f"{request_id}.json"
+
+    def _exit_path(self, record: _Record) -> Path:
+        return self._state_dir / f"{record.request_id}.exit"
+
+    def _persist(self, record: _Record) -> None:
+        proc.write_json_atomic(self._state_path(record.request_id), record.to_json())
+
+    def _reserve(self, record: _Record) -> bool:
+        """Create the state file before spawning, so that one request id is spawned at most once."""
+        return proc.create_json_exclusive(self._state_path(record.request_id), record.to_json())
+
+    def _load(self, request_id: str) -> _Record | None:
+        """Adopt a request recorded by an earlier launcher on this data dir (one launcher at a time)."""
+        path = self._state_path(request_id)
+        try:
+            record = _Record.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+        if record.pid is None and record.gone_at is None:
+            self._find_interrupted_launch(record)
+        self._records[request_id] = record
+        if record.alive and proc.proc_start_ticks(record.pid or 0) != record.start_ticks:
+            self._mark_gone(record, proc.read_exit_file(self._exit_path(record)))
+        if record.alive and record.terminate_requested_at is not None:
+            elapsed_s = self._clock() - record.terminate_requested_at
+            self._schedule_escalation(record, self._grace_s - elapsed_s)
+        return record
+
+    def _find_interrupted_launch(self, record: _Record) -> None:
+        """A launcher died between spawning and recording the PID: find the worker by its env marker."""
+        leaders = [
+            pid
+            for pid, pgid in proc.processes_with_marker(LAUNCH_MARKER_ENV, record.request_id)
+            if pid == pgid
+        ]
+        pid = leaders[0] if leaders else None
+        if pid is not None:
+            record.pid, record.start_ticks = pid, proc.proc_start_ticks(pid)
+        else:
+            record.gone_at = self._clock()
+        self._persist(record)
+
+    def _adopt_existing(self) -> None:
+        for path in sorted(self._state_dir.glob("*.json")):
+            record = self._load(path.stem)
+            if record is not None and record.alive:
+                logger.info(
+                    "adopted worker %s (run %s, pid %s)", record.request_id, record.run_name, record.pid
+                )
+
+    def _prune(self) -> None:
+        now = self._clock()
+        for request_id, record in list(self._records.items()):
+            if record.reported and record.gone_at is not None and now - record.gone_at > self._keep_gone_s:
+                for path in (self._state_path(request_id), self._exit_path(record)):
+                    path.unlink(missing_ok=True)
+                del self._records[request_id]
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def _instance(self, record: _Record) -> Instance:
+        details = {
+            "exit_code": record.exit_code,
+            "log_path": record.log_path,
+            "launched_at": record.launched_at,
+            "terminating": record.terminate_requested_at is not None,
+        }
+        return Instance(record.request_id, str(record.pid or ""), record.run_name, record.alive, details)
+
+    def _failure(self, record: _Record) -> LaunchFailure:
+        tail = proc.log_tail(Path(record.log_path))
+        how = proc.describe_exit(record.exit_code)
+        reason = f"worker {record.request_id} (pid {record.pid}) {how}; log: {tail}"
+        retryable = record.exit_code not in proc.PERMANENT_EXIT_CODES
+        return LaunchFailure(record.request_id, record.run_name, reason[:4000], retryable)

@@ -1,0 +1,218 @@
+"""The local launcher with real subprocesses: a tiny fake worker script stands in for the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launchers.base import Launcher, LaunchRequest
+from orchestrator.launchers.local import LocalLauncher
+from tests.helpers import ProcessRegistry, wait_until
+
+FAKE_WORKER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    mode = os.environ["FAKE_MODE"]
+    with open("started", "a") as f:  # cwd is the worker dir
+        f.write(f"{os.getpid()} {os.environ.get('SPOTSWARM_REQUEST_ID')}\\n")
+    print("fake worker up", flush=True)
+    if mode.startswith("exit:"):
+        print("loading module...", flush=True)
+        print("last words: ImportError: no module named nowhere", flush=True)
+        sys.exit(int(mode.split(":")[1]))
+    if mode == "grandchild":
+        child = subprocess.Popen(["sleep", "600"])
+        with open("grandchild", "w") as f:
+            f.write(str(child.pid))
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open("ignoring", "w") as f:
+            f.write("1")
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture
+def fake_command(tmp_path: Path) -> list[str]:
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    return [sys.executable, str(script)]
+
+
+def request(request_id: str, mode: str) -> LaunchRequest:
+    return LaunchRequest(
+        request_id=request_id,
+        run_name="demo",
+        env={"FAKE_MODE": mode, "SPOTSWARM_REQUEST_ID": request_id},
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def started_pids(worker_dir: Path) -> list[int]:
+    path = worker_dir / "started"
+    return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def instance_of(launcher: LocalLauncher, request_id: str):  # noqa: ANN201 - test helper
+    return next(i for i in launcher.describe() if i.request_id == request_id)
+
+
+@pytest.mark.timeout(30)
+def test_launch_is_idempotent_and_logs_to_the_data_dir(tmp_path: Path, fake_command: list[str]) -> None:
+    launcher = LocalLauncher(tmp_path / "data", fake_command, grace_s=2.0)
+    assert isinstance(launcher, Launcher)
+    worker_dir = tmp_path / "data" / "workers" / "req-1"
+    try:
+        handle = launcher.launch(request("req-1", "sleep"))
+        assert launcher.launch(request("req-1", "sleep")) == handle
+        wait_until(lambda: started_pids(worker_dir), 10, message="fake worker wrote its pid")
+        log = tmp_path / "data" / "workers" / "req-1.log"
+        wait_until(lambda: "fake worker up" in log.read_text(), 10, message="worker output in its log")
+        assert (worker_dir / "started").read_text().split()[1] == "req-1"  # the request's env arrived
+        instance = instance_of(launcher, "req-1")
+        assert instance.alive and instance.handle == handle and instance.run_name == "demo"
+        assert len(started_pids(worker_dir)) == 1
+    finally:
+        launcher.terminate("req-1")
+    wait_until(lambda: not instance_of(launcher, "req-1").alive, 10, message="terminated worker gone")
+    assert len(started_pids(worker_dir)) == 1
+
+
+@pytest.mark.timeout(30)
+def test_terminate_kills_the_whole_group_and_reports_no_error(
+    tmp_path: Path, fake_command: list[str]
+) -> None:
+    launcher = LocalLauncher(tmp_path / "data", fake_command, grace_s=5.0)
+    launcher.launch(request("req-g", "grandchild"))
+    marker = tmp_path / "data" / "workers" / "req-g" / "grandchild"
+    wait_until(marker.exists, 10, message="grandchild started")
+    grandchild = int(marker.read_text())
+    worker = started_pids(marker.parent)[0]
+    launcher.terminate("req-g")
+    wait_until(lambda: not pid_alive(worker) and not pid_alive(grandchild), 10, message="group gone")
+    instance = wait_until(lambda: (i := instance_of(launcher, "req-g")) and not i.alive and i, 5)
+    assert instance.details["exit_code"] == 128 + signal.SIGTERM
+    assert instance.details["terminating"] is True
+    assert launcher.poll_errors() == []  # stopping a worker on request is not a failure
+
+
+@pytest.mark.timeout(30)
+def test_terminate_escalates_to_sigkill_without_blocking(tmp_path: Path, fake_command: list[str]) -> None:
+    launcher = LocalLauncher(tmp_path / "data", fake_command, grace_s=0.5)
+    launcher.launch(request("req-stubborn", "ignore_term"))
+    worker_dir = tmp_path / "data" / "workers" / "req-stubborn"
+    wait_until((worker_dir / "ignoring").exists, 10, message="worker ignores SIGTERM")
+    worker = started_pids(worker_dir)[0]
+    began = time.monotonic()
+    launcher.terminate("req-stubborn")
+    assert time.monotonic() - began < 0.3
+    time.sleep(0.2)  # well inside the grace period: SIGTERM alone must not have stopped it
+    assert pid_alive(worker)
+    wait_until(lambda: not pid_alive(worker), 10, message="SIGKILL after the grace period")
+    wait_until(lambda: not instance_of(launcher, "req-stubborn").alive, 5)
+
+
+@pytest.mark.timeout(30)
+def test_failed_exits_are_reported_once_with_log_tail(tmp_path: Path, fake_command: list[str]) -> None:
+    data = tmp_path / "data"
+    launcher = LocalLauncher(data, fake_command)
+    launcher.launch(request("req-crash", "exit:1"))
+    launcher.launch(request("req-config", "exit:3"))
+    launcher.launch(request("req-ok", "exit:0"))
+    gone = lambda: all(not i.alive for i in launcher.describe())  # noqa: E731
+    wait_until(gone, 10, message="all three exited")
+    failures = {f.request_id: f for f in launcher.poll_errors()}
+    assert set(failures) == {"req-crash", "req-config"}
+    assert failures["req-crash"].retryable and not failures["req-config"].retryable
+    assert "exited with code 1" in failures["req-crash"].reason
+    assert "ImportError: no module named nowhere" in failures["req-config"].reason
+    assert failures["req-crash"].run_name == "demo"
+    assert launcher.poll_errors() == []
+    # A restarted orchestrator neither reports them again nor launches them again.
+    again = LocalLauncher(data, fake_command)
+    assert again.poll_errors() == []
+    again.launch(request("req-crash", "exit:1"))
+    assert len(started_pids(data / "workers" / "req-crash")) == 1
+    assert {i.request_id: i.details["exit_code"] for i in again.describe()} == {
+        "req-crash": 1,
+        "req-config": 3,
+        "req-ok": 0,
+    }
+
+
+LAUNCHER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from orchestrator.launchers.base import LaunchRequest
+    from orchestrator.launchers.local import LocalLauncher
+    launcher = LocalLauncher(Path(sys.argv[1]), sys.argv[2:])
+    env = {"FAKE_MODE": "grandchild", "SPOTSWARM_REQUEST_ID": "req-a"}
+    print("handle", launcher.launch(LaunchRequest("req-a", "demo", env)), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.timeout(40)
+def test_new_launcher_adopts_workers_after_orchestrator_kill_9(
+    tmp_path: Path, fake_command: list[str], processes: ProcessRegistry
+) -> None:
+    data = tmp_path / "data"
+    orchestrator = processes.start("orch", [sys.executable, "-c", LAUNCHER_SCRIPT, str(data), *fake_command])
+    grandchild_file = data / "workers" / "req-a" / "grandchild"
+    wait_until(grandchild_file.exists, 15, message="worker launched by the first orchestrator")
+    handle = wait_until(lambda: "handle" in orchestrator.log() and orchestrator.log().split()[1], 5)
+    orchestrator.kill()  # SIGKILL: no chance to clean up
+    worker, grandchild = started_pids(grandchild_file.parent)[0], int(grandchild_file.read_text())
+    assert pid_alive(worker) and pid_alive(grandchild)
+
+    launcher = LocalLauncher(data, fake_command, grace_s=5.0)
+    instance = instance_of(launcher, "req-a")
+    assert instance.alive and instance.handle == handle
+    assert launcher.launch(request("req-a", "grandchild")) == handle
+    launcher.terminate("req-a")
+    wait_until(lambda: not pid_alive(worker) and not pid_alive(grandchild), 10, message="adopted group gone")
+    gone = wait_until(lambda: (i := instance_of(launcher, "req-a")) and not i.alive and i, 5)
+    assert gone.details["exit_code"] == 128 + signal.SIGTERM  # known although it was not our child
+    assert len(started_pids(grandchild_file.parent)) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_reused_pid_is_not_mistaken_for_a_worker(tmp_path: Path, fake_command: list[str]) -> None:
+    data = tmp_path / "data"
+    launcher = LocalLauncher(data, fake_command)
+    launcher.launch(request("req-old", "exit:0"))
+    wait_until(lambda: not instance_of(launcher, "req-old").alive, 10)
+    # Pretend the kernel gave the dead worker's PID to an unrelated process (start time differs).
+    stranger = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        state_file = data / "launcher-local" / "req-old.json"
+        state = json.loads(state_file.read_text())
+        state.update(pid=stranger.pid, gone_at=None, exit_code=None)
+        state_file.write_text(json.dumps(state))
+        (data / "launcher-local" / "req-old.exit").unlink()
+        restarted = LocalLauncher(data, fake_command, grace_s=0.2)
+        assert not instance_of(restarted, "req-old").alive
+        restarted.terminate("req-old")
+        time.sleep(0.5)  # past the grace period: no SIGKILL may reach the stranger
+        assert stranger.poll() is None
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        stranger.wait()
