@@ -1,0 +1,109 @@
+"""The worker's API client against an in-process fake server (httpx.MockTransport): retries and errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from worker.client import (
+    ChecksumMismatch,
+    Conflict,
+    OrchestratorClient,
+    Rejected,
+    Unauthorized,
+    Unreachable,
+)
+from worker.wire import CHECKSUM_HEADER, DeregisterReason, Heartbeat
+
+
+class FakeServer:
+    """Answers each request with the next scripted response and records what it received."""
+
+    def __init__(self, *responses: httpx.Response | Exception) -> None:
+        self.responses = list(responses)
+        self.requests: list[httpx.Request] = []
+        self.bodies: list[bytes] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        self.bodies.append(request.read())
+        item = self.responses.pop(0) if len(self.responses) > 1 else self.responses[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def make_client(server: FakeServer, sleeps: list[float], retries: int = 3) -> OrchestratorClient:
+    return OrchestratorClient(
+        "http://orch:8000/",
+        token="wt",
+        retries=retries,
+        transport=httpx.MockTransport(server),
+        sleep=sleeps.append,
+    )
+
+
+def test_transient_failures_are_retried_with_growing_backoff() -> None:
+    reply = {"action": "continue", "checkpointer": True, "checkpoint_every_epochs": 2}
+    server = FakeServer(
+        httpx.Response(503, json={"detail": "db busy"}),
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json=reply),
+    )
+    sleeps: list[float] = []
+    answer = make_client(server, sleeps).heartbeat("w1", Heartbeat(swarm_epoch=3, loss=0.5))
+    assert answer.checkpointer and answer.checkpoint_every_epochs == 2
+    assert len(sleeps) == 2 and sleeps[1] > sleeps[0]
+    request = server.requests[-1]
+    assert request.url.path == "/api/v1/workers/w1/heartbeat"
+    assert request.headers["Authorization"] == "Bearer wt"
+    assert json.loads(server.bodies[-1])["swarm_epoch"] == 3
+
+
+def test_unreachable_after_the_retries_are_spent() -> None:
+    server = FakeServer(httpx.ConnectError("refused"))
+    sleeps: list[float] = []
+    with pytest.raises(Unreachable, match="refused"):
+        make_client(server, sleeps, retries=2).deregister("w1", DeregisterReason.stopped)
+    assert len(server.requests) == 3 and len(sleeps) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(401, Unauthorized), (403, Unauthorized), (409, Conflict), (422, Rejected)]
+)
+def test_client_errors_raise_at_once(status: int, error: type[Exception]) -> None:
+    server = FakeServer(httpx.Response(status, json={"detail": "no such join token"}))
+    sleeps: list[float] = []
+    with pytest.raises(error, match="no such join token"):
+        make_client(server, sleeps).run_peers("demo")
+    assert len(server.requests) == 1 and sleeps == []
+
+
+def test_upload_streams_the_file_with_its_checksum_and_restreams_on_retry(tmp_path: Path) -> None:
+    blob = tmp_path / "ckpt"
+    blob.write_bytes(b"x" * 3_000_000)
+    server = FakeServer(httpx.Response(503), httpx.Response(201, json={"epoch": 4}))
+    sleeps: list[float] = []
+    assert make_client(server, sleeps).upload_checkpoint("w1", 4, blob) == {"epoch": 4}
+    last = server.requests[-1]
+    assert last.method == "PUT" and last.url.path == "/api/v1/workers/w1/checkpoints/4"
+    assert last.headers[CHECKSUM_HEADER] == hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert last.headers["Content-Length"] == "3000000"
+    assert server.bodies == [blob.read_bytes(), blob.read_bytes()]
+
+
+def test_download_verifies_the_checksum_and_leaves_nothing_on_mismatch(tmp_path: Path) -> None:
+    payload = b"weights" * 1000
+    good = hashlib.sha256(payload).hexdigest()
+    server = FakeServer(httpx.Response(200, content=payload, headers={CHECKSUM_HEADER: good}))
+    client = make_client(server, [])
+    dest = client.download_checkpoint("/api/v1/runs/demo/checkpoints/latest/download", tmp_path / "a.ckpt")
+    assert dest.read_bytes() == payload
+    assert server.requests[-1].url.path == "/api/v1/runs/demo/checkpoints/latest/download"
+    with pytest.raises(ChecksumMismatch):
+        client.download_checkpoint("/runs/demo/checkpoints/latest/download", tmp_path / "b.ckpt", "0" * 64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]
