@@ -1,0 +1,13 @@
+"""Time as a value passed in: services take a ``Clock``, so tests and the reconciler share one "now"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware in UTC (the default clock)."""
+    return datetime.now(timezone.utc)

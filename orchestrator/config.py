@@ -1,0 +1,144 @@
+"""The orchestrator's one settings object, read from ``SPOTSWARM_*`` environment variables or CLI flags.
+
+Build it once (``Settings()`` or ``Settings(port=..., ...)``) and pass it to
+:func:`orchestrator.app.create_app`; nothing reads settings from a global. ``spotswarm serve --help`` is
+generated from the field descriptions below, so each description is the flag's documentation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "SPOTSWARM_"
+ADMIN_TOKEN_PREFIX = "ssa_"
+MaddrList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    """Everything `spotswarm serve` can be told; each field is ``SPOTSWARM_<FIELD>`` and ``--<field>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, validate_default=True)
+
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API binds to (0.0.0.0 for all).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the HTTP API.")
+    data_dir: Path = Field(
+        default=Path("data"),
+        description="Directory for the SQLite database, DHT identity, admin token and checkpoints.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user:pw@host/db. Default: SQLite in data dir.",
+    )
+    dht_port: int = Field(
+        default=31330, ge=0, le=65535, description="Fixed TCP port of the orchestrator's DHT peer."
+    )
+    dht_host_maddrs: MaddrList = Field(
+        default_factory=list,
+        description="Comma-separated listen multiaddrs of the DHT. Default: /ip4/0.0.0.0/tcp/<dht_port>.",
+    )
+    dht_announce_maddrs: MaddrList = Field(
+        default_factory=list,
+        description="Comma-separated multiaddrs to announce (public IP behind NAT); also served by /peers.",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the admin API. Unset: generated once into <data_dir>/admin_token.",
+    )
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds between worker heartbeats (told to workers)."
+    )
+    heartbeat_timeout_s: float = Field(
+        default=30.0, gt=0, le=86400, description="A worker silent this long is no longer counted live."
+    )
+    heartbeat_flush_interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="Seconds between batched writes of buffered heartbeats."
+    )
+    progress_sample_interval_s: float = Field(
+        default=10.0, gt=0, le=3600, description="At most one stored progress sample per run this often."
+    )
+    progress_max_points: int = Field(
+        default=2000, ge=10, le=1_000_000, description="Progress samples kept per run (older ones thinned)."
+    )
+    dht_refresh_interval_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds between reads of each run's swarm progress."
+    )
+    dht_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Time limit of one DHT read.")
+    max_body_bytes: int = Field(
+        default=1 << 20, ge=1024, description="Largest request body accepted (checkpoints excepted)."
+    )
+    checkpoint_max_bytes: int = Field(
+        default=4 << 30, ge=1024, description="Largest checkpoint upload accepted."
+    )
+    checkpoint_dir: Path | None = Field(
+        default=None, description="Directory of the local checkpoint store. Default: <data_dir>/checkpoints."
+    )
+    public_reads: bool = Field(
+        default=True,
+        description="Serve read-only endpoints without a token (they never return secrets).",
+    )
+    check_imports: bool = Field(
+        default=True,
+        description="Import each new run's module/datamodule in an isolated process to validate it.",
+    )
+    import_timeout_s: float = Field(
+        default=60.0, gt=0, le=600, description="Time limit of one import check (includes probe start)."
+    )
+    log_level: str = Field(
+        default="info", pattern=r"^(debug|info|warning|error)$", description="Log level of the server."
+    )
+
+    @field_validator("dht_host_maddrs", "dht_announce_maddrs", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    # Derived values -------------------------------------------------------------------------------
+
+    def resolved_database_url(self) -> str:
+        """The database URL to use: the configured one, else a SQLite file in the data dir."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'spotswarm.db').resolve()}"
+
+    def resolved_checkpoint_dir(self) -> Path:
+        return self.checkpoint_dir or self.data_dir / "checkpoints"
+
+    def dht_identity_path(self) -> Path:
+        """Private key of the DHT peer: keeps its peer id (and so its multiaddrs) across restarts."""
+        return self.data_dir / "dht_identity.key"
+
+    def resolved_dht_host_maddrs(self) -> list[str]:
+        return self.dht_host_maddrs or [f"/ip4/0.0.0.0/tcp/{self.dht_port}"]
+
+    def admin_token_path(self) -> Path:
+        return self.data_dir / "admin_token"
+
+
+def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
+    """Return the admin token and whether it was generated now.
+
+    The configured token wins; otherwise the token stored in the data dir is read, or a new one is
+    generated and written there (mode 0600). Raises ``OSError`` if the data dir is not writable.
+    """
+    if settings.admin_token is not None:
+        return settings.admin_token.get_secret_value(), False
+    path = settings.admin_token_path()
+    if path.exists():
+        return path.read_text().strip(), False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token, True

@@ -1,0 +1,1 @@
+"""Persistence: ``models`` (tables), ``session`` (engine, sessions, migrations), ``migrations/`` (alembic)."""

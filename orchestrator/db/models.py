@@ -1,0 +1,193 @@
+"""The orchestrator's tables (SQLAlchemy 2.x typed mappings). The schema itself lives in ``migrations/``.
+
+Runs own everything else: deleting a run deletes its workers, events, progress samples and checkpoint
+rows (``ON DELETE CASCADE``). States are stored as short strings (values of ``worker.wire.RunState`` and
+``WorkerState``); ``orchestrator/runs.py`` is the only code that changes them. Tokens are stored as
+SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite forgets the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; pass a timezone-aware UTC time")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[str]: JSON(),
+    }
+
+
+class Run(Base):
+    """One training run: its spec (from ``RunSpec``), lifecycle state and the DHT prefix of its swarm."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    swarm_id: Mapped[str] = mapped_column(String(80), unique=True)
+    join_token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # Spec (mutable parts: the worker counts, changed by scale).
+    module: Mapped[str] = mapped_column(String(255))
+    module_args: Mapped[dict[str, Any]]
+    datamodule: Mapped[str] = mapped_column(String(255))
+    datamodule_args: Mapped[dict[str, Any]]
+    target_batch_size: Mapped[int] = mapped_column(BigInteger)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    strategy_options: Mapped[dict[str, Any]]
+    min_workers: Mapped[int] = mapped_column(Integer)
+    max_workers: Mapped[int] = mapped_column(Integer)
+    desired_workers: Mapped[int] = mapped_column(Integer)
+    target_epochs: Mapped[int | None] = mapped_column(BigInteger)
+    target_samples: Mapped[int | None] = mapped_column(BigInteger)
+    checkpoint_every_epochs: Mapped[int] = mapped_column(Integer)
+    keep_checkpoints: Mapped[int] = mapped_column(Integer)
+    launcher: Mapped[str] = mapped_column(String(32))
+    launcher_options: Mapped[dict[str, Any]]
+    # Lifecycle.
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    checkpointer_worker_id: Mapped[int | None] = mapped_column(Integer)  # no FK: avoids a cycle
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    workers: Mapped[list[Worker]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class Worker(Base):
+    """One worker: a launch intent (state ``launching``) or a registered agent, and its latest report."""
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_run_id_state", "run_id", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    launcher: Mapped[str] = mapped_column(String(32))
+    launcher_handle: Mapped[str | None] = mapped_column(String(128))
+    manual: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[str] = mapped_column(String(16))
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    peer_maddrs: Mapped[list[str]]
+    launch_details: Mapped[dict[str, Any]]
+    exit_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    registered_at: Mapped[datetime | None]
+    last_heartbeat_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    # Latest heartbeat numbers.
+    local_step: Mapped[int] = mapped_column(BigInteger, default=0)
+    swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    loss: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    num_peers: Mapped[int] = mapped_column(Integer, default=0)
+    phase: Mapped[str] = mapped_column(String(16), default="starting")
+
+    run: Mapped[Run] = relationship(back_populates="workers")
+
+
+class ProgressSample(Base):
+    """A run's aggregated progress at one moment: what workers reported and what the DHT showed."""
+
+    __tablename__ = "progress_samples"
+    __table_args__ = (Index("ix_progress_samples_run_id_at", "run_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    at: Mapped[datetime]
+    swarm_epoch: Mapped[int] = mapped_column(BigInteger)
+    samples_total: Mapped[int] = mapped_column(BigInteger)
+    loss: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float] = mapped_column(Float)
+    live_workers: Mapped[int] = mapped_column(Integer)
+    dht_epoch: Mapped[int | None] = mapped_column(BigInteger)
+    dht_samples: Mapped[int | None] = mapped_column(BigInteger)
+    dht_peers: Mapped[int | None] = mapped_column(Integer)
+
+
+class Checkpoint(Base):
+    """A stored checkpoint; ``key`` addresses it in the CheckpointStore."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("run_id", "epoch", name="uq_checkpoints_run_id_epoch"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    key: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    uploaded_by: Mapped[int | None] = mapped_column(Integer)  # worker id; no FK, workers may be gone
+
+
+class Event(Base):
+    """Something that happened to a run, newest last; ``id`` is the pagination cursor."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_run_id_id", "run_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    worker_id: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,119 @@
+"""Engine, sessions and migrations for SQLite (default) and PostgreSQL (``postgresql+psycopg://``).
+
+Use one :class:`Database` per process. Each unit of work is ``with db.begin() as session: ...``: it
+commits on success and rolls back on an exception. SQLite runs in WAL mode with foreign keys on and a
+busy timeout, so the API threads and the heartbeat flusher can write concurrently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+WRITE_OPTION = "spotswarm_write"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    # A write transaction takes the write lock up front (BEGIN IMMEDIATE) and so waits on the busy
+    # timeout; a deferred one that upgrades from read to write would fail at once with "locked".
+    if connection.get_execution_options().get(WRITE_OPTION):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        connection.exec_driver_sql("BEGIN")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get their parent directory created and the pragmas set."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, pool_timeout=10)
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """An alembic Config that works from an installed package (no alembic.ini needed)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` over ``engine``'s database. Raises on a failed migration."""
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+class Database:
+    """The engine and session factory of one database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._write_sessions = sessionmaker(
+            self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration."""
+        upgrade(self.engine)
+        logger.info("database schema up to date (%s)", self.dialect)
+
+    @contextmanager
+    def begin(self) -> Iterator[Session]:
+        """A session in a transaction: commit on success, roll back on an exception."""
+        with self._write_sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for read-only work (a deferred transaction on SQLite), closed at the end."""
+        with self._sessions() as session:
+            yield session
+
+    def ping(self) -> None:
+        """Run ``SELECT 1``; raises ``sqlalchemy.exc.SQLAlchemyError`` when the database is unreachable."""
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    def close(self) -> None:
+        self.engine.dispose()

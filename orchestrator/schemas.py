@@ -1,0 +1,172 @@
+"""Request and response models of the REST API (pydantic), apart from the ORM models in ``db/models.py``.
+
+What workers send and receive is in ``worker/wire.py`` (shared with the worker package); this module
+holds what only the admin side, the status page and the CLI see. Responses never contain a token hash;
+the only secret ever returned is the join token, once, in :class:`RunCreated`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from worker.wire import CheckpointRef, RunSpec, RunState, StrictModel, WorkerState
+
+
+class ScaleRequest(StrictModel):
+    """New worker counts; ``desired_workers`` must lie in [min, max] (the new ones when given)."""
+
+    desired_workers: int = Field(ge=0, le=10_000)
+    min_workers: int | None = Field(default=None, ge=0, le=10_000)
+    max_workers: int | None = Field(default=None, ge=1, le=10_000)
+
+
+class StopRequest(StrictModel):
+    reason: str = Field(default="stopped by admin", max_length=1000)
+
+
+class WorkerCounts(BaseModel):
+    desired: int
+    min: int
+    max: int
+    live: int = Field(description="Workers launching or running (with a fresh heartbeat).")
+    running: int = Field(description="Registered workers whose last heartbeat is fresh.")
+    launching: int
+
+
+class ReportedProgress(BaseModel):
+    """Aggregated from worker heartbeats (refreshed about once a second)."""
+
+    swarm_epoch: int = Field(description="Highest swarm epoch any worker reported.")
+    samples_total: int = Field(description="Samples contributed by all workers of the run, ever.")
+    loss: float | None = Field(description="Mean of the latest losses of running workers.")
+    samples_per_s: float = Field(description="Sum over running workers.")
+
+
+class SwarmProgress(BaseModel):
+    """Read from the DHT key hivemind's ProgressTracker publishes (``<swarm_id>_progress``)."""
+
+    epoch: int
+    samples_accumulated: int = Field(description="Samples towards the next epoch (current epoch only).")
+    num_peers: int
+    num_clients: int
+    samples_per_s: float
+    target_batch_size: int
+    read_at: datetime
+
+
+class RunOut(BaseModel):
+    """A run as the API shows it: its spec, lifecycle and live numbers."""
+
+    name: str
+    swarm_id: str
+    spec: RunSpec
+    state: RunState
+    state_reason: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    workers: WorkerCounts
+    reported: ReportedProgress
+    swarm: SwarmProgress | None = Field(description="Null until the DHT has been read for this run.")
+    checkpointer_worker_id: str | None
+    latest_checkpoint: CheckpointRef | None
+
+
+class RunCreated(RunOut):
+    join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
+
+
+class RunList(BaseModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    worker_id: str | None
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_after_id: int = Field(description="Pass as ?after_id= to get newer events.")
+
+
+class ProgressPoint(BaseModel):
+    at: datetime
+    swarm_epoch: int
+    samples_total: int
+    loss: float | None
+    samples_per_s: float
+    live_workers: int
+    dht_epoch: int | None
+    dht_samples: int | None
+    dht_peers: int | None
+
+
+class ProgressSeries(BaseModel):
+    points: list[ProgressPoint]
+    stored_points: int = Field(description="Samples stored for the run before downsampling.")
+
+
+class WorkerOut(BaseModel):
+    id: str
+    run: str
+    request_id: str
+    launcher: str
+    launcher_handle: str | None
+    manual: bool
+    state: WorkerState
+    state_reason: str
+    stop_requested: bool
+    hostname: str
+    peer_maddrs: list[str]
+    launch_details: dict[str, object]
+    exit_reason: str | None
+    created_at: datetime
+    registered_at: datetime | None
+    last_heartbeat_at: datetime | None
+    ended_at: datetime | None
+    local_step: int
+    swarm_epoch: int
+    samples: int
+    loss: float | None
+    samples_per_s: float
+    num_peers: int
+    phase: str
+    checkpointer: bool
+
+
+class WorkerList(BaseModel):
+    items: list[WorkerOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class CheckpointList(BaseModel):
+    items: list[CheckpointRef] = Field(description="Newest epoch first.")
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    database: bool
+    dht: bool
+    detail: dict[str, str] = Field(default_factory=dict)
+
+
+class ErrorOut(BaseModel):
+    """Body of every 4xx/5xx answer."""
+
+    detail: str | list[dict[str, object]]
