@@ -1,7 +1,7 @@
 """A real moto server (its own process, on a free port) that stands in for AWS in the tests.
 
-Import the fixtures into a test module (``from tests.aws_fixture import aws, moto_endpoint``). One server
-runs for the whole session; :func:`aws` resets its state before each test, so tests never see each
+Use them from a test module by binding them there (``aws = aws_fixture.aws``). One server runs for
+the whole session; :func:`aws` resets its state before each test, so tests never see each
 other's buckets or instances.
 """
 

@@ -10,13 +10,17 @@ import pytest
 
 from orchestrator.storage.base import CheckpointCorrupt, CheckpointNotFound, CheckpointStore, checkpoint_key
 from orchestrator.storage.s3 import S3Store, S3StoreConfig
-from tests.aws_fixture import FakeAws, aws, moto_endpoint  # noqa: F401 - fixtures
+from tests import aws_fixture
+from tests.aws_fixture import FakeAws
+
+aws = aws_fixture.aws  # the moto server fixtures, used by name below
+moto_endpoint = aws_fixture.moto_endpoint
 
 BUCKET = "spotswarm-checkpoints"
 MIB = 1 << 20
 
 
-def _store(aws: FakeAws, **overrides: int) -> S3Store:  # noqa: F811
+def _store(aws: FakeAws, **overrides: int) -> S3Store:
     client = aws.client("s3")
     client.create_bucket(Bucket=BUCKET)
     config = S3StoreConfig(bucket=BUCKET, prefix="team-a/ckpt", **overrides)  # type: ignore[arg-type]
@@ -31,7 +35,7 @@ def _file(tmp_path: Path, size: int) -> tuple[Path, str]:
 
 
 @pytest.mark.timeout(60)
-def test_checkpoint_round_trips_under_prefix_with_checksum_metadata(aws: FakeAws, tmp_path: Path) -> None:  # noqa: F811
+def test_checkpoint_round_trips_under_prefix_with_checksum_metadata(aws: FakeAws, tmp_path: Path) -> None:
     store = _store(aws)
     assert isinstance(store, CheckpointStore)
     key = checkpoint_key("swarm-1", 12)
@@ -48,7 +52,7 @@ def test_checkpoint_round_trips_under_prefix_with_checksum_metadata(aws: FakeAws
 
 
 @pytest.mark.timeout(90)
-def test_large_checkpoint_goes_up_in_parts_and_downloads_verified(aws: FakeAws, tmp_path: Path) -> None:  # noqa: F811
+def test_large_checkpoint_goes_up_in_parts_and_downloads_verified(aws: FakeAws, tmp_path: Path) -> None:
     store = _store(aws, multipart_threshold_bytes=5 * MIB, multipart_chunk_bytes=5 * MIB)
     key = checkpoint_key("swarm-1", 3)
     path, sha = _file(tmp_path, 11 * MIB)
@@ -63,7 +67,7 @@ def test_large_checkpoint_goes_up_in_parts_and_downloads_verified(aws: FakeAws, 
 
 
 @pytest.mark.timeout(60)
-def test_tampered_object_raises_corrupt_on_stream_and_download(aws: FakeAws, tmp_path: Path) -> None:  # noqa: F811
+def test_tampered_object_raises_corrupt_on_stream_and_download(aws: FakeAws, tmp_path: Path) -> None:
     store = _store(aws)
     key = checkpoint_key("swarm-2", 1)
     path, sha = _file(tmp_path, 100_000)
@@ -83,7 +87,7 @@ def test_tampered_object_raises_corrupt_on_stream_and_download(aws: FakeAws, tmp
 
 
 @pytest.mark.timeout(60)
-def test_object_without_checksum_is_refused(aws: FakeAws) -> None:  # noqa: F811
+def test_object_without_checksum_is_refused(aws: FakeAws) -> None:
     store = _store(aws)
     aws.client("s3").put_object(
         Bucket=BUCKET, Key=store.object_key("runs/x/epoch-00000001.ckpt"), Body=b"abc"
@@ -93,7 +97,7 @@ def test_object_without_checksum_is_refused(aws: FakeAws) -> None:  # noqa: F811
 
 
 @pytest.mark.timeout(60)
-def test_missing_key_raises_not_found_and_delete_is_idempotent(aws: FakeAws, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_key_raises_not_found_and_delete_is_idempotent(aws: FakeAws, tmp_path: Path) -> None:
     store = _store(aws)
     key = checkpoint_key("swarm-3", 7)
     with pytest.raises(CheckpointNotFound):
