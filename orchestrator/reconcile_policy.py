@@ -96,8 +96,14 @@ class Plan:
 
     def is_empty(self) -> bool:
         return not (
-            self.lost or self.failed or self.exited or self.launch or self.relaunch or self.retire
-            or self.terminate or self.run_state
+            self.lost
+            or self.failed
+            or self.exited
+            or self.launch
+            or self.relaunch
+            or self.retire
+            or self.terminate
+            or self.run_state
         )
 
 
