@@ -21,8 +21,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,13 @@ ALIVE_STATES = frozenset({"pending", "running"})
 GONE_STATES = frozenset({"shutting-down", "terminated"})
 SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"
 _ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
+LAUNCH_VISIBILITY_LAG_S = 120.0
+WORKER_DHT_PORT = 31331  # the Terraform module's worker security group opens this port between peers
+DEFAULT_WORKER_ENV: Mapping[str, str] = {
+    "SPOTSWARM_METADATA_URL": "http://169.254.169.254",  # turns on the agent's spot watcher
+    "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{WORKER_DHT_PORT}",
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Ec2LauncherConfig:
 
     ``orchestrator_id`` is the value of the ``spotswarm:orchestrator`` tag: the IAM policy made by the
     Terraform module lets the orchestrator launch and terminate only instances carrying it.
+    ``worker_env`` is added to every worker's environment under the request's own variables.
     """
 
     orchestrator_id: str
@@ -77,6 +85,7 @@ class Ec2LauncherConfig:
     gpus: bool = True
     user_data_template: Path = DEFAULT_WORKER_TEMPLATE
     spot_price_ttl_s: float = 300.0
+    worker_env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_WORKER_ENV))
 
     def default_plan(self) -> LaunchPlan:
         return LaunchPlan(
@@ -118,26 +127,31 @@ class Ec2Launcher:
         self.config = config
         self._owns_client = client is None
         self._client = client if client is not None else make_ec2_client(config.region, config.endpoint_url)
+        self._clock = clock
         self._prices = SpotPriceCache(self._client, config.spot_price_ttl_s, clock)
         self._lock = threading.Lock()
         self._failures: list[LaunchFailure] = []
         self._attempts: dict[str, int] = {}
         self._spot_failures: dict[str, int] = {}  # consecutive, by run name
-        self._launched: dict[str, str] = {}  # request id -> instance id, launched by this process
+        self._launched: dict[str, tuple[str, float]] = {}  # request id -> (instance id, when), this process
 
     def launch(self, request: LaunchRequest) -> str:
         """Start one instance for ``request`` and return its id; ``""`` when EC2 had no capacity.
 
-        Idempotent by request id. Raises LauncherConfigError for options or AWS answers that say the
-        request can never succeed as given; capacity failures go to :meth:`poll_errors`.
+        Idempotent by request id: while an instance of the request is not gone, that one is returned
+        (a relaunch of the same request after its instance ended starts a new one). Raises
+        LauncherConfigError for options or AWS answers that say the request can never succeed as
+        given; capacity failures go to :meth:`poll_errors`.
         """
         plan = resolve_plan(request.options, self.config.default_plan())
-        env = {**request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
+        env = {**self.config.worker_env, **request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
         user_data = render_worker_user_data(
             self.config.user_data_template, worker_image=plan.worker_image, env=env, gpus=plan.gpus
         )
         with self._lock:
-            existing = self._launched.get(request.request_id) or self._existing_instance(request.request_id)
+            existing = self._recently_launched(request.request_id) or self._existing_instance(
+                request.request_id
+            )
             if existing:
                 log.info(
                     "run %s request %s: already launched as %s",
@@ -148,7 +162,7 @@ class Ec2Launcher:
                 return existing
             instance_id = self._launch_with_fallback(request, plan, user_data)
             if instance_id:
-                self._launched[request.request_id] = instance_id
+                self._launched[request.request_id] = (instance_id, self._clock())
             return instance_id
 
     def _launch_with_fallback(self, request: LaunchRequest, plan: LaunchPlan, user_data: str) -> str:
@@ -214,6 +228,8 @@ class Ec2Launcher:
 
     def terminate(self, request_id: str) -> None:
         """Terminate the instances of ``request_id``; a no-op when none live. AWS errors are logged."""
+        with self._lock:
+            self._launched.pop(request_id, None)
         ids = [i.handle for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
         self._terminate_ids(ids, f"request {request_id}")
 
@@ -241,8 +257,14 @@ class Ec2Launcher:
         if self._owns_client:
             self._client.close()
 
+    def _recently_launched(self, request_id: str) -> str | None:
+        entry = self._launched.get(request_id)
+        if entry and self._clock() - entry[1] < LAUNCH_VISIBILITY_LAG_S:
+            return entry[0]
+        return None
+
     def _existing_instance(self, request_id: str) -> str | None:
-        found = list(self._instances(request_id))
+        found = [i for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
         return found[0].handle if found else None
 
     def _terminate_ids(self, ids: list[str], what: str) -> None:

@@ -162,6 +162,8 @@ def test_launch_tags_instance_passes_worker_env_and_is_idempotent(cloud: Cloud) 
         "SPOTSWARM_URL": "http://10.0.0.5:8000",
         "SPOTSWARM_JOIN_TOKEN": "join-run-a",
         "SPOTSWARM_REQUEST_ID": "req-1",
+        "SPOTSWARM_METADATA_URL": "http://169.254.169.254",
+        "SPOTSWARM_HOST_MADDRS": "/ip4/0.0.0.0/tcp/31331",
     }
     fleet = cloud.capacity.requests[0]
     assert fleet["Type"] == "instant"
@@ -283,7 +285,7 @@ def test_describe_adopts_own_instances_with_price_and_orphans_are_terminated(clo
 
 
 @pytest.mark.timeout(60)
-def test_terminate_stops_only_that_request_and_is_a_no_op_when_gone(cloud: Cloud) -> None:
+def test_terminate_stops_only_that_request_and_a_relaunch_starts_a_new_one(cloud: Cloud) -> None:
     launcher = cloud.launcher()
     first = launcher.launch(_request("req-1"))
     second = launcher.launch(_request("req-2"))
@@ -295,6 +297,13 @@ def test_terminate_stops_only_that_request_and_is_a_no_op_when_gone(cloud: Cloud
     alive = {i.handle for i in launcher.describe() if i.alive}
     assert alive == {second}
     assert cloud.raw(first)["State"]["Name"] == "terminated"
+
+    # The reconciler relaunches a request whose instance is gone: a new machine, same request id.
+    for fresh in (launcher, cloud.launcher()):
+        relaunched = fresh.launch(_request("req-1"))
+        assert relaunched not in (first, second)
+        assert fresh.launch(_request("req-1")) == relaunched
+        fresh.terminate("req-1")
 
 
 @pytest.mark.timeout(60)
