@@ -1,0 +1,266 @@
+"""The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
+
+The CLI is a client like any other: it never imports the server, only :mod:`orchestrator.schemas` and
+:mod:`worker.wire` for nothing more than names. Every failure becomes a :class:`CliError` carrying a
+one-line message and the process exit code (see ``EXIT_*``); the command layer prints it and exits.
+
+Connection settings, first found wins: ``--url``/``--token`` flags, ``SPOTSWARM_URL``/``SPOTSWARM_TOKEN``
+environment variables, then the TOML config file (``$SPOTSWARM_CONFIG``, else
+``$XDG_CONFIG_HOME/spotswarm/config.toml``, else ``~/.config/spotswarm/config.toml``) with keys ``url``
+and ``token``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from worker.wire import CHECKSUM_HEADER
+
+try:  # Python >= 3.11
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10: the config file only holds flat string keys
+    tomllib = None  # type: ignore[assignment]
+
+API_PREFIX = "/api/v1"
+DEFAULT_URL = "http://127.0.0.1:8000"
+CHUNK_BYTES = 1 << 20
+
+EXIT_ERROR = 1  # the server refused the request (4xx other than below, 5xx), or a local failure
+EXIT_USAGE = 2  # bad flags or arguments (click's own code)
+EXIT_UNREACHABLE = 3  # no answer: connection refused, DNS, time-out
+EXIT_AUTH = 4  # 401/403: missing or wrong token
+EXIT_NOT_FOUND = 5  # 404: no such run, worker or checkpoint
+EXIT_CONFLICT = 6  # 409: valid, but clashes with the run's state (e.g. resume a running run)
+
+_STATUS_EXIT_CODES = {401: EXIT_AUTH, 403: EXIT_AUTH, 404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT}
+
+
+class CliError(Exception):
+    """A failure to show as one line; ``exit_code`` is the process exit status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(" ".join(message.split()))  # one line, whatever the server sent
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the orchestrator is and the admin token to send (None: read-only calls only)."""
+
+    url: str
+    token: str | None
+    timeout_s: float = 10.0
+
+
+def config_path() -> Path:
+    """The config file the CLI reads (it may not exist)."""
+    explicit = os.environ.get("SPOTSWARM_CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "spotswarm" / "config.toml"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if tomllib is not None else _flat_toml(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise CliError(f"cannot read config file {path}: {exc}") from exc
+    for key in ("url", "token"):
+        if key in data and not isinstance(data[key], str):
+            raise CliError(f"config file {path}: '{key}' must be a string")
+    return data
+
+
+def _flat_toml(text: str) -> dict[str, Any]:
+    """``key = "value"`` lines (what the config file holds) for Pythons without ``tomllib``."""
+    data: dict[str, Any] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"', line)
+        if not match:
+            raise ValueError(f"line {number}: expected key = \"value\"")
+        data[match[1]] = match[2]
+    return data
+
+
+def resolve_connection(url: str | None, token: str | None, timeout_s: float = 10.0) -> Connection:
+    """Combine flags, environment and config file (first found wins); raises :class:`CliError`."""
+    config = _read_config(config_path())
+    final_url = url or os.environ.get("SPOTSWARM_URL") or config.get("url") or DEFAULT_URL
+    final_token = token or os.environ.get("SPOTSWARM_TOKEN") or config.get("token") or None
+    if not final_url.startswith(("http://", "https://")):
+        raise CliError(f"orchestrator URL {final_url!r} must start with http:// or https://", EXIT_USAGE)
+    return Connection(final_url.rstrip("/"), final_token, timeout_s)
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's ``detail`` as one short line (validation errors: their first message)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return (response.text or response.reason_phrase)[:300]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        first = detail[0]
+        where = ".".join(str(part) for part in first.get("loc", []) if part != "body")
+        more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+        return f"{where}: {first.get('msg', first)}{more}" if where else f"{first.get('msg', first)}{more}"
+    return str(detail)[:300]
+
+
+class ApiClient:
+    """Admin-side calls of the orchestrator API; each raises :class:`CliError` on any failure."""
+
+    def __init__(self, connection: Connection, transport: httpx.BaseTransport | None = None) -> None:
+        self.connection = connection
+        headers = {"Authorization": f"Bearer {connection.token}"} if connection.token else {}
+        self._http = httpx.Client(
+            base_url=connection.url + API_PREFIX,
+            headers=headers,
+            timeout=connection.timeout_s,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def list_runs(self, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        return self._json("GET", "/runs", params={"limit": limit, "offset": offset})
+
+    def get_run(self, name: str) -> dict[str, Any]:
+        return self._json("GET", f"/runs/{name}")
+
+    def create_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/runs", json=spec)
+
+    def scale_run(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", f"/runs/{name}/scale", json=body)
+
+    def stop_run(self, name: str, reason: str | None = None) -> dict[str, Any]:
+        return self._json("POST", f"/runs/{name}/stop", json={"reason": reason} if reason else {})
+
+    def resume_run(self, name: str) -> dict[str, Any]:
+        return self._json("POST", f"/runs/{name}/resume")
+
+    def events(self, name: str, after_id: int = 0, limit: int = 500) -> dict[str, Any]:
+        return self._json("GET", f"/runs/{name}/events", params={"after_id": after_id, "limit": limit})
+
+    def progress(self, name: str, max_points: int = 200) -> dict[str, Any]:
+        return self._json("GET", f"/runs/{name}/progress", params={"max_points": max_points})
+
+    # -- workers, checkpoints, peers -------------------------------------------------------------
+
+    def workers(self, name: str, limit: int = 500) -> dict[str, Any]:
+        return self._json("GET", f"/runs/{name}/workers", params={"limit": limit})
+
+    def checkpoints(self, name: str) -> dict[str, Any]:
+        return self._json("GET", f"/runs/{name}/checkpoints")
+
+    def peers(self, name: str | None = None) -> dict[str, Any]:
+        """A run's initial peers, or the orchestrator's own DHT addresses when ``name`` is None."""
+        return self._json("GET", f"/runs/{name}/peers" if name else "/peers")
+
+    def download(
+        self, download_path: str, dest: Path, on_bytes: Callable[[int, int | None], None]
+    ) -> str:
+        """Stream ``download_path`` (an API path) to ``dest`` atomically and return its SHA-256.
+
+        ``on_bytes(received, total)`` is called per chunk. The bytes are checked against the server's
+        ``X-Checksum-Sha256`` header when it sends one; a mismatch leaves no file and raises.
+        """
+        path = download_path.removeprefix(API_PREFIX)
+        partial = dest.with_name(f".{dest.name}.part")
+        try:
+            with self._stream("GET", path) as response:
+                length = response.headers.get("Content-Length")
+                total = int(length) if length else None
+                expected = response.headers.get(CHECKSUM_HEADER)
+                digest = hashlib.sha256()
+                received = 0
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes(CHUNK_BYTES):
+                        digest.update(chunk)
+                        handle.write(chunk)
+                        received += len(chunk)
+                        on_bytes(received, total)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            raise CliError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        actual = digest.hexdigest()
+        if expected and expected.lower() != actual:
+            partial.unlink(missing_ok=True)
+            raise CliError(f"download of {path} is corrupt: sha256 {actual}, server said {expected}")
+        os.replace(partial, dest)
+        return actual
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._request(method, path, **kwargs)
+        if not response.content:
+            return {}
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise CliError(f"{method} {path}: the server sent no JSON (is {self.connection.url} "
+                           "a spotswarm orchestrator?)") from exc
+        return body if isinstance(body, dict) else {"items": body}
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        self._check(response)
+        return response
+
+    @contextmanager
+    def _stream(self, method: str, path: str) -> Iterator[httpx.Response]:
+        try:
+            with self._http.stream(method, path) as response:
+                if response.status_code >= 400:
+                    response.read()
+                self._check(response)
+                yield response
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: httpx.TransportError) -> CliError:
+        kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
+        reason = str(exc) or type(exc).__name__
+        return CliError(f"orchestrator at {self.connection.url} {kind}: {reason}", EXIT_UNREACHABLE)
+
+    def _check(self, response: httpx.Response) -> None:
+        status = response.status_code
+        if status < 400:
+            return
+        detail = _detail(response)
+        if status in (401, 403) and not self.connection.token:
+            detail += " (no token given: pass --token, set SPOTSWARM_TOKEN or 'token' in the config file)"
+        raise CliError(f"{status} {detail}", _STATUS_EXIT_CODES.get(status, EXIT_ERROR))

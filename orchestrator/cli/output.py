@@ -1,0 +1,208 @@
+"""What the CLI prints: aligned tables for people, JSON for scripts, a compact text chart, and the derived
+numbers (ETA, cost, ages) shared by several commands. Pure functions of the API's JSON; no I/O here
+except :func:`echo_json` and :func:`echo_table`.
+
+The status page computes ETA and cost the same way in ``orchestrator/web/static/app.js``; keep them in step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+TERMINAL_RUN_STATES = frozenset({"stopped", "completed", "failed"})
+PRICE_KEYS = ("price_per_hour", "price_usd_per_hour")
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as indented JSON (what ``--json`` gives scripts)."""
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell; numbers right-aligned, text left-aligned."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    numeric = [all(_is_number(row[i]) for row in rows) and bool(rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line([h.upper() for h in headers]), *(line(row) for row in cells)])
+
+
+def echo_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str = "(none)") -> None:
+    click.echo(format_table(headers, rows) if rows else empty)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return fmt_number(value)
+    return str(value)
+
+
+# -- numbers, times, sizes -------------------------------------------------------------------------
+
+
+def fmt_number(value: float | None, digits: int = 4) -> str:
+    """A float in ``digits`` significant digits ('-' for None)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``93`` -> ``1m33s``; ``None`` or negative -> ``-``."""
+    if seconds is None or seconds < 0 or not math.isfinite(seconds):
+        return "-"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def fmt_bytes(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An ISO-8601 timestamp from the API (naive ones are taken as UTC)."""
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def age_s(text: str | None, now: datetime) -> float | None:
+    moment = parse_time(text)
+    return None if moment is None else max(0.0, (now - moment).total_seconds())
+
+
+def fmt_age(text: str | None, now: datetime) -> str:
+    seconds = age_s(text, now)
+    return "-" if seconds is None else fmt_duration(seconds) + " ago"
+
+
+# -- derived run numbers ---------------------------------------------------------------------------
+
+
+def eta_s(run: Mapping[str, Any]) -> float | None:
+    """Seconds until the run's stop condition at the current throughput; None if unknown or unbounded.
+
+    Samples target: samples still missing over samples/s. Epoch target: epochs still missing times the
+    swarm batch, less what the DHT says the current epoch already holds. The sooner of the two wins.
+    """
+    if run.get("state") in TERMINAL_RUN_STATES:
+        return None
+    reported = run.get("reported") or {}
+    rate = float(reported.get("samples_per_s") or 0.0)
+    if rate <= 0:
+        return None
+    stop = (run.get("spec") or {}).get("stop") or {}
+    swarm = run.get("swarm") or {}
+    candidates: list[float] = []
+    if stop.get("target_samples"):
+        missing = stop["target_samples"] - int(reported.get("samples_total") or 0)
+        candidates.append(max(0.0, missing / rate))
+    if stop.get("target_epochs"):
+        epoch = max(int(reported.get("swarm_epoch") or 0), int(swarm.get("epoch") or 0))
+        batch = int(run["spec"].get("target_batch_size") or 0)
+        missing = (stop["target_epochs"] - epoch) * batch - int(swarm.get("samples_accumulated") or 0)
+        candidates.append(max(0.0, missing / rate))
+    return min(candidates) if candidates else None
+
+
+def worker_cost_usd(worker: Mapping[str, Any], now: datetime) -> float | None:
+    """Price per hour (from the launcher's ``launch_details``) times the hours the worker has existed."""
+    details = worker.get("launch_details") or {}
+    price = next((details[k] for k in PRICE_KEYS if isinstance(details.get(k), (int, float))), None)
+    start = parse_time(worker.get("registered_at") or worker.get("created_at"))
+    if price is None or start is None:
+        return None
+    end = parse_time(worker.get("ended_at")) or now
+    return float(price) * max(0.0, (end - start).total_seconds()) / 3600.0
+
+
+def run_cost_usd(workers: Sequence[Mapping[str, Any]], now: datetime) -> float | None:
+    """Sum of the workers' costs; None when no worker has a known price."""
+    costs = [c for c in (worker_cost_usd(w, now) for w in workers) if c is not None]
+    return sum(costs) if costs else None
+
+
+def fmt_usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+# -- text chart ------------------------------------------------------------------------------------
+
+
+def _columns(values: Sequence[float], width: int) -> list[float]:
+    """Mean of the values falling into each of ``width`` columns (fewer columns if fewer values)."""
+    if len(values) <= width:
+        return list(values)
+    out = []
+    for col in range(width):
+        lo = col * len(values) // width
+        hi = max(lo + 1, (col + 1) * len(values) // width)
+        chunk = values[lo:hi]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def text_chart(values: Sequence[float], width: int = 60, height: int = 6, unicode: bool | None = None) -> str:
+    """A bar chart of ``values`` (oldest left) in ``height`` text rows, with max/min labels.
+
+    Uses eighth-block characters when the terminal speaks UTF-8, else ``#``. Empty input -> ``(no data)``.
+    """
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "(no data)"
+    if unicode is None:
+        unicode = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
+    cols = _columns(finite, width)
+    low, high = min(cols), max(cols)
+    span = (high - low) or 1.0
+    levels = [1 + round((v - low) / span * (height * 8 - 1)) for v in cols]  # 1..height*8
+    labels = [fmt_number(high), fmt_number(low)]
+    pad = max(len(label) for label in labels)
+    rows = []
+    for row in range(height, 0, -1):
+        floor = (row - 1) * 8
+        chars = []
+        for level in levels:
+            fill = min(8, max(0, level - floor))
+            chars.append(_BLOCKS[fill] if unicode else ("#" if fill else " "))
+        label = labels[0] if row == height else labels[1] if row == 1 else ""
+        rows.append(f"{label.rjust(pad)} |{''.join(chars).rstrip()}")
+    return "\n".join(rows)
