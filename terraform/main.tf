@@ -1,0 +1,22 @@
+# spotswarm on AWS: one on-demand orchestrator (API, DHT peer, PostgreSQL), spot workers launched by it
+# from the worker launch template, and an S3 bucket for checkpoints. Files: network.tf, security.tf,
+# storage.tf, iam.tf, orchestrator.tf, workers.tf.
+
+data "aws_caller_identity" "current" {}
+data "aws_partition" "current" {}
+data "aws_region" "current" {}
+
+locals {
+  tag_orchestrator = "spotswarm:orchestrator"
+  tags             = merge(var.tags, { (local.tag_orchestrator) = var.name })
+
+  account_id = data.aws_caller_identity.current.account_id
+  partition  = data.aws_partition.current.partition
+  region     = data.aws_region.current.name
+  ec2_arn    = "arn:${local.partition}:ec2:${local.region}:${local.account_id}"
+
+  bucket_name = coalesce(var.checkpoint_bucket_name, "${var.name}-checkpoints-${local.account_id}")
+
+  # The cloud-init templates live with the images they start (deploy/), shared with the EC2 launcher.
+  deploy_dir = "${path.module}/../deploy"
+}

@@ -1,0 +1,84 @@
+# The orchestrator: one on-demand instance running two containers, the spotswarm API/reconciler/DHT
+# peer and PostgreSQL, both keeping their state on a separate encrypted EBS volume that outlives the
+# instance (replace the instance, keep the runs). Why not RDS: see docs/readme/aws.md.
+
+data "aws_ssm_parameter" "al2023" {
+  count = var.orchestrator_ami_id == null ? 1 : 0
+  name  = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+}
+
+locals {
+  orchestrator_ami_id = var.orchestrator_ami_id != null ? var.orchestrator_ami_id : nonsensitive(data.aws_ssm_parameter.al2023[0].value)
+
+  # What the orchestrator container is told (SPOTSWARM_* settings); the private IP is added at boot.
+  orchestrator_env = {
+    SPOTSWARM_HOST                         = "0.0.0.0"
+    SPOTSWARM_PORT                         = tostring(var.api_port)
+    SPOTSWARM_DHT_PORT                     = tostring(var.dht_port)
+    SPOTSWARM_DATA_DIR                     = "/data"
+    SPOTSWARM_EC2_REGION                   = local.region
+    SPOTSWARM_EC2_ORCHESTRATOR_ID          = var.name
+    SPOTSWARM_EC2_LAUNCH_TEMPLATE          = aws_launch_template.worker.id
+    SPOTSWARM_EC2_SUBNET_IDS               = join(",", local.subnet_ids)
+    SPOTSWARM_EC2_INSTANCE_TYPES           = join(",", var.worker_instance_types)
+    SPOTSWARM_EC2_WORKER_IMAGE             = var.worker_image
+    SPOTSWARM_EC2_MAX_PRICE                = var.worker_max_price == null ? "" : var.worker_max_price
+    SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER = var.on_demand_fallback_after == null ? "" : tostring(var.on_demand_fallback_after)
+    SPOTSWARM_S3_BUCKET                    = aws_s3_bucket.checkpoints.id
+    SPOTSWARM_S3_PREFIX                    = var.checkpoint_prefix
+    AWS_REGION                             = local.region
+  }
+
+  orchestrator_user_data = templatefile("${local.deploy_dir}/cloud-init/orchestrator.yaml", {
+    orchestrator_image = var.orchestrator_image
+    postgres_image     = var.postgres_image
+    data_volume_id     = aws_ebs_volume.orchestrator_data.id
+    api_port           = var.api_port
+    dht_port           = var.dht_port
+    env_file_b64       = base64encode(join("", [for k in sort(keys(local.orchestrator_env)) : "${k}=${local.orchestrator_env[k]}\n"]))
+  })
+}
+
+resource "aws_ebs_volume" "orchestrator_data" {
+  availability_zone = local.orchestrator_az
+  size              = var.orchestrator_data_volume_gb
+  type              = "gp3"
+  encrypted         = true
+  tags              = merge(local.tags, { Name = "${var.name}-orchestrator-data" })
+}
+
+resource "aws_instance" "orchestrator" {
+  ami                         = local.orchestrator_ami_id
+  instance_type               = var.orchestrator_instance_type
+  subnet_id                   = local.subnet_ids[0]
+  vpc_security_group_ids      = [aws_security_group.orchestrator.id]
+  iam_instance_profile        = aws_iam_instance_profile.orchestrator.name
+  user_data_base64            = base64gzip(local.orchestrator_user_data)
+  user_data_replace_on_change = true
+  tags                        = merge(local.tags, { Name = "${var.name}-orchestrator" })
+  volume_tags                 = merge(local.tags, { Name = "${var.name}-orchestrator-root" })
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 2
+  }
+
+  root_block_device {
+    volume_size = 30
+    volume_type = "gp3"
+    encrypted   = true
+  }
+
+  lifecycle {
+    # A newer Amazon Linux AMI must not replace the running orchestrator on its own.
+    ignore_changes = [ami]
+  }
+}
+
+resource "aws_volume_attachment" "orchestrator_data" {
+  device_name                    = "/dev/sdf"
+  volume_id                      = aws_ebs_volume.orchestrator_data.id
+  instance_id                    = aws_instance.orchestrator.id
+  stop_instance_before_detaching = true
+}

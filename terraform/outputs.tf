@@ -1,0 +1,49 @@
+output "orchestrator_url" {
+  description = "The orchestrator's API, for `spotswarm --url` (reachable from allowed_api_cidrs)."
+  value       = "http://${aws_instance.orchestrator.public_ip != "" ? aws_instance.orchestrator.public_ip : aws_instance.orchestrator.private_ip}:${var.api_port}"
+}
+
+output "orchestrator_instance_id" {
+  description = "Instance id of the orchestrator (for `aws ssm start-session --target`)."
+  value       = aws_instance.orchestrator.id
+}
+
+output "worker_launch_template_id" {
+  description = "Launch template the EC2 launcher starts workers from (launcher option launch_template)."
+  value       = aws_launch_template.worker.id
+}
+
+output "subnet_ids" {
+  description = "Subnets workers may use (launcher option subnet_ids)."
+  value       = local.subnet_ids
+}
+
+output "vpc_id" {
+  description = "The VPC everything runs in."
+  value       = local.vpc_id
+}
+
+output "checkpoint_bucket" {
+  description = "S3 bucket of the checkpoints."
+  value       = aws_s3_bucket.checkpoints.id
+}
+
+output "checkpoint_prefix" {
+  description = "Key prefix of the checkpoints in the bucket."
+  value       = var.checkpoint_prefix
+}
+
+output "orchestrator_role_arn" {
+  description = "IAM role of the orchestrator."
+  value       = aws_iam_role.orchestrator.arn
+}
+
+output "worker_role_arn" {
+  description = "IAM role of the workers."
+  value       = aws_iam_role.worker.arn
+}
+
+output "security_group_ids" {
+  description = "Security groups of the orchestrator and of the workers."
+  value       = { orchestrator = aws_security_group.orchestrator.id, workers = aws_security_group.workers.id }
+}
