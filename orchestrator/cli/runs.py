@@ -1,0 +1,324 @@
+"""``spotswarm runs ...``: create, list, show, scale, stop, resume and follow the events of runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from orchestrator.cli.client import CliError
+from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.output import (
+    TERMINAL_RUN_STATES,
+    echo_json,
+    echo_table,
+    eta_s,
+    fmt_age,
+    fmt_bytes,
+    fmt_duration,
+    fmt_number,
+    fmt_usd,
+    run_cost_usd,
+    text_chart,
+)
+
+CHART_WIDTH = 60
+
+
+@click.group("runs")
+def runs() -> None:
+    """Create, inspect and steer training runs."""
+
+
+# -- create ----------------------------------------------------------------------------------------
+
+
+def _load_spec_file(path: str) -> dict[str, Any]:
+    """A run spec from a YAML or JSON file ('-' for stdin); raises CliError when unreadable."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        data = yaml.safe_load(text)  # JSON is YAML too
+    except OSError as exc:
+        raise CliError(f"cannot read spec file {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise CliError(f"spec file {path} is not valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise CliError(f"spec file {path} must hold a mapping of run fields")
+    return data
+
+
+def _parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON (numbers, true, lists) is taken as such."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"{flag} expects KEY=VALUE, got {pair!r}", 2)
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+_FLAG_FIELDS = {
+    "name": "name",
+    "module": "module",
+    "datamodule": "datamodule",
+    "target_batch_size": "target_batch_size",
+    "batch_size": "batch_size",
+    "workers": "desired_workers",
+    "min_workers": "min_workers",
+    "max_workers": "max_workers",
+    "checkpoint_every": "checkpoint_every_epochs",
+    "keep_checkpoints": "keep_checkpoints",
+    "launcher": "launcher",
+}
+_PAIR_FIELDS = {
+    "module_arg": "module_args",
+    "datamodule_arg": "datamodule_args",
+    "strategy_option": "strategy_options",
+    "launcher_option": "launcher_options",
+}
+
+
+def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The run spec to send: the file's fields, overridden by the flags that were given."""
+    spec = _load_spec_file(file) if file else {}
+    for flag, field in _FLAG_FIELDS.items():
+        if flags.get(flag) is not None:
+            spec[field] = flags[flag]
+    for flag, field in _PAIR_FIELDS.items():
+        if flags.get(flag):
+            pairs = _parse_pairs(flags[flag], "--" + flag.replace("_", "-"))
+            spec[field] = {**(spec.get(field) or {}), **pairs}
+    stop = dict(spec.get("stop") or {})
+    for key in ("target_epochs", "target_samples"):
+        if flags.get(key) is not None:
+            stop[key] = flags[key]
+    if stop:
+        spec["stop"] = stop
+    return spec
+
+
+@runs.command("create")
+@api_command
+@click.option("-f", "--file", "file", metavar="PATH", help="Run spec as YAML or JSON ('-': stdin).")
+@click.option("--name", help="Run name: lowercase letters, digits, hyphens.")
+@click.option("--module", metavar="PKG.MOD:CLASS", help="LightningModule import path.")
+@click.option("--datamodule", metavar="PKG.MOD:CLASS", help="LightningDataModule import path.")
+@click.option("--target-batch-size", type=int, help="Samples the swarm accumulates per epoch.")
+@click.option("--batch-size", type=int, help="Per-worker batch size.")
+@click.option("--workers", type=int, help="Desired worker count.")
+@click.option("--min-workers", type=int)
+@click.option("--max-workers", type=int)
+@click.option("--target-epochs", type=int, help="Stop after this many swarm epochs.")
+@click.option("--target-samples", type=int, help="Stop after this many samples.")
+@click.option("--checkpoint-every", type=int, help="Upload a checkpoint every N epochs.")
+@click.option("--keep-checkpoints", type=int, help="Checkpoints kept per run.")
+@click.option("--launcher", help="Launcher name (local, ec2, ...).")
+@click.option("--module-arg", multiple=True, metavar="KEY=VALUE", help="Module keyword (repeatable).")
+@click.option("--datamodule-arg", multiple=True, metavar="KEY=VALUE", help="Datamodule keyword (repeatable).")
+@click.option("--strategy-option", multiple=True, metavar="KEY=VALUE", help="HivemindStrategy keyword.")
+@click.option("--launcher-option", multiple=True, metavar="KEY=VALUE", help="Launcher option.")
+def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
+    """Create a run from flags and/or a spec file (flags win). Prints the join token once."""
+    created = ctx.api.create_run(build_spec(file, flags))
+    if ctx.as_json:
+        echo_json(created)
+        return
+    click.echo(
+        f"created run {created['name']} ({created['state']}), "
+        f"{created['spec']['desired_workers']} worker(s) desired"
+    )
+    click.echo(f"join token (shown only now; manual workers need it): {created.get('join_token', '-')}")
+
+
+# -- list / show -----------------------------------------------------------------------------------
+
+
+def _run_row(run: dict[str, Any], now: datetime) -> list[Any]:
+    workers, reported, swarm = run["workers"], run["reported"], run.get("swarm") or {}
+    epoch = max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0)
+    return [
+        run["name"],
+        run["state"],
+        f"{workers['live']}/{workers['desired']}",
+        epoch,
+        fmt_number(reported.get("samples_per_s"), 3),
+        fmt_number(reported.get("loss")),
+        fmt_duration(eta_s(run)),
+        fmt_age(run.get("created_at"), now).removesuffix(" ago"),
+    ]
+
+
+@runs.command("list")
+@api_command
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+def list_runs(ctx: ApiContext, limit: int) -> None:
+    """List runs, newest first."""
+    page = ctx.api.list_runs(limit=limit)
+    if ctx.as_json:
+        echo_json(page)
+        return
+    now = datetime.now(timezone.utc)
+    rows = [_run_row(run, now) for run in page["items"]]
+    echo_table(["name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age"], rows, "(no runs)")
+    if page.get("total", 0) > len(rows):
+        click.echo(f"... {page['total'] - len(rows)} more (use --limit)")
+
+
+def _show_lines(run: dict[str, Any], workers: list[dict[str, Any]], now: datetime) -> list[tuple[str, str]]:
+    spec, counts, reported = run["spec"], run["workers"], run["reported"]
+    swarm = run.get("swarm") or {}
+    stop = spec.get("stop") or {}
+    targets = [f"{key.removeprefix('target_')} {value}" for key, value in stop.items() if value]
+    target = ", ".join(targets) or "none (runs until stopped)"
+    ckpt = run.get("latest_checkpoint")
+    lines = [
+        ("state", f"{run['state']}" + (f" ({run['state_reason']})" if run.get("state_reason") else "")),
+        (
+            "workers",
+            f"{counts['live']} live / {counts['desired']} desired "
+            f"(min {counts['min']}, max {counts['max']}; {counts['launching']} launching)",
+        ),
+        ("swarm epoch", str(max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0))),
+        (
+            "samples",
+            f"{reported.get('samples_total', 0)} total, {fmt_number(reported.get('samples_per_s'), 3)}/s",
+        ),
+        ("loss", fmt_number(reported.get("loss"))),
+        ("stop at", target),
+        ("eta", fmt_duration(eta_s(run))),
+        ("cost so far", fmt_usd(run_cost_usd(workers, now))),
+        ("checkpoint", f"epoch {ckpt['epoch']}, {fmt_bytes(ckpt['size_bytes'])}" if ckpt else "-"),
+        ("created", fmt_age(run.get("created_at"), now)),
+        ("module", spec["module"]),
+        ("datamodule", spec["datamodule"]),
+        ("launcher", spec.get("launcher", "-")),
+    ]
+    return lines
+
+
+@runs.command("show")
+@api_command
+@click.argument("name")
+def show(ctx: ApiContext, name: str) -> None:
+    """Show a run's state, numbers and a text chart of its loss."""
+    run = ctx.api.get_run(name)
+    progress = ctx.api.progress(name, max_points=CHART_WIDTH * 4)
+    workers = ctx.api.workers(name)["items"]
+    if ctx.as_json:
+        echo_json({"run": run, "progress": progress, "workers": workers})
+        return
+    now = datetime.now(timezone.utc)
+    click.echo(f"run {run['name']}")
+    for key, value in _show_lines(run, workers, now):
+        click.echo(f"  {key:<12} {value}")
+    points = progress.get("points", [])
+    losses = [p["loss"] for p in points if p.get("loss") is not None]
+    click.echo(f"\nloss ({len(losses)} points of {progress.get('stored_points', len(points))} stored):")
+    click.echo(text_chart(losses, width=CHART_WIDTH))
+    if losses:
+        times = [p["at"] for p in points if p.get("loss") is not None]
+        click.echo(f"  from {fmt_age(times[0], now)} to {fmt_age(times[-1], now)}")
+
+
+# -- scale / stop / resume -------------------------------------------------------------------------
+
+
+def _echo_counts(ctx: ApiContext, run: dict[str, Any], verb: str) -> None:
+    if ctx.as_json:
+        echo_json(run)
+        return
+    counts = run["workers"]
+    click.echo(
+        f"run {run['name']} {verb}: {run['state']}, {counts['live']} live / "
+        f"{counts['desired']} desired (min {counts['min']}, max {counts['max']})"
+    )
+
+
+@runs.command("scale")
+@api_command
+@click.argument("name")
+@click.argument("desired", type=click.IntRange(0))
+@click.option("--min", "min_workers", type=click.IntRange(0), help="Also change the minimum.")
+@click.option("--max", "max_workers", type=click.IntRange(1), help="Also change the maximum.")
+def scale(ctx: ApiContext, name: str, desired: int, min_workers: int | None, max_workers: int | None) -> None:
+    """Set the run's desired worker count (the orchestrator launches or retires workers)."""
+    body: dict[str, Any] = {"desired_workers": desired}
+    if min_workers is not None:
+        body["min_workers"] = min_workers
+    if max_workers is not None:
+        body["max_workers"] = max_workers
+    _echo_counts(ctx, ctx.api.scale_run(name, body), "scaled")
+
+
+@runs.command("stop")
+@api_command
+@click.argument("name")
+@click.option("--reason", help="Recorded in the run's events.")
+def stop(ctx: ApiContext, name: str, reason: str | None) -> None:
+    """Stop a run: its workers are told to leave; checkpoints are kept."""
+    _echo_counts(ctx, ctx.api.stop_run(name, reason), "stopping")
+
+
+@runs.command("resume")
+@api_command
+@click.argument("name")
+def resume(ctx: ApiContext, name: str) -> None:
+    """Resume a stopped or failed run from its latest checkpoint."""
+    _echo_counts(ctx, ctx.api.resume_run(name), "resumed")
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+
+def _echo_event(ctx: ApiContext, event: dict[str, Any]) -> None:
+    if ctx.as_json:
+        click.echo(json.dumps(event, default=str))  # one JSON object per line, for streaming
+        return
+    worker = f" [worker {event['worker_id']}]" if event.get("worker_id") else ""
+    click.echo(f"{event['at']}  {event['kind']:<20}{worker} {event['message']}")
+
+
+@runs.command("logs")
+@api_command
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events until the run ends.")
+@click.option(
+    "--interval",
+    "interval_s",
+    type=click.FloatRange(0.1),
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls with --follow.",
+)
+@click.option("--after-id", type=click.IntRange(0), default=0, help="Only events newer than this id.")
+def logs(ctx: ApiContext, name: str, follow: bool, interval_s: float, after_id: int) -> None:
+    """Print the run's event log (JSON lines with --json). With --follow, exit once the run has ended."""
+    cursor = _print_events(ctx, name, after_id)
+    while follow:
+        ended = ctx.api.get_run(name)["state"] in TERMINAL_RUN_STATES
+        cursor = _print_events(ctx, name, cursor)  # after the state check: no final event is missed
+        if ended:
+            return
+        time.sleep(interval_s)
+
+
+def _print_events(ctx: ApiContext, name: str, after_id: int) -> int:
+    """Print every event newer than ``after_id`` (all pages) and return the new cursor."""
+    cursor = after_id
+    while True:
+        page = ctx.api.events(name, after_id=cursor)
+        for event in page["items"]:
+            _echo_event(ctx, event)
+        cursor = max(cursor, int(page.get("next_after_id", cursor)))
+        if not page["items"]:
+            return cursor

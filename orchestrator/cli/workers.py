@@ -1,0 +1,71 @@
+"""``spotswarm workers list NAME``: a run's workers, how far each got and how each ended."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.output import echo_json, echo_table, fmt_age, fmt_number, fmt_usd, worker_cost_usd
+
+LIVE_STATES = frozenset({"launching", "running"})
+
+
+@click.group("workers")
+def workers() -> None:
+    """Inspect the workers of a run."""
+
+
+def _ended(worker: dict[str, Any]) -> str:
+    """How a finished worker ended (lost / interrupted / exited / failed) and why, in a few words."""
+    if worker["state"] in LIVE_STATES:
+        return "retiring" if worker.get("retire_requested_at") else "-"
+    why = worker.get("exit_reason") or worker.get("state_reason") or ""
+    why = " ".join(why.split())
+    return f"{worker['state']}: {why[:60]}" if why else worker["state"]
+
+
+def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
+    return [
+        worker["id"],
+        worker["state"],
+        worker.get("launcher_handle") or "-",
+        worker.get("hostname") or "-",
+        fmt_age(worker.get("last_heartbeat_at"), now),
+        worker.get("samples", 0),
+        fmt_number(worker.get("samples_per_s"), 3),
+        fmt_number(worker.get("loss")),
+        "yes" if worker.get("checkpointer") else "",
+        fmt_usd(worker_cost_usd(worker, now)),
+        _ended(worker),
+    ]
+
+
+@workers.command("list")
+@api_command
+@click.argument("name")
+@click.option("--live", is_flag=True, help="Only launching and running workers.")
+def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
+    """List the run's workers, newest first, with how the finished ones ended."""
+    page = ctx.api.workers(name)
+    items = [w for w in page["items"] if not live or w["state"] in LIVE_STATES]
+    if ctx.as_json:
+        echo_json({**page, "items": items})
+        return
+    now = datetime.now(timezone.utc)
+    headers = [
+        "id",
+        "state",
+        "handle",
+        "host",
+        "heartbeat",
+        "samples",
+        "samples/s",
+        "loss",
+        "ckpt",
+        "cost",
+        "ended",
+    ]
+    echo_table(headers, [worker_row(w, now) for w in items], "(no workers)")

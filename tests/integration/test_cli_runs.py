@@ -1,0 +1,129 @@
+"""`spotswarm runs ...` against a real orchestrator: create, list, show (with its chart), scale, stop,
+resume and logs (also --follow, as a real subprocess that must exit when the run ends)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
+from tests.integration.cli_support import HandWorker, cli
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from worker.wire import DeregisterReason
+
+FAST = {"SPOTSWARM_CHECK_IMPORTS": "false"}  # import probing has its own tests; keep these quick
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("cli-runs")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", extra_env=FAST)
+    finally:
+        registry.kill_all()
+
+
+def api_run(orch: Orchestrator, name: str) -> dict:
+    with orch.client() as http:
+        return dict(http.get(f"/api/v1/runs/{name}").json())
+
+
+def progress_points(orch: Orchestrator, name: str) -> list[dict]:
+    with orch.client() as http:
+        return list(http.get(f"/api/v1/runs/{name}/progress").json()["points"])
+
+
+def create(orch: Orchestrator, name: str, **overrides: object) -> str:
+    """Create a run through the CLI (--json) and return its join token."""
+    spec = json.dumps(run_spec(name, **overrides))
+    result = cli(orch, "runs", "create", "--json", "--file", "-", stdin=spec)
+    assert result.exit_code == 0, result.output
+    return str(json.loads(result.stdout)["join_token"])
+
+
+@pytest.mark.timeout(60)
+def test_create_from_yaml_file_with_flag_overrides(orch: Orchestrator, tmp_path: Path) -> None:
+    spec = tmp_path / "run.yaml"
+    spec.write_text(
+        "name: from-yaml\n"
+        "module: tests.integration.api_models:TinyModule\n"
+        "datamodule: tests.integration.api_models:TinyDataModule\n"
+        "target_batch_size: 64\nbatch_size: 8\nmin_workers: 0\nmax_workers: 4\ndesired_workers: 1\n"
+        "module_args: {hidden: 3}\n"
+    )
+    result = cli(orch, "runs", "create", "--file", str(spec), "--workers", "2", "--target-epochs", "7",
+                 "--module-arg", "hidden=5", "--datamodule-arg", "size=16")
+    assert result.exit_code == 0, result.output
+    assert "created run from-yaml" in result.stdout and "ssj_" in result.stdout
+    run = api_run(orch, "from-yaml")
+    assert run["workers"]["desired"] == 2
+    assert run["spec"]["stop"]["target_epochs"] == 7
+    assert run["spec"]["module_args"] == {"hidden": 5} and run["spec"]["datamodule_args"] == {"size": 16}
+
+
+@pytest.mark.timeout(60)
+def test_list_show_scale_stop_resume(orch: Orchestrator) -> None:
+    join = create(orch, "steer", stop={"target_samples": 100_000})
+    worker = HandWorker(orch, join)
+
+    def beat_until_charted() -> bool:  # a heartbeat per poll until a few progress samples are stored
+        worker.beat()
+        return len(progress_points(orch, "steer")) >= 3
+
+    wait_until(beat_until_charted, 15, interval_s=0.2, message="progress samples stored")
+
+    listed = cli(orch, "runs", "list")
+    assert listed.exit_code == 0, listed.output
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[:4] == ["NAME", "STATE", "WORKERS", "EPOCH"]
+    row = next(r.split() for r in rows if r.startswith("steer "))
+    assert row[1] == "running" and row[2] == "1/1"
+
+    shown = cli(orch, "runs", "show", "steer")
+    assert shown.exit_code == 0, shown.output
+    assert "1 live / 1 desired" in shown.stdout and "samples 100000" in shown.stdout
+    chart = [line for line in shown.stdout.splitlines() if "|" in line]
+    assert len(chart) == 6 and any(ch in "".join(chart) for ch in "#▁▂▃▄▅▆▇█")
+
+    scaled = cli(orch, "runs", "scale", "steer", "3")
+    assert scaled.exit_code == 0 and "3 desired" in scaled.stdout
+    assert api_run(orch, "steer")["workers"]["desired"] == 3
+
+    stopped = cli(orch, "runs", "stop", "steer", "--reason", "enough", "--json")
+    assert stopped.exit_code == 0 and json.loads(stopped.stdout)["state"] in ("stopping", "stopped")
+    assert worker.beat().action.value == "stop"
+    worker.leave(DeregisterReason.stopped)
+    wait_until(lambda: api_run(orch, "steer")["state"] == "stopped", 15, message="run stopped")
+
+    resumed = cli(orch, "runs", "resume", "steer")
+    assert resumed.exit_code == 0 and "pending" in resumed.stdout
+
+
+@pytest.mark.timeout(60)
+def test_logs_prints_history_and_follow_exits_when_the_run_ends(orch: Orchestrator) -> None:
+    create(orch, "logged")
+    history = cli(orch, "runs", "logs", "logged")
+    assert history.exit_code == 0 and "run.created" in history.stdout
+
+    follow = subprocess.Popen(
+        [str(VENV_BIN / "spotswarm"), "runs", "logs", "logged", "--follow", "--interval", "0.2", "--json",
+         "--url", orch.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={"PATH": "/usr/bin:/bin", "SPOTSWARM_CONFIG": "/nonexistent.toml"},
+    )
+    try:
+        with httpx.Client(base_url=orch.url, headers={"Authorization": f"Bearer {orch.admin_token}"}) as http:
+            assert http.post("/api/v1/runs/logged/stop", json={"reason": "end of test"}).status_code == 200
+        out, err = follow.communicate(timeout=20)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["kind"] == "run.created"
+    assert "stopped" in events[-1]["message"], events  # the final event was printed before exiting

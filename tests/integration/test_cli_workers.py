@@ -1,0 +1,103 @@
+"""`spotswarm workers list`, `checkpoints list|download` and `peers` against a real orchestrator, with
+workers joined by hand (register, heartbeat, upload a checkpoint, leave)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.client import EXIT_NOT_FOUND
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.cli_support import HandWorker, cli
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from worker.wire import DeregisterReason
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("cli-workers")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+    finally:
+        registry.kill_all()
+
+
+@pytest.fixture(scope="module")
+def joined(orch: Orchestrator) -> Iterator[tuple[HandWorker, HandWorker]]:
+    """Run "crew" with two hand-joined workers that have each sent a heartbeat."""
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("crew")))
+    assert created.exit_code == 0, created.output
+    join = json.loads(created.stdout)["join_token"]
+    first, second = HandWorker(orch, join, "host-a"), HandWorker(orch, join, "host-b")
+    first.beat(40.0)
+    second.beat(60.0)
+    yield first, second
+
+
+@pytest.mark.timeout(60)
+def test_workers_list_shows_live_workers_and_how_others_ended(orch: Orchestrator, joined: tuple) -> None:
+    first, second = joined
+    second.leave(DeregisterReason.interrupted, "spot notice")
+
+    def listed() -> dict:
+        result = cli(orch, "workers", "list", "crew", "--json")
+        items = {w["id"]: w for w in json.loads(result.stdout)["items"]}
+        ended = items[second.worker_id]["state"] == "interrupted"
+        return items if ended and items[first.worker_id]["samples"] else {}
+
+    wait_until(listed, 10, message="interruption and heartbeat visible")
+    table = cli(orch, "workers", "list", "crew")
+    assert table.exit_code == 0, table.output
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STATE", "HANDLE"]
+    row_a = next(line for line in lines if "host-a" in line)
+    row_b = next(line for line in lines if "host-b" in line)
+    assert " running " in row_a and "interrupted: spot notice" in row_b
+    live = cli(orch, "workers", "list", "crew", "--live")
+    assert "host-a" in live.stdout and "host-b" not in live.stdout
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_list_and_download_verified(orch: Orchestrator, joined: tuple, tmp_path: Path) -> None:
+    first, _ = joined
+    blobs = {}
+    for epoch in (2, 4):
+        path = tmp_path / f"upload-{epoch}.ckpt"
+        path.write_bytes(bytes([epoch]) * (300_000 + epoch))
+        blobs[epoch] = hashlib.sha256(path.read_bytes()).hexdigest()
+        first.upload(epoch, path)
+
+    listed = cli(orch, "checkpoints", "list", "crew")
+    assert listed.exit_code == 0, listed.output
+    epochs = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert epochs == ["4", "2"]  # newest first
+
+    latest = cli(orch, "checkpoints", "download", "crew", "-o", str(tmp_path), "--json")
+    assert latest.exit_code == 0, latest.output
+    saved = json.loads(latest.stdout)
+    assert saved["epoch"] == 4 and saved["sha256"] == blobs[4]
+    assert hashlib.sha256(Path(saved["path"]).read_bytes()).hexdigest() == blobs[4]
+
+    older = cli(orch, "checkpoints", "download", "crew", "2", "-o", str(tmp_path / "two.ckpt"))
+    assert older.exit_code == 0 and "saved epoch 2" in older.stdout
+    assert hashlib.sha256((tmp_path / "two.ckpt").read_bytes()).hexdigest() == blobs[2]
+
+    missing = cli(orch, "checkpoints", "download", "crew", "3", "-o", str(tmp_path))
+    assert missing.exit_code == EXIT_NOT_FOUND and "have: 4, 2" in missing.stderr
+    assert not list(tmp_path.glob("*.part"))
+
+
+@pytest.mark.timeout(30)
+def test_peers_prints_an_initial_peers_line(orch: Orchestrator, joined: tuple) -> None:
+    result = cli(orch, "peers", "crew")
+    assert result.exit_code == 0, result.output
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith("INITIAL_PEERS=/ip4/127.0.0.1/tcp/")
+    assert set(last.removeprefix("INITIAL_PEERS=").split(",")) >= set(orch.peers())
+    own = cli(orch, "peers")
+    assert own.exit_code == 0 and f"/tcp/{orch.dht_port}/p2p/" in own.stdout
