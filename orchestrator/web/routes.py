@@ -1,0 +1,98 @@
+"""The status page: two HTML shells (runs overview, one run) and their static files.
+
+The pages hold no data and no secrets: plain JavaScript in ``static/`` polls the JSON API (``/api/v1``)
+and draws the charts as inline SVG, so there is no build step, no CDN and no vendored library. The admin
+token is typed by the user once and kept in the browser's localStorage; it is never put into HTML.
+A strict Content-Security-Policy (scripts and styles from this origin only) goes with every page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from string import Template
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import HTMLResponse
+
+from worker.wire import RUN_NAME_PATTERN
+
+WEB_DIR = Path(__file__).resolve().parent
+TEMPLATE_DIR = WEB_DIR / "templates"
+STATIC_DIR = WEB_DIR / "static"
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(include_in_schema=False)
+
+
+@dataclass(frozen=True)
+class StaticFile:
+    body: bytes
+    media_type: str
+    etag: str
+
+
+@cache
+def _template(name: str) -> Template:
+    return Template((TEMPLATE_DIR / name).read_text(encoding="utf-8"))
+
+
+@cache
+def _static_files() -> dict[str, StaticFile]:
+    """Every servable static file by name (a fixed set read once: no path ever reaches the disk)."""
+    files = {}
+    for path in sorted(STATIC_DIR.iterdir()):
+        media_type = STATIC_TYPES.get(path.suffix)
+        if media_type and path.is_file():
+            body = path.read_bytes()
+            files[path.name] = StaticFile(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
+    return files
+
+
+def _page(request: Request, template: str, **values: str) -> HTMLResponse:
+    root = html.escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
+    escaped = {key: html.escape(value, quote=True) for key, value in values.items()}
+    body = _template(template).substitute(root=root, **escaped)
+    return HTMLResponse(body, headers=PAGE_HEADERS)
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview_page(request: Request) -> HTMLResponse:
+    """All runs with their live numbers."""
+    return _page(request, "overview.html")
+
+
+@router.get("/runs/{name}", response_class=HTMLResponse)
+def run_page(request: Request, name: str) -> HTMLResponse:
+    """One run: charts, workers, checkpoints, events, peers, and the scale/stop buttons."""
+    if not re.fullmatch(RUN_NAME_PATTERN, name):
+        raise HTTPException(status_code=404, detail=f"no run named {name!r}")
+    return _page(request, "run.html", run_name=name)
+
+
+@router.get("/static/{filename}")
+def static_file(request: Request, filename: str) -> Response:
+    """A file of ``static/``, revalidated by ETag (so an upgraded orchestrator is never served stale)."""
+    item = _static_files().get(filename)
+    if item is None:
+        raise HTTPException(status_code=404, detail=f"no static file {filename!r}")
+    headers = {"ETag": item.etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+    if request.headers.get("if-none-match") == item.etag:
+        return Response(status_code=304, headers=headers)
+    return Response(item.body, media_type=item.media_type, headers=headers)

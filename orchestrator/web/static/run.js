@@ -1,0 +1,285 @@
+// One run's page. Polls the JSON API (run, workers and events every 2 s; the progress series, checkpoints
+// and peers less often), redraws the charts and tables in place, and sends scale/stop/resume with the
+// admin token the user pasted (localStorage; never part of the page).
+
+import { drawLineChart } from "./charts.js";
+import {
+  API, LIVE_WORKER_STATES, ROOT, TERMINAL_STATES, ApiError, ageSeconds, api, el, etaSeconds, fmtBytes,
+  fmtDuration, fmtInt, fmtNumber, fmtUsd, freshness, getToken, parseTime, poll, runCost, setText,
+  setupTokenPanel, swarmEpoch, workerCost,
+} from "./common.js";
+
+const NAME = document.body.dataset.run;
+const RUN_PATH = `/runs/${encodeURIComponent(NAME)}`;
+const FAST_MS = 2000;
+const PROGRESS_MS = 5000;
+const SLOW_MS = 10000;
+const MAX_EVENTS_SHOWN = 500;
+const MAX_WORKER_HISTORY = 2000; // per-worker points kept in memory (since the page opened)
+
+const state = { run: null, workers: [], progress: null, eventsAfter: 0, history: new Map() };
+const status = freshness();
+const token = setupTokenPanel(() => refreshAll());
+
+// -- run, tiles and controls ---------------------------------------------------------------------------
+
+function renderRun(run) {
+  const badge = document.getElementById("run-state");
+  badge.textContent = run.state;
+  badge.className = `state state-${run.state}`;
+  setText("state-reason", run.state_reason || "");
+  setText("t-workers", `${run.workers.live} / ${run.workers.desired}`);
+  setText("t-epoch", String(swarmEpoch(run)));
+  setText("t-speed", fmtNumber(run.reported.samples_per_s, 3));
+  setText("t-loss", fmtNumber(run.reported.loss));
+  setText("t-samples", fmtInt(run.reported.samples_total));
+  setText("t-eta", fmtDuration(etaSeconds(run)));
+  setText("t-age", fmtDuration(ageSeconds(run.created_at)));
+  const input = document.getElementById("scale-input");
+  input.min = String(run.workers.min);
+  input.max = String(run.workers.max);
+  if (document.activeElement !== input) input.value = String(run.workers.desired);
+  const terminal = TERMINAL_STATES.has(run.state);
+  document.getElementById("scale-button").disabled = terminal || run.state === "stopping";
+  document.getElementById("stop-button").hidden = terminal;
+  document.getElementById("stop-button").disabled = run.state === "stopping";
+  document.getElementById("resume-button").hidden = !(run.state === "stopped" || run.state === "failed");
+}
+
+async function refreshRun() {
+  try {
+    state.run = await api(RUN_PATH);
+    renderRun(state.run);
+    status.ok();
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+function say(message) {
+  setText("control-message", message);
+}
+
+async function act(path, body, done) {
+  if (!getToken()) {
+    say("paste the admin token first");
+    token.open();
+    return;
+  }
+  try {
+    const run = await api(path, { method: "POST", body });
+    state.run = run;
+    renderRun(run);
+    say(done(run));
+  } catch (err) {
+    say(err instanceof ApiError ? err.message : String(err));
+    if (err.status === 401 || err.status === 403) token.open();
+  }
+}
+
+document.getElementById("scale-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const desired = Number(document.getElementById("scale-input").value);
+  act(`${RUN_PATH}/scale`, { desired_workers: desired }, (run) => `desired workers set to ${run.workers.desired}`);
+  document.getElementById("scale-input").blur();
+});
+document.getElementById("stop-button").addEventListener("click", () => {
+  if (!window.confirm(`Stop run ${NAME}? Its workers are told to leave; checkpoints are kept.`)) return;
+  act(`${RUN_PATH}/stop`, { reason: "stopped from the status page" }, (run) => `run is ${run.state}`);
+});
+document.getElementById("resume-button").addEventListener("click", () => {
+  act(`${RUN_PATH}/resume`, undefined, (run) => `run is ${run.state}`);
+});
+
+// -- workers -------------------------------------------------------------------------------------------
+
+function ended(worker) {
+  if (LIVE_WORKER_STATES.has(worker.state)) return worker.retire_requested_at ? "retiring" : "";
+  const why = (worker.exit_reason || worker.state_reason || "").replace(/\s+/g, " ").trim();
+  return why ? `${worker.state}: ${why.slice(0, 80)}` : worker.state;
+}
+
+function workerRow(w) {
+  const heartbeat = ageSeconds(w.last_heartbeat_at);
+  return el("tr", { "data-worker": w.id, "data-state": w.state },
+    el("td", {}, w.id + (w.checkpointer ? " ★" : "")),
+    el("td", {}, el("span", { class: `state state-${w.state}` }, w.state)),
+    el("td", { class: "mono" }, w.launcher_handle || "-"),
+    el("td", {}, w.hostname || "-"),
+    el("td", { class: "num" }, heartbeat === null ? "-" : `${fmtDuration(heartbeat)} ago`),
+    el("td", { class: "num" }, fmtInt(w.samples)),
+    el("td", { class: "num" }, fmtNumber(w.samples_per_s, 3)),
+    el("td", { class: "num" }, fmtNumber(w.loss)),
+    el("td", { class: "num" }, fmtUsd(workerCost(w))),
+    el("td", { class: "ended" }, ended(w)),
+  );
+}
+
+function remember(workers) {
+  for (const w of workers) {
+    if (w.state !== "running" || !w.last_heartbeat_at) continue;
+    const at = parseTime(w.last_heartbeat_at);
+    const rows = state.history.get(w.id) || [];
+    if (rows.length && rows[rows.length - 1].at === at) continue;
+    rows.push({ at, loss: w.loss, speed: w.samples_per_s });
+    if (rows.length > MAX_WORKER_HISTORY) rows.splice(0, rows.length - MAX_WORKER_HISTORY);
+    state.history.set(w.id, rows);
+  }
+}
+
+async function refreshWorkers() {
+  try {
+    const page = await api(`${RUN_PATH}/workers?limit=500`);
+    state.workers = page.items;
+    remember(page.items);
+    const live = page.items.filter((w) => LIVE_WORKER_STATES.has(w.state)).length;
+    setText("workers-count", `${live} live, ${page.total} in all`);
+    document.querySelector("#workers tbody").replaceChildren(...page.items.map(workerRow));
+    setText("t-cost", fmtUsd(runCost(page.items)));
+    if (document.getElementById("per-worker").checked) drawCharts();
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+// -- charts --------------------------------------------------------------------------------------------
+
+function drawCharts() {
+  const points = state.progress ? state.progress.points : [];
+  const times = points.map((p) => parseTime(p.at));
+  const loss = [{ name: "swarm", main: true, points: points.map((p, i) => [times[i], p.loss]) }];
+  const speed = [{ name: "swarm", main: true, points: points.map((p, i) => [times[i], p.samples_per_s]) }];
+  if (document.getElementById("per-worker").checked) {
+    for (const [id, rows] of state.history) {
+      loss.push({ name: `w${id}`, points: rows.map((r) => [r.at, r.loss]) });
+      speed.push({ name: `w${id}`, points: rows.map((r) => [r.at, r.speed]) });
+    }
+  }
+  drawLineChart(document.getElementById("loss-chart"), loss, { empty: "no loss reported yet" });
+  drawLineChart(document.getElementById("speed-chart"), speed, { zeroBased: true, empty: "no throughput yet" });
+  if (state.progress) {
+    setText("points-note", `${points.length} of ${state.progress.stored_points} stored points`);
+  }
+}
+
+async function refreshProgress() {
+  const width = document.getElementById("loss-chart").clientWidth || 600;
+  const maxPoints = Math.min(1000, Math.max(100, Math.round(width)));
+  try {
+    state.progress = await api(`${RUN_PATH}/progress?max_points=${maxPoints}`);
+    drawCharts();
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+document.getElementById("per-worker").addEventListener("change", (event) => {
+  document.getElementById("per-worker-note").hidden = !event.target.checked;
+  drawCharts();
+});
+let resizeTimer = null;
+window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(drawCharts, 150); });
+
+// -- events --------------------------------------------------------------------------------------------
+
+async function refreshEvents() {
+  try {
+    for (;;) { // drain every page newer than the cursor
+      const page = await api(`${RUN_PATH}/events?after_id=${state.eventsAfter}&limit=500`);
+      const list = document.getElementById("events");
+      for (const e of page.items) {
+        const who = e.worker_id ? ` [worker ${e.worker_id}]` : "";
+        list.prepend(el("li", { "data-kind": e.kind },
+          el("time", { datetime: e.at }, new Date(parseTime(e.at)).toLocaleTimeString()),
+          el("span", { class: "kind" }, e.kind), `${who} ${e.message}`));
+      }
+      while (list.children.length > MAX_EVENTS_SHOWN) list.lastElementChild.remove();
+      state.eventsAfter = page.next_after_id;
+      if (!page.items.length) break;
+    }
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+// -- checkpoints and peers -----------------------------------------------------------------------------
+
+function downloadUrl(path) {
+  return path.startsWith("/api/") ? ROOT + path : API + path;
+}
+
+/** Checkpoint downloads need a token (the API's rule), which a plain link cannot send: fetch, then save. */
+async function downloadWithToken(event, url, filename) {
+  event.preventDefault();
+  if (!getToken()) {
+    say("downloads need the admin token: paste it first");
+    token.open();
+    return;
+  }
+  say(`downloading ${filename}…`);
+  try {
+    const response = await fetch(url, { headers: { Authorization: "Bearer " + getToken() } });
+    if (!response.ok) throw new ApiError(response.status, `download failed: ${response.status}`);
+    const link = el("a", { href: URL.createObjectURL(await response.blob()), download: filename });
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60e3);
+    say(`downloaded ${filename}`);
+  } catch (err) {
+    say(err instanceof ApiError ? err.message : "download failed: orchestrator unreachable");
+  }
+}
+
+async function refreshCheckpoints() {
+  try {
+    const page = await api(`${RUN_PATH}/checkpoints`);
+    const rows = page.items.map((c) => {
+      const url = downloadUrl(c.download_path);
+      const filename = `${NAME}-epoch-${c.epoch}.ckpt`;
+      const link = el("a", { href: url, download: filename }, "download");
+      link.addEventListener("click", (event) => downloadWithToken(event, url, filename));
+      return el("tr", { "data-epoch": c.epoch },
+        el("td", { class: "num" }, String(c.epoch)), el("td", { class: "num" }, fmtBytes(c.size_bytes)),
+        el("td", {}, new Date(parseTime(c.created_at)).toLocaleString()), el("td", {}, link));
+    });
+    const body = document.querySelector("#checkpoints tbody");
+    body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 4, class: "muted" }, "none yet"))]));
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+async function refreshPeers() {
+  try {
+    const page = await api(`${RUN_PATH}/peers`);
+    setText("peers", page.initial_peers.length ? page.initial_peers.join("\n") : "(none known yet)");
+    document.getElementById("copy-peers").dataset.value = page.initial_peers.join(",");
+  } catch (err) {
+    status.failed(err);
+  }
+}
+
+document.getElementById("copy-peers").addEventListener("click", async (event) => {
+  const value = event.target.dataset.value || "";
+  try {
+    await navigator.clipboard.writeText(value);
+  } catch (err) { // no clipboard API (plain http on a remote host): select the text for Ctrl-C
+    const range = document.createRange();
+    range.selectNodeContents(document.getElementById("peers"));
+    window.getSelection().removeAllRanges();
+    window.getSelection().addRange(range);
+    document.execCommand("copy");
+  }
+  event.target.textContent = "copied";
+  setTimeout(() => { event.target.textContent = "copy"; }, 1500);
+});
+
+// -- start ---------------------------------------------------------------------------------------------
+
+const polls = [
+  poll(refreshRun, FAST_MS), poll(refreshWorkers, FAST_MS), poll(refreshEvents, FAST_MS),
+  poll(refreshProgress, PROGRESS_MS), poll(refreshCheckpoints, SLOW_MS), poll(refreshPeers, SLOW_MS),
+];
+
+function refreshAll() {
+  for (const p of polls) p.now();
+}
