@@ -125,7 +125,7 @@ class WorkerOut(BaseModel):
     manual: bool
     state: WorkerState
     state_reason: str
-    stop_requested: bool
+    retire_requested_at: datetime | None
     hostname: str
     peer_maddrs: list[str]
     launch_details: dict[str, object]

@@ -98,6 +98,9 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     checkpointer_worker_id: Mapped[int | None] = mapped_column(Integer)  # no FK: avoids a cycle
+    stop_requested_at: Mapped[datetime | None]
+    consecutive_start_failures: Mapped[int] = mapped_column(Integer, default=0)
+    last_start_failure_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -122,7 +125,7 @@ class Worker(Base):
     manual: Mapped[bool] = mapped_column(Boolean, default=False)
     state: Mapped[str] = mapped_column(String(16))
     state_reason: Mapped[str] = mapped_column(Text, default="")
-    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    retire_requested_at: Mapped[datetime | None]  # asked to leave (scale-down): heartbeats answer stop
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     hostname: Mapped[str] = mapped_column(String(255), default="")
     peer_maddrs: Mapped[list[str]]

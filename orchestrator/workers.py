@@ -1,0 +1,199 @@
+"""Worker operations: launch intents (for the reconciler), registration, leaving, retiring.
+
+State changes go through :func:`orchestrator.runs.set_worker_state`. The reconciler's order for a
+launch is: ``intent = create_launch_intent(...)``; commit; ``launcher.launch(LaunchRequest(
+intent.worker.request_id, run.name, env={... "SPOTSWARM_TOKEN": intent.token ...}))``. The launch token
+lets the worker register without the run's join token (which is never stored in clear). After a
+restart, a ``launching`` row whose launch never happened gets a new token from
+:func:`reissue_launch_token`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator import runs, tokens
+from orchestrator.db.models import Run, Worker
+from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
+from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
+
+DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
+    DeregisterReason.interrupted: WorkerState.interrupted,
+    DeregisterReason.stopped: WorkerState.exited,
+    DeregisterReason.completed: WorkerState.exited,
+    DeregisterReason.error: WorkerState.failed,
+}
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """A ``launching`` worker row and the launch token to hand to the launcher (shown only here)."""
+
+    worker: Worker
+    token: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker: Worker
+    run: Run
+    token: str
+
+
+def _new_worker(run: Run, request_id: str, launcher: str, state: WorkerState, now: datetime) -> Worker:
+    return Worker(
+        run_id=run.id,
+        run=run,
+        request_id=request_id,
+        launcher=launcher,
+        manual=False,
+        state=state.value,
+        state_reason="",
+        hostname="",
+        peer_maddrs=[],
+        launch_details={},
+        created_at=now,
+        local_step=0,
+        swarm_epoch=0,
+        samples=0,
+        samples_per_s=0.0,
+        num_peers=0,
+        phase="starting",
+    )
+
+
+def new_request_id(run: Run) -> str:
+    """A unique, file-name-safe request id: ``<run name>-<12 hex>`` (at most 61 characters)."""
+    return f"{run.name[:48]}-{secrets.token_hex(6)}"
+
+
+def create_launch_intent(
+    session: Session, run: Run, now: datetime, launch_details: dict[str, Any] | None = None
+) -> LaunchIntent:
+    """Write a ``launching`` worker row with a fresh request id BEFORE the launcher is called.
+
+    Raises :class:`RunNotAcceptingWorkers` when the run is not pending or running.
+    """
+    if run.state not in (RunState.pending.value, RunState.running.value):
+        raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
+    token = tokens.new_token(tokens.WORKER_PREFIX)
+    worker = _new_worker(run, new_request_id(run), run.launcher, WorkerState.launching, now)
+    worker.token_hash = tokens.hash_token(token)
+    worker.launch_details = dict(launch_details or {})
+    session.add(worker)
+    session.flush()
+    runs.record_event(session, run.id, "worker.launching", f"request {worker.request_id}", now, worker.id)
+    return LaunchIntent(worker, token)
+
+
+def reissue_launch_token(session: Session, worker: Worker) -> str:
+    """A new launch token for a ``launching`` worker (the old one stops working).
+
+    Raises :class:`Conflict` when the worker has registered already.
+    """
+    if worker.state != WorkerState.launching.value:
+        raise Conflict(f"worker {worker.id} is {worker.state}; only launching workers get a new token")
+    token = tokens.new_token(tokens.WORKER_PREFIX)
+    worker.token_hash = tokens.hash_token(token)
+    return token
+
+
+def set_launch_details(worker: Worker, handle: str | None, details: dict[str, Any]) -> None:
+    """Record what the launcher reported (instance id, type, zone, price...)."""
+    if handle is not None:
+        worker.launcher_handle = handle
+    worker.launch_details = {**worker.launch_details, **details}
+
+
+def record_start_failure(session: Session, run: Run, reason: str, now: datetime) -> None:
+    """Count a worker that failed before registering (the reconciler backs off on the streak)."""
+    run.consecutive_start_failures += 1
+    run.last_start_failure_at = now
+    runs.record_event(session, run.id, "run.start_failure", reason, now)
+
+
+def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple[Run, Worker | None, str]:
+    """Which run (and worker row, if any) a registration token designates, and the worker's token."""
+    digest = tokens.hash_token(token)
+    if token.startswith(tokens.JOIN_PREFIX):
+        run = session.scalar(select(Run).where(Run.join_token_hash == digest))
+        if run is None:
+            raise Unauthorized("unknown join token")
+        worker = None
+        if body.request_id:
+            worker = session.scalar(select(Worker).where(Worker.request_id == body.request_id))
+            if worker is not None and worker.run_id != run.id:
+                raise Forbidden(f"request id {body.request_id!r} belongs to another run")
+        return run, worker, tokens.new_token(tokens.WORKER_PREFIX)
+    if token.startswith(tokens.WORKER_PREFIX):
+        worker = session.scalar(select(Worker).where(Worker.token_hash == digest))
+        if worker is None:
+            raise Unauthorized("unknown launch token")
+        if body.request_id and body.request_id != worker.request_id:
+            raise Forbidden("the request id does not match the launch token")
+        return worker.run, worker, token
+    raise Unauthorized("registration needs the run's join token or a launch token")
+
+
+def register_worker(session: Session, token: str, body: WorkerRegister, now: datetime) -> Registration:
+    """Bind a booting worker to its launch row (by request id or launch token) or create a manual row.
+
+    A worker that registers again (a lost reply, a lost worker come back) keeps its row. The run goes
+    from pending to running. Raises :class:`Unauthorized`, :class:`Forbidden`,
+    :class:`RunNotAcceptingWorkers` (run stopping or finished) or :class:`Conflict` (worker ended).
+    """
+    run, worker, worker_token = _resolve_caller(session, token, body)
+    if run.state not in (RunState.pending.value, RunState.running.value):
+        raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
+    if worker is None:
+        request_id = body.request_id or f"manual-{new_request_id(run)}"[:64]
+        worker = _new_worker(run, request_id, "manual", WorkerState.running, now)
+        worker.manual = True
+        session.add(worker)
+        session.flush()
+        runs.record_event(
+            session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id
+        )
+    elif not runs.WORKER_TRANSITIONS[WorkerState(worker.state)]:
+        raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
+    else:
+        runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
+    worker.token_hash = tokens.hash_token(worker_token)
+    worker.hostname = body.hostname
+    if body.launcher_handle:
+        worker.launcher_handle = body.launcher_handle
+    worker.registered_at = worker.registered_at or now
+    worker.last_heartbeat_at = now
+    run.consecutive_start_failures = 0
+    if run.state == RunState.pending.value:
+        runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
+    runs.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
+    return Registration(worker, run, worker_token)
+
+
+def deregister_worker(
+    session: Session, worker: Worker, reason: DeregisterReason, message: str | None, now: datetime
+) -> None:
+    """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
+
+    Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition` otherwise.
+    """
+    new = DEREGISTER_STATES[reason]
+    worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
+    runs.set_worker_state(session, worker, new, f"deregistered ({reason.value})", now)
+
+
+def request_retire(session: Session, worker: Worker, reason: str, now: datetime) -> None:
+    """Ask a live worker to leave at its next heartbeat (scale-down); a no-op if already asked."""
+    if worker.retire_requested_at is not None:
+        return
+    worker.retire_requested_at = now
+    if worker.run.checkpointer_worker_id == worker.id:
+        worker.run.checkpointer_worker_id = None
+    runs.record_event(session, worker.run_id, "worker.retire", reason, now, worker.id)
