@@ -1,0 +1,160 @@
+"""Checkpoints: upload by a worker, list, and download (streamed).
+
+An upload is streamed to a temporary file under ``<data_dir>/tmp`` while its size is capped and its
+SHA-256 computed; only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run keeps
+its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Annotated, BinaryIO
+
+import anyio
+from fastapi import APIRouter, Header, Request, status
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from orchestrator import checkpoints, runs
+from orchestrator.api.deps import Ctx, Reader, Token, check_run_access
+from orchestrator.api.workers import authenticated_worker
+from orchestrator.context import AppContext
+from orchestrator.db.models import Run
+from orchestrator.errors import ChecksumMismatch, Conflict, InvalidRequest, PayloadTooLarge
+from orchestrator.heartbeats import WorkerEntry
+from orchestrator.schemas import CheckpointList
+from orchestrator.storage.base import checkpoint_key
+from worker.wire import CHECKSUM_HEADER, CheckpointRef, WorkerState
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["checkpoints"])
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
+ENDED_WORKER_STATES = (WorkerState.exited.value, WorkerState.failed.value, WorkerState.interrupted.value)
+
+
+@router.put(
+    "/workers/{worker_id}/checkpoints/{epoch}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload a checkpoint (worker token)",
+    openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
+)
+async def upload_checkpoint(
+    worker_id: int,
+    epoch: Epoch,
+    request: Request,
+    ctx: Ctx,
+    token: Token,
+    checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
+) -> CheckpointRef:
+    """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
+    409 when the epoch is stored with other bytes (the same bytes again: the stored one is returned)."""
+    entry = await authenticated_worker(ctx, worker_id, token)
+    if entry.state in ENDED_WORKER_STATES:
+        raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
+    sha256 = (checksum or "").strip().lower()
+    if not SHA256_RE.match(sha256):
+        raise InvalidRequest(f"header {CHECKSUM_HEADER} must be the hex SHA-256 of the body")
+    tmp_dir = ctx.settings.data_dir / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=tmp_dir)
+    tmp_path = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            size, actual = await _receive(request, handle, ctx.settings.checkpoint_max_bytes)
+        if actual != sha256:
+            raise ChecksumMismatch(f"body sha256 is {actual}, header says {sha256}")
+        return await run_in_threadpool(_store_and_record, ctx, entry, epoch, tmp_path, sha256, size)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+async def _receive(request: Request, handle: BinaryIO, max_bytes: int) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"checkpoint larger than {max_bytes} bytes")
+        digest.update(chunk)
+        await anyio.to_thread.run_sync(handle.write, chunk)
+    return size, digest.hexdigest()
+
+
+def _store_and_record(
+    ctx: AppContext, entry: WorkerEntry, epoch: int, path: Path, sha256: str, size: int
+) -> CheckpointRef:
+    with ctx.db.read() as session:
+        run = session.get(Run, entry.run_id)
+        if run is None:
+            raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
+        previous = checkpoints.existing_upload(session, run, epoch, sha256)
+        if previous is not None:
+            return checkpoints.to_ref(run, previous)
+        if run.state not in runs.ACTIVE_RUN_STATES:
+            raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
+        key = checkpoint_key(run.swarm_id, epoch)
+    ctx.store.put_file(key, path, sha256)
+    with ctx.db.begin() as session:
+        run = runs.get_run(session, run.name, for_update=True)
+        if (previous := checkpoints.existing_upload(session, run, epoch, sha256)) is not None:
+            return checkpoints.to_ref(run, previous)  # a concurrent retry of the same upload won
+        stored, dropped = checkpoints.record_checkpoint(
+            session,
+            run,
+            epoch=epoch,
+            key=key,
+            size_bytes=size,
+            sha256=sha256,
+            worker_id=entry.worker_id,
+            now=ctx.clock(),
+        )
+        ref = checkpoints.to_ref(run, stored)
+    for old_key in dropped:
+        if old_key != key:
+            ctx.store.delete(old_key)
+    ctx.hub.refresh()
+    return ref
+
+
+@router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
+def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
+    with ctx.db.read() as session:
+        run = runs.get_run(session, name)
+        return CheckpointList(
+            items=[checkpoints.to_ref(run, c) for c in checkpoints.list_checkpoints(session, run.id)]
+        )
+
+
+@router.get("/runs/{name}/checkpoints/latest/download", summary="Download the newest checkpoint")
+def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
+    """Needs the admin token, the run's join token or a worker token of the run. Streamed; the
+    checksum is in ``X-Checksum-Sha256``."""
+    return _download(ctx, name, None, token)
+
+
+@router.get("/runs/{name}/checkpoints/{epoch}/download", summary="Download a checkpoint")
+def download(name: str, epoch: Epoch, ctx: Ctx, token: Token) -> StreamingResponse:
+    """Same access rule as ``latest/download``."""
+    return _download(ctx, name, epoch, token)
+
+
+def _download(ctx: AppContext, name: str, epoch: int | None, token: str | None) -> StreamingResponse:
+    with ctx.db.read() as session:
+        run = runs.get_run(session, name)
+        check_run_access(ctx, session, run, token)
+        checkpoint = checkpoints.get_checkpoint(session, run, epoch)
+    stream = ctx.store.open_stream(checkpoint.key)
+    headers = {
+        CHECKSUM_HEADER: checkpoint.sha256,
+        "Content-Length": str(checkpoint.size_bytes),
+        "Content-Disposition": f'attachment; filename="{run.name}-epoch-{checkpoint.epoch}.ckpt"',
+    }
+    return StreamingResponse(stream, media_type="application/octet-stream", headers=headers)

@@ -1,0 +1,82 @@
+"""Shared dependencies of the routes: the app context and who the caller is.
+
+The auth rule, in one place:
+
+- mutating admin endpoints (create, scale, stop, resume, delete runs) need the admin token;
+- worker endpoints need that worker's token (registration: the run's join token or a launch token);
+- read-only endpoints are public when ``public_reads`` is on (the default; they never return secrets),
+  otherwise they need the admin token; a run's peers also accept its join token or a worker token
+  of the run;
+- checkpoint downloads always need the admin token, the run's join token or a worker token of the run.
+
+No token: 401. A token that matches nothing: 401. A valid token that does not grant the call (a join
+or worker token on an admin endpoint, another worker's token): 403.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator import tokens
+from orchestrator.context import AppContext
+from orchestrator.db.models import Run, Worker
+from orchestrator.errors import Forbidden, Unauthorized
+
+
+def get_ctx(request: Request) -> AppContext:
+    ctx: AppContext = request.app.state.ctx
+    return ctx
+
+
+def get_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
+    return tokens.bearer_token(authorization)
+
+
+Ctx = Annotated[AppContext, Depends(get_ctx)]
+Token = Annotated[str | None, Depends(get_token)]
+
+
+def check_admin(ctx: AppContext, token: str | None) -> None:
+    """Raise unless ``token`` is the admin token."""
+    if token is None:
+        raise Unauthorized("missing bearer token (admin token required)")
+    if tokens.token_matches(token, ctx.admin_token_hash):
+        return
+    if token.startswith((tokens.JOIN_PREFIX, tokens.WORKER_PREFIX)):
+        raise Forbidden("this endpoint needs the admin token")
+    raise Unauthorized("invalid token")
+
+
+def require_admin(ctx: Ctx, token: Token) -> None:
+    check_admin(ctx, token)
+
+
+def require_reader(ctx: Ctx, token: Token) -> None:
+    if not ctx.settings.public_reads:
+        check_admin(ctx, token)
+
+
+Admin = Annotated[None, Depends(require_admin)]
+Reader = Annotated[None, Depends(require_reader)]
+
+
+def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | None) -> None:
+    """Raise unless ``token`` is the admin token, ``run``'s join token or a token of one of its workers."""
+    if token is None:
+        raise Unauthorized("missing bearer token")
+    if tokens.token_matches(token, ctx.admin_token_hash) or tokens.token_matches(token, run.join_token_hash):
+        return
+    if token.startswith(tokens.WORKER_PREFIX):
+        owner = session.scalar(select(Worker.run_id).where(Worker.token_hash == tokens.hash_token(token)))
+        if owner == run.id:
+            return
+        if owner is not None:
+            raise Forbidden(f"this worker token does not belong to run {run.name!r}")
+    if token.startswith(tokens.JOIN_PREFIX):
+        if session.scalar(select(Run.id).where(Run.join_token_hash == tokens.hash_token(token))) is not None:
+            raise Forbidden(f"this join token does not belong to run {run.name!r}")
+    raise Unauthorized("invalid token")

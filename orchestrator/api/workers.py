@@ -1,0 +1,79 @@
+"""``/api/v1/workers``: register (join or launch token), heartbeat and deregister (worker token).
+
+The heartbeat is the hot path: it is answered from memory by the HeartbeatHub and written to the
+database in batches; only a worker missing from the cache costs a database read.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+from fastapi.concurrency import run_in_threadpool
+
+from orchestrator import checkpoints, queries, runs, workers
+from orchestrator.api.deps import Ctx, Token
+from orchestrator.context import AppContext
+from orchestrator.errors import NotFound, Unauthorized
+from orchestrator.heartbeats import WorkerEntry
+from worker.wire import Deregister, Heartbeat, HeartbeatReply, WorkerRegister, WorkerRegistered
+
+router = APIRouter(prefix="/workers", tags=["workers"])
+
+
+@router.post("/register", summary="Join a run (join token or launch token)")
+def register(body: WorkerRegister, ctx: Ctx, token: Token) -> WorkerRegistered:
+    """Bind to the launch row of ``request_id`` (or of the launch token), else create a manual worker.
+    401 for an unknown token, 409 when the run is stopping or finished."""
+    if token is None:
+        raise Unauthorized("missing bearer token (the run's join token)")
+    with ctx.db.begin() as session:
+        reg = workers.register_worker(session, token, body, ctx.clock())
+        own = ctx.orchestrator_peers()
+        others = [m for m in queries.worker_peers(session, reg.run.id) if m not in own]
+        latest = queries.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
+        reply = WorkerRegistered(
+            worker_id=str(reg.worker.id),
+            worker_token=reg.token,
+            run=runs.run_spec(reg.run),
+            swarm_id=reg.run.swarm_id,
+            initial_peers=own + others,
+            heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
+            resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
+        )
+    ctx.hub.note(reg.worker)
+    return reply
+
+
+async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | None) -> WorkerEntry:
+    """The cached entry of ``worker_id`` if ``token`` is its token; 401/403/404 otherwise."""
+    if token is None:
+        raise Unauthorized("missing bearer token (the worker token)")
+    entry = ctx.hub.cached(worker_id) or await run_in_threadpool(ctx.hub.load, worker_id)
+    if entry is None:
+        raise NotFound(f"worker {worker_id} not found")
+    ctx.hub.authenticate(entry, token)
+    return entry
+
+
+@router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
+async def heartbeat(worker_id: int, body: Heartbeat, ctx: Ctx, token: Token) -> HeartbeatReply:
+    """The reply says continue or stop, whether this worker is the run's checkpointer and the
+    checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
+    entry = await authenticated_worker(ctx, worker_id, token)
+    return ctx.hub.accept(entry, body)
+
+
+@router.post(
+    "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
+)
+async def deregister(worker_id: int, body: Deregister, ctx: Ctx, token: Token) -> Response:
+    """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
+    await authenticated_worker(ctx, worker_id, token)
+    await run_in_threadpool(_deregister, ctx, worker_id, body)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
+    with ctx.db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock())
+    ctx.hub.refresh()

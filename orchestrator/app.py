@@ -1,0 +1,218 @@
+"""``create_app(settings)``: the FastAPI application, its lifespan and its one error-mapping table.
+
+Lifespan, in order: the admin token (generated into the data dir when unset), the DHT peer (first, so
+its process forks before any thread exists), the database (migrations run at start-up), the heartbeat
+hub, the import probe (warmed in the background), then the background services: the heartbeat flusher,
+the DHT progress reader, and whatever ``services`` factories the caller adds (the reconciler). They
+stop in reverse order; the flusher writes what it holds before the database closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from orchestrator import errors
+from orchestrator.api import checkpoints, health, peers, runs, workers
+from orchestrator.bodylimit import BodyLimitMiddleware
+from orchestrator.clock import Clock, utc_now
+from orchestrator.config import Settings, ensure_admin_token
+from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
+from orchestrator.db.session import Database
+from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache
+from orchestrator.heartbeats import HeartbeatHub
+from orchestrator.importcheck import ImportChecker
+from orchestrator.launchers.base import Launcher
+from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
+from orchestrator.storage.local import LocalCheckpointStore
+from orchestrator.tokens import hash_token
+from orchestrator.web import router as web_router
+
+logger = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+# The one table from typed failures to HTTP statuses (the most specific class is matched first).
+ERROR_STATUS: dict[type[Exception], int] = {
+    errors.Unauthorized: 401,
+    errors.Forbidden: 403,
+    errors.NotFound: 404,
+    CheckpointNotFound: 404,
+    errors.Conflict: 409,
+    errors.ChecksumMismatch: 400,
+    errors.InvalidRequest: 422,
+    errors.PayloadTooLarge: 413,
+    errors.Unavailable: 503,
+    DHTUnavailable: 503,
+    OperationalError: 503,
+}
+
+
+def _status_of(exc: Exception) -> int:
+    for cls in type(exc).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return 500
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def service_error(request: Request, exc: Exception) -> JSONResponse:
+        status = _status_of(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        detail = str(exc) if isinstance(exc, errors.ServiceError) else _generic_detail(exc)
+        if isinstance(exc, CheckpointNotFound):
+            detail = "checkpoint file missing from the store"
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+    async def database_error(request: Request, exc: Exception) -> JSONResponse:
+        status = _status_of(exc)
+        logger.error("%s %s: database error: %s", request.method, request.url.path, exc, exc_info=exc)
+        detail = "database unavailable, retry later" if status == 503 else "internal database error"
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": "internal server error"}, status_code=500)
+
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        details = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        return JSONResponse({"detail": details}, status_code=422)
+
+    for cls in (errors.ServiceError, CheckpointNotFound, DHTUnavailable):
+        app.add_exception_handler(cls, service_error)
+    app.add_exception_handler(SQLAlchemyError, database_error)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def _generic_detail(exc: Exception) -> str:
+    return "service unavailable, retry later" if _status_of(exc) == 503 else "request failed"
+
+
+def create_app(
+    settings: Settings,
+    *,
+    launchers: Mapping[str, Launcher] | None = None,
+    clock: Clock = utc_now,
+    services: Sequence[ServiceFactory] = (),
+    store_factory: Callable[[Settings], CheckpointStore] | None = None,
+) -> FastAPI:
+    """Build the app. Nothing starts until the ASGI lifespan runs (uvicorn does that).
+
+    ``launchers`` (by name) restricts the launchers a run may name and is handed to services;
+    ``services`` are factories of extra background services (e.g. the reconciler) given the context;
+    ``store_factory`` replaces the local checkpoint directory (e.g. with S3).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx, started = await _start(settings, launchers or {}, clock, services, store_factory)
+        app.state.ctx = ctx
+        try:
+            yield
+        finally:
+            await _stop(ctx, started)
+
+    app = FastAPI(
+        title="spotswarm orchestrator",
+        version="0.1.0",
+        summary="Elastic PyTorch Lightning training over hivemind on unreliable machines.",
+        lifespan=lifespan,
+    )
+    _install_error_handlers(app)
+    for module in (runs, workers, checkpoints, peers):
+        app.include_router(module.router, prefix=API_PREFIX)
+    app.include_router(health.router)
+    app.include_router(web_router)  # the status page: /, /runs/{name}, /static/*
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        upload_max_bytes=settings.checkpoint_max_bytes,
+        upload_path_re=rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$",
+    )
+    return app
+
+
+async def _start(
+    settings: Settings,
+    launchers: Mapping[str, Launcher],
+    clock: Clock,
+    factories: Sequence[ServiceFactory],
+    store_factory: Callable[[Settings], CheckpointStore] | None,
+) -> tuple[AppContext, list[BackgroundService]]:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    admin_token, generated = ensure_admin_token(settings)
+    if generated:
+        # Printed once, when generated, so the operator can copy it; later starts only name the file.
+        print(f"spotswarm admin token: {admin_token} (saved in {settings.admin_token_path()})", flush=True)
+    elif settings.admin_token is None:
+        logger.info("admin token: read from %s", settings.admin_token_path())
+    dht = OrchestratorDHT(
+        settings.dht_identity_path(), settings.resolved_dht_host_maddrs(), settings.dht_announce_maddrs
+    )
+    dht.start()
+    db = Database(settings.resolved_database_url())
+    try:
+        db.upgrade()
+    except BaseException:
+        dht.shutdown()
+        raise
+    swarm = SwarmProgressCache()
+    hub = HeartbeatHub(db, settings, clock, swarm)
+    hub.refresh()
+    imports = ImportChecker(settings.import_timeout_s) if settings.check_imports else None
+    if imports is not None:
+        imports.warm_up()
+    store = (
+        store_factory(settings) if store_factory else LocalCheckpointStore(settings.resolved_checkpoint_dir())
+    )
+    ctx = AppContext(
+        settings=settings,
+        db=db,
+        clock=clock,
+        dht=dht,
+        swarm=swarm,
+        hub=hub,
+        store=store,
+        imports=imports,
+        admin_token_hash=hash_token(admin_token),
+        launchers=dict(launchers),
+    )
+    services: list[BackgroundService] = [
+        PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
+        PeriodicService("swarm-progress", settings.dht_refresh_interval_s, lambda: _read_swarms(ctx)),
+    ]
+    services.extend(factory(ctx) for factory in factories)
+    started: list[BackgroundService] = []
+    for service in services:
+        await service.start()
+        started.append(service)
+    logger.info("orchestrator ready on %s:%d (database: %s)", settings.host, settings.port, db.dialect)
+    return ctx, started
+
+
+def _read_swarms(ctx: AppContext) -> None:
+    swarms = ctx.hub.active_swarms()
+    if not swarms:
+        return
+    results = ctx.dht.read_progress(swarms, ctx.settings.dht_timeout_s, ctx.clock)
+    now = ctx.clock()
+    for swarm_id, progress in results.items():
+        ctx.swarm.update(swarm_id, progress, now)
+    ctx.swarm.forget_except(set(swarms))
+
+
+async def _stop(ctx: AppContext, started: list[BackgroundService]) -> None:
+    for service in reversed(started):
+        await service.stop()
+    if ctx.imports is not None:
+        ctx.imports.close()
+    ctx.dht.shutdown()
+    ctx.db.close()
+    logger.info("orchestrator stopped")

@@ -1,0 +1,116 @@
+"""``spotswarm serve`` and ``spotswarm db upgrade``.
+
+Every field of :class:`orchestrator.config.Settings` becomes a flag (``data_dir`` -> ``--data-dir``)
+whose help is the field's description plus its environment variable, so ``spotswarm serve --help``
+documents the whole configuration. A flag wins over the environment, which wins over the default.
+Heavy imports (FastAPI, hivemind) happen inside the commands, so ``spotswarm --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_args
+
+import click
+from pydantic import SecretStr, ValidationError
+
+from orchestrator.config import ENV_PREFIX, Settings
+
+_BOOL, _INT, _FLOAT = "bool", "int", "float"
+
+
+def _kind(annotation: Any) -> str:
+    types = {a for a in (get_args(annotation) or (annotation,)) if a is not type(None)}
+    for python_type, kind in ((bool, _BOOL), (int, _INT), (float, _FLOAT)):
+        if python_type in types:
+            return kind
+    return "str"
+
+
+def _setting_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``func`` with one click option per Settings field (default None: env or default wins)."""
+    for name, field in reversed(list(Settings.model_fields.items())):
+        flag = name.replace("_", "-")
+        env = f"{ENV_PREFIX}{name.upper()}"
+        default = field.get_default(call_default_factory=True)
+        shown = "generated" if name == "admin_token" else ("unset" if default in (None, []) else default)
+        help_text = f"{field.description} [env: {env}; default: {shown}]"
+        kind = _kind(field.annotation)
+        if kind == _BOOL:
+            decl = f"--{flag}/--no-{flag}"
+            func = click.option(decl, name, default=None, help=help_text)(func)
+        else:
+            click_type = {_INT: int, _FLOAT: float}.get(kind, str)
+            func = click.option(f"--{flag}", name, type=click_type, default=None, help=help_text)(func)
+    return func
+
+
+def build_settings(options: dict[str, Any]) -> Settings:
+    """Settings from the given flags over the environment; exits with a one-line error when invalid."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if "admin_token" in given:
+        given["admin_token"] = SecretStr(given["admin_token"])
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(f"invalid settings: {problems}") from exc
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@click.command()
+@_setting_options
+def serve(**options: Any) -> None:
+    """Run the orchestrator: REST API, DHT peer and background services."""
+    import uvicorn
+
+    from orchestrator.app import create_app
+
+    settings = build_settings(options)
+    _configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        access_log=settings.log_level == "debug",
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        raise SystemExit(1)
+
+
+@click.group()
+def db() -> None:
+    """Database maintenance."""
+
+
+@db.command("upgrade")
+@click.option("--database-url", default=None, help=f"SQLAlchemy URL [env: {ENV_PREFIX}DATABASE_URL].")
+@click.option(
+    "--data-dir", type=click.Path(path_type=Path), default=None, help=f"[env: {ENV_PREFIX}DATA_DIR]"
+)
+def upgrade(database_url: str | None, data_dir: Path | None) -> None:
+    """Apply all migrations (the server also does this at start-up)."""
+    from orchestrator.db.session import Database
+
+    settings = build_settings({"database_url": database_url, "data_dir": data_dir})
+    _configure_logging(settings.log_level)
+    database = Database(settings.resolved_database_url())
+    try:
+        database.upgrade()
+    finally:
+        database.close()
+    click.echo(f"database at head ({database.dialect})")

@@ -1,0 +1,375 @@
+"""The heartbeat hot path: answer from memory, write to the database in batches.
+
+A heartbeat is authenticated and answered from an in-memory table (:class:`HeartbeatHub`) without
+touching the database: the worker's token digest, state and run (state, checkpointer, checkpoint
+policy) are cached. The heartbeat itself is put in a "latest per worker" buffer. Once per flush
+interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes the whole buffer in one
+transaction (one executemany UPDATE), revives lost workers that spoke again, re-elects checkpointers
+that went silent, stores at most one aggregated progress sample per run every
+``progress_sample_interval_s`` (thinning old ones beyond ``progress_max_points``) and reloads the cache.
+A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator import runs
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
+from orchestrator.db.models import Checkpoint, ProgressSample, Run, Worker
+from orchestrator.db.session import Database
+from orchestrator.dht import SwarmProgressCache
+from orchestrator.errors import Forbidden, Unauthorized
+from orchestrator.tokens import token_matches
+from worker.wire import Heartbeat, HeartbeatReply, RunState, WorkerAction, WorkerState
+
+logger = logging.getLogger(__name__)
+
+CACHED_WORKER_STATES = (WorkerState.launching.value, WorkerState.running.value, WorkerState.lost.value)
+PROCEED_RUN_STATES = (RunState.pending.value, RunState.running.value)
+
+
+@dataclass
+class WorkerEntry:
+    worker_id: int
+    run_id: int
+    token_hash: str | None
+    state: str
+    retiring: bool
+    last_seen: datetime | None
+
+
+@dataclass
+class RunEntry:
+    run_id: int
+    swarm_id: str
+    state: str
+    target_batch_size: int
+    checkpointer_id: int | None
+    checkpoint_every_epochs: int
+    latest_checkpoint_epoch: int | None
+
+
+@dataclass
+class FlushStats:
+    heartbeats: int = 0
+    revived: list[int] = field(default_factory=list)
+    samples: int = 0
+
+
+class HeartbeatHub:
+    """In-memory view of live workers and active runs, and the buffer of their latest heartbeats."""
+
+    def __init__(
+        self, db: Database, settings: Settings, clock: Clock, swarm: SwarmProgressCache | None = None
+    ) -> None:
+        self._db, self._settings, self._clock = db, settings, clock
+        self._swarm = swarm or SwarmProgressCache()
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._pending: dict[int, tuple[Heartbeat, datetime]] = {}
+        self._workers: dict[int, WorkerEntry] = {}
+        self._runs: dict[int, RunEntry] = {}
+        self._last_sample_at: dict[int, datetime] = {}
+
+    # -- the hot path (memory only) ----------------------------------------------------------------
+
+    def cached(self, worker_id: int) -> WorkerEntry | None:
+        with self._lock:
+            return self._workers.get(worker_id)
+
+    def authenticate(self, entry: WorkerEntry, token: str | None) -> None:
+        """Raise :class:`Unauthorized` without a token, :class:`Forbidden` when it is not this worker's."""
+        if token is None:
+            raise Unauthorized("missing bearer token")
+        if not token_matches(token, entry.token_hash):
+            raise Forbidden(f"the token does not belong to worker {entry.worker_id}")
+
+    def accept(self, entry: WorkerEntry, heartbeat: Heartbeat) -> HeartbeatReply:
+        """Buffer ``heartbeat`` and answer it from the cache."""
+        now = self._clock()
+        with self._lock:
+            run = self._runs.get(entry.run_id)
+            ended = entry.state not in CACHED_WORKER_STATES
+            if not ended:
+                self._pending[entry.worker_id] = (heartbeat, now)
+                entry.last_seen = now
+            stop = ended or entry.retiring or run is None or run.state not in PROCEED_RUN_STATES
+            return HeartbeatReply(
+                action=WorkerAction.stop if stop else WorkerAction.proceed,
+                checkpointer=run is not None and not stop and run.checkpointer_id == entry.worker_id,
+                checkpoint_every_epochs=run.checkpoint_every_epochs if run else 5,
+                latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
+            )
+
+    def active_swarms(self) -> dict[str, int]:
+        """Swarm id -> target batch size of every pending, running or stopping run."""
+        with self._lock:
+            return {r.swarm_id: r.target_batch_size for r in self._runs.values()}
+
+    # -- cache maintenance (blocking: call off the event loop) -------------------------------------
+
+    def load(self, worker_id: int) -> WorkerEntry | None:
+        """Read a worker missing from the cache (ended, or new since the last reload) from the database."""
+        with self._db.read() as session:
+            worker = session.get(Worker, worker_id)
+            if worker is None:
+                return None
+            entry = _worker_entry(worker)
+            run_entry = _run_entries(session, [worker.run]).get(worker.run_id)
+        with self._lock:
+            self._workers[worker_id] = entry
+            if run_entry is not None and run_entry.state in runs.ACTIVE_RUN_STATES:
+                self._runs.setdefault(run_entry.run_id, run_entry)
+        return entry
+
+    def note(self, worker: Worker) -> None:
+        """Put a worker (and its run) just written in this process into the cache at once."""
+        entry = _worker_entry(worker)
+        run = worker.run
+        run_entry = RunEntry(
+            run.id,
+            run.swarm_id,
+            run.state,
+            run.target_batch_size,
+            run.checkpointer_worker_id,
+            run.checkpoint_every_epochs,
+            self._latest_epoch(run.id),
+        )
+        with self._lock:
+            self._workers[worker.id] = entry
+            self._runs[run.id] = run_entry
+
+    def _latest_epoch(self, run_id: int) -> int | None:
+        with self._lock:
+            old = self._runs.get(run_id)
+        return old.latest_checkpoint_epoch if old else None
+
+    def refresh(self) -> None:
+        """Reload runs and workers from the database (their states may have been changed elsewhere)."""
+        with self._db.read() as session:
+            active = runs.list_active_runs(session)
+            run_entries = _run_entries(session, active)
+            query = select(Worker).where(
+                Worker.run_id.in_(list(run_entries)), Worker.state.in_(CACHED_WORKER_STATES)
+            )
+            worker_entries = {w.id: _worker_entry(w) for w in session.scalars(query)}
+        with self._lock:
+            for worker_id, entry in worker_entries.items():
+                old = self._workers.get(worker_id)
+                if (
+                    old is not None
+                    and old.last_seen
+                    and (entry.last_seen is None or old.last_seen > entry.last_seen)
+                ):
+                    entry.last_seen = old.last_seen
+            self._workers, self._runs = worker_entries, run_entries
+            self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
+
+    # -- the batch writer ---------------------------------------------------------------------------
+
+    def flush(self) -> FlushStats:
+        """Write buffered heartbeats, revive, elect, sample, reload; one transaction. Raises DB errors."""
+        with self._flush_lock:
+            with self._lock:
+                batch, self._pending = self._pending, {}
+            stats = FlushStats(heartbeats=len(batch))
+            now = self._clock()
+            try:
+                with self._db.begin() as session:
+                    _write_heartbeats(session, batch)
+                    stats.revived = self._revive(session, batch, now)
+                    self._elect(session, now)
+                    stats.samples = self._sample(session, now)
+            except BaseException:
+                with self._lock:  # keep what failed to write unless newer heartbeats arrived meanwhile
+                    self._pending = {**batch, **self._pending}
+                raise
+            self.refresh()
+            return stats
+
+    def _revive(
+        self, session: Session, batch: dict[int, tuple[Heartbeat, datetime]], now: datetime
+    ) -> list[int]:
+        with self._lock:
+            stale = [w for w in batch if (e := self._workers.get(w)) and e.state != WorkerState.running.value]
+        revived = []
+        for worker_id in stale:
+            worker = session.get(Worker, worker_id)
+            if worker is not None and worker.state in (WorkerState.launching.value, WorkerState.lost.value):
+                runs.set_worker_state(session, worker, WorkerState.running, "heartbeat received", now)
+                revived.append(worker_id)
+        return revived
+
+    def _elect(self, session: Session, now: datetime) -> None:
+        """Re-elect only where the cached checkpointer is missing, ended, retiring or silent."""
+        timeout_s = self._settings.heartbeat_timeout_s
+        fresh_after = now - timedelta(seconds=timeout_s)
+        with self._lock:
+            can_checkpoint = {
+                w.run_id
+                for w in self._workers.values()
+                if w.state == WorkerState.running.value
+                and not w.retiring
+                and w.last_seen is not None
+                and w.last_seen >= fresh_after
+            }
+            need = []
+            for entry in self._runs.values():
+                current = self._workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
+                healthy = (
+                    current is not None
+                    and current.state == WorkerState.running.value
+                    and not current.retiring
+                    and current.last_seen is not None
+                    and current.last_seen >= fresh_after
+                )
+                if not healthy and (entry.checkpointer_id is not None or entry.run_id in can_checkpoint):
+                    need.append(entry.run_id)
+        for run_id in need:
+            run = session.get(Run, run_id)
+            if run is not None and run.state in runs.ACTIVE_RUN_STATES:
+                runs.elect_checkpointer(session, run, now, timeout_s)
+
+    def _sample(self, session: Session, now: datetime) -> int:
+        interval = timedelta(seconds=self._settings.progress_sample_interval_s)
+        with self._lock:
+            due = {
+                r.run_id: r.swarm_id
+                for r in self._runs.values()
+                if r.state != RunState.pending.value
+                and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo))
+                >= interval
+            }
+        if not due:
+            return 0
+        fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
+        for row in _aggregate(session, due.keys(), fresh_after):
+            swarm = self._swarm.get(due[row.run_id])
+            session.add(
+                ProgressSample(
+                    run_id=row.run_id,
+                    at=now,
+                    swarm_epoch=int(row.epoch or 0),
+                    samples_total=int(row.samples or 0),
+                    loss=float(row.loss) if row.loss is not None else None,
+                    samples_per_s=float(row.speed or 0.0),
+                    live_workers=int(row.live or 0),
+                    dht_epoch=swarm.epoch if swarm else None,
+                    dht_samples=swarm.samples_accumulated if swarm else None,
+                    dht_peers=swarm.num_peers if swarm else None,
+                )
+            )
+            _thin(session, row.run_id, self._settings.progress_max_points)
+        with self._lock:
+            self._last_sample_at.update({run_id: now for run_id in due})
+        return len(due)
+
+
+def _worker_entry(worker: Worker) -> WorkerEntry:
+    return WorkerEntry(
+        worker.id,
+        worker.run_id,
+        worker.token_hash,
+        worker.state,
+        worker.retire_requested_at is not None,
+        worker.last_heartbeat_at,
+    )
+
+
+def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntry]:
+    rows = list(run_rows)
+    ids = [r.id for r in rows]
+    query = select(Checkpoint.run_id, func.max(Checkpoint.epoch)).where(Checkpoint.run_id.in_(ids))
+    latest = {run_id: int(epoch) for run_id, epoch in session.execute(query.group_by(Checkpoint.run_id))}
+    return {
+        r.id: RunEntry(
+            r.id,
+            r.swarm_id,
+            r.state,
+            r.target_batch_size,
+            r.checkpointer_worker_id,
+            r.checkpoint_every_epochs,
+            latest.get(r.id),
+        )
+        for r in rows
+    }
+
+
+_HEARTBEAT_UPDATE = (
+    update(Worker.__table__)  # type: ignore[arg-type]
+    .where(Worker.__table__.c.id == bindparam("wid"))
+    .values(
+        last_heartbeat_at=bindparam("at", type_=Worker.__table__.c.last_heartbeat_at.type),
+        local_step=bindparam("local_step"),
+        swarm_epoch=bindparam("swarm_epoch"),
+        samples=bindparam("samples"),
+        loss=bindparam("loss"),
+        samples_per_s=bindparam("samples_per_s"),
+        num_peers=bindparam("num_peers"),
+        phase=bindparam("phase"),
+        peer_maddrs=bindparam("peer_maddrs", type_=Worker.__table__.c.peer_maddrs.type),
+    )
+)
+
+
+def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, datetime]]) -> None:
+    if not batch:
+        return
+    params = [
+        {
+            "wid": worker_id,
+            "at": at,
+            "local_step": hb.local_step,
+            "swarm_epoch": hb.swarm_epoch,
+            "samples": hb.samples,
+            "loss": hb.loss,
+            "samples_per_s": hb.samples_per_s,
+            "num_peers": hb.num_peers,
+            "phase": hb.phase,
+            "peer_maddrs": hb.visible_maddrs,
+        }
+        for worker_id, (hb, at) in batch.items()
+    ]
+    session.connection().execute(_HEARTBEAT_UPDATE, params)
+
+
+def _aggregate(session: Session, run_ids: Iterable[int], fresh_after: datetime) -> list:  # type: ignore[type-arg]
+    fresh = (Worker.state == WorkerState.running.value) & (Worker.last_heartbeat_at >= fresh_after)
+    query = (
+        select(
+            Worker.run_id.label("run_id"),
+            func.max(Worker.swarm_epoch).label("epoch"),
+            func.sum(Worker.samples).label("samples"),
+            func.avg(case((fresh, Worker.loss))).label("loss"),
+            func.sum(case((fresh, Worker.samples_per_s), else_=0.0)).label("speed"),
+            func.sum(case((fresh, 1), else_=0)).label("live"),
+        )
+        .where(Worker.run_id.in_(list(run_ids)))
+        .group_by(Worker.run_id)
+    )
+    return list(session.execute(query))
+
+
+def _thin(session: Session, run_id: int, max_points: int) -> None:
+    """Past ``max_points`` samples, drop every second one of the older half (keeps the whole span)."""
+    count = session.scalar(select(func.count()).where(ProgressSample.run_id == run_id)) or 0
+    if count <= max_points:
+        return
+    older = session.scalars(
+        select(ProgressSample.id)
+        .where(ProgressSample.run_id == run_id)
+        .order_by(ProgressSample.at, ProgressSample.id)
+        .limit(count // 2)
+    ).all()
+    doomed = list(older[1::2])
+    session.execute(delete(ProgressSample).where(ProgressSample.id.in_(doomed)))
+    logger.debug("run %s: thinned %d progress samples", run_id, len(doomed))

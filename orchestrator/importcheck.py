@@ -1,0 +1,118 @@
+"""Validates a run's ``module`` and ``datamodule`` import paths without importing user code in the server.
+
+:class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
+imported already and forks a child per check, so a check takes a fraction of a second after the first
+(which waits for the probe's own start-up, a few seconds). The probe runs in the server's working
+directory with the server's interpreter, so it sees what the server sees on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from orchestrator.errors import InvalidRequest, Unavailable
+from worker.wire import RunSpec
+
+logger = logging.getLogger(__name__)
+
+
+class ImportChecker:
+    """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def warm_up(self) -> None:
+        """Start the probe in the background so the first check does not wait for Lightning's import."""
+        threading.Thread(target=self._warm, name="import-probe-start", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            with self._lock:
+                self._ensure_probe(time.monotonic() + self.timeout_s)
+        except Unavailable as exc:
+            logger.warning("import probe did not start: %s", exc)
+
+    def check_spec(self, spec: RunSpec) -> None:
+        """Raise :class:`InvalidRequest` naming the field whose class does not import or has the wrong
+        base; :class:`Unavailable` when the probe itself cannot run."""
+        for field, kind in (("module", "module"), ("datamodule", "datamodule")):
+            error = self.check(getattr(spec, field), kind)
+            if error:
+                raise InvalidRequest(f"{field}: {error}")
+
+    def check(self, path: str, kind: str) -> str | None:
+        """None when ``path`` is a LightningModule (``kind="module"``) or LightningDataModule subclass."""
+        with self._lock:
+            deadline = time.monotonic() + self.timeout_s
+            proc = self._ensure_probe(deadline)
+            assert proc.stdin is not None and proc.stdout is not None
+            request = {"path": path, "kind": kind, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
+            try:
+                proc.stdin.write((json.dumps(request) + "\n").encode())
+                proc.stdin.flush()
+                reply = _read_line(proc.stdout, deadline)
+            except (OSError, TimeoutError) as exc:
+                self._kill()
+                raise Unavailable(f"import check of {path} failed: {exc}") from exc
+            return None if reply.get("ok") else str(reply.get("error") or "import check failed")
+
+    def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.import_probe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self._proc = proc
+        assert proc.stdout is not None
+        try:
+            hello = _read_line(proc.stdout, deadline)
+        except (OSError, TimeoutError) as exc:
+            self._kill()
+            raise Unavailable(f"the import probe did not start: {exc}") from exc
+        if not hello.get("ready"):
+            self._kill()
+            raise Unavailable(f"the import probe said {hello!r}")
+        logger.info("import probe ready (pid %d)", proc.pid)
+        return proc
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+            self._proc = None
+
+    def close(self) -> None:
+        """Stop the probe (closing its stdin ends it; killed if it lingers)."""
+        with self._lock:
+            if self._proc is None:
+                return
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+            self._proc = None
+
+
+def _read_line(stream: IO[bytes], deadline: float) -> dict[str, Any]:
+    """One JSON line from the probe before ``deadline`` (monotonic); raises TimeoutError or OSError."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("no answer from the import probe in time")
+    line = stream.readline()
+    if not line:
+        raise OSError("the import probe exited")
+    return dict(json.loads(line))

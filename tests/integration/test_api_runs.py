@@ -1,0 +1,268 @@
+"""The runs API against a real `spotswarm serve`, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.helpers import ProcessRegistry
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.postgres import PostgresCluster
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    """One orchestrator per database backend, shared by the tests of this module."""
+    root = tmp_path_factory.mktemp(f"api-runs-{request.param}")
+    db_url = None
+    if request.param == "postgres":
+        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+        db_url = cluster.create_database(f"api_runs_{root.name.replace('-', '_')}")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(
+            registry, root / "data", db_url, extra_env={"SPOTSWARM_MAX_BODY_BYTES": "65536"}
+        )
+    finally:
+        registry.kill_all()
+
+
+def new_name(prefix: str = "run") -> str:
+    return f"{prefix}-{next(_names)}"
+
+
+def create(orch: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+@pytest.mark.timeout(60)
+def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
+    created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
+    assert created["join_token"].startswith("ssj_")
+    assert created["state"] == "pending" and created["swarm_id"].startswith(created["name"] + "-")
+    with orch.client() as http:
+        fetched = http.get(f"/api/v1/runs/{created['name']}").json()
+    assert "join_token" not in fetched and created["join_token"] not in str(fetched)
+    assert fetched["spec"]["module_args"] == {"hidden": 8}
+    assert fetched["spec"]["stop"]["target_epochs"] == 3
+    assert fetched["workers"] == {"desired": 1, "min": 0, "max": 4, "live": 0, "running": 0, "launching": 0}
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_name_is_409(orch: Orchestrator) -> None:
+    name = new_name()
+    create(orch, name)
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name))
+    assert response.status_code == 409 and "exists" in response.json()["detail"]
+
+
+@pytest.mark.timeout(60)
+def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
+    names = [create(orch, new_name("page"))["name"] for _ in range(3)]
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{names[0]}/stop").json()["state"] == "stopped"
+        first = http.get("/api/v1/runs", params={"limit": 2, "offset": 0}).json()
+        second = http.get("/api/v1/runs", params={"limit": 2, "offset": 2}).json()
+        stopped = http.get("/api/v1/runs", params={"state": "stopped", "limit": 1000}).json()
+    assert first["total"] == second["total"] >= 3 and len(first["items"]) == 2
+    assert not {r["name"] for r in first["items"]} & {r["name"] for r in second["items"]}
+    assert [r["name"] for r in first["items"]][:2] == [names[2], names[1]]  # newest first
+    assert names[0] in {r["name"] for r in stopped["items"]}
+    assert all(r["state"] == "stopped" for r in stopped["items"]) and stopped["total"] == len(
+        stopped["items"]
+    )
+
+
+@pytest.mark.timeout(60)
+def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
+    name = create(orch, new_name())["name"]
+    with orch.admin() as http:
+        assert (
+            http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).json()["workers"]["desired"]
+            == 3
+        )
+        too_many = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 5})
+        bounds = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 6, "max_workers": 6}).json()
+        inverted = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2, "min_workers": 3})
+        http.post(f"/api/v1/runs/{name}/stop")
+        after_stop = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 1})
+    assert too_many.status_code == 422 and "[0, 4]" in too_many.json()["detail"]
+    assert bounds["workers"]["desired"] == 6 and bounds["workers"]["max"] == 6
+    assert inverted.status_code == 422
+    assert after_stop.status_code == 409
+
+
+@pytest.mark.timeout(60)
+def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
+    name = create(orch, new_name())["name"]
+    with orch.admin() as http:
+        assert http.delete(f"/api/v1/runs/{name}").status_code == 409  # pending: stop first
+        assert http.post(f"/api/v1/runs/{name}/resume").status_code == 409
+        stopped = http.post(f"/api/v1/runs/{name}/stop", json={"reason": "enough"}).json()
+        assert stopped["state"] == "stopped" and stopped["finished_at"]
+        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopped"  # idempotent
+        assert http.post(f"/api/v1/runs/{name}/resume").json()["state"] == "pending"
+        http.post(f"/api/v1/runs/{name}/stop")
+        assert http.delete(f"/api/v1/runs/{name}").status_code == 204
+        assert http.get(f"/api/v1/runs/{name}").status_code == 404
+        assert http.delete(f"/api/v1/runs/{name}").status_code == 404
+
+
+@pytest.mark.timeout(60)
+def test_events_page_with_a_cursor(orch: Orchestrator) -> None:
+    name = create(orch, new_name())["name"]
+    with orch.admin() as http:
+        http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2})
+        http.post(f"/api/v1/runs/{name}/stop")
+        first = http.get(f"/api/v1/runs/{name}/events", params={"limit": 2}).json()
+        rest = http.get(f"/api/v1/runs/{name}/events", params={"after_id": first["next_after_id"]}).json()
+        empty = http.get(f"/api/v1/runs/{name}/events", params={"after_id": rest["next_after_id"]}).json()
+    kinds = [e["kind"] for e in first["items"] + rest["items"]]
+    assert kinds[:2] == ["run.created", "run.scaled"] and "run.state" in kinds[2:]
+    assert len(first["items"]) == 2 and all(e["id"] > first["next_after_id"] for e in rest["items"])
+    assert empty == {"items": [], "next_after_id": rest["next_after_id"]}
+
+
+# (method, path, json body or raw bytes, expected status, text expected in the detail)
+INVALID: list[tuple[str, str, Any, int, str]] = [
+    ("POST", "/api/v1/runs", {**run_spec("bad-1"), "surprise": 1}, 422, "surprise"),
+    ("POST", "/api/v1/runs", {**run_spec("bad-2"), "batch_size": "eight"}, 422, "batch_size"),
+    ("POST", "/api/v1/runs", {**run_spec("bad-3"), "desired_workers": -1}, 422, "desired_workers"),
+    ("POST", "/api/v1/runs", {**run_spec("bad-4"), "min_workers": 3, "max_workers": 2}, 422, "min_workers"),
+    ("POST", "/api/v1/runs", {**run_spec("bad-5"), "module": "no.such.module:Thing"}, 422, "cannot import"),
+    (
+        "POST",
+        "/api/v1/runs",
+        {**run_spec("bad-6"), "module": "tests.integration.api_models:Missing"},
+        422,
+        "no attribute",
+    ),
+    (
+        "POST",
+        "/api/v1/runs",
+        {**run_spec("bad-7"), "module": "tests.integration.api_models:NotAModule"},
+        422,
+        "not a LightningModule",
+    ),
+    (
+        "POST",
+        "/api/v1/runs",
+        {**run_spec("bad-8"), "datamodule": "tests.integration.api_models:TinyModule"},
+        422,
+        "LightningDataModule",
+    ),
+    ("POST", "/api/v1/runs", {**run_spec("bad-9"), "name": "Bad Name"}, 422, "name"),
+    ("POST", "/api/v1/runs", {**run_spec("bad-10"), "stop": {"target_epochs": 0}}, 422, "target_epochs"),
+    ("POST", "/api/v1/runs", b"{not json", 422, ""),
+    ("POST", "/api/v1/runs", [1, 2], 422, ""),
+    ("POST", "/api/v1/runs", {**run_spec("bad-11"), "module_args": {"x": "y" * 70_000}}, 413, "limit"),
+    ("GET", "/api/v1/runs?limit=0", None, 422, "limit"),
+    ("GET", "/api/v1/runs?limit=abc", None, 422, "limit"),
+    ("GET", "/api/v1/runs?state=sleeping", None, 422, "state"),
+    ("GET", "/api/v1/runs?offset=-1", None, 422, "offset"),
+    ("GET", "/api/v1/runs/nope", None, 404, "not found"),
+    ("POST", "/api/v1/runs/nope/scale", {"desired_workers": 1}, 404, "not found"),
+    ("POST", "/api/v1/runs/nope/stop", None, 404, "not found"),
+    ("GET", "/api/v1/runs/nope/progress?max_points=0", None, 422, "max_points"),
+    ("POST", "/api/v1/workers/register", {"hostname": "x"}, 401, "token"),
+    ("POST", "/api/v1/workers/abc/heartbeat", {}, 422, "worker_id"),
+    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 422, "samples"),
+    ("GET", "/api/v1/runs/nope/checkpoints/latest/download", None, 404, "not found"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "detail"), INVALID, ids=[f"{m} {p}" for m, p, *_ in INVALID]
+)
+def test_bad_input_gets_a_4xx_with_a_message(
+    orch: Orchestrator, method: str, path: str, body: Any, status: int, detail: str
+) -> None:
+    with orch.admin() as http:
+        if isinstance(body, bytes):
+            response = http.request(method, path, content=body, headers={"Content-Type": "application/json"})
+        else:
+            response = http.request(method, path, json=body)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert detail.lower() in str(response.json()["detail"]).lower()
+
+
+@pytest.mark.timeout(60)
+def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchestrator) -> None:
+    created = create(orch, new_name())
+    name, join = created["name"], created["join_token"]
+    cases = [(None, 401), ("garbage", 401), (join, 403)]
+    for token, status in cases:
+        with orch.client(token) as http:
+            for method, path, body in [
+                ("POST", "/api/v1/runs", run_spec(new_name("x"))),
+                ("POST", f"/api/v1/runs/{name}/scale", {"desired_workers": 2}),
+                ("POST", f"/api/v1/runs/{name}/stop", None),
+                ("POST", f"/api/v1/runs/{name}/resume", None),
+                ("DELETE", f"/api/v1/runs/{name}", None),
+            ]:
+                response = http.request(method, path, json=body)
+                assert response.status_code == status, (token, method, path, response.text)
+                assert "join_token" not in response.text and "swarm_id" not in response.text
+    with orch.client() as http:
+        assert http.get(f"/api/v1/runs/{name}").json()["workers"]["desired"] == 1  # nothing changed
+
+
+@pytest.mark.timeout(60)
+def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
+    name = create(orch, new_name())["name"]
+    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE events RENAME TO events_hidden"))
+        with orch.client() as http:
+            response = http.get(f"/api/v1/runs/{name}/events")
+        # PostgreSQL reports a missing table as a programming error (500), SQLite as operational (503).
+        assert response.status_code in (500, 503)
+        assert response.json()["detail"] in ("internal database error", "database unavailable, retry later")
+        assert "Traceback" not in response.text and "events" not in response.text
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE events_hidden RENAME TO events"))
+        engine.dispose()
+    with orch.client() as http:
+        assert http.get(f"/api/v1/runs/{name}/events").status_code == 200
+
+
+@pytest.mark.timeout(30)
+def test_health_readiness_and_openapi(orch: Orchestrator) -> None:
+    with orch.client() as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+        ready = http.get("/readyz").json()
+        assert ready["database"] and ready["dht"]
+        assert http.get("/docs").status_code == 200
+        paths = http.get("/openapi.json").json()["paths"]
+    assert "/api/v1/runs/{name}/scale" in paths and "/api/v1/workers/{worker_id}/heartbeat" in paths
+
+
+@pytest.mark.timeout(120)
+def test_private_reads_need_the_admin_token(processes: ProcessRegistry, tmp_path: Any) -> None:
+    orch = start_orchestrator(processes, tmp_path / "data", extra_env={"SPOTSWARM_PUBLIC_READS": "false"})
+    created = create(orch, "private")
+    for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:
+        assert httpx.get(orch.url + path).status_code == 401
+        with orch.client(created["join_token"]) as http:
+            assert http.get(path).status_code == 403
+        with orch.admin() as http:
+            assert http.get(path).status_code == 200
+    with orch.client(created["join_token"]) as http:  # a run's peers also take its join token
+        assert http.get("/api/v1/runs/private/peers").status_code == 200
+    assert httpx.get(orch.url + "/api/v1/runs/private/peers").status_code == 401

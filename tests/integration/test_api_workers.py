@@ -1,0 +1,278 @@
+"""Workers, heartbeats and checkpoints against a real `spotswarm serve`, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator import runs, workers
+from orchestrator.clock import utc_now
+from orchestrator.db.session import Database
+from tests.helpers import ProcessRegistry, wait_until
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.postgres import PostgresCluster
+from worker.wire import CHECKSUM_HEADER
+
+_names = itertools.count()
+CHECKPOINT_MAX_BYTES = 256 * 1024
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp(f"api-workers-{request.param}")
+    db_url = None
+    if request.param == "postgres":
+        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+        db_url = cluster.create_database(f"api_workers_{root.name.replace('-', '_')}")
+    registry = ProcessRegistry(root)
+    env = {"SPOTSWARM_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES), "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "4"}
+    try:
+        yield start_orchestrator(registry, root / "data", db_url, extra_env=env)
+    finally:
+        registry.kill_all()
+
+
+def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
+    name = f"w-{next(_names)}"
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+    assert response.status_code == 201, response.text
+    return name, response.json()["join_token"]
+
+
+def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
+    with orch.client(token) as http:
+        response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def heartbeat(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
+    with orch.client(worker["worker_token"]) as http:
+        response = http.post(f"/api/v1/workers/{worker['worker_id']}/heartbeat", json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def get_run(orch: Orchestrator, name: str) -> dict[str, Any]:
+    with orch.client() as http:
+        return dict(http.get(f"/api/v1/runs/{name}").json())
+
+
+@pytest.mark.timeout(60)
+def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join, hostname="gpu-1")
+    assert worker["swarm_id"].startswith(name) and worker["run"]["name"] == name
+    assert worker["initial_peers"] == orch.peers() and worker["heartbeat_interval_s"] == 1
+    assert worker["resume_checkpoint"] is None
+    reply = heartbeat(
+        orch,
+        worker,
+        local_step=7,
+        swarm_epoch=2,
+        samples=320,
+        loss=0.5,
+        samples_per_s=40.0,
+        num_peers=1,
+        visible_maddrs=["/ip4/127.0.0.1/tcp/4242/p2p/QmWorker"],
+    )
+    assert reply["action"] == "continue" and reply["checkpoint_every_epochs"] == 5
+    run = wait_until(lambda: (r := get_run(orch, name))["reported"]["samples_total"] == 320 and r, 10)
+    assert run["state"] == "running" and run["workers"]["running"] == 1
+    assert run["reported"] == {"swarm_epoch": 2, "samples_total": 320, "loss": 0.5, "samples_per_s": 40.0}
+    with orch.client() as http:
+        listed = http.get(f"/api/v1/runs/{name}/workers").json()
+        peers = http.get(f"/api/v1/runs/{name}/peers").json()
+    assert listed["total"] == 1 and listed["items"][0]["manual"] and listed["items"][0]["hostname"] == "gpu-1"
+    assert "token" not in str(listed).lower()
+    assert peers["worker_peers"] == ["/ip4/127.0.0.1/tcp/4242/p2p/QmWorker"]
+    assert peers["initial_peers"] == orch.peers() + peers["worker_peers"]
+
+
+@pytest.mark.timeout(60)
+def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
+    try:
+        with database.begin() as session:
+            run = runs.get_run(session, name)
+            by_request = workers.create_launch_intent(session, run, utc_now(), {"zone": "test-1a"})
+            by_token = workers.create_launch_intent(session, run, utc_now())
+            ids = (by_request.worker.id, by_request.worker.request_id, by_token.worker.id, by_token.token)
+    finally:
+        database.close()
+    first = register(orch, join, request_id=ids[1], launcher_handle="pid-1")
+    second = register(orch, ids[3])  # the launch token alone identifies the row
+    assert (first["worker_id"], second["worker_id"]) == (str(ids[0]), str(ids[2]))
+    assert second["worker_token"] == ids[3]
+    with orch.client() as http:
+        items = {w["id"]: w for w in http.get(f"/api/v1/runs/{name}/workers").json()["items"]}
+    assert items[str(ids[0])]["state"] == "running" and items[str(ids[0])]["launch_details"] == {
+        "zone": "test-1a"
+    }
+    assert items[str(ids[0])]["launcher_handle"] == "pid-1" and not items[str(ids[0])]["manual"]
+    assert heartbeat(orch, first)["action"] == "continue"
+
+
+@pytest.mark.timeout(60)
+def test_exactly_one_checkpointer_and_another_takes_over(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    pool = [register(orch, join) for _ in range(3)]
+
+    def checkpointers() -> list[str]:
+        return [w["worker_id"] for w in pool if heartbeat(orch, w)["checkpointer"]]
+
+    first = wait_until(lambda: (c := checkpointers()) and c, 10)
+    assert len(first) == 1 and get_run(orch, name)["checkpointer_worker_id"] == first[0]
+    leaving = next(w for w in pool if w["worker_id"] == first[0])
+    with orch.client(leaving["worker_token"]) as http:
+        assert (
+            http.post(f"/api/v1/workers/{first[0]}/deregister", json={"reason": "interrupted"}).status_code
+            == 204
+        )
+    pool.remove(leaving)
+    second = wait_until(lambda: (c := checkpointers()) and c, 10)
+    assert len(second) == 1 and second != first
+
+
+@pytest.mark.timeout(60)
+def test_worker_endpoints_accept_only_that_workers_token(orch: Orchestrator) -> None:
+    _, join = create(orch)
+    a, b = register(orch, join), register(orch, join)
+    path = f"/api/v1/workers/{a['worker_id']}/heartbeat"
+    for token, status in [(None, 401), (b["worker_token"], 403), (join, 403), (orch.admin_token, 403)]:
+        with orch.client(token) as http:
+            response = http.post(path, json={})
+            assert response.status_code == status, (token, response.text)
+            assert "action" not in response.text
+    with orch.client("ssj_not-a-real-token") as http:
+        assert http.post("/api/v1/workers/register", json={}).status_code == 401
+
+
+@pytest.mark.timeout(60)
+def test_deregister_reasons_map_to_worker_states(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    expected = {"interrupted": "interrupted", "stopped": "exited", "completed": "exited", "error": "failed"}
+    ids = {}
+    for reason in expected:
+        worker = register(orch, join)
+        with orch.client(worker["worker_token"]) as http:
+            body = {"reason": reason, "message": "boom" if reason == "error" else None}
+            assert (
+                http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body).status_code == 204
+            )
+        assert heartbeat(orch, worker)["action"] == "stop"  # an ended worker is told to stop
+        ids[worker["worker_id"]] = reason
+    with orch.client() as http:
+        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+        events = http.get(f"/api/v1/runs/{name}/events", params={"limit": 1000}).json()["items"]
+    for item in items:
+        assert item["state"] == expected[ids[item["id"]]] and item["ended_at"]
+    assert next(i for i in items if ids[i["id"]] == "error")["exit_reason"] == "error: boom"
+    assert sum(e["kind"] == "worker.state" for e in events) >= 4
+
+
+@pytest.mark.timeout(60)
+def test_stop_tells_workers_to_stop_and_the_run_stops_when_they_leave(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join)
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+    assert heartbeat(orch, worker)["action"] == "stop"
+    with orch.client(join) as http:
+        assert http.post("/api/v1/workers/register", json={}).status_code == 409
+    with orch.client(worker["worker_token"]) as http:
+        http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+    assert get_run(orch, name)["state"] == "stopped"
+
+
+@pytest.mark.timeout(60)
+def test_progress_is_sampled_and_downsampled(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join)
+    step = itertools.count(1)
+
+    def enough_points() -> bool:
+        n = next(step)
+        heartbeat(orch, worker, local_step=n, swarm_epoch=n, samples=10 * n, loss=1.0 / n, samples_per_s=5.0)
+        with orch.client() as http:
+            return int(http.get(f"/api/v1/runs/{name}/progress").json()["stored_points"]) >= 4
+
+    wait_until(enough_points, 30, interval_s=0.3)
+    with orch.client() as http:
+        series = http.get(f"/api/v1/runs/{name}/progress", params={"max_points": 3}).json()
+    points = series["points"]
+    assert len(points) == 3 and series["stored_points"] >= 4
+    assert [p["at"] for p in points] == sorted(p["at"] for p in points)
+    assert points[-1]["samples_total"] >= points[0]["samples_total"] and points[-1]["live_workers"] == 1
+
+
+def upload(
+    orch: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes, checksum: str | None = None
+) -> Any:
+    headers = {CHECKSUM_HEADER: checksum or hashlib.sha256(data).hexdigest()}
+    with orch.client(worker["worker_token"]) as http:
+        return http.put(
+            f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}", content=data, headers=headers
+        )
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) -> None:
+    name, join = create(orch, keep_checkpoints=2)
+    worker = register(orch, join)
+    blobs = {epoch: bytes([epoch]) * (50_000 + epoch) for epoch in (1, 2, 3)}
+    for epoch, data in blobs.items():
+        response = upload(orch, worker, epoch, data)
+        assert response.status_code == 201, response.text
+        assert response.json()["sha256"] == hashlib.sha256(data).hexdigest()
+    assert upload(orch, worker, 3, blobs[3]).status_code == 201  # a retried upload is accepted
+    assert upload(orch, worker, 3, blobs[2]).status_code == 409  # other bytes for a stored epoch
+    with orch.client() as http:
+        listed = http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"]
+        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
+    assert [c["epoch"] for c in listed] == [3, 2]
+    assert heartbeat(orch, worker)["latest_checkpoint_epoch"] == 3
+    with orch.client(join) as http:
+        latest = http.get(f"/api/v1/runs/{name}/checkpoints/latest/download")
+        assert http.get(f"/api/v1/runs/{name}/checkpoints/1/download").status_code == 404
+    with orch.client(worker["worker_token"]) as http:
+        second = http.get(listed[1]["download_path"])
+    assert latest.content == blobs[3] and latest.headers[CHECKSUM_HEADER] == listed[0]["sha256"]
+    assert second.content == blobs[2]
+    stored = sorted(p.name for p in (orch.data_dir / "checkpoints").rglob("*.ckpt"))
+    assert len([s for s in stored if s in ("epoch-00000002.ckpt", "epoch-00000003.ckpt")]) == 2
+    assert "epoch-00000001.ckpt" not in stored
+    assert register(orch, join)["resume_checkpoint"]["epoch"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_checkpoint_uploads_are_checked(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join)
+    assert upload(orch, worker, 1, b"abc", checksum="0" * 64).status_code == 400
+    assert upload(orch, worker, 1, b"abc", checksum="not-hex").status_code == 422
+    assert upload(orch, worker, 1, b"x" * (CHECKPOINT_MAX_BYTES + 1)).status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap applies while streaming
+        for _ in range(5):
+            yield b"y" * (CHECKPOINT_MAX_BYTES // 4)
+
+    with orch.client(worker["worker_token"]) as http:
+        response = http.put(
+            f"/api/v1/workers/{worker['worker_id']}/checkpoints/1",
+            content=chunks(),
+            headers={CHECKSUM_HEADER: "a" * 64},
+        )
+    assert response.status_code == 413
+    other_name, other_join = create(orch)
+    with orch.client(other_join) as http:
+        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 403
+    with orch.client() as http:
+        assert http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"] == []
+    assert not list((orch.data_dir / "tmp").glob("*"))  # temporary files are cleaned up

@@ -1,0 +1,139 @@
+"""Start a real orchestrator (`spotswarm serve` in its own process group) for a test.
+
+Usage::
+
+    from tests.orchestrator_fixture import start_orchestrator
+
+    def test_something(processes, tmp_path):
+        orch = start_orchestrator(processes, tmp_path / "orch")
+        with orch.admin() as http:
+            http.post("/api/v1/runs", json={...})
+
+``start_orchestrator`` picks free ports (HTTP and DHT, the DHT on 127.0.0.1), waits until ``/readyz``
+answers 200 and returns an :class:`Orchestrator` with its URL and admin token. Pass the same
+``data_dir`` (and ``dht_port``) again to restart it on the same state. ``db_url`` selects PostgreSQL
+(use the ``postgres_url`` fixture); the default is SQLite in the data dir. The settings in
+:data:`TEST_ENV` make it tick fast; ``extra_env`` overrides any of them (``SPOTSWARM_*`` variables).
+The ``processes`` registry kills the server (and its DHT daemon) when the test ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, free_port, wait_until
+
+# Fast time scales for tests (production defaults: 5 s heartbeats, 10 s samples, 5 s DHT reads).
+TEST_ENV: dict[str, str] = {
+    "SPOTSWARM_HEARTBEAT_INTERVAL_S": "1",
+    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "10",
+    "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "0.2",
+    "SPOTSWARM_PROGRESS_SAMPLE_INTERVAL_S": "0.5",
+    "SPOTSWARM_DHT_REFRESH_INTERVAL_S": "1",
+    "SPOTSWARM_DHT_TIMEOUT_S": "5",
+    "SPOTSWARM_LOG_LEVEL": "info",
+}
+
+
+@dataclass
+class Orchestrator:
+    """A running `spotswarm serve`: where it listens, its admin token and its process."""
+
+    url: str
+    admin_token: str
+    proc: ManagedProcess
+    data_dir: Path
+    port: int
+    dht_port: int
+    db_url: str | None
+
+    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client:
+        """An HTTP client on the orchestrator, sending ``token`` as bearer token when given."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, **kwargs)
+
+    def admin(self) -> httpx.Client:
+        """An HTTP client with the admin token."""
+        return self.client(self.admin_token)
+
+    def peers(self) -> list[str]:
+        """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
+        with self.client() as http:
+            response = http.get("/api/v1/peers")
+            response.raise_for_status()
+            return list(response.json()["orchestrator_peers"])
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Graceful stop (SIGTERM to the group, SIGKILL after ``timeout_s``); returns the exit code."""
+        return self.proc.terminate(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its children, as a crash would."""
+        self.proc.kill()
+
+
+def start_orchestrator(
+    processes: ProcessRegistry,
+    data_dir: Path,
+    db_url: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    admin_token: str | None = None,
+    port: int | None = None,
+    dht_port: int | None = None,
+    name: str = "orchestrator",
+    ready_timeout_s: float = 90.0,
+) -> Orchestrator:
+    """Start `spotswarm serve` and wait until it is ready; raises TimeoutError with its log otherwise.
+
+    Without ``admin_token`` the server generates one into ``data_dir/admin_token`` (and keeps it across
+    restarts on the same data dir); it is read from there.
+    """
+    port = port or free_port()
+    dht_port = dht_port or free_port()
+    env = {
+        **TEST_ENV,
+        "SPOTSWARM_HOST": "127.0.0.1",
+        "SPOTSWARM_PORT": str(port),
+        "SPOTSWARM_DATA_DIR": str(data_dir),
+        "SPOTSWARM_DHT_PORT": str(dht_port),
+        "SPOTSWARM_DHT_HOST_MADDRS": f"/ip4/127.0.0.1/tcp/{dht_port}",
+        **({"SPOTSWARM_DATABASE_URL": db_url} if db_url else {}),
+        **({"SPOTSWARM_ADMIN_TOKEN": admin_token} if admin_token else {}),
+        **(extra_env or {}),
+    }
+    proc = processes.start(name, [str(VENV_BIN / "spotswarm"), "serve"], env=env)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if not proc.alive():
+            raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
+        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+
+    try:
+        wait_until(ready, ready_timeout_s, interval_s=0.3, message=f"{url}/readyz")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n--- orchestrator log ---\n{proc.log()[-4000:]}") from exc
+    token = admin_token or (data_dir / "admin_token").read_text().strip()
+    return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
+
+
+def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
+    """A valid run spec (tiny classes from tests/integration/api_models.py) with ``overrides``."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "module": "tests.integration.api_models:TinyModule",
+        "datamodule": "tests.integration.api_models:TinyDataModule",
+        "target_batch_size": 64,
+        "batch_size": 8,
+        "min_workers": 0,
+        "max_workers": 4,
+        "desired_workers": 1,
+    }
+    spec.update(overrides)
+    return spec
