@@ -93,7 +93,7 @@ def _flat_toml(text: str) -> dict[str, Any]:
             continue
         match = re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"', line)
         if not match:
-            raise ValueError(f"line {number}: expected key = \"value\"")
+            raise ValueError(f'line {number}: expected key = "value"')
         data[match[1]] = match[2]
     return data
 
@@ -183,9 +183,7 @@ class ApiClient:
         """A run's initial peers, or the orchestrator's own DHT addresses when ``name`` is None."""
         return self._json("GET", f"/runs/{name}/peers" if name else "/peers")
 
-    def download(
-        self, download_path: str, dest: Path, on_bytes: Callable[[int, int | None], None]
-    ) -> str:
+    def download(self, download_path: str, dest: Path, on_bytes: Callable[[int, int | None], None]) -> str:
         """Stream ``download_path`` (an API path) to ``dest`` atomically and return its SHA-256.
 
         ``on_bytes(received, total)`` is called per chunk. The bytes are checked against the server's
@@ -228,8 +226,10 @@ class ApiClient:
         try:
             body = response.json()
         except ValueError as exc:
-            raise CliError(f"{method} {path}: the server sent no JSON (is {self.connection.url} "
-                           "a spotswarm orchestrator?)") from exc
+            raise CliError(
+                f"{method} {path}: the server sent no JSON (is {self.connection.url} "
+                "a spotswarm orchestrator?)"
+            ) from exc
         return body if isinstance(body, dict) else {"items": body}
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -39,12 +39,19 @@ def api_command(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add ``--url``, ``--token``, ``--timeout`` and ``--json``; call ``func(ctx, **params)``."""
 
     @click.option(
-        "--url", metavar="URL", help="Orchestrator URL. Default: $SPOTSWARM_URL, config 'url', "
-        "http://127.0.0.1:8000."
+        "--url",
+        metavar="URL",
+        help="Orchestrator URL. Default: $SPOTSWARM_URL, config 'url', http://127.0.0.1:8000.",
     )
     @click.option("--token", metavar="TOKEN", help="Admin token. Default: $SPOTSWARM_TOKEN, config 'token'.")
-    @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True,
-                  help="Seconds to wait for each answer.")
+    @click.option(
+        "--timeout",
+        "timeout_s",
+        type=float,
+        default=10.0,
+        show_default=True,
+        help="Seconds to wait for each answer.",
+    )
     @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
     @functools.wraps(func)
     def wrapper(url: str | None, token: str | None, timeout_s: float, as_json: bool, **params: Any) -> None:

@@ -61,8 +61,12 @@ class HandWorker:
         """One heartbeat with a falling loss."""
         self.step += 1
         body = Heartbeat(
-            local_step=self.step, swarm_epoch=self.step // 4, samples=self.step * 32,
-            loss=2.0 * math.exp(-self.step / 20) + 0.1, samples_per_s=samples_per_s, num_peers=1,
+            local_step=self.step,
+            swarm_epoch=self.step // 4,
+            samples=self.step * 32,
+            loss=2.0 * math.exp(-self.step / 20) + 0.1,
+            samples_per_s=samples_per_s,
+            num_peers=1,
         )
         return self.client.heartbeat(self.worker_id, body)
 

@@ -30,8 +30,13 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 def spotswarm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The real console script, as a user runs it."""
     base = {"PATH": "/usr/bin:/bin", "SPOTSWARM_CONFIG": "/nonexistent/config.toml"}
-    return subprocess.run([str(VENV_BIN / "spotswarm"), *args], capture_output=True, text=True, timeout=30,
-                          env={**base, **(env or {})})
+    return subprocess.run(
+        [str(VENV_BIN / "spotswarm"), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**base, **(env or {})},
+    )
 
 
 def assert_one_line_error(stderr: str, *fragments: str) -> None:
@@ -63,8 +68,12 @@ def test_bad_token_is_exit_4_with_the_servers_detail(orch: Orchestrator) -> None
 
 @pytest.mark.timeout(30)
 def test_unknown_run_is_exit_5(orch: Orchestrator) -> None:
-    for args in (["runs", "show", "no-such-run"], ["workers", "list", "no-such-run"],
-                 ["checkpoints", "download", "no-such-run"], ["runs", "logs", "no-such-run"]):
+    for args in (
+        ["runs", "show", "no-such-run"],
+        ["workers", "list", "no-such-run"],
+        ["checkpoints", "download", "no-such-run"],
+        ["runs", "logs", "no-such-run"],
+    ):
         result = cli(orch, *args)
         assert result.exit_code == EXIT_NOT_FOUND, (args, result.output)
         assert_one_line_error(result.stderr, "404", "no-such-run")
@@ -72,8 +81,21 @@ def test_unknown_run_is_exit_5(orch: Orchestrator) -> None:
 
 @pytest.mark.timeout(30)
 def test_rejected_spec_and_conflicting_actions_are_one_line(orch: Orchestrator, tmp_path: Path) -> None:
-    bad = cli(orch, "runs", "create", "--name", "Bad Name", "--module", "x:Y", "--datamodule", "x:Z",
-              "--target-batch-size", "8", "--batch-size", "8")
+    bad = cli(
+        orch,
+        "runs",
+        "create",
+        "--name",
+        "Bad Name",
+        "--module",
+        "x:Y",
+        "--datamodule",
+        "x:Z",
+        "--target-batch-size",
+        "8",
+        "--batch-size",
+        "8",
+    )
     assert bad.exit_code == EXIT_ERROR
     assert_one_line_error(bad.stderr, "422", "name")
 

@@ -57,8 +57,21 @@ def test_create_from_yaml_file_with_flag_overrides(orch: Orchestrator, tmp_path:
         "target_batch_size: 64\nbatch_size: 8\nmin_workers: 0\nmax_workers: 4\ndesired_workers: 1\n"
         "module_args: {hidden: 3}\n"
     )
-    result = cli(orch, "runs", "create", "--file", str(spec), "--workers", "2", "--target-epochs", "7",
-                 "--module-arg", "hidden=5", "--datamodule-arg", "size=16")
+    result = cli(
+        orch,
+        "runs",
+        "create",
+        "--file",
+        str(spec),
+        "--workers",
+        "2",
+        "--target-epochs",
+        "7",
+        "--module-arg",
+        "hidden=5",
+        "--datamodule-arg",
+        "size=16",
+    )
     assert result.exit_code == 0, result.output
     assert "created run from-yaml" in result.stdout and "ssj_" in result.stdout
     run = api_run(orch, "from-yaml")
@@ -112,9 +125,22 @@ def test_logs_prints_history_and_follow_exits_when_the_run_ends(orch: Orchestrat
     assert history.exit_code == 0 and "run.created" in history.stdout
 
     follow = subprocess.Popen(
-        [str(VENV_BIN / "spotswarm"), "runs", "logs", "logged", "--follow", "--interval", "0.2", "--json",
-         "--url", orch.url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            str(VENV_BIN / "spotswarm"),
+            "runs",
+            "logs",
+            "logged",
+            "--follow",
+            "--interval",
+            "0.2",
+            "--json",
+            "--url",
+            orch.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         env={"PATH": "/usr/bin:/bin", "SPOTSWARM_CONFIG": "/nonexistent.toml"},
     )
     try:
