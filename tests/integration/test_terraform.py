@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.launchers.ec2_userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
 from tests.helpers import REPO_ROOT
@@ -95,3 +96,33 @@ def test_worker_template_renders_the_same_in_terraform_and_python(tmp_path: Path
     _run(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
     rendered = _run(["output", "-raw", "rendered"], tmp_path)
     assert rendered == expected
+
+
+@pytest.mark.timeout(60)
+def test_orchestrator_cloud_init_renders_valid_cloud_config(tmp_path: Path) -> None:
+    template = REPO_ROOT / "deploy" / "cloud-init" / "orchestrator.yaml"
+    env_b64 = base64.b64encode(b"SPOTSWARM_PORT=8000\n").decode()
+    (tmp_path / "main.tf").write_text(
+        'output "rendered" {\n'
+        f'  value = templatefile("{template}", {{ orchestrator_image = "reg.example/o:1", '
+        'postgres_image = "postgres:16.9-bookworm", data_volume_id = "vol-0123456789abcdef0", '
+        f'api_port = 8000, dht_port = 31330, env_file_b64 = "{env_b64}" }})\n'
+        "}\n"
+    )
+    _run(["init", "-input=false", "-no-color"], tmp_path)
+    _run(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
+    rendered = _run(["output", "-raw", "rendered"], tmp_path)
+
+    assert rendered.startswith("#cloud-config\n")
+    config = yaml.safe_load(rendered)
+    files = {f["path"]: f["content"] for f in config["write_files"]}
+    setup = files["/usr/local/bin/spotswarm-orchestrator-setup"]
+    assert "nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0" in setup
+    assert "SPOTSWARM_DHT_ANNOUNCE_MADDRS=/ip4/$ip/tcp/31330" in setup
+    (tmp_path / "setup.sh").write_text(setup)
+    subprocess.run(["bash", "-n", str(tmp_path / "setup.sh")], check=True, timeout=10)
+    orchestrator_unit = files["/etc/systemd/system/spotswarm-orchestrator.service"]
+    assert "--network host" in orchestrator_unit and "reg.example/o:1" in orchestrator_unit
+    assert "Requires=docker.service spotswarm-postgres.service" in orchestrator_unit
+    assert "postgres:16.9-bookworm" in files["/etc/systemd/system/spotswarm-postgres.service"]
+    assert base64.b64decode(files["/etc/spotswarm/orchestrator.env"]) == b"SPOTSWARM_PORT=8000\n"
