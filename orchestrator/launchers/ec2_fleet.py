@@ -108,8 +108,10 @@ def _price(value: Any) -> str | None:
 
 
 def _fallback(value: Any) -> int | None:
-    if value is None:
+    if value is None or value == "":
         return None
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise LauncherConfigError(f"on_demand_fallback_after {value!r} must be a whole number >= 0 or null")
     return value
