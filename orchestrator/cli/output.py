@@ -33,7 +33,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     for row in cells:
         for i, text in enumerate(row):
             widths[i] = max(widths[i], len(text))
-    numeric = [all(_is_number(row[i]) for row in rows) and bool(rows) for i in range(len(headers))]
+    numeric = [
+        any(_is_number(row[i]) for row in rows) and all(_is_number(row[i]) or row[i] is None for row in rows)
+        for i in range(len(headers))
+    ]
 
     def line(values: Sequence[str]) -> str:
         parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]

@@ -23,7 +23,7 @@ def _ended(worker: dict[str, Any]) -> str:
     if worker["state"] in LIVE_STATES:
         return "retiring" if worker.get("retire_requested_at") else "-"
     why = worker.get("exit_reason") or worker.get("state_reason") or ""
-    why = " ".join(why.split())
+    why = " ".join(why.split()).removeprefix(worker["state"] + ":").strip()
     return f"{worker['state']}: {why[:60]}" if why else worker["state"]
 
 

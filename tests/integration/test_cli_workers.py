@@ -57,7 +57,11 @@ def test_workers_list_shows_live_workers_and_how_others_ended(orch: Orchestrator
     assert lines[0].split()[:3] == ["ID", "STATE", "HANDLE"]
     row_a = next(line for line in lines if "host-a" in line)
     row_b = next(line for line in lines if "host-b" in line)
-    assert " running " in row_a and "interrupted: spot notice" in row_b
+    assert (
+        " running " in row_a
+        and "interrupted: spot notice" in row_b
+        and "interrupted: interrupted" not in row_b
+    )
     live = cli(orch, "workers", "list", "crew", "--live")
     assert "host-a" in live.stdout and "host-b" not in live.stdout
 

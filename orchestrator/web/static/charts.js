@@ -5,7 +5,7 @@
 // svg.dataset.points (what the browser test reads).
 
 const NS = "http://www.w3.org/2000/svg";
-const MARGIN = { left: 58, right: 14, top: 12, bottom: 26 };
+const MARGIN = { left: 58, right: 14, top: 22, bottom: 26 }; // the legend sits in the top margin
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 
 function svgEl(tag, attrs = {}, text) {
@@ -118,8 +118,8 @@ function drawLegend(svg, series, box) {
   let x = MARGIN.left + 8;
   series.forEach((s, i) => {
     const color = s.main ? "#111827" : PALETTE[i % PALETTE.length];
-    svg.append(svgEl("rect", { x, y: MARGIN.top + 2, width: 10, height: 3, fill: color }));
-    const label = svgEl("text", { x: x + 14, y: MARGIN.top + 7, class: "legend" }, s.name);
+    svg.append(svgEl("rect", { x, y: 6, width: 10, height: 3, fill: color }));
+    const label = svgEl("text", { x: x + 14, y: 11, class: "legend" }, s.name);
     svg.append(label);
     x += 24 + 7 * s.name.length;
     if (x > box.width - 80) x = box.width; // no room: drop the rest of the legend

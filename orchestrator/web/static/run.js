@@ -46,10 +46,15 @@ function renderRun(run) {
   document.getElementById("resume-button").hidden = !(run.state === "stopped" || run.state === "failed");
 }
 
+let seenCheckpoint;
+
 async function refreshRun() {
   try {
     state.run = await api(RUN_PATH);
     renderRun(state.run);
+    const latest = state.run.latest_checkpoint ? state.run.latest_checkpoint.epoch : null;
+    if (seenCheckpoint !== undefined && latest !== seenCheckpoint) checkpointsPoll.now(); // a new one: list it
+    seenCheckpoint = latest;
     status.ok();
   } catch (err) {
     status.failed(err);
@@ -95,14 +100,15 @@ document.getElementById("resume-button").addEventListener("click", () => {
 
 function ended(worker) {
   if (LIVE_WORKER_STATES.has(worker.state)) return worker.retire_requested_at ? "retiring" : "";
-  const why = (worker.exit_reason || worker.state_reason || "").replace(/\s+/g, " ").trim();
+  let why = (worker.exit_reason || worker.state_reason || "").replace(/\s+/g, " ").trim();
+  if (why.startsWith(worker.state + ":")) why = why.slice(worker.state.length + 1).trim();
   return why ? `${worker.state}: ${why.slice(0, 80)}` : worker.state;
 }
 
 function workerRow(w) {
   const heartbeat = ageSeconds(w.last_heartbeat_at);
   return el("tr", { "data-worker": w.id, "data-state": w.state },
-    el("td", {}, w.id + (w.checkpointer ? " ★" : "")),
+    el("td", { title: w.checkpointer ? "uploads the run's checkpoints" : null }, w.id + (w.checkpointer ? " ★" : "")),
     el("td", {}, el("span", { class: `state state-${w.state}` }, w.state)),
     el("td", { class: "mono" }, w.launcher_handle || "-"),
     el("td", {}, w.hostname || "-"),
@@ -275,9 +281,10 @@ document.getElementById("copy-peers").addEventListener("click", async (event) =>
 
 // -- start ---------------------------------------------------------------------------------------------
 
+const checkpointsPoll = poll(refreshCheckpoints, SLOW_MS);
 const polls = [
   poll(refreshRun, FAST_MS), poll(refreshWorkers, FAST_MS), poll(refreshEvents, FAST_MS),
-  poll(refreshProgress, PROGRESS_MS), poll(refreshCheckpoints, SLOW_MS), poll(refreshPeers, SLOW_MS),
+  poll(refreshProgress, PROGRESS_MS), checkpointsPoll, poll(refreshPeers, SLOW_MS),
 ];
 
 function refreshAll() {

