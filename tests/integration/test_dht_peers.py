@@ -1,0 +1,81 @@
+"""The orchestrator's DHT peer: plain hivemind peers meet through it, and it reads a run's swarm progress."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import hivemind
+import pytest
+from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from tests.helpers import ProcessRegistry, wait_until
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("dht")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+    finally:
+        registry.kill_all()
+
+
+def plain_peer(initial_peers: list[str], **kwargs: Any) -> hivemind.DHT:
+    return hivemind.DHT(
+        initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True, **kwargs
+    )
+
+
+@pytest.mark.timeout(120)
+def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchestrator) -> None:
+    peers = orch.peers()
+    assert peers and all(p.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in p for p in peers)
+    # Client-mode peers store nothing themselves: the record can only live on the orchestrator's peer.
+    writer = plain_peer(peers, client_mode=True)
+    reader = plain_peer(peers, client_mode=True)
+    try:
+        expiration = get_dht_time() + 60
+        assert writer.store("spotswarm-test-key", "hello", expiration)
+        found = wait_until(lambda: reader.get("spotswarm-test-key", latest=True), 30)
+        assert found.value == "hello"
+    finally:
+        writer.shutdown()
+        reader.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestrator) -> None:
+    with orch.admin() as http:
+        created = http.post("/api/v1/runs", json=run_spec("dht-progress", target_batch_size=100)).json()
+    swarm_id = created["swarm_id"]
+    assert created["swarm"] is None
+    peers = orch.peers()
+    dhts = [plain_peer(peers), plain_peer(peers)]
+    trackers = [
+        ProgressTracker(dht, swarm_id, 100, private_key=RSAPrivateKey(), metadata_expiration=30, start=True)
+        for dht in dhts
+    ]
+    try:
+        trackers[0].report_local_progress(local_epoch=3, samples_accumulated=24)
+        trackers[1].report_local_progress(local_epoch=3, samples_accumulated=16)
+
+        def swarm() -> dict[str, Any] | None:
+            with orch.client() as http:
+                progress = http.get("/api/v1/runs/dht-progress").json()["swarm"]
+            return progress if progress and progress["num_peers"] == 2 else None
+
+        progress = wait_until(swarm, 60, interval_s=0.5)
+        assert progress["epoch"] == 3 and progress["samples_accumulated"] == 40
+        assert progress["target_batch_size"] == 100 and progress["num_clients"] == 0
+    finally:
+        for tracker in trackers:
+            tracker.shutdown(timeout=5)
+        for dht in dhts:
+            dht.shutdown()

@@ -1,0 +1,264 @@
+"""Run and worker lifecycles (orchestrator/runs.py, workers.py) on a fresh SQLite database per test."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator import runs, workers
+from orchestrator.db.models import Event, Run, Worker
+from orchestrator.db.session import Database
+from orchestrator.errors import (
+    Conflict,
+    Forbidden,
+    IllegalTransition,
+    InvalidRequest,
+    RunExists,
+    RunNotAcceptingWorkers,
+    Unauthorized,
+)
+from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+_names = itertools.count()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'unit.db'}")
+    database.upgrade()
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def spec(**overrides: object) -> RunSpec:
+    values: dict[str, object] = {
+        "name": f"r{next(_names)}",
+        "module": "a.b:C",
+        "datamodule": "a.b:D",
+        "target_batch_size": 64,
+        "batch_size": 8,
+        "min_workers": 0,
+        "max_workers": 4,
+        "desired_workers": 2,
+    }
+    values.update(overrides)
+    return RunSpec.model_validate(values)
+
+
+def new_run(db: Database, **overrides: object) -> tuple[str, str]:
+    with db.begin() as session:
+        run, token = runs.create_run(session, spec(**overrides), T0)
+        return run.name, token
+
+
+def join(db: Database, token: str, at: datetime = T0, **body: object) -> int:
+    with db.begin() as session:
+        return workers.register_worker(session, token, WorkerRegister.model_validate(body), at).worker.id
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("old", "new"), list(itertools.product(RunState, RunState)))
+def test_run_transitions_follow_the_table(db: Database, old: RunState, new: RunState) -> None:
+    name, _ = new_run(db)
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        run.state = old.value
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        if old == new:
+            assert runs.set_run_state(session, run, new, "again", T0) is False
+        elif new in runs.RUN_TRANSITIONS[old]:
+            assert runs.set_run_state(session, run, new, "test", T0) is True
+            assert run.state == new.value and run.state_reason == "test"
+        else:
+            with pytest.raises(IllegalTransition):
+                runs.set_run_state(session, run, new, "test", T0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("old", "new"), list(itertools.product(WorkerState, WorkerState)))
+def test_worker_transitions_follow_the_table(db: Database, old: WorkerState, new: WorkerState) -> None:
+    name, _ = new_run(db)
+    with db.begin() as session:
+        worker = workers.create_launch_intent(session, runs.get_run(session, name), T0).worker
+        worker.state = old.value
+        worker_id = worker.id
+    with db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        if old == new:
+            assert runs.set_worker_state(session, worker, new, "again", T0) is False
+        elif new in runs.WORKER_TRANSITIONS[old]:
+            assert runs.set_worker_state(session, worker, new, "test", T0) is True
+            assert (worker.ended_at is not None) == (not runs.WORKER_TRANSITIONS[new])
+        else:
+            with pytest.raises(IllegalTransition):
+                runs.set_worker_state(session, worker, new, "test", T0)
+
+
+def test_finished_runs_and_ended_workers_are_final_or_resumable_only() -> None:
+    assert runs.RUN_TRANSITIONS[RunState.completed] == frozenset()
+    assert runs.RUN_TRANSITIONS[RunState.stopped] == {RunState.pending}
+    for state in (WorkerState.interrupted, WorkerState.exited, WorkerState.failed):
+        assert runs.WORKER_TRANSITIONS[state] == frozenset()
+
+
+@pytest.mark.timeout(30)
+def test_create_rejects_a_taken_name_and_stores_only_the_token_hash(db: Database) -> None:
+    name, token = new_run(db)
+    with db.begin() as session, pytest.raises(RunExists):
+        runs.create_run(session, spec(name=name), T0)
+    with db.read() as session:
+        run = runs.get_run(session, name)
+        assert token not in run.join_token_hash and len(run.join_token_hash) == 64
+        assert run.swarm_id.startswith(f"{name}-") and run.state == "pending"
+
+
+@pytest.mark.timeout(30)
+def test_launch_intent_is_written_before_launch_and_binds_registration(db: Database) -> None:
+    name, join_token = new_run(db)
+    with db.begin() as session:
+        intent = workers.create_launch_intent(session, runs.get_run(session, name), T0, {"zone": "z1"})
+        request_id, worker_id = intent.worker.request_id, intent.worker.id
+    with db.read() as session:  # committed, launching, before any launcher was called
+        row = runs.get_worker(session, worker_id)
+        assert row.state == "launching" and row.request_id == request_id and row.registered_at is None
+    assert join(db, join_token, request_id=request_id, hostname="h") == worker_id
+    with db.read() as session:
+        row = runs.get_worker(session, worker_id)
+        assert row.state == "running" and row.launch_details == {"zone": "z1"} and not row.manual
+        assert runs.get_run(session, name).state == "running"
+    assert join(db, join_token) != worker_id  # no request id: a new, manual worker
+
+
+@pytest.mark.timeout(30)
+def test_launch_token_registers_once_reissued_token_replaces_it(db: Database) -> None:
+    name, _ = new_run(db)
+    with db.begin() as session:
+        intent = workers.create_launch_intent(session, runs.get_run(session, name), T0)
+        worker = intent.worker
+        new_token = workers.reissue_launch_token(session, worker)
+    with pytest.raises(Unauthorized):
+        join(db, intent.token)
+    assert join(db, new_token) == worker.id
+    with db.begin() as session, pytest.raises(Conflict):
+        workers.reissue_launch_token(session, runs.get_worker(session, worker.id))
+
+
+@pytest.mark.timeout(30)
+def test_registration_is_refused_for_bad_tokens_foreign_requests_and_stopped_runs(db: Database) -> None:
+    name_a, token_a = new_run(db)
+    name_b, token_b = new_run(db)
+    with db.begin() as session:
+        request_b = workers.create_launch_intent(session, runs.get_run(session, name_b), T0).worker.request_id
+    with pytest.raises(Unauthorized):
+        join(db, "ssj_wrong")
+    with pytest.raises(Forbidden):
+        join(db, token_a, request_id=request_b)
+    with db.begin() as session:
+        runs.stop_run(session, runs.get_run(session, name_a), "test", T0)
+    with pytest.raises(RunNotAcceptingWorkers):
+        join(db, token_a)
+
+
+@pytest.mark.timeout(30)
+def test_stop_waits_for_live_workers_and_the_last_one_leaving_ends_the_run(db: Database) -> None:
+    name, token = new_run(db, stop={"target_samples": 100})
+    ids = [join(db, token), join(db, token)]
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        runs.stop_run(session, run, "test", T0)
+        assert run.state == "stopping" and run.stop_requested_at == T0
+    for worker_id, samples in zip(ids, (30, 80), strict=True):
+        with db.begin() as session:
+            worker = runs.get_worker(session, worker_id)
+            worker.samples = samples
+            workers.deregister_worker(session, worker, DeregisterReason.completed, None, T0)
+    with db.read() as session:
+        run = runs.get_run(session, name)
+        assert run.state == "completed" and run.finished_at == T0  # 110 samples >= target 100
+        kinds = session.scalars(select(Event.kind).where(Event.run_id == run.id)).all()
+    assert kinds.count("worker.state") == 2 and kinds.count("run.state") >= 3
+
+
+@pytest.mark.timeout(30)
+def test_stop_without_workers_stops_at_once_and_resume_resets(db: Database) -> None:
+    name, _ = new_run(db)
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        run.consecutive_start_failures = 3
+        runs.stop_run(session, run, "test", T0)
+        assert run.state == "stopped"
+        runs.stop_run(session, run, "again", T0)  # a no-op
+        runs.resume_run(session, run, T0)
+        assert run.state == "pending" and run.consecutive_start_failures == 0 and run.finished_at is None
+        with pytest.raises(IllegalTransition):
+            runs.resume_run(session, run, T0)
+        with pytest.raises(IllegalTransition):
+            runs.delete_run(session, run)
+
+
+@pytest.mark.timeout(30)
+def test_scale_checks_bounds_and_state(db: Database) -> None:
+    name, _ = new_run(db)
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        runs.scale_run(session, run, 4, T0)
+        with pytest.raises(InvalidRequest):
+            runs.scale_run(session, run, 5, T0)
+        with pytest.raises(InvalidRequest):
+            runs.scale_run(session, run, 1, T0, min_workers=3, max_workers=2)
+        runs.scale_run(session, run, 6, T0, max_workers=8)
+        assert (run.min_workers, run.desired_workers, run.max_workers) == (0, 6, 8)
+        runs.stop_run(session, run, "test", T0)
+        with pytest.raises(IllegalTransition):
+            runs.scale_run(session, run, 1, T0)
+
+
+@pytest.mark.timeout(30)
+def test_one_checkpointer_is_elected_and_replaced_when_it_goes(db: Database) -> None:
+    name, token = new_run(db)
+    first, second = join(db, token, T0), join(db, token, T0 + timedelta(seconds=1))
+    now = T0 + timedelta(seconds=5)
+    with db.begin() as session:
+        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == first
+        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == first  # stable
+    with db.begin() as session:
+        workers.request_retire(session, runs.get_worker(session, first), "scale down", now)
+        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == second
+    with db.begin() as session:
+        runs.set_worker_state(session, runs.get_worker(session, second), WorkerState.lost, "silent", now)
+        assert runs.get_run(session, name).checkpointer_worker_id is None
+        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) is None
+    late = T0 + timedelta(seconds=60)  # the retiring one is excluded, a silent one too
+    with db.begin() as session:
+        assert runs.elect_checkpointer(session, runs.get_run(session, name), late, 30) is None
+
+
+@pytest.mark.timeout(30)
+def test_delete_removes_everything_of_a_finished_run(db: Database) -> None:
+    name, token = new_run(db)
+    join(db, token)
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        runs.stop_run(session, run, "test", T0)
+        assert run.state == "stopping"
+        for worker in runs.live_workers(session, run.id):
+            runs.set_worker_state(session, worker, WorkerState.exited, "gone", T0)
+        assert run.state == "stopped"
+        assert runs.delete_run(session, run) == []
+    with db.read() as session:
+        assert session.scalars(select(Run)).all() == []
+        assert session.scalars(select(Worker)).all() == []
+        assert session.scalars(select(Event)).all() == []
+
+
+def test_stop_condition_model_is_shared_with_the_wire_format() -> None:
+    assert StopCondition().target_epochs is None and spec().stop == StopCondition()
