@@ -66,10 +66,10 @@ def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestra
         trackers[0].report_local_progress(local_epoch=3, samples_accumulated=24)
         trackers[1].report_local_progress(local_epoch=3, samples_accumulated=16)
 
-        def swarm() -> dict[str, Any] | None:
+        def swarm() -> dict[str, Any]:
             with orch.client() as http:
                 progress = http.get("/api/v1/runs/dht-progress").json()["swarm"]
-            return progress if progress and progress["num_peers"] == 2 else None
+            return dict(progress) if progress and progress["num_peers"] == 2 else {}
 
         progress = wait_until(swarm, 60, interval_s=0.5)
         assert progress["epoch"] == 3 and progress["samples_accumulated"] == 40
