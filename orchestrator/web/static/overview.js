@@ -12,6 +12,7 @@ const PAGE_SIZE = 200;
 
 const costs = new Map(); // run name -> cost in USD or null
 let lastRuns = [];
+let totalRuns = 0;
 const status = freshness();
 
 function row(run) {
@@ -33,12 +34,16 @@ function row(run) {
 function render() {
   document.querySelector("#runs tbody").replaceChildren(...lastRuns.map(row));
   document.getElementById("empty").hidden = lastRuns.length > 0;
+  const more = document.getElementById("more");
+  more.hidden = totalRuns <= lastRuns.length;
+  more.textContent = `The ${lastRuns.length} newest of ${totalRuns} runs; \`spotswarm runs list --limit N\` lists more.`;
 }
 
 async function refreshRuns() {
   try {
     const page = await api(`/runs?limit=${PAGE_SIZE}`);
     lastRuns = page.items;
+    totalRuns = page.total;
     render();
     status.ok();
   } catch (err) {
