@@ -39,6 +39,9 @@ TEST_ENV: dict[str, str] = {
     "SPOTSWARM_LOG_LEVEL": "info",
 }
 
+# For tests that join workers by hand: no reconcile loop (it would launch real workers for their runs).
+NO_RECONCILE: dict[str, str] = {"SPOTSWARM_RECONCILE": "false"}
+
 
 @dataclass
 class Orchestrator:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
 
 _names = itertools.count()
@@ -28,7 +28,7 @@ def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     registry = ProcessRegistry(root)
     try:
         yield start_orchestrator(
-            registry, root / "data", db_url, extra_env={"SPOTSWARM_MAX_BODY_BYTES": "65536"}
+            registry, root / "data", db_url, extra_env={**NO_RECONCILE, "SPOTSWARM_MAX_BODY_BYTES": "65536"}
         )
     finally:
         registry.kill_all()
@@ -258,7 +258,7 @@ def test_private_reads_need_the_admin_token(processes: ProcessRegistry, tmp_path
     orch = start_orchestrator(
         processes,
         tmp_path / "data",
-        extra_env={"SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_CHECK_IMPORTS": "false"},
+        extra_env={**NO_RECONCILE, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_CHECK_IMPORTS": "false"},
     )
     created = create(orch, "private")
     for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:

@@ -13,7 +13,7 @@ from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
 from worker.wire import CHECKSUM_HEADER
 
@@ -30,6 +30,7 @@ def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         db_url = cluster.create_database(f"api_workers_{root.name.replace('-', '_')}")
     registry = ProcessRegistry(root)
     env = {
+        **NO_RECONCILE,
         "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
         "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "4",
         "SPOTSWARM_CHECK_IMPORTS": "false",  # covered by test_api_runs; saves the probe's start-up

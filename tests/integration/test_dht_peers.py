@@ -12,7 +12,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 
 pytestmark = pytest.mark.swarm
 
@@ -22,7 +22,9 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("dht")
     registry = ProcessRegistry(root)
     try:
-        yield start_orchestrator(registry, root / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+        yield start_orchestrator(
+            registry, root / "data", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+        )
     finally:
         registry.kill_all()
 

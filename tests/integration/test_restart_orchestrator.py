@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from worker.wire import CHECKSUM_HEADER
 
-ENV = {"SPOTSWARM_CHECK_IMPORTS": "false"}
+ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
 
 
 def snapshot(orch: Orchestrator, name: str) -> dict[str, Any]:
