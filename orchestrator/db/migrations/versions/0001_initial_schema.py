@@ -26,6 +26,12 @@ def _run_fk(table: str) -> sa.Column:
 
 
 def upgrade() -> None:
+    _create_runs()
+    _create_workers()
+    _create_history()
+
+
+def _create_runs() -> None:
     op.create_table(
         "runs",
         sa.Column("id", sa.Integer(), primary_key=True),
@@ -63,6 +69,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("join_token_hash", name="uq_runs_join_token_hash"),
     )
     op.create_index("ix_runs_state", "runs", ["state"])
+
+
+def _create_workers() -> None:
     op.create_table(
         "workers",
         sa.Column("id", sa.Integer(), primary_key=True),
@@ -94,6 +103,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("token_hash", name="uq_workers_token_hash"),
     )
     op.create_index("ix_workers_run_id_state", "workers", ["run_id", "state"])
+
+
+def _create_history() -> None:
     op.create_table(
         "progress_samples",
         sa.Column("id", sa.Integer(), primary_key=True),
