@@ -79,6 +79,7 @@ class HeartbeatHub:
         self._workers: dict[int, WorkerEntry] = {}
         self._runs: dict[int, RunEntry] = {}
         self._last_sample_at: dict[int, datetime] = {}
+        self._started_at = clock()
 
     # -- the hot path (memory only) ----------------------------------------------------------------
 
@@ -210,9 +211,14 @@ class HeartbeatHub:
         return revived
 
     def _elect(self, session: Session, now: datetime) -> None:
-        """Re-elect only where the cached checkpointer is missing, ended, retiring or silent."""
+        """Re-elect only where the cached checkpointer is missing, ended, retiring or silent.
+
+        Silence is not held against anyone during the first heartbeat timeout after start-up: workers
+        could not reach a stopped orchestrator.
+        """
         timeout_s = self._settings.heartbeat_timeout_s
         fresh_after = now - timedelta(seconds=timeout_s)
+        in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         with self._lock:
             can_checkpoint = {
                 w.run_id
@@ -229,8 +235,7 @@ class HeartbeatHub:
                     current is not None
                     and current.state == WorkerState.running.value
                     and not current.retiring
-                    and current.last_seen is not None
-                    and current.last_seen >= fresh_after
+                    and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
                 )
                 if not healthy and (entry.checkpointer_id is not None or entry.run_id in can_checkpoint):
                     need.append(entry.run_id)
