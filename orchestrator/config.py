@@ -96,7 +96,72 @@ class Settings(BaseSettings):
         default="info", pattern=r"^(debug|info|warning|error)$", description="Log level of the server."
     )
 
-    @field_validator("dht_host_maddrs", "dht_announce_maddrs", mode="before")
+    # The reconcile loop -------------------------------------------------------------------------------
+    public_url: str | None = Field(
+        default=None,
+        description="URL workers reach the API at (e.g. http://10.0.0.5:8000). Default: from host and port.",
+    )
+    reconcile: bool = Field(
+        default=True, description="Run the reconcile loop that launches and replaces workers."
+    )
+    reconcile_interval_s: float = Field(
+        default=2.0, gt=0, le=600, description="Seconds between reconcile ticks."
+    )
+    launch_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        le=86400,
+        description="A launched worker that has not registered by then has failed.",
+    )
+    retire_grace_s: float = Field(
+        default=30.0, ge=0, le=3600, description="Seconds a worker told to leave has before it is terminated."
+    )
+    launch_backoff_base_s: float = Field(
+        default=2.0, gt=0, le=3600, description="First delay after a start-up failure; doubles per failure."
+    )
+    launch_backoff_cap_s: float = Field(
+        default=120.0, gt=0, le=86400, description="Longest delay between launches after start-up failures."
+    )
+    max_start_failures: int = Field(
+        default=5, ge=1, le=1000, description="Start-up failures in a row after which a run is marked failed."
+    )
+    # AWS (the ec2 launcher and S3 checkpoints; the Terraform module sets these) -----------------------
+    ec2_launch_template: str | None = Field(
+        default=None, description="Worker launch template name or id; setting it enables the ec2 launcher."
+    )
+    ec2_orchestrator_id: str = Field(
+        default="spotswarm", description="Value of the spotswarm:orchestrator tag on every instance launched."
+    )
+    ec2_region: str | None = Field(default=None, description="AWS region of the ec2 launcher.")
+    ec2_endpoint_url: str | None = Field(
+        default=None, description="EC2 API endpoint (tests point it at moto)."
+    )
+    ec2_worker_image: str = Field(
+        default="spotswarm-worker:latest", description="Container image the worker user data starts."
+    )
+    ec2_instance_types: MaddrList = Field(
+        default_factory=list, description="Comma-separated default instance types (a run's options override)."
+    )
+    ec2_subnet_ids: MaddrList = Field(
+        default_factory=list, description="Comma-separated default subnets, one per zone to spread over."
+    )
+    ec2_max_price: str | None = Field(default=None, description="Default spot max price in USD per hour.")
+    ec2_on_demand_fallback_after: int | None = Field(
+        default=None, ge=1, description="Spot failures in a row after which a run falls back to on-demand."
+    )
+    ec2_user_data_template: Path | None = Field(
+        default=None, description="Worker cloud-init template. Default: deploy/cloud-init/worker.yaml."
+    )
+    s3_bucket: str | None = Field(
+        default=None, description="S3 bucket for checkpoints; unset: local directory."
+    )
+    s3_prefix: str = Field(default="spotswarm", description="Key prefix of checkpoints in the bucket.")
+    s3_region: str | None = Field(default=None, description="Region of the bucket (default: ec2_region).")
+    s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (tests point it at moto).")
+
+    @field_validator(
+        "dht_host_maddrs", "dht_announce_maddrs", "ec2_instance_types", "ec2_subnet_ids", mode="before"
+    )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -70,7 +70,10 @@ class ImportChecker:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.import_probe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-m", "orchestrator.import_probe"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
         )
         self._proc = proc
         assert proc.stdout is not None

@@ -12,13 +12,12 @@ Each tick has three steps:
    orchestrator process launches those once (launchers are idempotent by request id).
 
 The loop never raises into its caller: a failed tick is logged and counted, and the next tick tries
-again. Launcher calls block (boto3, process spawning), so :meth:`Reconciler.run` runs ticks in a
+again. Launcher calls block (boto3, process spawning), so :func:`reconciler_service` runs ticks in a
 worker thread and the API's event loop never waits on them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator import runs, workers
 from orchestrator.clock import Clock
+from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.errors import IllegalTransition, ServiceError
@@ -80,7 +80,6 @@ class Reconciler:
         policy: ReconcilePolicy,
         clock: Clock,
         swarm_epoch: SwarmEpochReader | None = None,
-        tick_interval_s: float = 2.0,
     ) -> None:
         self.db = db
         self.launchers = dict(launchers)
@@ -88,24 +87,12 @@ class Reconciler:
         self.policy = policy
         self.clock = clock
         self.swarm_epoch = swarm_epoch or (lambda _swarm_id: None)
-        self.tick_interval_s = tick_interval_s
         self.started_at = clock()
         self.ticks = 0
         self.errors = 0
         self.last_tick: TickStats | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Tick every ``tick_interval_s`` until ``stop`` is set."""
-        logger.info("reconcile loop started (every %.1f s)", self.tick_interval_s)
-        while not stop.is_set():
-            self.last_tick = await asyncio.to_thread(self.tick)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.tick_interval_s)
-            except asyncio.TimeoutError:
-                pass
-        logger.info("reconcile loop stopped")
 
     def tick(self) -> TickStats:
         """One observe-decide-act round; failures are logged and returned, never raised."""
@@ -341,3 +328,36 @@ def _worker_view(worker: Worker) -> WorkerView:
 
 def _failure_view(failure: LaunchFailure) -> FailureView:
     return FailureView(failure.request_id, failure.reason, failure.retryable)
+
+
+class ReconcilerService:
+    """The reconciler as a background service of the app: ticks in a thread, closes launchers at stop."""
+
+    name = "reconciler"
+
+    def __init__(self, reconciler: Reconciler, tick_interval_s: float) -> None:
+        self.reconciler = reconciler
+        self._periodic = PeriodicService(self.name, tick_interval_s, reconciler.tick)
+
+    async def start(self) -> None:
+        logger.info("reconcile loop started with launchers: %s", ", ".join(self.reconciler.launchers))
+        await self._periodic.start()
+
+    async def stop(self) -> None:
+        await self._periodic.stop()
+        for launcher in self.reconciler.launchers.values():
+            launcher.close()  # workers keep running: they outlive an orchestrator restart
+
+
+def reconciler_service(api_url: str, policy: ReconcilePolicy, tick_interval_s: float) -> ServiceFactory:
+    """A factory for ``create_app(services=[...])``: the loop over the app's database and launchers."""
+
+    def make(ctx: AppContext) -> BackgroundService:
+        def swarm_epoch(swarm_id: str) -> int | None:
+            progress = ctx.swarm.get(swarm_id)
+            return progress.epoch if progress is not None else None
+
+        reconciler = Reconciler(ctx.db, ctx.launchers, api_url, policy, ctx.clock, swarm_epoch)
+        return ReconcilerService(reconciler, tick_interval_s)
+
+    return make

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.checkpoints import checkpoints
+from orchestrator.cli.demo import demo
 from orchestrator.cli.peers import peers
 from orchestrator.cli.runs import runs
 from orchestrator.cli.serve import db, serve
@@ -19,5 +20,6 @@ def main() -> None:
 
 main.add_command(serve)
 main.add_command(db)
+main.add_command(demo)
 for _client_command in (runs, workers, checkpoints, peers):
     main.add_command(_client_command)

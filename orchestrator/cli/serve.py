@@ -72,11 +72,11 @@ def serve(**options: Any) -> None:
     """Run the orchestrator: REST API, DHT peer and background services."""
     import uvicorn
 
-    from orchestrator.app import create_app
+    from orchestrator.assembly import build_app
 
     settings = build_settings(options)
     _configure_logging(settings.log_level)
-    app = create_app(settings)
+    app = build_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -1,0 +1,184 @@
+"""``spotswarm demo``: the orchestrator with a local run of the digits example, until Ctrl-C.
+
+It is ``spotswarm serve`` with demo defaults (SQLite in ``data/demo``, short heartbeats, the local
+launcher) plus a client that creates (or resumes) the run ``digits-demo`` through the REST API, prints
+where to look, and reports progress every few seconds. Ctrl-C stops the run (its workers leave the
+swarm and deregister), then the server.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+DEMO_RUN = "digits-demo"
+STOP_WAIT_S = 60.0
+
+
+def demo_spec(workers: int) -> dict[str, Any]:
+    """The demo run: digits on 2 CPU workers, short hivemind timeouts for a one-machine swarm."""
+    return {
+        "name": DEMO_RUN,
+        "module": "worker.examples.digits:DigitsModule",
+        "module_args": {"hidden": 64, "lr": 0.05},
+        "datamodule": "worker.examples.digits:DigitsDataModule",
+        "target_batch_size": 256,
+        "batch_size": 32,
+        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
+        "min_workers": 0,
+        "max_workers": max(8, workers),
+        "desired_workers": workers,
+        "checkpoint_every_epochs": 10,
+        "keep_checkpoints": 3,
+        "launcher": "local",
+    }
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data/demo"), show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True, help="HTTP port of the orchestrator.")
+@click.option("--dht-port", type=int, default=31337, show_default=True, help="TCP port of its DHT peer.")
+@click.option("--workers", type=click.IntRange(1, 8), default=2, show_default=True)
+def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
+    """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
+    import uvicorn
+
+    from orchestrator.assembly import build_app
+    from orchestrator.cli.serve import _configure_logging
+    from orchestrator.config import Settings, ensure_admin_token
+
+    for what, number in (("--port", port), ("--dht-port", dht_port)):
+        if not _port_free("127.0.0.1", number):
+            raise click.ClickException(f"port {number} is in use; pick another with {what}")
+    settings = Settings(
+        host="127.0.0.1",
+        port=port,
+        data_dir=data_dir,
+        dht_port=dht_port,
+        dht_host_maddrs=[f"/ip4/127.0.0.1/tcp/{dht_port}"],
+        heartbeat_interval_s=2.0,
+        heartbeat_timeout_s=30.0,
+        dht_refresh_interval_s=2.0,
+        progress_sample_interval_s=2.0,
+        log_level="warning",
+    )
+    _configure_logging(settings.log_level)
+    admin_token, _ = ensure_admin_token(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
+    interrupted = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+    try:
+        _wait_ready(server, thread)
+        _ensure_run(client, workers)
+        _banner(base, client, admin_token, settings.data_dir)
+        _follow(client, interrupted)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("\nstopping the demo run (workers leave the swarm)...")
+        _stop_run(client)
+        server.should_exit = True
+        thread.join(timeout=30)
+        client.close()
+        click.echo("stopped.")
+
+
+def _wait_ready(server: Any, thread: threading.Thread, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise click.ClickException("the orchestrator failed to start; see the log above")
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"the orchestrator did not start within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def _ensure_run(client: httpx.Client, workers: int) -> None:
+    """Create the demo run, or resume it (and set its worker count) when it exists from a last demo."""
+    response = client.post("/api/v1/runs", json=demo_spec(workers))
+    if response.status_code == 201:
+        return
+    if response.status_code != 409:
+        raise click.ClickException(f"creating the demo run failed: {response.status_code} {response.text}")
+    state = client.get(f"/api/v1/runs/{DEMO_RUN}").json()["state"]
+    if state in ("stopped", "failed", "completed"):
+        if state == "completed":
+            client.delete(f"/api/v1/runs/{DEMO_RUN}").raise_for_status()
+            client.post("/api/v1/runs", json=demo_spec(workers)).raise_for_status()
+            return
+        client.post(f"/api/v1/runs/{DEMO_RUN}/resume").raise_for_status()
+    client.post(f"/api/v1/runs/{DEMO_RUN}/scale", json={"desired_workers": workers})
+
+
+def _banner(base: str, client: httpx.Client, admin_token: str, data_dir: Path) -> None:
+    peers = client.get("/api/v1/peers").json().get("initial_peers", [])
+    click.echo(
+        f"\nspotswarm demo is running: run '{DEMO_RUN}', digits on local workers\n"
+        f"  status page : {base}/\n"
+        f"  run page    : {base}/runs/{DEMO_RUN}\n"
+        f"  API docs    : {base}/docs\n"
+        f"  admin token : {admin_token}  (for the page's scale/stop buttons and the CLI)\n"
+        f"  CLI         : SPOTSWARM_URL={base} SPOTSWARM_TOKEN=<admin token> spotswarm runs show {DEMO_RUN}\n"
+        f"  peers       : INITIAL_PEERS={','.join(peers)}\n"
+        f"  data        : {data_dir}/ (SQLite, checkpoints, worker logs in workers/)\n"
+        "Press Ctrl-C to stop.\n"
+    )
+
+
+def _follow(client: httpx.Client, interrupted: threading.Event, every_s: float = 5.0) -> None:
+    """Print one progress line every few seconds until Ctrl-C or SIGTERM."""
+    first_loss: float | None = None
+    while not interrupted.wait(every_s):
+        try:
+            run = client.get(f"/api/v1/runs/{DEMO_RUN}").json()
+        except httpx.HTTPError as exc:
+            click.echo(f"  (status unavailable: {exc})")
+            continue
+        reported, counts = run["reported"], run["workers"]
+        loss = reported.get("loss")
+        if loss is not None and first_loss is None:
+            first_loss = loss
+        loss_text = (
+            "-" if loss is None else f"{loss:.3f}" + (f" (from {first_loss:.3f})" if first_loss else "")
+        )
+        click.echo(
+            f"  {time.strftime('%H:%M:%S')} {run['state']:<9} workers {counts['running']}/{counts['desired']}"
+            f"  swarm epoch {reported['swarm_epoch']:<5} loss {loss_text:<22}"
+            f" {reported['samples_per_s']:.0f} samples/s"
+        )
+
+
+def _stop_run(client: httpx.Client) -> None:
+    try:
+        client.post(f"/api/v1/runs/{DEMO_RUN}/stop", json={"reason": "demo ended (Ctrl-C)"})
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            if client.get(f"/api/v1/runs/{DEMO_RUN}").json()["state"] in ("stopped", "completed", "failed"):
+                return
+            time.sleep(0.5)
+        click.echo(f"  workers did not all leave within {STOP_WAIT_S:.0f} s; they are terminated")
+    except httpx.HTTPError as exc:
+        click.echo(f"  could not stop the run cleanly: {exc}")
