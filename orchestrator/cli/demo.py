@@ -8,15 +8,17 @@ swarm and deregister), then the server.
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
 import httpx
+import uvicorn
 
 DEMO_RUN = "digits-demo"
 STOP_WAIT_S = 60.0
@@ -58,8 +60,6 @@ def _port_free(host: str, port: int) -> bool:
 @click.option("--workers", type=click.IntRange(1, 8), default=2, show_default=True)
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
-    import uvicorn
-
     from orchestrator.assembly import build_app
     from orchestrator.cli.serve import _configure_logging
     from orchestrator.config import Settings, ensure_admin_token
@@ -81,35 +81,65 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     )
     _configure_logging(settings.log_level)
     admin_token, _ = ensure_admin_token(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
-    interrupted = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: interrupted.set())
+    config = uvicorn.Config(
+        build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
+    )
+    server = _DemoServer(config, on_exit=lambda: _stop_run(client))
+    driver = threading.Thread(
+        target=_drive,
+        args=(server, client, workers, admin_token, settings.data_dir),
+        name="demo",
+        daemon=True,
+    )
+    driver.start()
     try:
-        _wait_ready(server, thread)
-        _ensure_run(client, workers)
-        _banner(base, client, admin_token, settings.data_dir)
-        _follow(client, interrupted)
-    except KeyboardInterrupt:
-        pass
+        server.run()  # in the main thread: uvicorn handles Ctrl-C and SIGTERM (see _DemoServer)
     finally:
-        click.echo("\nstopping the demo run (workers leave the swarm)...")
-        _stop_run(client)
-        server.should_exit = True
-        thread.join(timeout=30)
         client.close()
-        click.echo("stopped.")
+    if not server.started:
+        raise click.ClickException("the orchestrator failed to start; see the log above")
+    click.echo("stopped.")
 
 
-def _wait_ready(server: Any, thread: threading.Thread, timeout_s: float = 120.0) -> None:
+class _DemoServer(uvicorn.Server):
+    """A uvicorn server whose first Ctrl-C stops the demo run (workers leave cleanly), then the server."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+        self.stopping = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopping or not self.started:
+            super().handle_exit(sig, frame)  # a second Ctrl-C: stop now
+            return
+        self.stopping = True
+        click.echo("\nstopping the demo run (workers leave the swarm; Ctrl-C again to force)...")
+        threading.Thread(target=self._stop_then_exit, name="demo-stop", daemon=True).start()
+
+    def _stop_then_exit(self) -> None:
+        self.on_exit()
+        self.should_exit = True
+
+
+def _drive(server: Any, client: httpx.Client, workers: int, admin_token: str, data_dir: Path) -> None:
+    """Create or resume the demo run once the server is up, then print progress until it stops."""
+    try:
+        _wait_ready(server)
+        _ensure_run(client, workers)
+        _banner(str(client.base_url).rstrip("/"), client, admin_token, data_dir)
+        _follow(client, server)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        server.should_exit = True
+
+
+def _wait_ready(server: Any, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not server.started:
-        if not thread.is_alive():
+        if server.should_exit:
             raise click.ClickException("the orchestrator failed to start; see the log above")
         if time.monotonic() > deadline:
             raise click.ClickException(f"the orchestrator did not start within {timeout_s:.0f} s")
@@ -148,12 +178,19 @@ def _banner(base: str, client: httpx.Client, admin_token: str, data_dir: Path) -
     )
 
 
-def _follow(client: httpx.Client, interrupted: threading.Event, every_s: float = 5.0) -> None:
+def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:
     """Print one progress line every few seconds until Ctrl-C or SIGTERM."""
     first_loss: float | None = None
-    while not interrupted.wait(every_s):
+    while True:
+        deadline = time.monotonic() + every_s
+        while time.monotonic() < deadline:
+            if server.stopping or server.should_exit:
+                return
+            time.sleep(0.2)
         try:
-            run = client.get(f"/api/v1/runs/{DEMO_RUN}").json()
+            response = client.get(f"/api/v1/runs/{DEMO_RUN}")
+            response.raise_for_status()
+            run = response.json()
         except httpx.HTTPError as exc:
             click.echo(f"  (status unavailable: {exc})")
             continue
@@ -172,13 +209,15 @@ def _follow(client: httpx.Client, interrupted: threading.Event, every_s: float =
 
 
 def _stop_run(client: httpx.Client) -> None:
+    """Stop the demo run and wait (bounded) until its workers have left."""
     try:
         client.post(f"/api/v1/runs/{DEMO_RUN}/stop", json={"reason": "demo ended (Ctrl-C)"})
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            if client.get(f"/api/v1/runs/{DEMO_RUN}").json()["state"] in ("stopped", "completed", "failed"):
+            response = client.get(f"/api/v1/runs/{DEMO_RUN}")
+            if response.is_success and response.json()["state"] in ("stopped", "completed", "failed"):
                 return
             time.sleep(0.5)
-        click.echo(f"  workers did not all leave within {STOP_WAIT_S:.0f} s; they are terminated")
+        click.echo(f"  workers did not all leave within {STOP_WAIT_S:.0f} s; stopping anyway")
     except httpx.HTTPError as exc:
         click.echo(f"  could not stop the run cleanly: {exc}")
