@@ -134,6 +134,9 @@ def _drive(server: Any, client: httpx.Client, workers: int, admin_token: str, da
     except click.ClickException as exc:
         click.echo(f"error: {exc.message}", err=True)
         server.should_exit = True
+    except httpx.HTTPError as exc:
+        click.echo(f"error: the orchestrator did not answer: {exc!r}", err=True)
+        server.should_exit = True
 
 
 def _wait_ready(server: Any, timeout_s: float = 120.0) -> None:
@@ -148,7 +151,8 @@ def _wait_ready(server: Any, timeout_s: float = 120.0) -> None:
 
 def _ensure_run(client: httpx.Client, workers: int) -> None:
     """Create the demo run, or resume it (and set its worker count) when it exists from a last demo."""
-    response = client.post("/api/v1/runs", json=demo_spec(workers))
+    # The first create imports the example in a probe process: allow for a slow, busy machine.
+    response = client.post("/api/v1/runs", json=demo_spec(workers), timeout=180)
     if response.status_code == 201:
         return
     if response.status_code != 409:
