@@ -1,0 +1,120 @@
+"""Shared pieces of the end-to-end run tests: an orchestrator with the reconcile loop on, the digits run,
+and small readers of the API that the tests wait on."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.helpers import ProcessRegistry
+from tests.orchestrator_fixture import Orchestrator, start_orchestrator
+
+# The reconcile loop on a short time scale (production: 2 s ticks, 30 s heartbeat timeout, 180 s launch).
+LOOP_ENV: dict[str, str] = {
+    "SPOTSWARM_RECONCILE": "true",
+    "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",
+    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "12",
+    "SPOTSWARM_LAUNCH_TIMEOUT_S": "150",
+    "SPOTSWARM_RETIRE_GRACE_S": "20",
+    "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "0.5",
+    "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": "2",
+}
+
+
+def start_loop_orchestrator(
+    processes: ProcessRegistry, data_dir: Path, extra_env: dict[str, str] | None = None, **kwargs: Any
+) -> Orchestrator:
+    """A real `spotswarm serve` with the reconcile loop and the local launcher."""
+    return start_orchestrator(processes, data_dir, extra_env={**LOOP_ENV, **(extra_env or {})}, **kwargs)
+
+
+def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
+    """A run of the digits example sized for two CPU workers on a busy 2-core machine."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "module": "worker.examples.digits:DigitsModule",
+        "module_args": {"hidden": 32, "lr": 0.05},
+        "datamodule": "worker.examples.digits:DigitsDataModule",
+        "target_batch_size": 128,
+        "batch_size": 32,
+        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
+        "min_workers": 0,
+        "max_workers": 4,
+        "desired_workers": 2,
+        "checkpoint_every_epochs": 2,
+        "keep_checkpoints": 3,
+    }
+    spec.update(overrides)
+    return spec
+
+
+class RunReader:
+    """Reads one run through the API (no admin rights needed: reads are public by default)."""
+
+    def __init__(self, orch: Orchestrator, name: str) -> None:
+        self.orch = orch
+        self.name = name
+
+    def _get(self, path: str) -> Any:
+        with self.orch.client(timeout_s=15) as http:
+            response = http.get(f"/api/v1/runs/{self.name}{path}")
+            response.raise_for_status()
+            return response.json()
+
+    def run(self) -> dict[str, Any]:
+        return self._get("")  # type: ignore[no-any-return]
+
+    def workers(self) -> list[dict[str, Any]]:
+        return list(self._get("/workers?limit=500")["items"])
+
+    def running(self) -> list[dict[str, Any]]:
+        return [w for w in self.workers() if w["state"] == "running" and w["registered_at"]]
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(self._get("/events?limit=1000")["items"])
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return list(self._get("/checkpoints")["items"])
+
+    def epoch(self) -> int:
+        return int(self.run()["reported"]["swarm_epoch"])
+
+
+def admin_post(orch: Orchestrator, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    with orch.admin() as http:
+        response = http.post(path, json=body or {}, timeout=180)
+    response.raise_for_status()
+    return response
+
+
+def kill_worker(worker: dict[str, Any]) -> None:
+    """``kill -9`` a local worker's whole process group (its handle is the group leader's PID)."""
+    pid = int(worker["launcher_handle"])
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_local_workers(data_dir: Path) -> None:
+    """Kill (by PID, group-wise) every worker the local launcher started under ``data_dir``.
+
+    Workers run in their own sessions so that they outlive an orchestrator restart; a test therefore
+    kills them itself, from the launcher's state files, when it ends.
+    """
+    import json
+
+    for state in (data_dir / "launcher-local").glob("*.json"):
+        try:
+            pid = json.loads(state.read_text()).get("pid")
+        except (OSError, ValueError):
+            continue
+        if pid:
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

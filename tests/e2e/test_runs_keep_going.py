@@ -1,0 +1,134 @@
+"""A run is started once and the system keeps it training through churn, scaling, total loss and an
+orchestrator crash: real `spotswarm serve`, real reconcile loop, real local worker processes and DHT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.runs_support import (
+    RunReader,
+    admin_post,
+    digits_run,
+    kill_worker,
+    start_loop_orchestrator,
+)
+from tests.helpers import ProcessRegistry, wait_until
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
+
+
+def _first_loss(reader: RunReader) -> float:
+    with reader.orch.client() as http:
+        points = http.get(f"/api/v1/runs/{reader.name}/progress?max_points=500").json()["points"]
+    losses = [p["loss"] for p in points if p["loss"] is not None]
+    assert losses, "no loss was ever reported"
+    return float(losses[0])
+
+
+@pytest.mark.timeout(600)
+def test_run_survives_churn_and_scaling_then_completes(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir)
+    admin_post(orch, "/api/v1/runs", digits_run("churn", stop={"target_epochs": 14}))
+    reader = RunReader(orch, "churn")
+    wait_until(
+        lambda: len(reader.running()) == 2 and reader.epoch() >= 2, BOOT_S, message="2 workers, epoch 2"
+    )
+    start_loss = _first_loss(reader)
+
+    victim = reader.running()[0]
+    kill_worker(victim)
+    wait_until(
+        lambda: next(w for w in reader.workers() if w["id"] == victim["id"])["state"] == "lost",
+        60,
+        message="the killed worker is marked lost",
+    )
+    wait_until(
+        lambda: len([w for w in reader.running() if w["id"] != victim["id"]]) == 2,
+        BOOT_S,
+        message="a replacement registered",
+    )
+
+    admin_post(orch, "/api/v1/runs/churn/scale", {"desired_workers": 3})
+    wait_until(lambda: len(reader.running()) == 3, BOOT_S, message="scaled up to 3 running workers")
+    admin_post(orch, "/api/v1/runs/churn/scale", {"desired_workers": 2})
+    wait_until(
+        lambda: any(w["state"] == "exited" for w in reader.workers()) and len(reader.running()) == 2,
+        90,
+        message="one worker retired by the scale-down",
+    )
+
+    final = wait_until(
+        lambda: (run := reader.run())["state"] in ("completed", "failed") and run,
+        400,
+        message="the run reaches its stop condition",
+    )
+    assert final["state"] == "completed", final["state_reason"]
+    assert final["reported"]["swarm_epoch"] >= 14
+    end_loss = reader.run()["reported"]["loss"] or min(w["loss"] for w in reader.workers() if w["loss"])
+    assert end_loss < 0.5 * start_loss, (start_loss, end_loss)
+    assert reader.checkpoints(), "a final checkpoint is kept"
+    kinds = " ".join(f"{e['kind']} {e['message']}" for e in reader.events())
+    assert "lost" in kinds and "run.scaled" in kinds and "completed" in kinds
+    assert all(w["state"] not in ("launching", "running") for w in reader.workers())
+
+
+@pytest.mark.timeout(600)
+def test_orchestrator_crash_and_total_loss_keep_the_swarm_epoch(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir)
+    admin_post(orch, "/api/v1/runs", digits_run("crash"))
+    reader = RunReader(orch, "crash")
+    wait_until(lambda: len(reader.running()) == 2 and reader.checkpoints(), BOOT_S, message="a checkpoint")
+    epoch_at_crash = reader.epoch()
+
+    orch.kill()  # kill -9: the workers keep training without it
+    orch = start_loop_orchestrator(
+        processes, loop_data_dir, port=orch.port, dht_port=orch.dht_port, name="orchestrator-2"
+    )
+    reader = RunReader(orch, "crash")
+    wait_until(
+        lambda: reader.epoch() > epoch_at_crash and len(reader.running()) == 2,
+        90,
+        message="workers re-attach and the swarm moved on",
+    )
+    assert len(reader.workers()) == 2, "no worker was launched twice after the restart"
+
+    checkpoint_epoch = max(c["epoch"] for c in reader.checkpoints())
+    originals = {w["id"] for w in reader.workers()}
+    for worker in reader.running():
+        kill_worker(worker)
+    wait_until(
+        lambda: len([w for w in reader.running() if w["id"] not in originals and w["samples"] > 0]) == 2,
+        BOOT_S,
+        message="two replacements train",
+    )
+    replacements = [w for w in reader.running() if w["id"] not in originals]
+    assert all(w["swarm_epoch"] >= checkpoint_epoch for w in replacements), (checkpoint_epoch, replacements)
+
+    admin_post(orch, "/api/v1/runs/crash/stop")
+    wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
+
+
+@pytest.mark.timeout(300)
+def test_worker_that_cannot_import_the_module_fails_the_run_with_the_reason(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env={"SPOTSWARM_MAX_START_FAILURES": "2"})
+    spec = digits_run(
+        "broken",
+        module="tests.e2e.worker_only_broken:DigitsModule",
+        datamodule="tests.e2e.worker_only_broken:DigitsDataModule",
+        desired_workers=1,
+    )
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, "broken")
+    run = wait_until(lambda: (r := reader.run())["state"] == "failed" and r, BOOT_S, message="run failed")
+    messages = " ".join(e["message"] for e in reader.events())
+    assert "a_dependency_missing_on_workers" in messages, messages[-2000:]
+    assert "start-up" in run["state_reason"]
