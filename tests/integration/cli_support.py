@@ -20,6 +20,9 @@ from tests.orchestrator_fixture import Orchestrator
 from worker.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
 
+# Orchestrator settings for tests whose workers are joined by hand: no reconcile loop (it would launch
+# real workers for these runs) and no import probe (it has its own tests).
+HAND_ONLY = {"SPOTSWARM_RECONCILE": "false", "SPOTSWARM_CHECK_IMPORTS": "false"}
 SCRUBBED_ENV = ("SPOTSWARM_URL", "SPOTSWARM_TOKEN", "SPOTSWARM_CONFIG", "XDG_CONFIG_HOME")
 
 

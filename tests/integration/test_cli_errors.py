@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.cli.client import EXIT_AUTH, EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from tests.helpers import VENV_BIN, ProcessRegistry, free_port
-from tests.integration.cli_support import cli
+from tests.integration.cli_support import HAND_ONLY, cli
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
 
 
@@ -22,7 +22,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("cli-errors")
     registry = ProcessRegistry(root)
     try:
-        yield start_orchestrator(registry, root / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
     finally:
         registry.kill_all()
 

@@ -12,11 +12,9 @@ import httpx
 import pytest
 
 from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
-from tests.integration.cli_support import HandWorker, cli
+from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
 from worker.wire import DeregisterReason
-
-FAST = {"SPOTSWARM_CHECK_IMPORTS": "false"}  # import probing has its own tests; keep these quick
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("cli-runs")
     registry = ProcessRegistry(root)
     try:
-        yield start_orchestrator(registry, root / "data", extra_env=FAST)
+        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
     finally:
         registry.kill_all()
 

@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.cli.client import EXIT_NOT_FOUND
 from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.cli_support import HandWorker, cli
+from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
 from worker.wire import DeregisterReason
 
@@ -22,7 +22,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("cli-workers")
     registry = ProcessRegistry(root)
     try:
-        yield start_orchestrator(registry, root / "data", extra_env={"SPOTSWARM_CHECK_IMPORTS": "false"})
+        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
     finally:
         registry.kill_all()
 

@@ -1,5 +1,6 @@
 // Line charts as inline SVG, drawn from plain arrays: no library, no canvas, no build step.
-// drawLineChart(svg, series, options): series = [{ name, points: [[timeMs, value|null], ...], main }].
+// drawLineChart(svg, series, options): series = [{ name, points: [[timeMs, value|null], ...], main }];
+// options.xRange = [t0, t1] widens the time axis (so charts of one run share it).
 // Points beyond two per pixel column are decimated (min and max kept per column), so thousands of
 // points cost no more to draw than the chart's width. The chart records its point count in
 // svg.dataset.points (what the browser test reads).
@@ -67,7 +68,7 @@ export function decimate(points, x0, x1, columns) {
   return out;
 }
 
-function extent(series, zeroBased) {
+function extent(series, zeroBased, xRange) {
   let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, count = 0;
   for (const s of series) {
     for (const [x, y] of s.points) {
@@ -78,6 +79,7 @@ function extent(series, zeroBased) {
     }
   }
   if (!count) return null;
+  if (xRange) { x0 = Math.min(x0, xRange[0]); x1 = Math.max(x1, xRange[1]); }
   if (zeroBased) { y0 = Math.min(0, y0); y1 = Math.max(0, y1); }
   if (x1 === x0) { x0 -= 30e3; x1 += 30e3; }
   if (y1 === y0) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
@@ -127,12 +129,14 @@ function drawLegend(svg, series, box) {
 }
 
 /** Draw series into svg (replacing what was there). */
-export function drawLineChart(svg, series, { height = 220, formatY, zeroBased = false, empty = "no data yet" } = {}) {
+export function drawLineChart(
+  svg, series, { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet" } = {},
+) {
   const width = Math.max(240, Math.round(svg.clientWidth || svg.parentNode.clientWidth || 600));
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   svg.setAttribute("height", String(height));
   svg.replaceChildren();
-  const ext = extent(series, zeroBased);
+  const ext = extent(series, zeroBased, xRange);
   svg.dataset.points = String(ext ? ext.count : 0);
   if (!ext) {
     svg.append(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, empty));

@@ -161,8 +161,9 @@ function drawCharts() {
       speed.push({ name: `w${id}`, points: rows.map((r) => [r.at, r.speed]) });
     }
   }
-  drawLineChart(document.getElementById("loss-chart"), loss, { empty: "no loss reported yet" });
-  drawLineChart(document.getElementById("speed-chart"), speed, { zeroBased: true, empty: "no throughput yet" });
+  const xRange = times.length ? [times[0], times[times.length - 1]] : null; // one time axis for both
+  drawLineChart(document.getElementById("loss-chart"), loss, { xRange, empty: "no loss reported yet" });
+  drawLineChart(document.getElementById("speed-chart"), speed, { xRange, zeroBased: true, empty: "no throughput yet" });
   if (state.progress) {
     setText("points-note", `${points.length} of ${state.progress.stored_points} stored points`);
   }
