@@ -1,0 +1,126 @@
+"""The agent's Lightning callback: the training thread's side of the agent.
+
+Between batches (the only safe point) it publishes a progress snapshot for the heartbeat thread, saves
+the checkpointer's checkpoints, notices the run's stop condition, and ends training when a stop was
+requested (after a final checkpoint when this worker is the checkpointer and time allows).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from worker.agent_state import AgentState
+from worker.checkpoints import Checkpointer
+from worker.wire import DeregisterReason, StopCondition
+
+logger = logging.getLogger(__name__)
+
+LOSS_METRIC_NAMES = ("train_loss", "loss", "train/loss")
+FINAL_CHECKPOINT_MIN_S = 5.0  # skip the final checkpoint when the deadline is closer than this
+
+
+def read_loss(metrics: dict[str, Any]) -> float | None:
+    """The loss in ``trainer.callback_metrics`` (first known name); None if absent or not finite."""
+    for name in LOSS_METRIC_NAMES:
+        if name in metrics:
+            try:
+                value = float(metrics[name])
+            except (TypeError, ValueError):
+                return None
+            return value if math.isfinite(value) else None
+    return None
+
+
+def stop_condition_reached(
+    stop: StopCondition, epoch: int, samples_in_epoch: int, target_batch_size: int
+) -> bool:
+    """True once the swarm reached ``target_epochs`` or (approximately) ``target_samples``."""
+    if stop.target_epochs is not None and epoch >= stop.target_epochs:
+        return True
+    total_samples = epoch * target_batch_size + samples_in_epoch
+    return stop.target_samples is not None and total_samples >= stop.target_samples
+
+
+class AgentCallback(Callback):
+    """Connects the Lightning training loop of one worker to the agent's shared state."""
+
+    def __init__(
+        self,
+        state: AgentState,
+        checkpointer: Checkpointer,
+        stop_condition: StopCondition,
+        target_batch_size: int,
+        snapshot_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._state = state
+        self._checkpointer = checkpointer
+        self._stop_condition = stop_condition
+        self._target_batch_size = target_batch_size
+        self._snapshot_interval_s = snapshot_interval_s
+        self._clock = clock
+        self._last_snapshot = -math.inf
+        self._rate_origin: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        strategy: Any = trainer.strategy
+        self._rate_origin = (self._clock(), int(strategy.local_samples))
+        self._state.update_progress(phase="training", visible_maddrs=tuple(strategy.visible_maddrs()))
+        self._snapshot(trainer)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._clock() - self._last_snapshot >= self._snapshot_interval_s:
+            self._snapshot(trainer)
+        local_epoch = self._local_epoch(trainer)
+        stop = self._state.stop
+        if stop is None and self._condition_reached(trainer):
+            self._state.request_stop(DeregisterReason.completed, "the run reached its stop condition")
+            stop = self._state.stop
+        if stop is not None:
+            if (
+                self._checkpointer.needs_final(local_epoch)
+                and stop.deadline - self._clock() > FINAL_CHECKPOINT_MIN_S
+            ):
+                self._checkpointer.save(trainer, local_epoch)
+            self._snapshot(trainer)
+            trainer.should_stop = True
+            return
+        if self._checkpointer.due(local_epoch):
+            self._checkpointer.save(trainer, local_epoch)
+
+    @staticmethod
+    def _local_epoch(trainer: Trainer) -> int:
+        optimizer = getattr(trainer.strategy, "optimizer", None)
+        return int(getattr(optimizer, "local_epoch", 0) or 0)
+
+    def _condition_reached(self, trainer: Trainer) -> bool:
+        epoch = max(self._state.progress.swarm_epoch, self._local_epoch(trainer))
+        return stop_condition_reached(self._stop_condition, epoch, 0, self._target_batch_size)
+
+    def _snapshot(self, trainer: Trainer) -> None:
+        """Publish progress for the heartbeat thread (cheap reads only)."""
+        now = self._clock()
+        self._last_snapshot = now
+        strategy: Any = trainer.strategy
+        swarm = strategy.swarm_progress()
+        samples = int(strategy.local_samples)
+        rate = 0.0
+        if self._rate_origin is not None and now > self._rate_origin[0]:
+            rate = max(0.0, (samples - self._rate_origin[1]) / (now - self._rate_origin[0]))
+        self._state.update_progress(
+            local_step=int(trainer.global_step),
+            swarm_epoch=int(swarm.epoch),
+            local_epoch=self._local_epoch(trainer),
+            samples=samples,
+            loss=read_loss(dict(trainer.callback_metrics)),
+            samples_per_s=rate,
+            num_peers=int(swarm.num_peers),
+        )

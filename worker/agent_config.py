@@ -1,0 +1,127 @@
+"""The worker agent's command line and environment, and its exit-code convention.
+
+Every flag has an environment variable (``SPOTSWARM_<NAME>``); a flag given on the command line wins.
+Launchers set the environment, people use flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Exit codes, read by launchers (orchestrator/launchers/local_proc.py: PERMANENT_EXIT_CODES).
+EXIT_OK = 0  # stopped, completed, interrupted: left the run cleanly
+EXIT_FAILED = 1  # training crashed or the orchestrator stayed unreachable: worth another worker
+EXIT_USAGE = 2  # bad command line (argparse's own code)
+EXIT_CONFIG = 3  # permanent: bad join token, user module does not import, unusable run spec
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent is told at start-up."""
+
+    url: str
+    join_token: str
+    worker_dir: Path
+    request_id: str | None = None
+    metadata_url: str | None = None
+    log_level: str = "INFO"
+    register_timeout_s: float = 120.0
+    stop_grace_s: float = 15.0
+    host_maddrs: list[str] = field(default_factory=list)
+    announce_maddrs: list[str] = field(default_factory=list)
+    accelerator: str = "auto"
+
+
+def _split(value: str | None) -> list[str]:
+    return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The parser; each default comes from the matching ``SPOTSWARM_*`` variable of ``environ``."""
+
+    def env(name: str, default: str | None = None) -> str | None:
+        return environ.get(f"SPOTSWARM_{name}") or default
+
+    parser = argparse.ArgumentParser(
+        prog="spotswarm-worker",
+        description="Join a spotswarm run: register with the orchestrator, train in the swarm, "
+        "heartbeat, checkpoint when asked, leave cleanly on SIGTERM or a spot interruption notice.",
+    )
+    add = parser.add_argument
+    add("--url", default=env("URL"), help="Orchestrator URL, e.g. http://10.0.0.5:8000 [SPOTSWARM_URL]")
+    add("--join-token", default=env("JOIN_TOKEN"), help="The run's join token [SPOTSWARM_JOIN_TOKEN]")
+    add(
+        "--request-id",
+        default=env("REQUEST_ID"),
+        help="Launch request id, set by launchers [SPOTSWARM_REQUEST_ID]",
+    )
+    add(
+        "--worker-dir",
+        default=env("WORKER_DIR", "spotswarm-worker"),
+        help="Directory for cached peers and registration, temporary checkpoints [SPOTSWARM_WORKER_DIR]",
+    )
+    add(
+        "--metadata-url",
+        default=env("METADATA_URL"),
+        help="Instance metadata base URL to watch for spot interruption notices; unset: no watcher "
+        "[SPOTSWARM_METADATA_URL]",
+    )
+    add("--log-level", default=env("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING... [SPOTSWARM_LOG_LEVEL]")
+    add(
+        "--register-timeout-s",
+        type=float,
+        default=float(env("REGISTER_TIMEOUT_S", "120") or 120),
+        help="Keep trying to register this long while the orchestrator is unreachable "
+        "[SPOTSWARM_REGISTER_TIMEOUT_S]",
+    )
+    add(
+        "--stop-grace-s",
+        type=float,
+        default=float(env("STOP_GRACE_S", "15") or 15),
+        help="After a stop request, leave at the latest after this many seconds even if a training "
+        "step hangs [SPOTSWARM_STOP_GRACE_S]",
+    )
+    add(
+        "--host-maddrs",
+        default=env("HOST_MADDRS"),
+        help="Comma-separated DHT listen multiaddrs [SPOTSWARM_HOST_MADDRS]",
+    )
+    add(
+        "--announce-maddrs",
+        default=env("ANNOUNCE_MADDRS"),
+        help="Multiaddrs other peers should dial (public address) [SPOTSWARM_ANNOUNCE_MADDRS]",
+    )
+    add(
+        "--accelerator",
+        default=env("ACCELERATOR", "auto"),
+        help="Lightning accelerator [SPOTSWARM_ACCELERATOR]",
+    )
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """Build the config from ``argv`` and ``environ``; exits with code 2 (usage) when something is missing."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser(environ)
+    args = parser.parse_args(argv)
+    if not args.url:
+        parser.error("the orchestrator URL is required (--url or SPOTSWARM_URL)")
+    if not args.join_token:
+        parser.error("the run's join token is required (--join-token or SPOTSWARM_JOIN_TOKEN)")
+    return AgentConfig(
+        url=args.url,
+        join_token=args.join_token,
+        worker_dir=Path(args.worker_dir).expanduser().resolve(),
+        request_id=args.request_id,
+        metadata_url=args.metadata_url,
+        log_level=args.log_level.upper(),
+        register_timeout_s=args.register_timeout_s,
+        stop_grace_s=args.stop_grace_s,
+        host_maddrs=_split(args.host_maddrs),
+        announce_maddrs=_split(args.announce_maddrs),
+        accelerator=args.accelerator,
+    )

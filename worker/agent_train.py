@@ -1,0 +1,128 @@
+"""The agent's training set-up: the DHT, the resume decision, ``HivemindStrategy`` and the ``Trainer``.
+
+The agent starts the DHT itself (before ``trainer.fit``) so that it can look at the swarm first: the
+choice of loading the run's checkpoint has to be made before ``fit(ckpt_path=...)`` is called. The
+strategy gets that DHT (``HivemindStrategy(dht=...)``) and leaves its shutdown to the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.agent_config import AgentConfig
+from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
+from worker.client import ApiError, OrchestratorClient
+from worker.wire import WorkerRegistered
+
+logger = logging.getLogger(__name__)
+
+# strategy_options that configure the DHT, which the agent starts: they go to start_dht instead.
+DHT_OPTION_NAMES = ("host_maddrs", "announce_maddrs", "identity_path", "client_mode")
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    dht: dict[str, Any]
+    strategy: dict[str, Any]
+
+
+def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
+    """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
+    dht = {k: v for k, v in options.items() if k in DHT_OPTION_NAMES}
+    strategy = {k: v for k, v in options.items() if k not in DHT_OPTION_NAMES and k != "initial_peers"}
+    if config.host_maddrs:
+        dht["host_maddrs"] = config.host_maddrs
+    if config.announce_maddrs:
+        dht["announce_maddrs"] = config.announce_maddrs
+    return SplitOptions(dht, strategy)
+
+
+def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any]) -> Any:
+    """Start this worker's DHT peer joined to ``initial_peers``.
+
+    The signature validator is added at once so the swarm's signed progress records can be read before
+    training; it uses the process-wide key, the same one hivemind's ProgressTracker uses later.
+    """
+    from hivemind.dht.crypto import RSASignatureValidator
+
+    from worker.swarm_dht import start_dht
+
+    dht = start_dht(initial_peers=initial_peers, **dht_options)
+    dht.add_validators([RSASignatureValidator()])
+    return dht
+
+
+def choose_resume_checkpoint(
+    dht: Any, registration: WorkerRegistered, client: OrchestratorClient, worker_dir: Path
+) -> str | None:
+    """Download the run's latest checkpoint if the swarm cannot hand over a state that new; else None.
+
+    A failed download is logged and training starts without it (the swarm, if any, still shares state).
+    """
+    checkpoint = registration.resume_checkpoint
+    if checkpoint is None:
+        return None
+    tracker_opts = registration.run.strategy_options.get("tracker_opts") or {}
+    max_age_s = live_record_max_age_s(tracker_opts.get("metadata_expiration"))
+    try:
+        live_epochs = read_live_peer_epochs(dht, registration.swarm_id, max_age_s)
+    except (TimeoutError, OSError) as exc:
+        logger.warning("could not read the swarm's progress (%s); assuming no live peer", exc)
+        live_epochs = []
+    if not should_resume(checkpoint, live_epochs):
+        logger.info(
+            "live peers at epoch %d >= checkpoint epoch %d: taking the state from peers",
+            max(live_epochs),
+            checkpoint.epoch,
+        )
+        return None
+    try:
+        path = fetch_checkpoint(client, registration.run.name, checkpoint, worker_dir)
+    except ApiError as exc:
+        logger.error("could not download checkpoint of epoch %d: %s", checkpoint.epoch, exc)
+        return None
+    logger.info("resuming from the run's checkpoint (registration offered epoch %d)", checkpoint.epoch)
+    return str(path)
+
+
+def build_trainer(
+    registration: WorkerRegistered,
+    dht: Any,
+    strategy_options: Mapping[str, Any],
+    callback: Any,
+    config: AgentConfig,
+) -> Any:
+    """The ``Trainer`` of this worker: HivemindStrategy on the agent's DHT, trains until told to stop.
+
+    Raises ``TypeError`` or ``HivemindStrategyError`` for unusable ``strategy_options``.
+    """
+    from lightning.pytorch import Trainer
+
+    from worker.strategy import HivemindStrategy
+
+    spec = registration.run
+    strategy = HivemindStrategy(
+        target_batch_size=spec.target_batch_size,
+        run_id=registration.swarm_id,
+        batch_size=spec.batch_size,
+        dht=dht,
+        **dict(strategy_options),
+    )
+    return Trainer(
+        strategy=strategy,
+        accelerator=config.accelerator,
+        devices=1,
+        max_epochs=-1,
+        max_steps=-1,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[callback],
+        default_root_dir=str(config.worker_dir),
+    )
