@@ -90,7 +90,7 @@ def start_orchestrator(
     port: int | None = None,
     dht_port: int | None = None,
     name: str = "orchestrator",
-    ready_timeout_s: float = 90.0,
+    ready_timeout_s: float = 150.0,
 ) -> Orchestrator:
     """Start `spotswarm serve` and wait until it is ready; raises TimeoutError with its log otherwise.
 

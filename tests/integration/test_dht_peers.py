@@ -35,7 +35,7 @@ def plain_peer(initial_peers: list[str], **kwargs: Any) -> hivemind.DHT:
     )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchestrator) -> None:
     peers = orch.peers()
     assert peers and all(p.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in p for p in peers)
@@ -52,7 +52,7 @@ def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchest
         reader.shutdown()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestrator) -> None:
     with orch.admin() as http:
         created = http.post("/api/v1/runs", json=run_spec("dht-progress", target_batch_size=100)).json()

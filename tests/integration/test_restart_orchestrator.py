@@ -31,7 +31,7 @@ def restart(processes: ProcessRegistry, old: Orchestrator, name: str) -> Orchest
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry, tmp_path: Path) -> None:
     first = start_orchestrator(processes, tmp_path / "data", extra_env=ENV)  # admin token generated
     peers = first.peers()
