@@ -9,7 +9,6 @@ then replaced.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser import open_browser
+from tests.e2e.runs_support import digits_run, start_loop_orchestrator
 from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
 from tests.integration.cli_support import HAND_ONLY, HandWorker
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
@@ -167,78 +167,45 @@ DOCS_SCREENSHOT = REPO_ROOT / "docs" / "status-page.png"
 HEARTBEAT_TIMEOUT_S = 20
 
 
-def live_spec(name: str) -> dict:
-    """Digits on two CPU workers, hivemind timeouts short enough for a one-machine swarm."""
-    return {
-        "name": name,
-        "module": "worker.examples.digits:DigitsModule",
-        "module_args": {"hidden": 32, "lr": 0.05},
-        "datamodule": "worker.examples.digits:DigitsDataModule",
-        "target_batch_size": 128,
-        "batch_size": 32,
-        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
-        "min_workers": 0,
-        "max_workers": 4,
-        "desired_workers": 2,
-        "stop": {"target_epochs": 100_000},  # never reached: the test stops the run; the page shows an ETA
-        "launcher": "local",
-    }
-
-
 def workers_of(orch: Orchestrator, run: str) -> list[dict]:
     return list(api_get(orch, f"/runs/{run}/workers?limit=100")["items"])
 
 
-def end_run(orch: Orchestrator, run: str, timeout_s: float = 45.0) -> None:
-    """Stop the run, wait for its workers to leave, and kill (by process group) any that did not."""
-    with orch.admin() as http:
-        http.post(f"/api/v1/runs/{run}/stop", json={"reason": "end of test"})
-    live = ("launching", "running")
-    try:
-        wait_until(lambda: all(w["state"] not in live for w in workers_of(orch, run)), timeout_s)
-    except TimeoutError:
-        pass  # killed below
-    finally:
-        for worker in workers_of(orch, run):
-            if worker["launcher_handle"] and worker["launcher_handle"].isdigit():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(int(worker["launcher_handle"]), signal.SIGKILL)  # stopped ones too
-
-
 @pytest.mark.swarm
 @pytest.mark.timeout(240)
-def test_frozen_worker_shows_lost_then_replaced(processes: ProcessRegistry, tmp_path: Path) -> None:
+def test_frozen_worker_shows_lost_then_replaced(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
     # A heartbeat timeout with room for a worker's start-up (torch, Lightning, hivemind imports) on a
     # busy 2-core machine, where 10 s made healthy workers flap between running and lost.
     env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)}
-    orch = start_orchestrator(processes, tmp_path / "data", extra_env=env)
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    # stop condition never reached (the test ends first); it gives the page an ETA to show
+    spec = digits_run("live-digits", stop={"target_epochs": 100_000}, checkpoint_every_epochs=5)
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=live_spec("live-digits")).status_code == 201
-    try:
-        with open_browser() as browser:
-            page = browser.page
-            page.goto(orch.url + "/runs/live-digits")
-            running = page.locator('#workers tr[data-state="running"]')
-            expect(running).to_have_count(2, timeout=120_000)
+        assert http.post("/api/v1/runs", json=spec).status_code == 201
+    with open_browser() as browser:
+        page = browser.page
+        page.goto(orch.url + "/runs/live-digits")
+        running = page.locator('#workers tr[data-state="running"]')
+        expect(running).to_have_count(2, timeout=120_000)
 
-            # Freeze one worker and its p2p daemon, like a machine dropping off the network: its
-            # heartbeats stop, the loop marks it lost after the heartbeat timeout, terminates it and
-            # launches a replacement.
-            victim = next(w for w in workers_of(orch, "live-digits") if w["state"] == "running")
-            os.killpg(int(victim["launcher_handle"]), signal.SIGSTOP)
-            row = page.locator(f'#workers tr[data-worker="{victim["id"]}"]')
-            expect(row).to_have_attribute("data-state", "lost", timeout=(HEARTBEAT_TIMEOUT_S + 30) * 1000)
-            expect(row.locator("td.ended")).to_contain_text("lost: no heartbeat")
-            expect(page.locator("#events")).to_contain_text("lost")
-            expect(running).to_have_count(2, timeout=120_000)  # the replacement
-            ids = {w["id"] for w in workers_of(orch, "live-digits") if w["state"] == "running"}
-            assert victim["id"] not in ids and len(ids) == 2
+        # Freeze one worker and its p2p daemon, like a machine dropping off the network: its
+        # heartbeats stop, the loop marks it lost after the heartbeat timeout, terminates it and
+        # launches a replacement.
+        victim = next(w for w in workers_of(orch, "live-digits") if w["state"] == "running")
+        os.killpg(int(victim["launcher_handle"]), signal.SIGSTOP)
+        row = page.locator(f'#workers tr[data-worker="{victim["id"]}"]')
+        expect(row).to_have_attribute("data-state", "lost", timeout=(HEARTBEAT_TIMEOUT_S + 30) * 1000)
+        expect(row.locator("td.ended")).to_contain_text("lost: no heartbeat")
+        expect(page.locator("#events")).to_contain_text("lost")
+        expect(running).to_have_count(2, timeout=120_000)  # the replacement
+        ids = {w["id"] for w in workers_of(orch, "live-digits") if w["state"] == "running"}
+        assert victim["id"] not in ids and len(ids) == 2
 
-            wait_until(lambda: chart_points(page, "loss-chart") >= 8, 90, message="loss from real training")
-            assert page.locator("#loss-chart path.series.main").count() == 1
-            shot = browser.screenshot(tmp_path / "status-page.png")
-            if os.environ.get("SPOTSWARM_DOCS_SCREENSHOT") == "1":
-                shutil.copyfile(shot, DOCS_SCREENSHOT)
-            assert not browser.problems, browser.problems
-    finally:
-        end_run(orch, "live-digits")
+        wait_until(lambda: chart_points(page, "loss-chart") >= 8, 90, message="loss from real training")
+        assert page.locator("#loss-chart path.series.main").count() == 1
+        shot = browser.screenshot(tmp_path / "status-page.png")
+        if os.environ.get("SPOTSWARM_DOCS_SCREENSHOT") == "1":
+            shutil.copyfile(shot, DOCS_SCREENSHOT)
+        assert not browser.problems, browser.problems
