@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
 from orchestrator.api import checkpoints, health, peers, runs, workers
+from orchestrator.api import metrics as metrics_api
 from orchestrator.bodylimit import BodyLimitMiddleware
 from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
@@ -29,6 +30,7 @@ from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
+from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
 from orchestrator.tokens import hash_token
@@ -110,13 +112,18 @@ def create_app(
     ``store_factory`` replaces the local checkpoint directory (e.g. with S3).
     """
 
+    metrics = ServiceMetrics()  # this app's own registry (never the global one)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx, started = await _start(settings, launchers or {}, clock, services, store_factory)
+        counted = metrics.count_launches(launchers or {})
+        ctx, started = await _start(settings, counted, clock, services, store_factory)
         app.state.ctx = ctx
+        metrics.attach(ctx, started)
         try:
             yield
         finally:
+            metrics.detach(ctx.db)
             await _stop(ctx, started)
 
     app = FastAPI(
@@ -129,6 +136,8 @@ def create_app(
     for module in (runs, workers, checkpoints, peers):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
+    app.include_router(metrics_api.router)  # /metrics (Prometheus)
+    app.state.metrics = metrics
     app.include_router(web_router)  # the status page: /, /runs/{name}, /static/*
     app.add_middleware(
         BodyLimitMiddleware,
@@ -136,6 +145,7 @@ def create_app(
         upload_max_bytes=settings.checkpoint_max_bytes,
         upload_path_re=rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$",
     )
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: 413s are timed too
     return app
 
 

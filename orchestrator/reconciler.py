@@ -90,12 +90,20 @@ class Reconciler:
         self.started_at = clock()
         self.ticks = 0
         self.errors = 0
+        self.busy_s = 0.0  # seconds spent in ticks, all together (the metrics' duty cycle)
         self.last_tick: TickStats | None = None
+        self.last_tick_at: datetime | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
 
     def tick(self) -> TickStats:
         """One observe-decide-act round; failures are logged and returned, never raised."""
+        stats = self._tick_once()
+        self.last_tick, self.last_tick_at = stats, self.clock()
+        self.busy_s += stats.duration_s
+        return stats
+
+    def _tick_once(self) -> TickStats:
         started = time.monotonic()
         self.ticks += 1
         try:
