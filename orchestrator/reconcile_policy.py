@@ -152,9 +152,12 @@ def _passive_transitions(
     for worker in live:
         instance = instances.get(worker.request_id)
         failure = failures.get(worker.request_id)
-        if failure is not None:
+        if failure is not None and worker.registered:
+            # It trained, then its process or machine ended without deregistering: lost, not failed.
+            plan.lost[worker.id] = f"ended without leaving: {failure.reason}"
+        elif failure is not None:
             plan.failed[worker.id] = failure.reason
-            plan.start_failures += 0 if worker.registered else 1
+            plan.start_failures += 1
         elif worker.state == WorkerState.launching and instance is not None and not instance.alive:
             plan.failed[worker.id] = "worker process ended before it registered"
             plan.start_failures += 1

@@ -171,6 +171,7 @@ class Reconciler:
             now.timestamp(),
             self.policy,
         )
+        _copy_launch_details(rows, instances)
         if plan.is_empty():
             return
         by_id = {str(w.id): w for w in rows}
@@ -369,3 +370,14 @@ def reconciler_service(api_url: str, policy: ReconcilePolicy, tick_interval_s: f
         return ReconcilerService(reconciler, tick_interval_s)
 
     return make
+
+
+def _copy_launch_details(rows: list[Worker], instances: dict[str, tuple[str, Instance]]) -> None:
+    """Keep what launchers know of each worker's machine (type, zone, price) on its row, for cost."""
+    for worker in rows:
+        found = instances.get(worker.request_id)
+        if found is None or not found[1].details:
+            continue
+        details = {k: v for k, v in found[1].details.items() if isinstance(v, (str, int, float, bool))}
+        if any(worker.launch_details.get(k) != v for k, v in details.items()):
+            workers.set_launch_details(worker, found[1].handle or None, details)

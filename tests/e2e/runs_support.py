@@ -17,7 +17,7 @@ from tests.orchestrator_fixture import Orchestrator, start_orchestrator
 LOOP_ENV: dict[str, str] = {
     "SPOTSWARM_RECONCILE": "true",
     "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",
-    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "12",
+    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "20",
     "SPOTSWARM_LAUNCH_TIMEOUT_S": "150",
     "SPOTSWARM_RETIRE_GRACE_S": "20",
     "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "0.5",

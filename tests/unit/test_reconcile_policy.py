@@ -135,3 +135,10 @@ def test_launching_worker_that_never_registers_times_out() -> None:
     stuck = worker("a", WorkerState.launching, registered=False, created_at=NOW - 61)
     plan = plan_run(run(desired_workers=1), [stuck], alive("a"), [], NOW, POLICY)
     assert "a" in plan.failed and "req-a" in plan.terminate
+
+
+def test_registered_worker_whose_process_failed_is_lost_not_a_start_failure() -> None:
+    failure = FailureView(request_id="req-a", reason="exit code -9")
+    plan = plan_run(run(), [worker("a"), worker("b")], alive("b"), [failure], NOW, POLICY)
+    assert plan.lost == {"a": "ended without leaving: exit code -9"}
+    assert not plan.failed and plan.start_failures == 0 and plan.launch == 1
