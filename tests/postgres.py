@@ -33,13 +33,32 @@ class PostgresCluster:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
 
-    def start(self) -> None:
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust", "-E", "UTF8")
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c max_connections=200 -c fsync=off"
-        self._run(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.root / "pg.log"),
-            "-o", opts, "-w", "-t", "30", "start",
+    def _server_opts(self) -> str:
+        return (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c max_connections=200 -c fsync=off"
         )
+
+    def _pg_ctl_start(self) -> None:
+        log = str(self.root / "pg.log")
+        self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.datadir),
+            "-l",
+            log,
+            "-o",
+            self._server_opts(),
+            "-w",
+            "-t",
+            "30",
+            "start",
+        )
+
+    def start(self) -> None:
+        self._run(
+            str(PG_BIN / "initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust", "-E", "UTF8"
+        )
+        self._pg_ctl_start()
 
     def stop(self) -> None:
         try:
@@ -50,16 +69,20 @@ class PostgresCluster:
     def restart(self) -> None:
         """Stop and start the server on the same port and data (for reconnect tests)."""
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "stop")
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c max_connections=200 -c fsync=off"
-        self._run(
-            str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.root / "pg.log"),
-            "-o", opts, "-w", "-t", "30", "start",
-        )
+        self._pg_ctl_start()
 
     def create_database(self, name: str) -> str:
         """Create database ``name`` and return its SQLAlchemy URL (psycopg 3 driver)."""
-        self._run(str(PG_BIN.parent / "bin" / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-                  "-U", "postgres", name)
+        self._run(
+            str(PG_BIN.parent / "bin" / "createdb"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            name,
+        )
         return self.url(name)
 
     def url(self, name: str = "postgres") -> str:
