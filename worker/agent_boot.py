@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,7 +157,14 @@ def _boot_from_cache(config: AgentConfig, error: Unreachable) -> Boot:
 
 
 def import_object(path: str) -> Any:
-    """The object named by ``package.module:Name``; raises ImportError/AttributeError as Python does."""
+    """The object named by ``package.module:Name``; raises ImportError/AttributeError as Python does.
+
+    The working directory is searched first, as with ``python -m``, also when the agent runs as the
+    ``spotswarm-worker`` script (whose own directory would be first otherwise).
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     module_name, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module_name), attribute)
 

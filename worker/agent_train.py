@@ -59,20 +59,17 @@ def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any]) ->
 def choose_resume_checkpoint(
     dht: Any, registration: WorkerRegistered, client: OrchestratorClient, worker_dir: Path
 ) -> str | None:
-    """Download the run's latest checkpoint if the swarm cannot hand over a state that new; else None.
+    """Download the run's latest checkpoint unless live peers can hand over a state as new; else None.
 
-    A failed download is logged and training starts without it (the swarm, if any, still shares state).
+    Peers are live only if the orchestrator lists running workers of the run *and* the DHT holds fresh
+    progress records of them at the checkpoint's epoch or later: after a total loss the orchestrator
+    has marked the old workers lost while their last records may still look recent. A failed download
+    is logged and training starts without it (the swarm, if any, still shares its state).
     """
     checkpoint = registration.resume_checkpoint
     if checkpoint is None:
         return None
-    tracker_opts = registration.run.strategy_options.get("tracker_opts") or {}
-    max_age_s = live_record_max_age_s(tracker_opts.get("metadata_expiration"))
-    try:
-        live_epochs = read_live_peer_epochs(dht, registration.swarm_id, max_age_s)
-    except (TimeoutError, OSError) as exc:
-        logger.warning("could not read the swarm's progress (%s); assuming no live peer", exc)
-        live_epochs = []
+    live_epochs = _live_peer_epochs(dht, registration, client)
     if not should_resume(checkpoint, live_epochs):
         logger.info(
             "live peers at epoch %d >= checkpoint epoch %d: taking the state from peers",
@@ -87,6 +84,23 @@ def choose_resume_checkpoint(
         return None
     logger.info("resuming from the run's checkpoint (registration offered epoch %d)", checkpoint.epoch)
     return str(path)
+
+
+def _live_peer_epochs(dht: Any, registration: WorkerRegistered, client: OrchestratorClient) -> list[int]:
+    try:
+        running_workers = client.run_peers(registration.run.name).worker_peers
+    except ApiError as exc:
+        logger.info("could not ask the orchestrator for running workers (%s); asking the DHT only", exc)
+        running_workers = None
+    if running_workers == []:
+        return []
+    tracker_opts = registration.run.strategy_options.get("tracker_opts") or {}
+    max_age_s = live_record_max_age_s(tracker_opts.get("metadata_expiration"))
+    try:
+        return read_live_peer_epochs(dht, registration.swarm_id, max_age_s)
+    except (TimeoutError, OSError) as exc:
+        logger.warning("could not read the swarm's progress (%s); assuming no live peer", exc)
+        return []
 
 
 def build_trainer(

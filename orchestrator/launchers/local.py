@@ -77,9 +77,11 @@ class _Record:
 class LocalLauncher:
     """Runs worker agents as local subprocesses; see the module docstring for the files it keeps.
 
-    ``command`` replaces the worker agent (tests use a tiny script). ``grace_s`` is how long a worker
-    has between SIGTERM and SIGKILL. ``keep_gone_s`` is how long a finished worker stays listed (and its
-    request id stays reserved) after its exit was reported by :meth:`poll_errors`.
+    ``command`` replaces the worker agent (tests use a tiny script). ``cwd`` is the workers' working
+    directory (default: this process's, so that workers import user modules as the orchestrator's
+    import check does). ``grace_s`` is how long a worker has between SIGTERM and SIGKILL.
+    ``keep_gone_s`` is how long a finished worker stays listed (and its request id stays reserved)
+    after its exit was reported by :meth:`poll_errors`.
     """
 
     name = "local"
@@ -89,11 +91,13 @@ class LocalLauncher:
         data_dir: Path,
         command: Sequence[str] | None = None,
         *,
+        cwd: Path | None = None,
         grace_s: float = 20.0,
         keep_gone_s: float = 24 * 3600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._command = list(command) if command else default_worker_command()
+        self._cwd = Path(cwd) if cwd else Path.cwd()
         self._grace_s = grace_s
         self._keep_gone_s = keep_gone_s
         self._clock = clock
@@ -195,7 +199,7 @@ class LocalLauncher:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    cwd=str(worker_dir),
+                    cwd=str(self._cwd),
                     start_new_session=True,
                 )
         except OSError as exc:

@@ -21,8 +21,10 @@ FAKE_WORKER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
     mode = os.environ["FAKE_MODE"]
-    with open("started", "a") as f:  # cwd is the worker dir
-        f.write(f"{os.getpid()} {os.environ.get('SPOTSWARM_REQUEST_ID')}\\n")
+    start_cwd = os.getcwd()
+    os.chdir(os.environ["SPOTSWARM_WORKER_DIR"])  # set by the launcher
+    with open("started", "a") as f:
+        f.write(f"{os.getpid()} {os.environ.get('SPOTSWARM_REQUEST_ID')} {start_cwd}\\n")
     print("fake worker up", flush=True)
     if mode.startswith("exit:"):
         print("loading module...", flush=True)
@@ -75,7 +77,7 @@ def instance_of(launcher: LocalLauncher, request_id: str):  # noqa: ANN201 - tes
 
 @pytest.mark.timeout(30)
 def test_launch_is_idempotent_and_logs_to_the_data_dir(tmp_path: Path, fake_command: list[str]) -> None:
-    launcher = LocalLauncher(tmp_path / "data", fake_command, grace_s=2.0)
+    launcher = LocalLauncher(tmp_path / "data", fake_command, cwd=tmp_path, grace_s=2.0)
     assert isinstance(launcher, Launcher)
     worker_dir = tmp_path / "data" / "workers" / "req-1"
     try:
@@ -84,7 +86,9 @@ def test_launch_is_idempotent_and_logs_to_the_data_dir(tmp_path: Path, fake_comm
         wait_until(lambda: started_pids(worker_dir), 10, message="fake worker wrote its pid")
         log = tmp_path / "data" / "workers" / "req-1.log"
         wait_until(lambda: "fake worker up" in log.read_text(), 10, message="worker output in its log")
-        assert (worker_dir / "started").read_text().split()[1] == "req-1"  # the request's env arrived
+        _, request_id, cwd = (worker_dir / "started").read_text().split()
+        assert request_id == "req-1"  # the request's env arrived
+        assert cwd == str(tmp_path)  # the launcher's cwd: user modules import from there
         instance = instance_of(launcher, "req-1")
         assert instance.alive and instance.handle == handle and instance.run_name == "demo"
         assert len(started_pids(worker_dir)) == 1
