@@ -299,6 +299,8 @@ class Reconciler:
             except LauncherConfigError as exc:
                 self._record_launch(request, None, f"launcher rejected the request: {exc}")
                 continue
+            if not handle:
+                continue  # nothing started (e.g. no capacity): the launcher reports why through poll_errors
             self._record_launch(request, handle, None)
             done += 1
         return done

@@ -1,0 +1,436 @@
+"""The ``ec2`` launcher driven by a real ``spotswarm serve``: runs created through the API become spot
+instances, scale-downs and lost instances are acted on, orphans are cleaned up after a restart, and
+launches without capacity fall back or back off.
+
+Everything runs as in production except AWS: a moto server process stands in for EC2, behind a
+:class:`~tests.integration.ec2_capacity.CapacityProxy` that plays EC2's spare capacity and records the
+``CreateFleet`` calls. The orchestrator gets the endpoint and fake credentials through its environment,
+exactly the settings the Terraform module writes. Instances in moto never boot the worker agent, so
+the launch timeout is long; where a test needs a registered worker it registers with the token and
+request id read back from the instance's user data, as the agent on that instance would.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests import aws_fixture
+from tests.aws_fixture import FakeAws
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.ec2_capacity import CapacityProxy
+from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+
+aws = aws_fixture.aws  # the moto server fixtures, used by name below
+moto_endpoint = aws_fixture.moto_endpoint
+
+ORCH_ID = "orch-e2e"
+TEMPLATE = "spotswarm-worker"
+TYPES = ["g4dn.xlarge", "g5.xlarge"]
+PUBLIC_URL = "http://10.0.0.5:8000"  # what workers would use to reach the API (never dialled here)
+WAIT_S = 30.0
+
+
+class Cloud:
+    """A VPC with two subnets in two zones and the worker launch template, on moto; read-back helpers."""
+
+    def __init__(self, fake: FakeAws) -> None:
+        self.ec2 = fake.client("ec2")
+        vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        self.subnets = [
+            self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=f"us-east-1{z}")[
+                "Subnet"
+            ]["SubnetId"]
+            for i, z in ((1, "a"), (2, "b"))
+        ]
+        self.ec2.create_launch_template(
+            LaunchTemplateName=TEMPLATE,
+            LaunchTemplateData={"ImageId": "ami-12345678", "InstanceType": TYPES[0]},
+        )
+
+    def instances(self, run: str, *, alive: bool = True) -> list[dict[str, Any]]:
+        """This orchestrator's instances of ``run`` (pending/running only unless ``alive`` is False)."""
+        filters = [
+            {"Name": "tag:spotswarm:orchestrator", "Values": [ORCH_ID]},
+            {"Name": "tag:spotswarm:run", "Values": [run]},
+        ]
+        if alive:
+            filters.append({"Name": "instance-state-name", "Values": ["pending", "running"]})
+        reservations = self.ec2.describe_instances(Filters=filters)["Reservations"]
+        return [i for r in reservations for i in r["Instances"]]
+
+    def state(self, instance_id: str) -> str:
+        raw = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+        return str(raw["State"]["Name"])
+
+    def worker_env(self, instance_id: str) -> dict[str, str]:
+        """The worker's environment file, decoded from the instance's cloud-init user data."""
+        attr = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+        cloud_config = yaml.safe_load(base64.b64decode(attr["UserData"]["Value"]))
+        env_file = next(f for f in cloud_config["write_files"] if f["path"] == "/etc/spotswarm/worker.env")
+        lines = base64.b64decode(env_file["content"]).decode().splitlines()
+        return dict(line.split("=", 1) for line in lines)
+
+
+def tags(raw: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+
+
+class Ec2Orchestrator:
+    """One ``spotswarm serve`` with the ec2 launcher on the fake cloud, shared by this module's tests.
+
+    Tests use their own run names and read only their own instances (by the run tag), and stop their
+    runs when done. :meth:`restart` replaces the server with a new process on the same data dir.
+    """
+
+    def __init__(
+        self, processes: ProcessRegistry, tmp_path: Path, cloud: Cloud, capacity: CapacityProxy
+    ) -> None:
+        self.processes = processes
+        self.tmp_path = tmp_path
+        self.cloud = cloud
+        self.capacity = capacity
+        self.starts = 0
+        self.orch = self._start()
+
+    def _start(self, **ports: int) -> Orchestrator:
+        self.starts += 1
+        return start_orchestrator(
+            self.processes,
+            self.tmp_path / "data",
+            extra_env=orchestrator_env(self.capacity.url, self.tmp_path),
+            name=f"orchestrator-{self.starts}",
+            **ports,
+        )
+
+    def restart(self, before_start: Callable[[], None] = lambda: None) -> Orchestrator:
+        """Stop the server (SIGTERM, as systemd would), call ``before_start``, start it again."""
+        old = self.orch
+        assert old.stop() in (0, -15), old.proc.log()[-3000:]
+        before_start()
+        self.orch = self._start(port=old.port, dht_port=old.dht_port)
+        return self.orch
+
+
+@pytest.fixture(scope="module")
+def ec2(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ec2Orchestrator]:
+    """The module's fake cloud (moto emptied once), capacity proxy and orchestrator; all stopped after."""
+    fake = FakeAws(moto_endpoint)
+    fake.reset()
+    tmp_path = tmp_path_factory.mktemp("ec2-orchestrated")
+    processes = ProcessRegistry(tmp_path)
+    with CapacityProxy(moto_endpoint) as capacity:
+        try:
+            yield Ec2Orchestrator(processes, tmp_path, Cloud(fake), capacity)
+        finally:
+            processes.kill_all()
+
+
+def orchestrator_env(endpoint: str, tmp_path: Path) -> dict[str, str]:
+    """``spotswarm serve`` with the reconcile loop on a short tick and the ec2 launcher on the fake cloud."""
+    missing = str(tmp_path / "no-aws-config")
+    return {
+        "SPOTSWARM_RECONCILE": "true",
+        "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",
+        "SPOTSWARM_LAUNCH_TIMEOUT_S": "600",  # moto's instances never run an agent
+        "SPOTSWARM_RETIRE_GRACE_S": "1",
+        "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "1",
+        "SPOTSWARM_MAX_START_FAILURES": "3",
+        "SPOTSWARM_CHECK_IMPORTS": "false",
+        "SPOTSWARM_PUBLIC_URL": PUBLIC_URL,
+        "SPOTSWARM_EC2_LAUNCH_TEMPLATE": TEMPLATE,
+        "SPOTSWARM_EC2_ORCHESTRATOR_ID": ORCH_ID,
+        "SPOTSWARM_EC2_REGION": aws_fixture.REGION,
+        "SPOTSWARM_EC2_ENDPOINT_URL": endpoint,
+        "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:1.0",
+        "SPOTSWARM_EC2_INSTANCE_TYPES": ",".join(TYPES),
+        # Fake credentials, and nothing from a real AWS configuration of the machine running the tests.
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_CONFIG_FILE": missing,
+        "AWS_SHARED_CREDENTIALS_FILE": missing,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def create_ec2_run(ec2: Ec2Orchestrator, name: str, desired: int, **options: Any) -> None:
+    launcher_options = {"instance_types": TYPES, "subnet_ids": ec2.cloud.subnets, **options}
+    spec = run_spec(name, launcher="ec2", launcher_options=launcher_options, desired_workers=desired)
+    with ec2.orch.admin() as http:
+        response = http.post("/api/v1/runs", json=spec)
+    assert response.status_code == 201, response.text
+
+
+def admin_post(ec2: Ec2Orchestrator, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    with ec2.orch.admin() as http:
+        response = http.post(f"/api/v1{path}", json=body or {})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def read(ec2: Ec2Orchestrator, path: str) -> Any:
+    with ec2.orch.client() as http:
+        response = http.get(f"/api/v1{path}")
+        response.raise_for_status()
+        return response.json()
+
+
+def workers(ec2: Ec2Orchestrator, run: str) -> list[dict[str, Any]]:
+    return list(read(ec2, f"/runs/{run}/workers?limit=100")["items"])
+
+
+def events(ec2: Ec2Orchestrator, run: str) -> list[dict[str, Any]]:
+    return list(read(ec2, f"/runs/{run}/events?limit=1000")["items"])
+
+
+def identities(ec2: Ec2Orchestrator, run: str) -> list[tuple[str, str, str, str]]:
+    """Who each worker of ``run`` is: id, request id, handle and state."""
+    return [(w["id"], w["request_id"], w["launcher_handle"], w["state"]) for w in workers(ec2, run)]
+
+
+def live_handles(ec2: Ec2Orchestrator, run: str) -> set[str]:
+    return {w["launcher_handle"] for w in workers(ec2, run) if w["state"] in ("launching", "running")}
+
+
+def launched(ec2: Ec2Orchestrator, run: str, count: int) -> list[dict[str, Any]]:
+    """Wait until ``run`` has ``count`` live instances, each the handle of a live worker; return them."""
+
+    def ready() -> list[dict[str, Any]] | None:
+        instances = ec2.cloud.instances(run)
+        ids = {i["InstanceId"] for i in instances}
+        return instances if len(instances) == count and ids == live_handles(ec2, run) else None
+
+    return wait_until(ready, WAIT_S, message=f"{count} live instance(s) of {run}, each a live worker")
+
+
+def stop_run(ec2: Ec2Orchestrator, run: str) -> None:
+    """Stop ``run`` and wait until it is stopped with none of its instances left alive."""
+    admin_post(ec2, f"/runs/{run}/stop")
+    wait_until(
+        lambda: read(ec2, f"/runs/{run}")["state"] in ("stopped", "failed") and not ec2.cloud.instances(run),
+        WAIT_S,
+        message=f"run {run} stopped, its instances terminated",
+    )
+
+
+def register_as_agent(ec2: Ec2Orchestrator, instance_id: str) -> dict[str, Any]:
+    """Register as the agent on ``instance_id`` would: with the token and request id of its user data."""
+    env = ec2.cloud.worker_env(instance_id)
+    body = {
+        "hostname": f"ip-{instance_id}",
+        "request_id": env["SPOTSWARM_REQUEST_ID"],
+        "launcher_handle": instance_id,
+    }
+    response = httpx.post(
+        f"{ec2.orch.url}/api/v1/workers/register",
+        json=body,
+        headers={"Authorization": f"Bearer {env['SPOTSWARM_JOIN_TOKEN']}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+# Each time limit has room for the module's orchestrator to start on a busy machine (whichever test
+# runs first starts it).
+@pytest.mark.timeout(180)
+def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(ec2: Ec2Orchestrator) -> None:
+    create_ec2_run(ec2, "spot-a", desired=2, max_price="0.75")
+
+    instances = launched(ec2, "spot-a", 2)
+
+    for raw in instances:
+        instance_id = raw["InstanceId"]
+        tag = tags(raw)
+        assert raw["InstanceLifecycle"] == "spot"
+        assert raw["InstanceType"] in TYPES and raw["SubnetId"] in ec2.cloud.subnets
+        assert tag["spotswarm:orchestrator"] == ORCH_ID and tag["spotswarm:run"] == "spot-a"
+        assert tag["spotswarm:market"] == "spot"
+        # What the worker workers table shows: the instance id, and its type, zone and price.
+        row = wait_until(
+            lambda iid=instance_id: next(
+                w for w in workers(ec2, "spot-a") if w["launcher_handle"] == iid and w["launch_details"]
+            ),
+            WAIT_S,
+            message=f"launch details of {instance_id} recorded",
+        )
+        assert row["state"] == "launching" and row["launcher"] == "ec2"
+        assert tag["spotswarm:request-id"] == row["request_id"]
+        details = row["launch_details"]
+        assert details["instance_type"] == raw["InstanceType"] and details["market"] == "spot"
+        assert details["availability_zone"] == raw["Placement"]["AvailabilityZone"]
+        assert isinstance(details["price_usd_per_hour"], float)
+        # The user data carries everything the agent on the instance needs to join.
+        env = ec2.cloud.worker_env(instance_id)
+        assert env["SPOTSWARM_URL"] == PUBLIC_URL
+        assert env["SPOTSWARM_REQUEST_ID"] == row["request_id"]
+        assert env["SPOTSWARM_JOIN_TOKEN"].startswith("ssw_"), "a per-worker launch token, not the run's"
+        assert env["SPOTSWARM_METADATA_URL"] == "http://169.254.169.254"
+    assert len({tags(raw)["spotswarm:request-id"] for raw in instances}) == 2
+
+    # The fleets EC2 was asked for: spot over every (type, subnet) pool, capped at the run's price.
+    ids = {raw["InstanceId"] for raw in instances}
+    fleets = [
+        f
+        for f in ec2.cloud.ec2.describe_fleets()["Fleets"]
+        if ids & {i for group in f.get("Instances", []) for i in group["InstanceIds"]}
+    ]
+    assert len(fleets) == 2
+    for fleet in fleets:
+        assert fleet["Type"] == "instant"
+        assert fleet["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "spot"
+        assert fleet["SpotOptions"]["AllocationStrategy"] == "capacity-optimized-prioritized"
+        overrides = fleet["LaunchTemplateConfigs"][0]["Overrides"]
+        assert {(o["InstanceType"], o["SubnetId"], o["MaxPrice"]) for o in overrides} == {
+            (t, s, "0.75") for t in TYPES for s in ec2.cloud.subnets
+        }
+    assert ec2.capacity.markets_asked().count("spot") >= 2
+    stop_run(ec2, "spot-a")
+
+
+@pytest.mark.timeout(180)
+def test_scaling_down_terminates_instances_and_stopping_terminates_the_rest(ec2: Ec2Orchestrator) -> None:
+    create_ec2_run(ec2, "spot-scale", desired=3)
+    before = {raw["InstanceId"] for raw in launched(ec2, "spot-scale", 3)}
+
+    admin_post(ec2, "/runs/spot-scale/scale", {"desired_workers": 1})
+
+    kept = {raw["InstanceId"] for raw in launched(ec2, "spot-scale", 1)}
+    gone = before - kept
+    assert len(gone) == 2 and kept < before
+    assert {ec2.cloud.state(i) for i in gone} <= {"shutting-down", "terminated"}
+    ended = [w for w in workers(ec2, "spot-scale") if w["launcher_handle"] in gone]
+    assert [w["state"] for w in ended] == ["exited", "exited"]
+    assert all("scale-down" in w["state_reason"] for w in ended)
+    assert sum(e["kind"] == "worker.retire" for e in events(ec2, "spot-scale")) == 2
+
+    stop_run(ec2, "spot-scale")
+    assert {ec2.cloud.state(i) for i in before} <= {"shutting-down", "terminated"}
+    assert {w["state"] for w in workers(ec2, "spot-scale")} == {"exited"}
+
+
+@pytest.mark.timeout(180)
+def test_instances_terminated_behind_the_orchestrators_back_are_replaced(ec2: Ec2Orchestrator) -> None:
+    create_ec2_run(ec2, "spot-lost", desired=2)
+    first, second = (raw["InstanceId"] for raw in launched(ec2, "spot-lost", 2))
+    registered = register_as_agent(ec2, first)  # the agent on `first` booted; `second` is still booting
+    wait_until(lambda: read(ec2, "/runs/spot-lost")["state"] == "running", WAIT_S, message="run running")
+
+    ec2.cloud.ec2.terminate_instances(InstanceIds=[first, second])  # e.g. reclaimed, or by hand
+
+    replacements = {raw["InstanceId"] for raw in launched(ec2, "spot-lost", 2)}
+    assert not replacements & {first, second}
+    by_handle = {w["launcher_handle"]: w for w in workers(ec2, "spot-lost")}
+    assert by_handle[first]["id"] == registered["worker_id"]
+    assert by_handle[first]["state"] == "lost", "a registered worker whose instance vanished is lost"
+    assert by_handle[second]["state"] == "failed", "one that never registered failed at start-up"
+    assert "gone" in by_handle[first]["state_reason"]
+    kinds = [(e["kind"], e["worker_id"]) for e in events(ec2, "spot-lost")]
+    assert ("run.start_failure", None) in kinds
+    new_ids = [by_handle[h]["id"] for h in replacements]
+    assert all(("worker.launching", wid) in kinds for wid in new_ids), "each replacement is an event"
+    stop_run(ec2, "spot-lost")
+
+
+@pytest.mark.timeout(180)
+def test_no_spot_capacity_falls_back_to_on_demand_after_the_configured_failures(
+    ec2: Ec2Orchestrator,
+) -> None:
+    ec2.capacity.exhaust("spot")
+    try:
+        calls_before = len(ec2.capacity.markets_asked())
+        create_ec2_run(ec2, "spot-fallback", desired=1, on_demand_fallback_after=2)
+
+        [raw] = launched(ec2, "spot-fallback", 1)
+    finally:
+        ec2.capacity.restore()
+
+    assert "InstanceLifecycle" not in raw and tags(raw)["spotswarm:market"] == "on-demand"
+    # First launch: spot only, no capacity (a start failure). Second: spot again, then on-demand.
+    assert ec2.capacity.markets_asked()[calls_before:] == ["spot", "spot", "on-demand"]
+    rows = sorted(workers(ec2, "spot-fallback"), key=lambda w: w["id"])
+    assert [w["state"] for w in rows] == ["failed", "launching"]
+    assert "InsufficientInstanceCapacity" in rows[0]["state_reason"]
+    assert not rows[0]["launcher_handle"], "nothing was launched for the failed attempt"
+    assert rows[1]["launcher_handle"] == raw["InstanceId"]
+    history = events(ec2, "spot-fallback")
+    failures = [e for e in history if e["kind"] == "run.start_failure"]
+    assert len(failures) == 1 and "no spot capacity" in failures[0]["message"]
+    launched_events = [e for e in history if e["kind"] == "worker.launched"]
+    assert [e["worker_id"] for e in launched_events] == [rows[1]["id"]]
+    stop_run(ec2, "spot-fallback")
+
+
+@pytest.mark.timeout(180)
+def test_without_capacity_launches_back_off_fail_the_run_and_resume_later(ec2: Ec2Orchestrator) -> None:
+    ec2.capacity.exhaust("spot")
+    try:
+        create_ec2_run(ec2, "spot-dry", desired=1)
+        wait_until(lambda: read(ec2, "/runs/spot-dry")["state"] == "failed", WAIT_S, message="run failed")
+    finally:
+        ec2.capacity.restore()
+
+    run = read(ec2, "/runs/spot-dry")
+    assert "3 workers in a row failed at start-up" in run["state_reason"]
+    history = events(ec2, "spot-dry")
+    failures = [datetime.fromisoformat(e["at"]) for e in history if e["kind"] == "run.start_failure"]
+    assert len(failures) == 3
+    first_gap, second_gap = ((b - a).total_seconds() for a, b in pairwise(failures))
+    assert first_gap >= 1.0 and second_gap >= 2.0, "launches back off (1 s, then 2 s)"
+    assert ec2.cloud.instances("spot-dry", alive=False) == [], "nothing ever launched"
+
+    admin_post(ec2, "/runs/spot-dry/resume")  # capacity is back
+    [raw] = launched(ec2, "spot-dry", 1)
+    assert raw["InstanceLifecycle"] == "spot"
+    stop_run(ec2, "spot-dry")
+
+
+@pytest.mark.timeout(240)
+def test_after_a_restart_known_instances_are_adopted_and_orphans_terminated(ec2: Ec2Orchestrator) -> None:
+    create_ec2_run(ec2, "spot-restart", desired=2)
+    known = {raw["InstanceId"] for raw in launched(ec2, "spot-restart", 2)}
+    workers_before = identities(ec2, "spot-restart")
+    orphans: list[str] = []
+
+    def launch_orphan() -> None:
+        """While the orchestrator is down: an instance with its tags but a request id it never made."""
+        reservation = ec2.cloud.ec2.run_instances(
+            ImageId="ami-12345678",
+            InstanceType=TYPES[0],
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=ec2.cloud.subnets[0],
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": "spotswarm:orchestrator", "Value": ORCH_ID},
+                        {"Key": "spotswarm:run", "Value": "spot-restart"},
+                        {"Key": "spotswarm:request-id", "Value": "spot-restart-000000000000"},
+                    ],
+                }
+            ],
+        )
+        orphans.append(reservation["Instances"][0]["InstanceId"])
+
+    calls_before = len(ec2.capacity.markets_asked())
+    ec2.restart(before_start=launch_orphan)
+
+    wait_until(
+        lambda: ec2.cloud.state(orphans[0]) in ("shutting-down", "terminated"), WAIT_S, message="orphan"
+    )
+    assert {raw["InstanceId"] for raw in launched(ec2, "spot-restart", 2)} == known
+    assert {ec2.cloud.state(i) for i in known} == {"running"}
+    assert identities(ec2, "spot-restart") == workers_before, (
+        "adopted as they were: none new, none relaunched"
+    )
+    assert len(ec2.capacity.markets_asked()) == calls_before, "no CreateFleet after the restart"
+    stop_run(ec2, "spot-restart")
