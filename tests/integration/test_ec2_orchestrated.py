@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -101,14 +102,15 @@ class Ec2Orchestrator:
         self.starts = 0
         self.orch = self._start()
 
-    def _start(self, **ports: int) -> Orchestrator:
+    def _start(self, port: int | None = None, dht_port: int | None = None) -> Orchestrator:
         self.starts += 1
         return start_orchestrator(
             self.processes,
             self.tmp_path / "data",
             extra_env=orchestrator_env(self.capacity.url, self.tmp_path),
             name=f"orchestrator-{self.starts}",
-            **ports,
+            port=port,
+            dht_port=dht_port,
         )
 
     def restart(self, before_start: Callable[[], None] = lambda: None) -> Orchestrator:
@@ -196,6 +198,12 @@ def identities(ec2: Ec2Orchestrator, run: str) -> list[tuple[str, str, str, str]
     return [(w["id"], w["request_id"], w["launcher_handle"], w["state"]) for w in workers(ec2, run)]
 
 
+def recorded_worker(ec2: Ec2Orchestrator, run: str, instance_id: str) -> dict[str, Any]:
+    """The worker row whose handle is ``instance_id``, once its launch details are recorded."""
+    found = [w for w in workers(ec2, run) if w["launcher_handle"] == instance_id and w["launch_details"]]
+    return found[0] if found else {}
+
+
 def live_handles(ec2: Ec2Orchestrator, run: str) -> set[str]:
     return {w["launcher_handle"] for w in workers(ec2, run) if w["state"] in ("launching", "running")}
 
@@ -203,10 +211,10 @@ def live_handles(ec2: Ec2Orchestrator, run: str) -> set[str]:
 def launched(ec2: Ec2Orchestrator, run: str, count: int) -> list[dict[str, Any]]:
     """Wait until ``run`` has ``count`` live instances, each the handle of a live worker; return them."""
 
-    def ready() -> list[dict[str, Any]] | None:
+    def ready() -> list[dict[str, Any]]:
         instances = ec2.cloud.instances(run)
         ids = {i["InstanceId"] for i in instances}
-        return instances if len(instances) == count and ids == live_handles(ec2, run) else None
+        return instances if len(instances) == count and ids == live_handles(ec2, run) else []
 
     return wait_until(ready, WAIT_S, message=f"{count} live instance(s) of {run}, each a live worker")
 
@@ -254,11 +262,9 @@ def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(e
         assert raw["InstanceType"] in TYPES and raw["SubnetId"] in ec2.cloud.subnets
         assert tag["spotswarm:orchestrator"] == ORCH_ID and tag["spotswarm:run"] == "spot-a"
         assert tag["spotswarm:market"] == "spot"
-        # What the worker workers table shows: the instance id, and its type, zone and price.
+        # What the workers table shows: the instance id, and its type, zone and price.
         row = wait_until(
-            lambda iid=instance_id: next(
-                w for w in workers(ec2, "spot-a") if w["launcher_handle"] == iid and w["launch_details"]
-            ),
+            partial(recorded_worker, ec2, "spot-a", instance_id),
             WAIT_S,
             message=f"launch details of {instance_id} recorded",
         )
