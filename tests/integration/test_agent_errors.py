@@ -1,0 +1,93 @@
+"""The worker agent's failure paths against a real orchestrator: each ends fast, with one clear line."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import VENV_BIN, ProcessRegistry, free_port, wait_until
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from worker.agent_config import EXIT_CONFIG, EXIT_FAILED
+
+FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    """One orchestrator for this module's tests (each creates its own run)."""
+    root = tmp_path_factory.mktemp("agent-errors")
+    registry = ProcessRegistry(root)
+    # No import check: a run below names a module that exists nowhere, as a worker image might lack it.
+    env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+    try:
+        yield start_orchestrator(registry, root / "orch", extra_env=env)
+    finally:
+        registry.kill_all()
+
+
+def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+    assert response.status_code == 201, response.text
+    return str(response.json()["join_token"])
+
+
+def start_agent(
+    processes: ProcessRegistry, tmp_path: Path, name: str, url: str, token: str, **env: str
+) -> Any:
+    agent_env = {
+        "SPOTSWARM_URL": url,
+        "SPOTSWARM_JOIN_TOKEN": token,
+        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
+        "SPOTSWARM_METADATA_URL": "off",
+        **env,
+    }
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env)
+
+
+def wait_exit(proc: Any, timeout_s: float) -> int:
+    began = time.monotonic()
+    wait_until(lambda: not proc.alive(), timeout_s, message=f"agent exits\n{proc.log()[-3000:]}")
+    assert time.monotonic() - began < timeout_s
+    return int(proc.popen.returncode)
+
+
+@pytest.mark.timeout(120)
+def test_bad_join_token_is_a_clear_permanent_error(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    create_run(orch, "tok")
+    agent = start_agent(processes, tmp_path, "agent", orch.url, "ssj_not-the-token")
+    assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
+    errors = [line for line in agent.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "rejected the join token" in errors[0], agent.log()[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_module_that_fails_to_import_is_reported_on_the_run(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    token = create_run(orch, "imp", module="tests.integration.no_such_module:Model")
+    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
+    assert "cannot build tests.integration.no_such_module:Model: ModuleNotFoundError" in agent.log()
+    with orch.client() as http:
+        workers = http.get("/api/v1/runs/imp/workers").json()["items"]
+        events = " ".join(e["message"] for e in http.get("/api/v1/runs/imp/events").json()["items"])
+    assert [w["state"] for w in workers] == ["failed"]
+    assert "No module named 'tests.integration.no_such_module'" in workers[0]["exit_reason"]
+    assert "deregistered (error)" in events
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_orchestrator_without_cache_exits_retryable(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    agent = start_agent(processes, tmp_path, "agent", nowhere, "ssj_x", SPOTSWARM_REGISTER_TIMEOUT_S="1")
+    assert wait_exit(agent, 45) == EXIT_FAILED
+    assert "stayed unreachable" in agent.log()
