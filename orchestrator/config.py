@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     log_level: str = Field(
         default="info", pattern=r"^(debug|info|warning|error)$", description="Log level of the server."
     )
+    log_format: str = Field(
+        default="text",
+        pattern=r"^(text|json)$",
+        description="Log lines: text (for people) or json (one object a line: timestamp, level, logger, "
+        "run, worker, event, message).",
+    )
 
     # The reconcile loop -------------------------------------------------------------------------------
     public_url: str | None = Field(

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
 from orchestrator.errors import IllegalTransition, InvalidRequest, NotFound, RunExists
+from worker.logsetup import log_fields
 from worker.wire import LIVE_WORKER_STATES, RunSpec, RunState, StopCondition, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -76,10 +77,15 @@ LIVE_STATES = tuple(s.value for s in LIVE_WORKER_STATES)
 def record_event(
     session: Session, run_id: int, kind: str, message: str, now: datetime, worker_id: int | None = None
 ) -> Event:
-    """Append an event to the run's history (kinds: ``run.*``, ``worker.*``, ``checkpoint.*``)."""
+    """Append an event to the run's history (kinds: ``run.*``, ``worker.*``, ``checkpoint.*``).
+
+    Each event is also a log line with the same fields (run name, worker id, kind, message).
+    """
     event = Event(run_id=run_id, at=now, kind=kind, message=message[:4000], worker_id=worker_id)
     session.add(event)
-    logger.info("run %s%s: %s: %s", run_id, f" worker {worker_id}" if worker_id else "", kind, message)
+    run = session.get(Run, run_id)  # loaded already by every caller: no query
+    fields = log_fields(run=run.name if run is not None else str(run_id), worker=worker_id, event=kind)
+    logger.info("%s", event.message, extra=fields)
     return event
 
 

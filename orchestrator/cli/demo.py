@@ -79,7 +79,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
         progress_sample_interval_s=2.0,
         log_level="warning",
     )
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     admin_token, _ = ensure_admin_token(settings)
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)

@@ -8,8 +8,6 @@ Heavy imports (FastAPI, hivemind) happen inside the commands, so ``spotswarm --h
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
@@ -60,10 +58,10 @@ def build_settings(options: dict[str, Any]) -> Settings:
         raise click.UsageError(f"invalid settings: {problems}") from exc
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
+    from worker.logsetup import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format, hivemind=hivemind)
 
 
 @click.command()
@@ -75,7 +73,7 @@ def serve(**options: Any) -> None:
     from orchestrator.assembly import build_app
 
     settings = build_settings(options)
-    _configure_logging(settings.log_level)
+    _configure_logging(settings)
     app = build_app(settings)
     config = uvicorn.Config(
         app,
@@ -83,6 +81,7 @@ def serve(**options: Any) -> None:
         port=settings.port,
         log_level=settings.log_level,
         lifespan="on",
+        log_config=None,  # uvicorn's loggers go through ours (same format, JSON included)
         timeout_graceful_shutdown=10,
         access_log=settings.log_level == "debug",
     )
@@ -107,7 +106,7 @@ def upgrade(database_url: str | None, data_dir: Path | None) -> None:
     from orchestrator.db.session import Database
 
     settings = build_settings({"database_url": database_url, "data_dir": data_dir})
-    _configure_logging(settings.log_level)
+    _configure_logging(settings, hivemind=False)
     database = Database(settings.resolved_database_url())
     try:
         database.upgrade()

@@ -1,0 +1,158 @@
+"""One logging set-up for the orchestrator and the worker: readable lines by default, JSON lines on request.
+
+``configure_logging(level, fmt)`` installs one stderr handler on the root logger. ``fmt`` is ``text``
+(the default) or ``json``; when not given, ``SPOTSWARM_LOG_FORMAT`` decides. Every line carries the
+same fields, so logs of both sides can be searched alike:
+
+- text: ``2026-01-02 03:04:05,678 INFO [run=digits worker=3] orchestrator.runs: worker.state: a -> b``
+  (the event kind, when there is one, in front of the message)
+- json: ``{"timestamp": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "...", "run": "digits",
+  "worker": "3", "event": "worker.state", "message": "..."}`` (plus ``exception`` with a traceback)
+
+``run``, ``worker`` and ``event`` come from the record (``logger.info(..., extra=log_fields(run=...))``)
+or, for a process that serves one run (a worker), from :func:`set_log_context`. Fields not known are
+``null`` in JSON and left out of text lines.
+
+hivemind installs its own handler on the ``hivemind`` logger; it is removed so that hivemind's lines go
+through ours in the same format, and hivemind is kept at ``SPOTSWARM_HIVEMIND_LOG_LEVEL`` (default
+``WARNING``: its per-round INFO lines would drown everything else).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import datetime, timezone
+from typing import IO, Any
+
+FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
+HIVEMIND_LEVEL_ENV = "SPOTSWARM_HIVEMIND_LOG_LEVEL"
+FORMATS = ("text", "json")
+CONTEXT_FIELDS = ("run", "worker", "event")
+# Loggers that say too much at INFO for a service log, and the level they are kept at.
+QUIET_LOGGERS = {"httpx": logging.WARNING, "httpcore": logging.WARNING, "urllib3": logging.WARNING}
+
+
+class _Context:
+    run: str | None = None
+    worker: str | None = None
+
+
+_CONTEXT = _Context()
+
+
+def set_log_context(run: str | None = None, worker: str | None = None) -> None:
+    """Name the run and worker this process serves: added to every record that names none itself."""
+    _CONTEXT.run, _CONTEXT.worker = run, worker
+
+
+def log_fields(run: str | None = None, worker: object = None, event: str | None = None) -> dict[str, Any]:
+    """The ``extra=`` of a log call naming its run, worker and event kind."""
+    return {"run": run, "worker": None if worker is None else str(worker), "event": event}
+
+
+class ContextFilter(logging.Filter):
+    """Gives every record ``run``, ``worker`` and ``event`` (from the record, else the process context)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "run", None) is None:
+            record.run = _CONTEXT.run
+        if getattr(record, "worker", None) is None:
+            record.worker = _CONTEXT.worker
+        if not hasattr(record, "event"):
+            record.event = None
+        return True
+
+
+def level_name(record: logging.LogRecord) -> str:
+    """``WARNING`` even where hivemind renamed the level to ``WARN``."""
+    return _LEVEL_NAMES.get(record.levelno, record.levelname)
+
+
+_LEVEL_NAMES = {
+    logging.DEBUG: "DEBUG",
+    logging.INFO: "INFO",
+    logging.WARNING: "WARNING",
+    logging.ERROR: "ERROR",
+    logging.CRITICAL: "CRITICAL",
+}
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL [run=.. worker=..] logger: message`` (the brackets only when a run or worker is known)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(level)s %(ctx)s%(name)s: %(kind)s%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [f"{key}={value}" for key in ("run", "worker") if (value := getattr(record, key, None))]
+        record.ctx = f"[{' '.join(parts)}] " if parts else ""
+        record.level = level_name(record)
+        event = getattr(record, "event", None)
+        record.kind = f"{event}: " if event else ""
+        return super().format(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line with the fields listed in the module docstring."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created, tz=timezone.utc)
+        line: dict[str, Any] = {
+            "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+            "level": level_name(record).lower(),
+            "logger": record.name,
+            "run": getattr(record, "run", None),
+            "worker": getattr(record, "worker", None),
+            "event": getattr(record, "event", None),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            line["exception"] = self.formatStack(record.stack_info)
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def resolve_format(fmt: str | None) -> str:
+    """``fmt`` or ``$SPOTSWARM_LOG_FORMAT`` or ``text``; raises ValueError for an unknown format."""
+    chosen = (fmt or os.environ.get(FORMAT_ENV) or "text").strip().lower()
+    if chosen not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {chosen!r}")
+    return chosen
+
+
+def configure_logging(
+    level: str | int = "INFO", fmt: str | None = None, stream: IO[str] | None = None, *, hivemind: bool = True
+) -> str:
+    """Install the one root handler (replacing earlier ones) and return the format used.
+
+    ``hivemind=False`` leaves hivemind alone (importing it costs seconds: for short commands that never
+    start a peer). Raises ValueError for an unknown format or level.
+    """
+    chosen = resolve_format(fmt)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.addFilter(ContextFilter())
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
+    logging.basicConfig(
+        level=level.upper() if isinstance(level, str) else level, handlers=[handler], force=True
+    )
+    for name, quiet_level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(quiet_level)
+    if hivemind:
+        _route_hivemind(os.environ.get(HIVEMIND_LEVEL_ENV, "WARNING").upper())
+    logging.captureWarnings(True)
+    return chosen
+
+
+def _route_hivemind(level: str) -> None:
+    """Send hivemind's records through the root handler, at ``level`` (a no-op without hivemind)."""
+    try:
+        from hivemind.utils import logging as hivemind_logging
+    except ImportError:
+        logging.getLogger("hivemind").setLevel(level)
+        return
+    hivemind_logging.use_hivemind_log_handler("nowhere")
+    logging.getLogger("hivemind").setLevel(level)
