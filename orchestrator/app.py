@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
-from orchestrator.api import checkpoints, health, peers, runs, workers
+from orchestrator.api import checkpoints, health, peers, runs, worker_logs, workers
 from orchestrator.api import metrics as metrics_api
 from orchestrator.bodylimit import BodyLimitMiddleware
 from orchestrator.clock import Clock, utc_now
@@ -133,7 +133,7 @@ def create_app(
         lifespan=lifespan,
     )
     _install_error_handlers(app)
-    for module in (runs, workers, checkpoints, peers):
+    for module in (runs, workers, checkpoints, peers, worker_logs):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_api.router)  # /metrics (Prometheus)

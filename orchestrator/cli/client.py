@@ -171,6 +171,11 @@ class ApiClient:
     def progress(self, name: str, max_points: int = 200) -> dict[str, Any]:
         return self._json("GET", f"/runs/{name}/progress", params={"max_points": max_points})
 
+    def worker_log(self, name: str, worker_id: str, tail_bytes: int) -> dict[str, Any]:
+        """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it."""
+        path = f"/runs/{name}/workers/{worker_id}/log"
+        return self._json("GET", path, params={"tail_bytes": tail_bytes})
+
     # -- workers, checkpoints, peers -------------------------------------------------------------
 
     def workers(self, name: str, limit: int = 500) -> dict[str, Any]:

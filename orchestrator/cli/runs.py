@@ -301,8 +301,36 @@ def _echo_event(ctx: ApiContext, event: dict[str, Any]) -> None:
     help="Seconds between polls with --follow.",
 )
 @click.option("--after-id", type=click.IntRange(0), default=0, help="Only events newer than this id.")
-def logs(ctx: ApiContext, name: str, follow: bool, interval_s: float, after_id: int) -> None:
-    """Print the run's event log (JSON lines with --json). With --follow, exit once the run has ended."""
+@click.option("--worker", "worker_id", default=None, help="Print this worker's log tail instead of events.")
+@click.option(
+    "--tail-bytes",
+    type=click.IntRange(1, 1024 * 1024),
+    default=64 * 1024,
+    show_default=True,
+    help="With --worker: at most this many bytes from the end of its log.",
+)
+def logs(
+    ctx: ApiContext,
+    name: str,
+    follow: bool,
+    interval_s: float,
+    after_id: int,
+    worker_id: str | None,
+    tail_bytes: int,
+) -> None:
+    """Print the run's event log (JSON lines with --json). With --follow, exit once the run has ended.
+
+    With --worker ID, print the end of that worker's own log (stdout and stderr) instead.
+    """
+    if worker_id is not None:
+        if follow:
+            raise CliError("--follow works on the event log only, not with --worker", 2)
+        tail = ctx.api.worker_log(name, worker_id, tail_bytes)
+        if ctx.as_json:
+            echo_json(tail)
+        else:
+            click.echo(tail["text"], nl=not tail["text"].endswith("\n"))
+        return
     cursor = _print_events(ctx, name, after_id)
     while follow:
         ended = ctx.api.get_run(name)["state"] in TERMINAL_RUN_STATES

@@ -1,0 +1,60 @@
+"""``GET /api/v1/runs/{name}/workers/{worker_id}/log``: the tail of a worker's log, size-bounded.
+
+Under the read rule (public unless ``--no-public-reads``, then the admin token). ``tail_bytes`` (at most
+1 MiB) bounds the answer; the file is never read whole. 404 for an unknown run or worker or a log not
+written yet, 409 for a worker whose log is not kept by the orchestrator (joined by hand, EC2).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from orchestrator import runs
+from orchestrator.api.deps import Ctx, Reader
+from orchestrator.errors import NotFound
+from orchestrator.worker_logs import DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES, read_tail, worker_log_path
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+class WorkerLog(BaseModel):
+    """The end of a worker's log."""
+
+    run: str
+    worker_id: str
+    size_bytes: int = Field(description="Size of the whole log now.")
+    offset: int = Field(description="Where ``text`` starts in the log (a line start when cut).")
+    truncated: bool = Field(description="True when the log holds more before ``offset``.")
+    text: str
+
+
+@router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log")
+def worker_log(
+    name: str,
+    worker_id: int,
+    ctx: Ctx,
+    _: Reader,
+    tail_bytes: Annotated[
+        int, Query(ge=1, le=MAX_TAIL_BYTES, description="Return at most this many bytes from the end.")
+    ] = DEFAULT_TAIL_BYTES,
+) -> WorkerLog:
+    with ctx.db.read() as session:
+        run = runs.get_run(session, name)
+        worker = runs.get_worker(session, worker_id)
+        if worker.run_id != run.id:
+            raise NotFound(f"worker {worker_id} not found in run {name!r}")
+        path = worker_log_path(
+            ctx.settings.data_dir, worker.id, worker.launcher, worker.manual, worker.request_id
+        )
+    tail = read_tail(path, tail_bytes)
+    return WorkerLog(
+        run=name,
+        worker_id=str(worker_id),
+        size_bytes=tail.size_bytes,
+        offset=tail.offset,
+        truncated=tail.truncated,
+        text=tail.text,
+    )
