@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
 
+from worker import logsetup
 from worker.agent_boot import (
     Boot,
     OrchestratorUnavailable,
@@ -45,26 +46,9 @@ SPOT_NOTICE_MARGIN_S = 15.0  # leave this long before the announced interruption
 SPOT_DEFAULT_WINDOW_S = 120.0  # EC2's usual notice when the notice's time cannot be read
 
 
-class _ContextFilter(logging.Filter):
-    """Adds ``run`` and ``worker`` to every log record (``%(ctx)s`` in the format)."""
-
-    ctx = "-"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.ctx = self.ctx
-        return True
-
-
-_CONTEXT = _ContextFilter()
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr with the run and worker in every line; quiet the per-request lines of httpx."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_CONTEXT)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(ctx)s] %(name)s: %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def configure_logging(level: str, fmt: str | None = None) -> None:
+    """The shared set-up (worker/logsetup.py): run and worker in every line, text or JSON lines."""
+    logsetup.configure_logging(level, fmt)
 
 
 def seconds_until(iso_time: str, now: datetime | None = None) -> float | None:
@@ -133,7 +117,7 @@ class Agent:
         registration = boot.registration
         self.worker_id = registration.worker_id
         self.client.token = registration.worker_token
-        _CONTEXT.ctx = f"run={registration.run.name} worker={registration.worker_id}"
+        logsetup.set_log_context(run=registration.run.name, worker=registration.worker_id)
         latest = registration.resume_checkpoint.epoch if registration.resume_checkpoint else None
         self.state.configure(registration.run.checkpoint_every_epochs, latest)
         self._stop_condition = registration.run.stop
@@ -162,6 +146,7 @@ class Agent:
             registration.run.name,
             registration.heartbeat_interval_s,
             self.config.worker_dir,
+            peers_refresh_s=self.config.peers_refresh_s,
         )
         self._heartbeater.start()
         self._start_spot_watcher()
@@ -322,7 +307,7 @@ def _first_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``spotswarm-worker``; returns the exit code."""
     config = parse_config(argv)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump every stack
     config.worker_dir.mkdir(parents=True, exist_ok=True)
     return Agent(config).run()

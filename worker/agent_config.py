@@ -29,6 +29,8 @@ class AgentConfig:
     request_id: str | None = None
     metadata_url: str | None = None
     log_level: str = "INFO"
+    log_format: str | None = None  # text or json; None: SPOTSWARM_LOG_FORMAT, else text
+    peers_refresh_s: float = 60.0
     register_timeout_s: float = 120.0
     stop_grace_s: float = 15.0
     host_maddrs: list[str] = field(default_factory=list)
@@ -71,6 +73,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "[SPOTSWARM_METADATA_URL]",
     )
     add("--log-level", default=env("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING... [SPOTSWARM_LOG_LEVEL]")
+    add(
+        "--log-format",
+        choices=("text", "json"),
+        default=env("LOG_FORMAT"),
+        help="Log lines for people (text, default) or one JSON object a line [SPOTSWARM_LOG_FORMAT]",
+    )
+    add(
+        "--peers-refresh-s",
+        type=float,
+        default=float(env("PEERS_REFRESH_S", "60") or 60),
+        help="How often the run's peer list is fetched into <worker-dir>/peers.json, the list a restart "
+        "uses while the orchestrator is unreachable [SPOTSWARM_PEERS_REFRESH_S]",
+    )
     add(
         "--register-timeout-s",
         type=float,
@@ -119,6 +134,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         request_id=args.request_id,
         metadata_url=args.metadata_url,
         log_level=args.log_level.upper(),
+        log_format=args.log_format,
+        peers_refresh_s=args.peers_refresh_s,
         register_timeout_s=args.register_timeout_s,
         stop_grace_s=args.stop_grace_s,
         host_maddrs=_split(args.host_maddrs),
