@@ -1,0 +1,83 @@
+"""Prometheus metrics of a real training run: `spotswarm serve` with the reconcile loop and the local
+launcher, two digits workers; the metrics agree with the API while the swarm trains, workers log JSON
+lines that the API serves, and the run's series vanish when it is deleted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.helpers import ProcessRegistry, wait_until
+from tests.orchestrator_fixture import Orchestrator
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
+RUN = "metered"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(orch: Orchestrator) -> Samples:
+    response = httpx.get(f"{orch.url}/metrics", timeout=15)
+    response.raise_for_status()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def metric(orch: Orchestrator, name: str, **labels: str) -> float | None:
+    return scrape(orch).get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.mark.timeout(330)
+def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_LOG_FORMAT": "json"}  # workers inherit the env
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=64, checkpoint_every_epochs=1000))
+    reader = RunReader(orch, RUN)
+    wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
+
+    samples = scrape(orch)
+    run = reader.run()
+    by_state = {
+        s: samples[("spotswarm_run_workers", (("run", RUN), ("state", s)))] for s in ("running", "lost")
+    }
+    assert by_state == {"running": run["workers"]["running"], "lost": 0} and by_state["running"] == 2
+    assert samples[("spotswarm_run_desired_workers", (("run", RUN),))] == 2
+    assert samples[("spotswarm_launches_total", (("launcher", "local"),))] >= 2
+    assert samples[("spotswarm_reconcile_ticks_total", ())] > 0
+    assert samples[("spotswarm_reconcile_errors_total", ())] == 0
+    assert samples[("spotswarm_heartbeats_total", (("result", "accepted"),))] > 0
+    epoch = samples[("spotswarm_run_swarm_epoch", (("run", RUN),))]
+    assert epoch >= 1 and epoch <= reader.epoch()
+
+    wait_until(lambda: (metric(orch, "spotswarm_run_swarm_epoch", run=RUN) or 0) > epoch, 90, message="epoch")
+    wait_until(
+        lambda: metric(orch, "spotswarm_run_dht_peers", run=RUN) == 2, 60, message="2 peers in the DHT"
+    )
+    samples = scrape(orch)
+    assert samples[("spotswarm_run_samples_total", (("run", RUN),))] > 0
+    assert samples[("spotswarm_run_samples_per_second", (("run", RUN),))] > 0
+    assert ("spotswarm_run_loss", (("run", RUN),)) in samples
+    assert samples[("spotswarm_run_dht_epoch", (("run", RUN),))] >= epoch
+
+    worker = reader.running()[0]
+    with orch.client() as http:
+        tail = http.get(f"/api/v1/runs/{RUN}/workers/{worker['id']}/log", params={"tail_bytes": 65536}).json()
+    lines = [json.loads(line) for line in tail["text"].splitlines() if line.startswith("{")]
+    assert any(line["run"] == RUN and line["worker"] == worker["id"] for line in lines), tail["text"][-2000:]
+
+    admin_post(orch, f"/api/v1/runs/{RUN}/stop")
+    wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
+    with orch.admin() as http:
+        assert http.delete(f"/api/v1/runs/{RUN}").status_code == 204
+    left = [key for key in scrape(orch) if ("run", RUN) in key[1]]
+    assert not left, left
