@@ -12,6 +12,7 @@ Checkpoints go to S3 when ``SPOTSWARM_S3_BUCKET`` is set, else to ``<data_dir>/c
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from fastapi import FastAPI
 
@@ -64,12 +65,9 @@ def build_launchers(settings: Settings) -> dict[str, Launcher]:
             subnet_ids=tuple(settings.ec2_subnet_ids),
             max_price=settings.ec2_max_price,
             on_demand_fallback_after=settings.ec2_on_demand_fallback_after,
-            **(
-                {"user_data_template": settings.ec2_user_data_template}
-                if settings.ec2_user_data_template
-                else {}
-            ),
         )
+        if settings.ec2_user_data_template is not None:
+            config = replace(config, user_data_template=settings.ec2_user_data_template)
         launchers["ec2"] = Ec2Launcher(config)
     return launchers
 

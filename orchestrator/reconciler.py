@@ -161,7 +161,7 @@ class Reconciler:
         rows = [w for w in rows if not w.manual]  # workers joined by hand count, but are not managed
         plan = plan_run(
             self._run_view(session, run, now),
-            [_worker_view(w) for w in rows],
+            [_worker_view(w, self.started_at) for w in rows],
             {
                 rid: InstanceView(rid, inst.alive)
                 for rid, (name, inst) in instances.items()
@@ -325,14 +325,19 @@ def _ts(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def _worker_view(worker: Worker) -> WorkerView:
+def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
+    """The policy's view of a row. Heartbeats count from the loop's start at the earliest: after an
+    orchestrator restart, workers get one full heartbeat timeout to check in before they are lost."""
+    last = worker.last_heartbeat_at
+    if last is not None and last < loop_started_at:
+        last = loop_started_at
     return WorkerView(
         id=str(worker.id),
         request_id=worker.request_id,
         state=WorkerState(worker.state),
         created_at=worker.created_at.timestamp(),
         registered=worker.registered_at is not None,
-        last_heartbeat_at=_ts(worker.last_heartbeat_at),
+        last_heartbeat_at=_ts(last),
         retire_requested_at=_ts(worker.retire_requested_at),
     )
 
