@@ -183,7 +183,7 @@ class Reconciler:
     def _expire_manual_workers(self, session: Session, manual: list[Worker], now: datetime) -> None:
         """A worker started by hand has no launcher to ask: only its heartbeats say it is alive."""
         for worker in manual:
-            last = worker.last_heartbeat_at or worker.created_at
+            last = max(worker.last_heartbeat_at or worker.created_at, self.started_at)
             if (now - last).total_seconds() > self.policy.heartbeat_timeout_s:
                 reason = f"no heartbeat for {self.policy.heartbeat_timeout_s:.0f} s"
                 self._set_worker(session, worker, WorkerState.lost, reason, now)
