@@ -1,0 +1,131 @@
+"""The peer list keeps a swarm whole while the orchestrator is down.
+
+Two workers train through the reconcile loop and keep the run's peer list in their worker dirs
+(``peers.json``). The orchestrator is killed; a third worker started by hand with that saved list (plain
+Lightning + HivemindStrategy, no orchestrator) joins the same swarm: the DHT shows three peers at one
+epoch. The orchestrator comes back and the two workers re-attach, reporting three peers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import hivemind
+import pytest
+from hivemind.dht.crypto import RSASignatureValidator
+
+from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.helpers import ProcessRegistry, wait_until
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # workers importing torch, lightning and hivemind on a busy 2-core machine
+RUN = "whole"
+TARGET_BATCH_SIZE = 64
+ENV = {
+    "SPOTSWARM_CHECK_IMPORTS": "false",
+    "SPOTSWARM_PEERS_REFRESH_S": "1",  # inherited by the local workers: their peers.json stays fresh
+}
+
+
+def peer_id(maddr: str) -> str:
+    return maddr.rsplit("/p2p/", 1)[-1]
+
+
+def saved_peers(data_dir: Path, worker: dict[str, Any]) -> list[str]:
+    """The list the agent keeps in its worker dir (the local launcher's layout)."""
+    path = data_dir / "workers" / worker["request_id"] / "peers.json"
+    return list(json.loads(path.read_text())["initial_peers"]) if path.exists() else []
+
+
+def swarm_epochs(reader: hivemind.DHT, swarm_id: str) -> list[int]:
+    """Epoch of every training peer publishing progress for ``swarm_id`` (hivemind's ProgressTracker key)."""
+    found = reader.get(f"{swarm_id}_progress", latest=True)
+    entries = found.value.values() if found is not None and isinstance(found.value, dict) else []
+    values = [e.value for e in entries if isinstance(e.value, dict) and not e.value.get("client_mode")]
+    return [int(v["epoch"]) for v in values]
+
+
+@pytest.mark.timeout(420)
+def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_down(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
+    created = admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE)).json()
+    swarm_id = created["swarm_id"]
+    reader = RunReader(orch, RUN)
+    wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
+    first, second = sorted(reader.running(), key=lambda w: int(w["id"]))
+    second_ids = {peer_id(m) for m in second["peer_maddrs"]}
+    assert second_ids, "the second worker reported its addresses in heartbeats"
+    wait_until(
+        lambda: second_ids & {peer_id(m) for m in saved_peers(loop_data_dir, first)},
+        30,
+        message="the first worker's saved list names the second worker",
+    )
+
+    orch.kill()  # kill -9: nobody answers the API or the orchestrator's DHT address any more
+    saved = tmp_path / "peers.json"
+    saved.write_text(json.dumps({"initial_peers": saved_peers(loop_data_dir, first)}))
+    progress = tmp_path / "hand-progress.json"
+    processes.start(
+        "hand-worker",
+        [
+            sys.executable,
+            "-m",
+            "tests.e2e.peer_list_worker",
+            str(saved),
+            swarm_id,
+            str(TARGET_BATCH_SIZE),
+            str(progress),
+        ],
+    )
+
+    workers_only = [m for m in json.loads(saved.read_text())["initial_peers"] if peer_id(m) in second_ids]
+    dht = hivemind.DHT(
+        initial_peers=workers_only,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        client_mode=True,
+        record_validators=[RSASignatureValidator()],
+        start=True,
+    )
+
+    def one_swarm_of_three() -> list[int]:
+        epochs = swarm_epochs(dht, swarm_id)
+        return epochs if len(epochs) == 3 and len(set(epochs)) == 1 else []
+
+    try:
+        epochs = wait_until(
+            one_swarm_of_three, BOOT_S, interval_s=1, message="three peers at one epoch in the DHT"
+        )
+    finally:
+        dht.shutdown()
+    wait_until(
+        lambda: (hand := json.loads(progress.read_text()))["num_peers"] == 3 and hand["epoch"] >= epochs[0],
+        30,
+        message="the hand-started worker counts three peers",
+    )
+
+    restarted_at = datetime.now(timezone.utc)
+    orch = start_loop_orchestrator(
+        processes, loop_data_dir, extra_env=ENV, port=orch.port, dht_port=orch.dht_port, name="orchestrator-2"
+    )
+    reader = RunReader(orch, RUN)
+
+    counted_three: set[str] = set()  # peers' counts flicker at epoch changes: each must show 3 once
+
+    def reattached() -> bool:
+        by_id = {w["id"]: w for w in reader.workers()}
+        pair = [by_id[first["id"]], by_id[second["id"]]]
+        fresh = [
+            w
+            for w in pair
+            if w["state"] == "running" and datetime.fromisoformat(w["last_heartbeat_at"]) > restarted_at
+        ]
+        counted_three.update(w["id"] for w in fresh if w["num_peers"] == 3)
+        return len(fresh) == 2 and counted_three == {first["id"], second["id"]}
+
+    wait_until(reattached, 90, interval_s=1, message="both workers running again, counting three peers")
+    assert len(reader.workers()) == 2, "no replacement was launched for the re-attached workers"
