@@ -1,0 +1,190 @@
+"""A spot interruption end to end: a real worker agent training the digits example gets EC2's
+two-minute notice from a fake instance metadata service, saves and uploads a final checkpoint (it is
+the run's checkpointer), deregisters as ``interrupted``, and the orchestrator's reconcile loop replaces
+it at once, without waiting for a heartbeat timeout; the replacement resumes from that checkpoint and
+the run goes on.
+
+The worker is local (``local`` launcher) and finds the metadata service through
+``SPOTSWARM_METADATA_URL``, which local workers inherit from the orchestrator's environment, just as
+the ``ec2`` launcher writes it into an instance's user data.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.helpers import ProcessRegistry, wait_until
+from worker.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
+
+HEARTBEAT_TIMEOUT_S = 30.0  # the replacement must come long before the loop could call the worker lost
+
+
+class InstanceMetadata(ThreadingHTTPServer):
+    """A fake IMDSv2 on 127.0.0.1 that all local workers share, each as if on its own instance.
+
+    Every worker gets its own session token (``PUT /latest/api/token``). :meth:`interrupt` arms an
+    interruption notice; the first token to poll for it afterwards owns it (that worker's "instance"
+    is being reclaimed) and sees it from then on, while every other token, and so every replacement,
+    keeps getting 404 as on another instance.
+    """
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _MetadataHandler)
+        self.lock = threading.Lock()
+        self.tokens: set[str] = set()
+        self.armed: dict[str, str] | None = None
+        self.notice: dict[str, str] | None = None
+        self.notice_token: str | None = None
+        self.delivered = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def interrupt(self, seconds_ahead: float = 120.0) -> None:
+        """Arm EC2's notice: ``terminate`` at ``seconds_ahead`` from now, for the next worker that polls."""
+        when = datetime.now(timezone.utc) + timedelta(seconds=seconds_ahead)
+        with self.lock:
+            self.armed = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def instance_action(self, token: str) -> dict[str, str] | None:
+        with self.lock:
+            if self.armed is not None and self.notice_token is None:
+                self.notice, self.notice_token, self.armed = self.armed, token, None
+                self.delivered.set()
+            return self.notice if token == self.notice_token else None
+
+
+class _MetadataHandler(BaseHTTPRequestHandler):
+    server: InstanceMetadata
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        if self.path != TOKEN_PATH or not self.headers.get(TOKEN_TTL_HEADER):
+            self._reply(400, "")
+            return
+        token = secrets.token_hex(8)
+        with self.server.lock:
+            self.server.tokens.add(token)
+        self._reply(200, token)
+
+    def do_GET(self) -> None:
+        token = self.headers.get(TOKEN_HEADER, "")
+        with self.server.lock:
+            known = token in self.server.tokens
+        if not known:
+            self._reply(401, "")
+            return
+        notice = self.server.instance_action(token) if self.path == INSTANCE_ACTION_PATH else None
+        self._reply(200, json.dumps(notice)) if notice else self._reply(404, "Not Found")
+
+    def _reply(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def metadata() -> Iterator[InstanceMetadata]:
+    server = InstanceMetadata()
+    thread = threading.Thread(target=server.serve_forever, name="fake-imds", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def event_time(event: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(event["at"])
+
+
+@pytest.mark.swarm
+@pytest.mark.timeout(300)
+def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
+    processes: ProcessRegistry, loop_data_dir: Path, metadata: InstanceMetadata
+) -> None:
+    env = {
+        "SPOTSWARM_METADATA_URL": metadata.url,  # inherited by the local workers
+        "SPOTSWARM_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+        "SPOTSWARM_CHECK_IMPORTS": "false",  # the digits example imports; the probe costs ~20 s here
+    }
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    # One worker, so it is the checkpointer; no periodic checkpoints, so the only one is the final one.
+    spec = digits_run(
+        "spot-digits", desired_workers=1, checkpoint_every_epochs=10_000, stop={"target_epochs": 100_000}
+    )
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, "spot-digits")
+
+    def training() -> list[dict[str, Any]]:
+        return [w for w in reader.running() if w["swarm_epoch"] >= 2 and w["checkpointer"]]
+
+    [first] = wait_until(training, 180, interval_s=1, message="the first worker trains (swarm epoch 2)")
+    assert reader.checkpoints() == []
+
+    metadata.interrupt(seconds_ahead=120)
+
+    assert metadata.delivered.wait(30), "the worker's spot watcher polls the metadata service"
+
+    def left() -> dict[str, Any]:
+        row = next(w for w in reader.workers() if w["id"] == first["id"])
+        return row if row["state"] != "running" else {}
+
+    gone = wait_until(left, 60, message="the noticed worker leaves")
+    assert gone["state"] == "interrupted"
+    assert gone["exit_reason"].startswith("interrupted: spot interruption notice: terminate at")
+
+    # Its final checkpoint was stored before it left, and was the run's first.
+    history = reader.events()
+    [stored] = [e for e in history if e["kind"] == "checkpoint.stored"]
+    assert stored["worker_id"] == first["id"]
+    [checkpoint] = reader.checkpoints()
+    assert checkpoint["epoch"] >= 2
+
+    # The replacement was launched at once: within a few reconcile ticks of the deregistration.
+    [interrupted] = [
+        e
+        for e in history
+        if e["worker_id"] == first["id"] and e["kind"] == "worker.state" and "-> interrupted" in e["message"]
+    ]
+
+    def replacement_launch() -> dict[str, Any]:
+        launches = [
+            e for e in reader.events() if e["kind"] == "worker.launching" and e["worker_id"] != first["id"]
+        ]
+        return launches[0] if launches else {}
+
+    launch = wait_until(replacement_launch, 30, message="a replacement is launched")
+    assert launch["id"] > interrupted["id"]
+    # (A tick's events carry the time the tick began, which may precede the deregistration slightly.)
+    delay_s = (event_time(launch) - event_time(interrupted)).total_seconds()
+    assert delay_s < HEARTBEAT_TIMEOUT_S / 3, f"replacement after {delay_s:.1f} s"
+    assert not [e for e in reader.events() if "-> lost" in e["message"]], "nobody was lost"
+
+    # The replacement resumes from that checkpoint and the run goes on past it.
+    def resumed() -> dict[str, Any]:
+        rows = [w for w in reader.running() if w["id"] == launch["worker_id"]]
+        return rows[0] if rows and rows[0]["swarm_epoch"] > checkpoint["epoch"] else {}
+
+    second = wait_until(resumed, 180, interval_s=1, message="the replacement trains past the checkpoint")
+    log = Path(second["launch_details"]["log_path"]).read_text(errors="replace")
+    assert "resuming from the run's checkpoint" in log
+    assert reader.run()["state"] == "running"
