@@ -1,0 +1,138 @@
+"""Joining a hivemind swarm: where the initial peers come from, starting the DHT, what to tell others.
+
+``HivemindStrategy`` uses these in ``setup``; the worker agent can use them to print or report the
+addresses of its peer. Nothing here talks to Lightning.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+import hivemind
+
+log = logging.getLogger(__name__)
+
+#: Environment variables read for initial peers, first non-empty one wins. ``PL_INITIAL_PEERS`` is
+#: what lightning-hivemind read; it is kept so that existing launch scripts keep working.
+INITIAL_PEERS_ENV_VARS: tuple[str, ...] = ("INITIAL_PEERS", "PL_INITIAL_PEERS")
+DHT_SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def parse_initial_peers(
+    initial_peers: str | Sequence[str] | None, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The multiaddrs to join: from ``initial_peers`` if given, else from the environment.
+
+    ``initial_peers`` may be a list of multiaddrs or one comma-separated string; blanks are dropped.
+    An empty result means "start a new swarm". Raises ``TypeError`` for anything else.
+    """
+    if initial_peers is None:
+        env = os.environ if environ is None else environ
+        initial_peers = next((env[name] for name in INITIAL_PEERS_ENV_VARS if env.get(name, "").strip()), "")
+    if isinstance(initial_peers, str):
+        items: Sequence[object] = initial_peers.split(",")
+    elif isinstance(initial_peers, Sequence):
+        items = initial_peers
+    else:
+        raise TypeError(f"initial_peers must be a list or a comma-separated string, got {initial_peers!r}")
+    return [str(item).strip() for item in items if str(item).strip()]
+
+
+def start_dht(
+    *,
+    initial_peers: Sequence[str],
+    host_maddrs: Sequence[str] | None = None,
+    announce_maddrs: Sequence[str] | None = None,
+    identity_path: str | None = None,
+    client_mode: bool = False,
+) -> hivemind.DHT:
+    """Start a DHT peer and wait until it is ready (and has joined ``initial_peers`` if any).
+
+    ``host_maddrs`` defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
+    (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
+    """
+    quiet_dead_sender_errors()
+    kwargs: dict[str, object] = {
+        # long enough to outlast the pause (3 s) hivemind's DHT takes after a failed request, so that
+        # shutdown() ends cleanly instead of terminating the DHT process (and orphaning its p2pd)
+        "shutdown_timeout": DHT_SHUTDOWN_TIMEOUT_S,
+        "host_maddrs": list(host_maddrs) if host_maddrs else ["/ip4/0.0.0.0/tcp/0"],
+        "client_mode": client_mode,
+    }
+    if announce_maddrs:
+        kwargs["announce_maddrs"] = list(announce_maddrs)
+    if identity_path is not None:
+        kwargs["identity_path"] = identity_path
+    return hivemind.DHT(initial_peers=list(initial_peers), start=True, **kwargs)
+
+
+def _is_loopback(maddr: str) -> bool:
+    parts = maddr.split("/")
+    for proto, value in zip(parts[1:], parts[2:], strict=False):
+        if proto in ("ip4", "ip6"):
+            try:
+                return ipaddress.ip_address(value).is_loopback
+            except ValueError:
+                return False
+    return False
+
+
+def shareable_maddrs(maddrs: Sequence[object]) -> list[str]:
+    """The addresses other machines should use: all but loopback, or loopback if that is all there is."""
+    as_text = [str(maddr) for maddr in maddrs]
+    outside = [maddr for maddr in as_text if not _is_loopback(maddr)]
+    return outside or as_text
+
+
+def initial_peers_line(maddrs: Sequence[object]) -> str:
+    """The ``INITIAL_PEERS=...`` line another peer can put in its environment to join this one."""
+    return "INITIAL_PEERS=" + ",".join(shareable_maddrs(maddrs))
+
+
+class _DeadSenderFilter(logging.Filter):
+    """Turns one known-benign hivemind DHT error into a debug line.
+
+    Every request to the DHT process carries a pipe end that the DHT fetches from the *sender's*
+    ``multiprocessing`` resource sharer. When an averager process exits right after its last request
+    (it does, at shutdown), fetching fails with ``FileNotFoundError`` and hivemind logs a traceback,
+    although only the reply to a process that no longer exists is lost.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (OSError, EOFError)) and _raised_in_resource_sharer(exc):
+            log.debug("DHT dropped a request from a process that already exited: %r %s", exc, _sender(exc))
+            return False
+        return True
+
+
+def _sender(exc: BaseException) -> str:
+    """The resource-sharer address and key the failed request pointed at (for the debug line)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "detach":
+            return str(getattr(tb.tb_frame.f_locals.get("self"), "_id", None))
+        tb = tb.tb_next
+    return "?"
+
+
+def _raised_in_resource_sharer(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+_DEAD_SENDER_FILTER = _DeadSenderFilter()
+
+
+def quiet_dead_sender_errors() -> None:
+    """Install ``_DeadSenderFilter`` on hivemind's DHT logger (idempotent; inherited by forked DHTs)."""
+    dht_logger = logging.getLogger("hivemind.dht.dht")
+    if _DEAD_SENDER_FILTER not in dht_logger.filters:
+        dht_logger.addFilter(_DEAD_SENDER_FILTER)
