@@ -2,7 +2,7 @@
 two-minute notice from a fake instance metadata service, saves and uploads a final checkpoint (it is
 the run's checkpointer), deregisters as ``interrupted``, and the orchestrator's reconcile loop replaces
 it at once, without waiting for a heartbeat timeout; the replacement resumes from that checkpoint and
-the run goes on.
+the run goes on. Checkpoints are kept in S3 (a moto server), as on AWS.
 
 The worker is local (``local`` launcher) and finds the metadata service through
 ``SPOTSWARM_METADATA_URL``, which local workers inherit from the orchestrator's environment, just as
@@ -22,9 +22,14 @@ from typing import Any
 
 import pytest
 
+from tests import aws_fixture
+from tests.aws_fixture import FakeAws
 from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.helpers import ProcessRegistry, wait_until
 from worker.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
+
+aws = aws_fixture.aws  # the moto server fixtures, used by name below
+moto_endpoint = aws_fixture.moto_endpoint
 
 HEARTBEAT_TIMEOUT_S = 30.0  # the replacement must come long before the loop could call the worker lost
 
@@ -119,12 +124,22 @@ def event_time(event: dict[str, Any]) -> datetime:
 @pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
-    processes: ProcessRegistry, loop_data_dir: Path, metadata: InstanceMetadata
+    processes: ProcessRegistry, loop_data_dir: Path, metadata: InstanceMetadata, aws: FakeAws
 ) -> None:
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="spotswarm-checkpoints")
     env = {
         "SPOTSWARM_METADATA_URL": metadata.url,  # inherited by the local workers
         "SPOTSWARM_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
         "SPOTSWARM_CHECK_IMPORTS": "false",  # the digits example imports; the probe costs ~20 s here
+        "SPOTSWARM_S3_BUCKET": "spotswarm-checkpoints",
+        "SPOTSWARM_S3_PREFIX": "team-a",
+        "SPOTSWARM_S3_REGION": aws.region,
+        "SPOTSWARM_S3_ENDPOINT_URL": aws.endpoint_url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_CONFIG_FILE": str(loop_data_dir.parent / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(loop_data_dir.parent / "no-aws-config"),
     }
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     # One worker, so it is the checkpointer; no periodic checkpoints, so the only one is the final one.
@@ -158,6 +173,10 @@ def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
     assert stored["worker_id"] == first["id"]
     [checkpoint] = reader.checkpoints()
     assert checkpoint["epoch"] >= 2
+    [stored_object] = s3.list_objects_v2(Bucket="spotswarm-checkpoints", Prefix="team-a/")["Contents"]
+    head = s3.head_object(Bucket="spotswarm-checkpoints", Key=stored_object["Key"])
+    assert head["Metadata"]["sha256"] == checkpoint["sha256"]
+    assert stored_object["Size"] == checkpoint["size_bytes"]
 
     # The replacement was launched at once: within a few reconcile ticks of the deregistration.
     [interrupted] = [
