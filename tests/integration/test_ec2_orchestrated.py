@@ -36,6 +36,7 @@ moto_endpoint = aws_fixture.moto_endpoint
 ORCH_ID = "orch-e2e"
 TEMPLATE = "spotswarm-worker"
 TYPES = ["g4dn.xlarge", "g5.xlarge"]
+DEFAULT_MAX_PRICE = "1.25"
 PUBLIC_URL = "http://10.0.0.5:8000"  # what workers would use to reach the API (never dialled here)
 WAIT_S = 30.0
 
@@ -85,6 +86,10 @@ def tags(raw: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
 
 
+def fleet_instances(fleet: dict[str, Any]) -> set[str]:
+    return {i for group in fleet.get("Instances", []) for i in group["InstanceIds"]}
+
+
 class Ec2Orchestrator:
     """One ``spotswarm serve`` with the ec2 launcher on the fake cloud, shared by this module's tests.
 
@@ -107,7 +112,7 @@ class Ec2Orchestrator:
         return start_orchestrator(
             self.processes,
             self.tmp_path / "data",
-            extra_env=orchestrator_env(self.capacity.url, self.tmp_path),
+            extra_env=orchestrator_env(self.capacity.url, self.tmp_path, self.cloud.subnets),
             name=f"orchestrator-{self.starts}",
             port=port,
             dht_port=dht_port,
@@ -136,7 +141,7 @@ def ec2(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             processes.kill_all()
 
 
-def orchestrator_env(endpoint: str, tmp_path: Path) -> dict[str, str]:
+def orchestrator_env(endpoint: str, tmp_path: Path, subnets: list[str]) -> dict[str, str]:
     """``spotswarm serve`` with the reconcile loop on a short tick and the ec2 launcher on the fake cloud."""
     missing = str(tmp_path / "no-aws-config")
     return {
@@ -153,7 +158,10 @@ def orchestrator_env(endpoint: str, tmp_path: Path) -> dict[str, str]:
         "SPOTSWARM_EC2_REGION": aws_fixture.REGION,
         "SPOTSWARM_EC2_ENDPOINT_URL": endpoint,
         "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:1.0",
+        # Defaults of every ec2 run (a run's launcher_options override them).
         "SPOTSWARM_EC2_INSTANCE_TYPES": ",".join(TYPES),
+        "SPOTSWARM_EC2_SUBNET_IDS": ",".join(subnets),
+        "SPOTSWARM_EC2_MAX_PRICE": DEFAULT_MAX_PRICE,
         # Fake credentials, and nothing from a real AWS configuration of the machine running the tests.
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -164,8 +172,8 @@ def orchestrator_env(endpoint: str, tmp_path: Path) -> dict[str, str]:
 
 
 def create_ec2_run(ec2: Ec2Orchestrator, name: str, desired: int, **options: Any) -> None:
-    launcher_options = {"instance_types": TYPES, "subnet_ids": ec2.cloud.subnets, **options}
-    spec = run_spec(name, launcher="ec2", launcher_options=launcher_options, desired_workers=desired)
+    """An ec2 run of ``desired`` workers; ``options`` are its launcher_options (none: the defaults)."""
+    spec = run_spec(name, launcher="ec2", launcher_options=options, desired_workers=desired)
     with ec2.orch.admin() as http:
         response = http.post("/api/v1/runs", json=spec)
     assert response.status_code == 201, response.text
@@ -251,7 +259,8 @@ def register_as_agent(ec2: Ec2Orchestrator, instance_id: str) -> dict[str, Any]:
 # runs first starts it).
 @pytest.mark.timeout(180)
 def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(ec2: Ec2Orchestrator) -> None:
-    create_ec2_run(ec2, "spot-a", desired=2, max_price="0.75")
+    options = {"instance_types": TYPES[::-1], "subnet_ids": ec2.cloud.subnets[:1], "max_price": "0.75"}
+    create_ec2_run(ec2, "spot-a", desired=2, **options)
 
     instances = launched(ec2, "spot-a", 2)
 
@@ -259,7 +268,7 @@ def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(e
         instance_id = raw["InstanceId"]
         tag = tags(raw)
         assert raw["InstanceLifecycle"] == "spot"
-        assert raw["InstanceType"] in TYPES and raw["SubnetId"] in ec2.cloud.subnets
+        assert raw["InstanceType"] in TYPES and raw["SubnetId"] == ec2.cloud.subnets[0]
         assert tag["spotswarm:orchestrator"] == ORCH_ID and tag["spotswarm:run"] == "spot-a"
         assert tag["spotswarm:market"] == "spot"
         # What the workers table shows: the instance id, and its type, zone and price.
@@ -282,30 +291,38 @@ def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(e
         assert env["SPOTSWARM_METADATA_URL"] == "http://169.254.169.254"
     assert len({tags(raw)["spotswarm:request-id"] for raw in instances}) == 2
 
-    # The fleets EC2 was asked for: spot over every (type, subnet) pool, capped at the run's price.
+    # The fleets EC2 was asked for: spot over the run's (type, subnet) pools, in its order of preference,
+    # capped at its price.
     ids = {raw["InstanceId"] for raw in instances}
-    fleets = [
-        f
-        for f in ec2.cloud.ec2.describe_fleets()["Fleets"]
-        if ids & {i for group in f.get("Instances", []) for i in group["InstanceIds"]}
-    ]
+    fleets = [f for f in ec2.cloud.ec2.describe_fleets()["Fleets"] if ids & fleet_instances(f)]
     assert len(fleets) == 2
     for fleet in fleets:
         assert fleet["Type"] == "instant"
         assert fleet["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "spot"
         assert fleet["SpotOptions"]["AllocationStrategy"] == "capacity-optimized-prioritized"
         overrides = fleet["LaunchTemplateConfigs"][0]["Overrides"]
-        assert {(o["InstanceType"], o["SubnetId"], o["MaxPrice"]) for o in overrides} == {
-            (t, s, "0.75") for t in TYPES for s in ec2.cloud.subnets
-        }
+        assert [(o["InstanceType"], o["SubnetId"], o["MaxPrice"], o["Priority"]) for o in overrides] == [
+            (TYPES[1], ec2.cloud.subnets[0], "0.75", 0.0),
+            (TYPES[0], ec2.cloud.subnets[0], "0.75", 1.0),
+        ]
     assert ec2.capacity.markets_asked().count("spot") >= 2
     stop_run(ec2, "spot-a")
 
 
 @pytest.mark.timeout(180)
 def test_scaling_down_terminates_instances_and_stopping_terminates_the_rest(ec2: Ec2Orchestrator) -> None:
-    create_ec2_run(ec2, "spot-scale", desired=3)
-    before = {raw["InstanceId"] for raw in launched(ec2, "spot-scale", 3)}
+    create_ec2_run(ec2, "spot-scale", desired=3)  # no launcher_options: the orchestrator's defaults
+    instances = launched(ec2, "spot-scale", 3)
+    before = {raw["InstanceId"] for raw in instances}
+    assert {raw["SubnetId"] for raw in instances} <= set(ec2.cloud.subnets)
+    fleets = [f for f in ec2.cloud.ec2.describe_fleets()["Fleets"] if before & fleet_instances(f)]
+    assert len(fleets) == 3
+    for fleet in fleets:
+        pools = {
+            (o["InstanceType"], o["SubnetId"], o["MaxPrice"])
+            for o in fleet["LaunchTemplateConfigs"][0]["Overrides"]
+        }
+        assert pools == {(t, s, DEFAULT_MAX_PRICE) for t in TYPES for s in ec2.cloud.subnets}
 
     admin_post(ec2, "/runs/spot-scale/scale", {"desired_workers": 1})
 
