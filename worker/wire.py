@@ -13,6 +13,8 @@ Endpoints that carry these models (all under ``/api/v1``):
 ``PUT  /workers/{worker_id}/checkpoints/{epoch}``  worker token  raw bytes, header ``X-Checksum-Sha256``
 ``GET  /runs/{name}/checkpoints/latest/download``  worker/run/admin token   raw bytes
 ``GET  /runs/{name}/peers``                 none              :class:`PeerList`
+``POST /workers/{worker_id}/swarm-token``  worker token      :class:`SwarmTokenRequest` -> :class:`SwarmToken`
+``GET  /swarm-auth``                        none              :class:`SwarmAuthInfo`
 ==========================================  ================  =======================================
 """
 
@@ -178,3 +180,45 @@ class PeerList(BaseModel):
     initial_peers: list[str]
     orchestrator_peers: list[str] = Field(default_factory=list)
     worker_peers: list[str] = Field(default_factory=list)
+
+
+# -- swarm admission (docs/readme/security.md) -------------------------------------------------------
+
+#: ``strategy_options`` key of a run spec: ``false`` lets any peer into the run's swarm (no tokens).
+SWARM_ADMISSION_OPTION = "swarm_admission"
+
+
+def swarm_admission_requested(strategy_options: dict[str, Any]) -> bool:
+    """Whether a run's peers must hold swarm tokens: yes unless the spec sets the option to ``false``."""
+    return strategy_options.get(SWARM_ADMISSION_OPTION, True) is not False
+
+
+class SwarmTokenRequest(StrictModel):
+    """``POST /workers/{worker_id}/swarm-token`` (worker token): the public key of the worker's peer."""
+
+    public_key: str = Field(
+        min_length=64, max_length=2048, description="The peer's RSA public key, OpenSSH format (ssh-rsa ...)."
+    )
+
+
+class SwarmToken(BaseModel):
+    """A signed, short-lived right to take part in one run's swarm (a hivemind ``AccessToken``)."""
+
+    username: str = Field(description="`<swarm id>/<subject>`: the run's swarm and who holds the token.")
+    public_key: str = Field(description="The holder's public key (its hivemind peer id derives from it).")
+    expiration_time: str = Field(description="ISO-8601 UTC time after which peers reject the token.")
+    signature: str = Field(description="The orchestrator's signature (base64) over the three fields above.")
+    swarm_id: str
+    peer_id: str = Field(description="The libp2p peer id of `public_key`.")
+    authority_public_key: str = Field(description="The orchestrator's token-signing key, OpenSSH format.")
+
+
+class SwarmAuthInfo(BaseModel):
+    """``GET /swarm-auth``: whether this orchestrator admits peers by token, and the key peers verify with."""
+
+    enabled: bool
+    authority_public_key: str | None = None
+    token_ttl_s: float | None = None
+    open_swarms: list[str] = Field(
+        default_factory=list, description="Active runs that opted out: their peers need no token."
+    )
