@@ -25,6 +25,8 @@ from worker.wire import (
     Heartbeat,
     HeartbeatReply,
     PeerList,
+    SwarmToken,
+    SwarmTokenRequest,
     WorkerRegister,
     WorkerRegistered,
 )
@@ -155,6 +157,13 @@ class OrchestratorClient:
     def run_peers(self, run_name: str) -> PeerList:
         """The run's current initial peers (no token needed)."""
         return PeerList.model_validate(self._call("GET", f"/runs/{run_name}/peers").json())
+
+    def swarm_token(self, worker_id: str, public_key: str) -> SwarmToken:
+        """A signed swarm token for this worker's peer key (``public_key``, OpenSSH); see
+        ``worker/swarm_auth.py``. :class:`Conflict` when the run or the orchestrator uses no tokens."""
+        body = SwarmTokenRequest(public_key=public_key)
+        response = self._call("POST", f"/workers/{worker_id}/swarm-token", json=body.model_dump())
+        return SwarmToken.model_validate(response.json())
 
     def upload_checkpoint(self, worker_id: str, epoch: int, path: Path) -> dict[str, Any]:
         """Stream the file at ``path`` as the run's checkpoint of swarm epoch ``epoch``.
