@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
-from orchestrator.api import checkpoints, health, peers, runs, worker_logs, workers
+from orchestrator.api import checkpoints, health, peers, runs, swarm_auth, worker_logs, workers
 from orchestrator.api import metrics as metrics_api
 from orchestrator.bodylimit import BodyLimitMiddleware
 from orchestrator.clock import Clock, utc_now
@@ -33,6 +33,7 @@ from orchestrator.launchers.base import Launcher
 from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
+from orchestrator.swarm_auth import SwarmAdmission
 from orchestrator.tokens import hash_token
 from orchestrator.web import router as web_router
 
@@ -133,7 +134,7 @@ def create_app(
         lifespan=lifespan,
     )
     _install_error_handlers(app)
-    for module in (runs, workers, checkpoints, peers, worker_logs):
+    for module in (runs, workers, checkpoints, peers, worker_logs, swarm_auth):
         app.include_router(module.router, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_api.router)  # /metrics (Prometheus)
@@ -163,8 +164,16 @@ async def _start(
         print(f"spotswarm admin token: {admin_token} (saved in {settings.admin_token_path()})", flush=True)
     elif settings.admin_token is None:
         logger.info("admin token: read from %s", settings.admin_token_path())
+    admission = (
+        SwarmAdmission.from_data_dir(settings.data_dir, settings.swarm_token_ttl_s)
+        if settings.swarm_admission
+        else None
+    )
     dht = OrchestratorDHT(
-        settings.dht_identity_path(), settings.resolved_dht_host_maddrs(), settings.dht_announce_maddrs
+        settings.dht_identity_path(),
+        settings.resolved_dht_host_maddrs(),
+        settings.dht_announce_maddrs,
+        dht_options=admission.dht_options(settings.dht_identity_path()) if admission else None,
     )
     dht.start()
     db = Database(settings.resolved_database_url())
@@ -193,11 +202,14 @@ async def _start(
         imports=imports,
         admin_token_hash=hash_token(admin_token),
         launchers=dict(launchers),
+        swarm_admission=admission,
     )
     services: list[BackgroundService] = [
         PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
         PeriodicService("swarm-progress", settings.dht_refresh_interval_s, lambda: _read_swarms(ctx)),
     ]
+    if admission is not None:
+        services.append(admission.sync_service(ctx))
     services.extend(factory(ctx) for factory in factories)
     started: list[BackgroundService] = []
     for service in services:

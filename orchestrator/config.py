@@ -102,6 +102,15 @@ class Settings(BaseSettings):
         "run, worker, event, message).",
     )
 
+    swarm_admission: bool = Field(
+        default=True,
+        description="Admit only registered workers to runs' swarms (signed peer tokens); a run opts out "
+        "with strategy_options swarm_admission=false. See docs/readme/security.md.",
+    )
+    swarm_token_ttl_s: float = Field(
+        default=600.0, ge=10, le=86400, description="Lifetime of a swarm token; workers renew at half-life."
+    )
+
     # The reconcile loop -------------------------------------------------------------------------------
     public_url: str | None = Field(
         default=None,

@@ -22,6 +22,7 @@ from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
 from orchestrator.storage.base import CheckpointStore
+from orchestrator.swarm_auth import SwarmAdmission
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class AppContext:
     imports: ImportChecker | None
     admin_token_hash: str
     launchers: Mapping[str, Launcher] = field(default_factory=dict)
+    swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
 
     def orchestrator_peers(self) -> list[str]:
         """The DHT's visible multiaddrs, then announce addresses completed with the peer id."""

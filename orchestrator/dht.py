@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -109,10 +109,17 @@ class SwarmProgressCache:
 class OrchestratorDHT:
     """A hivemind DHT peer with a stable identity. ``start`` and every read block: call them off-loop."""
 
-    def __init__(self, identity_path: Path, host_maddrs: list[str], announce_maddrs: list[str]) -> None:
+    def __init__(
+        self,
+        identity_path: Path,
+        host_maddrs: list[str],
+        announce_maddrs: list[str],
+        dht_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.identity_path = identity_path
         self.host_maddrs = host_maddrs
         self.announce_maddrs = announce_maddrs
+        self.dht_options = dict(dht_options or {})  # more hivemind.DHT keywords (swarm admission's)
         self._dht: Any = None
         self._maddrs: list[str] = []
 
@@ -125,6 +132,7 @@ class OrchestratorDHT:
         kwargs: dict[str, Any] = {"host_maddrs": self.host_maddrs, "identity_path": str(self.identity_path)}
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
+        kwargs.update(self.dht_options)
         try:
             # The signature validator strips the signatures ProgressTracker adds to its records.
             self._dht = hivemind.DHT(start=True, record_validators=[RSASignatureValidator()], **kwargs)
@@ -167,6 +175,13 @@ class OrchestratorDHT:
             metadata = found.value if found is not None else None
             results[swarm_id] = parse_progress(metadata, swarms[swarm_id], now())
         return results
+
+    def run_coroutine(self, coro: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+        """Run ``coro(dht, node)`` in the DHT's process and return its result (hivemind's
+        ``run_coroutine``; ``coro`` must be picklable). Raises :class:`DHTUnavailable` when not running."""
+        if not self.alive():
+            raise DHTUnavailable("the DHT peer is not running")
+        return self._dht.run_coroutine(coro)
 
     def shutdown(self) -> None:
         """Stop the peer process; safe to call twice or before start."""

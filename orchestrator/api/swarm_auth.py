@@ -1,0 +1,51 @@
+"""Swarm admission endpoints: a worker's swarm token, and the key every peer verifies tokens with.
+
+``POST /workers/{worker_id}/swarm-token`` (worker token): a signed, short-lived token binding the
+worker's peer key to its run (see ``docs/readme/security.md``). ``GET /swarm-auth`` (read): whether
+this orchestrator admits peers by token, its public key, the token lifetime and the opted-out runs.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
+
+from orchestrator.api.deps import Ctx, Reader, Token
+from orchestrator.api.workers import authenticated_worker
+from orchestrator.context import AppContext
+from orchestrator.errors import Conflict
+from orchestrator.swarm_auth import SwarmAdmission
+from worker.wire import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+
+router = APIRouter(tags=["swarm admission"])
+
+
+def _admission(ctx: AppContext) -> SwarmAdmission:
+    admission = ctx.swarm_admission
+    if admission is None:
+        raise Conflict("swarm admission is off on this orchestrator: peers join without tokens")
+    return admission
+
+
+@router.post(
+    "/workers/{worker_id}/swarm-token", summary="A swarm token for this worker's peer (worker token)"
+)
+async def swarm_token(worker_id: int, body: SwarmTokenRequest, ctx: Ctx, token: Token) -> SwarmToken:
+    """401/403 for a wrong worker token, 409 when admission is off (here or for the run) or the worker
+    has ended, 422 for a key that is not RSA of 2048 bits or more."""
+    await authenticated_worker(ctx, worker_id, token)
+    admission = _admission(ctx)
+    now = ctx.clock().timestamp()
+
+    def grant() -> SwarmToken:
+        with ctx.db.read() as session:
+            return admission.grant_for_worker(session, worker_id, body, now)
+
+    return await run_in_threadpool(grant)
+
+
+@router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")
+def swarm_auth_info(ctx: Ctx, _: Reader) -> SwarmAuthInfo:
+    if ctx.swarm_admission is None:
+        return SwarmAuthInfo(enabled=False)
+    return ctx.swarm_admission.info()
