@@ -44,6 +44,7 @@ logger = logging.getLogger("worker.agent")
 
 SPOT_NOTICE_MARGIN_S = 15.0  # leave this long before the announced interruption time
 SPOT_DEFAULT_WINDOW_S = 120.0  # EC2's usual notice when the notice's time cannot be read
+EXIT_GUARD_S = 10.0  # interpreter shutdown (atexit joins of hivemind's processes) gets this long
 
 
 def configure_logging(level: str, fmt: str | None = None) -> None:
@@ -265,10 +266,15 @@ class Agent:
     def _install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # Processes hivemind forks (DHT, averagers) get the default SIGTERM back: a SIGTERM to the
+        # whole group ends them at once (their p2pd dies with it anyway), so nothing waits on them later.
+        os.register_at_fork(after_in_child=_default_sigterm)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:
-            return  # a process hivemind forked from us: the agent shuts it down in order
+        if os.getpid() != self._pid:  # a forked child that runs Lightning's handler chain: die
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if signum == signal.SIGINT and self.state.stop is not None:
             raise KeyboardInterrupt
         self.state.request_stop(DeregisterReason.stopped, f"received {signal.Signals(signum).name}")
@@ -300,6 +306,20 @@ class Agent:
             os._exit(self._exit_code)
 
 
+def _default_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _exit_guard(exit_code: int, timeout_s: float) -> None:
+    """Leave with ``exit_code`` even if interpreter shutdown hangs (e.g. joining a stuck child)."""
+
+    def force() -> None:
+        time.sleep(timeout_s)
+        os._exit(exit_code)
+
+    threading.Thread(target=force, name="spotswarm-exit-guard", daemon=True).start()
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:500]
 
@@ -310,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump every stack
     config.worker_dir.mkdir(parents=True, exist_ok=True)
-    return Agent(config).run()
+    exit_code = Agent(config).run()
+    _exit_guard(exit_code, EXIT_GUARD_S)
+    return exit_code
 
 
 if __name__ == "__main__":

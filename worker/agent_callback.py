@@ -115,10 +115,12 @@ class AgentCallback(Callback):
         rate = 0.0
         if self._rate_origin is not None and now > self._rate_origin[0]:
             rate = max(0.0, (samples - self._rate_origin[1]) / (now - self._rate_origin[0]))
+        local_epoch = self._local_epoch(trainer)
         self._state.update_progress(
             local_step=int(trainer.global_step),
-            swarm_epoch=int(swarm.epoch),
-            local_epoch=self._local_epoch(trainer),
+            # this peer's epoch is part of the swarm's (right after a resume the tracker lags behind it)
+            swarm_epoch=max(int(swarm.epoch), local_epoch),
+            local_epoch=local_epoch,
             samples=samples,
             loss=read_loss(dict(trainer.callback_metrics)),
             samples_per_s=rate,
