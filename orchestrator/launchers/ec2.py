@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 ALIVE_STATES = frozenset({"pending", "running"})
 GONE_STATES = frozenset({"shutting-down", "terminated"})
 SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"
+# The request id given to an instance of ours that lacks the request-id tag (made by hand, or tags
+# edited): it names the instance itself, so it can be terminated like an orphan. Never a real request id
+# (those are run names and hex digits, without a colon).
+UNTAGGED_PREFIX = "untagged:"
 _ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
 LAUNCH_VISIBILITY_LAG_S = 120.0
@@ -279,7 +283,9 @@ class Ec2Launcher:
 
     def _instances(self, request_id: str | None = None) -> Iterator[Instance]:
         filters = [{"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.config.orchestrator_id]}]
-        if request_id is not None:
+        if request_id is not None and request_id.startswith(UNTAGGED_PREFIX):
+            filters.append({"Name": "instance-id", "Values": [request_id.removeprefix(UNTAGGED_PREFIX)]})
+        elif request_id is not None:
             filters.append({"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]})
         paginator = self._client.get_paginator("describe_instances")
         for page in paginator.paginate(Filters=filters):
@@ -311,7 +317,7 @@ class Ec2Launcher:
             "price_usd_per_hour": price,
         }
         return Instance(
-            request_id=tags.get(TAG_REQUEST, ""),
+            request_id=tags.get(TAG_REQUEST) or UNTAGGED_PREFIX + raw["InstanceId"],
             handle=raw["InstanceId"],
             run_name=tags.get(TAG_RUN, ""),
             alive=state in ALIVE_STATES,

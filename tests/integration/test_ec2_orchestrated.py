@@ -423,32 +423,35 @@ def test_after_a_restart_known_instances_are_adopted_and_orphans_terminated(ec2:
     workers_before = identities(ec2, "spot-restart")
     orphans: list[str] = []
 
-    def launch_orphan() -> None:
-        """While the orchestrator is down: an instance with its tags but a request id it never made."""
-        reservation = ec2.cloud.ec2.run_instances(
-            ImageId="ami-12345678",
-            InstanceType=TYPES[0],
-            MinCount=1,
-            MaxCount=1,
-            SubnetId=ec2.cloud.subnets[0],
-            TagSpecifications=[
-                {
-                    "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": "spotswarm:orchestrator", "Value": ORCH_ID},
-                        {"Key": "spotswarm:run", "Value": "spot-restart"},
-                        {"Key": "spotswarm:request-id", "Value": "spot-restart-000000000000"},
-                    ],
-                }
-            ],
-        )
-        orphans.append(reservation["Instances"][0]["InstanceId"])
+    def launch_orphans() -> None:
+        """While the orchestrator is down: instances with its tag and a request id it never made, or none."""
+        for request_tags in ([{"Key": "spotswarm:request-id", "Value": "spot-restart-000000000000"}], []):
+            reservation = ec2.cloud.ec2.run_instances(
+                ImageId="ami-12345678",
+                InstanceType=TYPES[0],
+                MinCount=1,
+                MaxCount=1,
+                SubnetId=ec2.cloud.subnets[0],
+                TagSpecifications=[
+                    {
+                        "ResourceType": "instance",
+                        "Tags": [
+                            {"Key": "spotswarm:orchestrator", "Value": ORCH_ID},
+                            {"Key": "spotswarm:run", "Value": "spot-restart"},
+                            *request_tags,
+                        ],
+                    }
+                ],
+            )
+            orphans.append(reservation["Instances"][0]["InstanceId"])
 
     calls_before = len(ec2.capacity.markets_asked())
-    ec2.restart(before_start=launch_orphan)
+    ec2.restart(before_start=launch_orphans)
 
     wait_until(
-        lambda: ec2.cloud.state(orphans[0]) in ("shutting-down", "terminated"), WAIT_S, message="orphan"
+        lambda: {ec2.cloud.state(i) for i in orphans} <= {"shutting-down", "terminated"},
+        WAIT_S,
+        message="both orphans terminated",
     )
     assert {raw["InstanceId"] for raw in launched(ec2, "spot-restart", 2)} == known
     assert {ec2.cloud.state(i) for i in known} == {"running"}
