@@ -1,0 +1,162 @@
+"""The worker agent's decisions, without training: registration fallback, resume rule, checkpoint cadence,
+stop requests, configuration and user-object building."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from worker.agent import seconds_until
+from worker.agent_boot import (
+    OrchestratorUnavailable,
+    PermanentError,
+    RunNotAccepting,
+    build_user_objects,
+    register,
+)
+from worker.agent_callback import read_loss, stop_condition_reached
+from worker.agent_config import AgentConfig, parse_config
+from worker.agent_state import AgentState
+from worker.checkpoints import Checkpointer, live_peer_epochs, live_record_max_age_s, should_resume
+from worker.client import OrchestratorClient
+from worker.wire import CheckpointRef, DeregisterReason, HeartbeatReply, RunSpec, StopCondition, WorkerAction
+
+SPEC = {
+    "name": "demo",
+    "module": "worker.examples.digits:DigitsModule",
+    "datamodule": "worker.examples.digits:DigitsDataModule",
+    "target_batch_size": 64,
+    "batch_size": 16,
+}
+
+
+def registered(peers: list[str]) -> dict[str, Any]:
+    return {
+        "worker_id": "7",
+        "worker_token": "wt",
+        "run": SPEC,
+        "swarm_id": "demo-1",
+        "initial_peers": peers,
+        "heartbeat_interval_s": 1.0,
+    }
+
+
+def client_for(handler: Any) -> OrchestratorClient:
+    return OrchestratorClient("http://orch", transport=httpx.MockTransport(handler), retries=0)
+
+
+def config(tmp_path: Path, **overrides: Any) -> AgentConfig:
+    values: dict[str, Any] = {"url": "http://orch", "join_token": "ssj_a", "worker_dir": tmp_path}
+    return AgentConfig(**{**values, "register_timeout_s": 0.0, **overrides})
+
+
+def test_registration_is_cached_and_used_while_the_orchestrator_is_down(tmp_path: Path) -> None:
+    up = client_for(lambda request: httpx.Response(200, json=registered(["/ip4/1.2.3.4/tcp/1/p2p/A"])))
+    boot = register(up, config(tmp_path), sleep=lambda s: None)
+    assert not boot.from_cache and boot.registration.worker_id == "7"
+    assert (tmp_path / "registration.json").stat().st_mode & 0o777 == 0o600
+    peers = {"run": "demo", "initial_peers": ["/ip4/5.6.7.8/tcp/2/p2p/B"], "saved_at": 0}
+    (tmp_path / "peers.json").write_text(json.dumps(peers))  # as the heartbeat thread refreshes it
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    again = register(client_for(refused), config(tmp_path), sleep=lambda s: None)
+    assert again.from_cache and again.registration.worker_token == "wt"
+    assert again.initial_peers == ["/ip4/5.6.7.8/tcp/2/p2p/B"]
+    with pytest.raises(OrchestratorUnavailable):  # another run's token: the cache is not for it
+        register(client_for(refused), config(tmp_path, join_token="ssj_b"), sleep=lambda s: None)
+
+
+@pytest.mark.parametrize(("status", "error"), [(401, PermanentError), (409, RunNotAccepting)])
+def test_refused_registration_is_not_retried(tmp_path: Path, status: int, error: type[Exception]) -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(status, json={"detail": "no"})
+
+    with pytest.raises(error):
+        register(client_for(handler), config(tmp_path, register_timeout_s=60.0), sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_user_objects_get_the_batch_size_and_import_errors_are_one_line() -> None:
+    module, datamodule = build_user_objects(RunSpec(**SPEC, datamodule_args={"val_fraction": 0.25}))
+    assert datamodule.batch_size == 16 and datamodule.val_fraction == 0.25
+    assert type(module).__name__ == "DigitsModule"
+    with pytest.raises(PermanentError, match=r"^cannot build nowhere\.mod:X: ModuleNotFoundError: No module"):
+        build_user_objects(RunSpec(**{**SPEC, "module": "nowhere.mod:X"}))
+    with pytest.raises(PermanentError, match="TypeError"):
+        build_user_objects(RunSpec(**SPEC, module_args={"no_such_arg": 1}))
+
+
+def test_resume_only_when_no_live_peer_is_as_far() -> None:
+    now = 1000.0
+    records = {
+        "a": {"epoch": 12, "time": now - 2.0},  # live
+        "b": {"epoch": 30, "time": now - 40.0},  # a dead peer's record, not expired yet
+        "c": None,  # a peer that left cleanly
+    }
+    max_age_s = live_record_max_age_s(60.0)
+    assert live_peer_epochs(records, now, max_age_s) == [12]
+    ref = CheckpointRef(epoch=20, size_bytes=1, sha256="0" * 64, created_at="", download_path="/x")
+    assert should_resume(ref, [12]) and should_resume(ref, [])
+    assert not should_resume(ref, [20]) and not should_resume(None, [])
+
+
+def test_checkpoints_follow_the_cadence_and_the_role(tmp_path: Path) -> None:
+    state = AgentState(checkpoint_every_epochs=5, latest_checkpoint_epoch=None)
+    checkpointer = Checkpointer(OrchestratorClient("http://127.0.0.1:9"), "7", state, tmp_path)
+    try:
+        assert not checkpointer.due(10)  # not the checkpointer
+        state.apply_reply(HeartbeatReply(checkpointer=True, checkpoint_every_epochs=5))
+        assert not checkpointer.due(4) and checkpointer.due(5) and checkpointer.due(7)
+        state.checkpoint_uploaded(7)
+        assert not checkpointer.due(9) and checkpointer.due(10) and checkpointer.due(12)
+        assert checkpointer.needs_final(8) and not checkpointer.needs_final(7)
+        state.apply_reply(
+            HeartbeatReply(checkpointer=True, checkpoint_every_epochs=5, latest_checkpoint_epoch=15)
+        )
+        assert not checkpointer.due(19) and checkpointer.due(20)
+    finally:
+        checkpointer.close()
+
+
+def test_the_first_stop_reason_wins_but_a_spot_notice_overrides() -> None:
+    state = AgentState(checkpoint_every_epochs=5)
+    assert state.request_stop(DeregisterReason.stopped, "SIGTERM")
+    assert not state.request_stop(DeregisterReason.completed, "done")
+    assert state.stop is not None and state.stop.reason == DeregisterReason.stopped
+    state.request_stop(DeregisterReason.interrupted, "spot", within_s=30.0)
+    assert state.stop.reason == DeregisterReason.interrupted and state.stop.deadline < float("inf")
+    other = AgentState(checkpoint_every_epochs=5)
+    other.apply_reply(HeartbeatReply(action=WorkerAction.stop))
+    assert other.stop_requested.is_set() and other.stop is not None
+    assert other.stop.reason == DeregisterReason.stopped
+
+
+def test_small_readers() -> None:
+    now = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert seconds_until("2024-05-01T12:02:00Z", now) == 120.0
+    assert seconds_until("soon", now) is None
+    assert read_loss({"train_loss": 0.5, "loss": 9.0}) == 0.5
+    assert read_loss({"train_loss": float("nan")}) is None and read_loss({}) is None
+    assert stop_condition_reached(StopCondition(target_epochs=3), 3, 0, 64)
+    assert not stop_condition_reached(StopCondition(target_samples=200), 3, 7, 64)
+    assert stop_condition_reached(StopCondition(target_samples=200), 3, 8, 64)
+    assert not stop_condition_reached(StopCondition(), 10**6, 0, 64)
+
+
+def test_flags_win_over_the_environment_and_missing_values_are_usage_errors(tmp_path: Path) -> None:
+    env = {"SPOTSWARM_URL": "http://env", "SPOTSWARM_JOIN_TOKEN": "t", "SPOTSWARM_HOST_MADDRS": "/a, /b"}
+    parsed = parse_config(["--url", "http://flag", "--worker-dir", str(tmp_path)], env)
+    assert parsed.url == "http://flag" and parsed.join_token == "t" and parsed.host_maddrs == ["/a", "/b"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config([], {"SPOTSWARM_URL": "http://env"})
+    assert exit_info.value.code == 2
