@@ -168,8 +168,9 @@ def _passive_transitions(
         elif worker.state == WorkerState.running and instance is not None and not instance.alive:
             plan.lost[worker.id] = "its process or instance is gone"
         elif worker.state == WorkerState.running and _silent(worker, now, policy):
+            # Not terminated yet: a worker that was only slow comes back as running (and the surplus is
+            # retired, youngest first). The loop terminates it if it stays silent (see the reconciler).
             plan.lost[worker.id] = f"no heartbeat for {policy.heartbeat_timeout_s:.0f} s"
-            plan.terminate.append(worker.request_id)
         else:
             if worker.state == WorkerState.launching and instance is None:
                 plan.relaunch.append(worker.request_id)  # intent written, launch never happened

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
@@ -92,6 +92,7 @@ class Reconciler:
         self.errors = 0
         self.busy_s = 0.0  # seconds spent in ticks, all together (the metrics' duty cycle)
         self.last_tick: TickStats | None = None
+        self._orphans_terminated: set[str] = set()
         self.last_tick_at: datetime | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class Reconciler:
         with self.db.begin() as session:
             for run in runs.list_active_runs(session):
                 self._reconcile_run(session, run, instances, failures, now, actions)
-            self._terminate_orphans(session, instances, actions)
+            self._terminate_orphans(session, instances, actions, now)
         return actions
 
     def _reconcile_run(
@@ -273,20 +274,40 @@ class Reconciler:
             logger.info("run %s: %s", run.name, exc)
 
     def _terminate_orphans(
-        self, session: Session, instances: dict[str, tuple[str, Instance]], actions: _Actions
+        self, session: Session, instances: dict[str, tuple[str, Instance]], actions: _Actions, now: datetime
     ) -> None:
-        """Stop live instances whose worker row is gone or ended (e.g. lost, then back after a restart)."""
-        alive = {rid: name for rid, (name, inst) in instances.items() if inst.alive}
+        """Stop live instances whose worker row is gone, or ended more than the retire grace ago.
+
+        A worker that deregistered is usually still shutting down (DHT, last upload): it gets the grace
+        period to exit by itself. Each orphan is terminated once; the launcher escalates on its own.
+        """
+        alive = {
+            rid: name
+            for rid, (name, inst) in instances.items()
+            if inst.alive and rid not in self._orphans_terminated
+        }
         if not alive:
             return
-        live_states = [s.value for s in (WorkerState.launching, WorkerState.running)]
-        query = select(Worker.request_id).where(Worker.request_id.in_(alive), Worker.state.in_(live_states))
-        owned = set(session.scalars(query))
+        columns = (Worker.request_id, Worker.state, Worker.ended_at, Worker.last_heartbeat_at)
+        query = select(*columns).where(Worker.request_id.in_(alive))
+        rows = {rid: (state, ended, beat) for rid, state, ended, beat in session.execute(query)}
+        live_states = {WorkerState.launching.value, WorkerState.running.value}
         already = {rid for _, rid in actions.terminations}
         for request_id, launcher_name in alive.items():
-            if request_id not in owned and request_id not in already:
-                logger.info("terminating orphan instance of request %s", request_id)
-                actions.terminations.append((launcher_name, request_id))
+            state, ended_at, last_beat = rows.get(request_id, (None, None, None))
+            if state in live_states or request_id in already:
+                continue
+            if state == WorkerState.lost.value:
+                # Lost but its machine is up: give it one more heartbeat timeout to come back.
+                silent_since = max(last_beat or now, self.started_at)
+                ended_at = silent_since + timedelta(seconds=self.policy.heartbeat_timeout_s)
+            if ended_at is not None and (now - ended_at).total_seconds() < self.policy.retire_grace_s:
+                continue
+            logger.info(
+                "terminating orphan instance of request %s (worker %s)", request_id, state or "unknown"
+            )
+            actions.terminations.append((launcher_name, request_id))
+            self._orphans_terminated.add(request_id)
 
     # -- 3. act --------------------------------------------------------------------------------------
 
