@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT_ROUTE = "/api/v1/workers/{worker_id}/heartbeat"
 UNMATCHED_ROUTE = "unmatched"  # 404s of paths no route knows: one label value, whatever the path
+HEARTBEAT_RESULTS = ("accepted", "rejected", "error")
+DB_ERROR_KINDS = ("disconnect", "integrity", "operational", "other")
+LAUNCH_FAILURE_KINDS = ("rejected", "reported")
+REMEMBERED_TERMINATIONS = 10_000
 REQUEST_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -67,7 +72,7 @@ class ServiceMetrics:
         )
         self.terminations = Counter(
             "spotswarm_terminations",
-            "Workers the reconcile loop asked a launcher to stop.",
+            "Workers the reconcile loop asked a launcher to stop (each counted once).",
             ["launcher"],
             registry=r,
         )
@@ -84,11 +89,21 @@ class ServiceMetrics:
             ["kind"],
             registry=r,
         )
+        # Known label values start at 0, so rate() and alerts see the first event too.
+        for result in HEARTBEAT_RESULTS:
+            self.heartbeats.labels(result)
+        for kind in DB_ERROR_KINDS:
+            self.db_errors.labels(kind)
         self.collector = OrchestratorCollector()
         r.register(self.collector)
 
     def count_launches(self, launchers: Mapping[str, Launcher]) -> dict[str, Launcher]:
         """The same launchers, each wrapped so launches, terminations and failures are counted."""
+        for name in launchers:
+            self.launches.labels(name)
+            self.terminations.labels(name)
+            for kind in LAUNCH_FAILURE_KINDS:
+                self.launch_failures.labels(name, kind)
         return {name: CountedLauncher(name, launcher, self) for name, launcher in launchers.items()}
 
     def attach(self, ctx: AppContext, services: Sequence[BackgroundService]) -> None:
@@ -176,6 +191,8 @@ class CountedLauncher:
         self.name = name
         self.inner = inner
         self._metrics = metrics
+        # The loop repeats terminate() until a worker is gone: count each request id once (bounded memory).
+        self._terminated: OrderedDict[str, None] = OrderedDict()
 
     def launch(self, request: LaunchRequest) -> str:
         try:
@@ -187,7 +204,11 @@ class CountedLauncher:
         return handle
 
     def terminate(self, request_id: str) -> None:
-        self._metrics.terminations.labels(self.name).inc()
+        if request_id not in self._terminated:
+            self._terminated[request_id] = None
+            if len(self._terminated) > REMEMBERED_TERMINATIONS:
+                self._terminated.popitem(last=False)
+            self._metrics.terminations.labels(self.name).inc()
         self.inner.terminate(request_id)
 
     def describe(self) -> list[Instance]:
