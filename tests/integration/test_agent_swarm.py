@@ -1,0 +1,140 @@
+"""Two worker agents, started by hand, train the digits example in one swarm through a real orchestrator.
+
+One life of a run, in one test to pay the start-up of torch, Lightning and hivemind only once: both
+agents register and heartbeat, the swarm epoch rises, the checkpointer uploads checkpoints, the loss
+falls; SIGTERM makes one agent leave as ``stopped``; stopping the run through the API makes the other
+leave; after the run is resumed, a new agent starts from the checkpoint instead of epoch 0.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, wait_until
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
+RUN = "agents"
+SPEC: dict[str, Any] = {
+    "name": RUN,
+    "module": "worker.examples.digits:DigitsModule",
+    "module_args": {"hidden": 32, "lr": 0.05},
+    "datamodule": "worker.examples.digits:DigitsDataModule",
+    "target_batch_size": 64,
+    "batch_size": 16,
+    "strategy_options": {
+        "matchmaking_time": 1.0,
+        "averaging_timeout": 10.0,
+        "tracker_opts": {"metadata_expiration": 10},
+    },
+    "min_workers": 0,
+    "desired_workers": 2,
+    "max_workers": 4,
+    "checkpoint_every_epochs": 2,
+}
+
+
+def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orchestrator, token: str) -> Any:
+    env = {
+        "SPOTSWARM_URL": orch.url,
+        "SPOTSWARM_JOIN_TOKEN": token,
+        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
+        "SPOTSWARM_METADATA_URL": "off",
+        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
+        "SPOTSWARM_STOP_GRACE_S": "20",
+    }
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
+
+
+class Api:
+    def __init__(self, orch: Orchestrator) -> None:
+        self.orch = orch
+
+    def get(self, path: str) -> Any:
+        with self.orch.client(timeout_s=15) as http:
+            response = http.get(f"/api/v1/runs/{RUN}{path}")
+            response.raise_for_status()
+            return response.json()
+
+    def admin_post(self, path: str) -> None:
+        with self.orch.admin() as http:
+            http.post(f"/api/v1/runs/{RUN}{path}", json={}, timeout=60).raise_for_status()
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """Workers by hostname-independent key: the agent's process group id (its launcher handle)."""
+        return {w["launcher_handle"]: w for w in self.get("/workers")["items"]}
+
+    def worker_of(self, agent: ManagedProcess) -> dict[str, Any] | None:
+        return self.workers().get(str(agent.pid))
+
+
+def alive(*agents: ManagedProcess) -> None:
+    """Fail at once (not at the deadline) when an agent has died."""
+    for agent in agents:
+        if not agent.alive():
+            pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
+
+
+def exit_code(agent: ManagedProcess, timeout_s: float) -> int:
+    wait_until(lambda: not agent.alive(), timeout_s, message=f"agent exits\n{agent.log()[-3000:]}")
+    return int(agent.popen.returncode)
+
+
+@pytest.mark.timeout(420)
+def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp_path: Path) -> None:
+    # The import check is covered by the API tests; here it would only add its probe's start-up.
+    env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+    orch = start_orchestrator(processes, tmp_path / "orch", extra_env=env)
+    with orch.admin() as http:
+        token = http.post("/api/v1/runs", json=SPEC, timeout=120).raise_for_status().json()["join_token"]
+    api = Api(orch)
+    first, second = (start_agent(processes, tmp_path, n, orch, token) for n in ("first", "second"))
+
+    def both_train() -> bool:
+        alive(first, second)
+        mine = [api.worker_of(first), api.worker_of(second)]
+        return all(w and w["state"] == "running" and w["samples"] > 0 and w["loss"] for w in mine)
+
+    wait_until(both_train, BOOT_S, interval_s=1, message="both agents register and report progress")
+    start_loss = max(w["loss"] for w in api.workers().values())
+    start_epoch = api.get("")["reported"]["swarm_epoch"]
+
+    def trained() -> bool:
+        alive(first, second)
+        run = api.get("")
+        return (
+            bool(api.get("/checkpoints")["items"])
+            and run["reported"]["swarm_epoch"] >= start_epoch + 4
+            and (run["reported"]["loss"] or start_loss) < 0.6 * start_loss
+        )
+
+    wait_until(trained, 150, interval_s=1, message="epoch rises, loss falls, a checkpoint is uploaded")
+    assert all(w["num_peers"] >= 2 for w in api.workers().values()), "the agents trained together"
+
+    second.signal_group(signal.SIGTERM)
+    assert exit_code(second, 60) == 0
+    gone = api.worker_of(second)
+    assert gone and gone["state"] == "exited" and gone["exit_reason"].startswith("stopped"), gone
+
+    api.admin_post("/stop")
+    assert exit_code(first, 60) == 0
+    wait_until(lambda: api.get("")["state"] == "stopped", 30, message="the run stops")
+    checkpoint_epoch = max(c["epoch"] for c in api.get("/checkpoints")["items"])
+
+    api.admin_post("/resume")
+    third = start_agent(processes, tmp_path, "third", orch, token)
+    resumed = wait_until(
+        lambda: alive(third) or ((w := api.worker_of(third)) and w["samples"] > 0 and w),
+        BOOT_S,
+        interval_s=1,
+        message="a new agent trains after the resume",
+    )
+    assert resumed["swarm_epoch"] >= checkpoint_epoch, (resumed["swarm_epoch"], checkpoint_epoch)
+    assert "resuming from the run's checkpoint" in third.log()
+    third.signal_group(signal.SIGTERM)
+    assert exit_code(third, 60) == 0
