@@ -154,7 +154,7 @@ def _passive_transitions(
         failure = failures.get(worker.request_id)
         if failure is not None and worker.registered:
             # It trained, then its process or machine ended without deregistering: lost, not failed.
-            plan.lost[worker.id] = f"ended without leaving: {failure.reason}"
+            plan.lost[worker.id] = f"ended without leaving: {failure.reason.split('; log:')[0][:300]}"
         elif failure is not None:
             plan.failed[worker.id] = failure.reason
             plan.start_failures += 1
