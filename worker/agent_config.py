@@ -69,9 +69,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     add(
         "--metadata-url",
         default=env("METADATA_URL"),
-        help="Instance metadata base URL watched for spot interruption notices (default EC2's "
-        "http://169.254.169.254; the watcher gives up by itself where nothing answers); 'off' disables "
-        "it [SPOTSWARM_METADATA_URL]",
+        help="Instance metadata base URL watched for spot interruption notices, e.g. EC2's "
+        "http://169.254.169.254 (the ec2 launcher sets it); unset or 'off': no watcher "
+        "[SPOTSWARM_METADATA_URL]",
     )
     add("--log-level", default=env("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING... [SPOTSWARM_LOG_LEVEL]")
     add(
