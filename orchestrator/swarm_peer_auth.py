@@ -12,7 +12,11 @@ than a worker's :class:`~worker.swarm_auth.SwarmAuthorizer`:
 - in answers to its own reads, it accepts values only for the progress key of the swarm named in the
   answering peer's token, so an admitted worker of run B cannot feed it run A's progress;
 - peers without a token are served (routing only: ping and find, never a store) only while some active
-  run has opted out of admission, and then their answers may only carry those runs' progress.
+  run has opted out of admission, and then their answers may only carry those runs' progress;
+- in its answers to ``find``, it names only peers of the asking peer's own run (learnt from the tokens
+  that signed their calls; for a peer without a token, only peers not known to hold one), so it never
+  points a peer to another run's members, and never points admitted peers to intruders (who would
+  otherwise receive their store requests, and so read their records).
 
 Admitted workers check tokens themselves; this module only protects the orchestrator's peer.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hivemind.dht.routing import DHTID
+from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import AuthorizedRequestBase, AuthorizedResponseBase, TokenAuthorizerBase
@@ -33,7 +38,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from orchestrator.dht import OrchestratorDHT, progress_key
 from orchestrator.swarm_auth import SwarmAuthority
 from worker.swarm_auth import ensure_identity, from_access_token, load_identity, to_access_token
-from worker.swarm_token import ANY_SWARM, SwarmTokenError, TokenVerifier
+from worker.swarm_token import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +74,46 @@ def _values_only_for(request: Any, response: Any, swarms: frozenset[str] | None)
     return True
 
 
+@functools.lru_cache(maxsize=4096)
+def _holder(public_key: str) -> str:
+    return peer_id_of(public_key)
+
+
+class PeerRuns:
+    """Which run each admitted peer belongs to, learnt from the tokens that signed its calls."""
+
+    MAX_PEERS = 100_000
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[str, float]] = {}  # peer id (base58) -> (swarm id, token expiry)
+
+    def note(self, token: AccessToken) -> None:
+        fields = from_access_token(token)
+        if len(self._runs) >= self.MAX_PEERS:
+            now = get_dht_time()
+            self._runs = {peer: item for peer, item in self._runs.items() if item[1] > now}
+        self._runs[_holder(fields.public_key)] = (fields.swarm_id, fields.expires_at())
+
+    def run_of(self, peer_id: str) -> str | None:
+        item = self._runs.get(peer_id)
+        return item[0] if item is not None and item[1] > get_dht_time() else None
+
+    def keep_neighbours(self, response: Any, requester_swarm: str | None) -> None:
+        """In a find answer, list only peers of the requester's run (for a peer without token: only
+        peers not known to hold a token), so nobody learns where another run's peers are."""
+        if not isinstance(response, dht_pb2.FindResponse):
+            return
+        for result in response.results:
+            pairs = list(zip(result.nearest_node_ids, result.nearest_peer_ids, strict=False))
+            kept = [(n, p) for n, p in pairs if self.run_of(PeerID(p).to_base58()) == requester_swarm]
+            if len(kept) == len(pairs):
+                continue
+            del result.nearest_node_ids[:]
+            del result.nearest_peer_ids[:]
+            result.nearest_node_ids.extend(n for n, _ in kept)
+            result.nearest_peer_ids.extend(p for _, p in kept)
+
+
 class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
     """hivemind authorizer of the orchestrator's DHT peer (see the module docstring for the rules).
 
@@ -83,6 +128,7 @@ class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
         self._authority = authority
         self._verifier = TokenVerifier(authority.public_key, None, clock=get_dht_time)
         self.open_swarms: frozenset[str] = frozenset()
+        self.peer_runs = PeerRuns()
 
     async def get_token(self) -> AccessToken:
         public_key = self.local_public_key.to_bytes().decode()
@@ -110,9 +156,16 @@ class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
             return True
         if not await super().validate_request(request):
             return False
+        self.peer_runs.note(token)
         if from_access_token(token).swarm_id != ANY_SWARM:
             _empty_store(request)
         return True
+
+    async def sign_response(self, response: AuthorizedResponseBase, request: AuthorizedRequestBase) -> None:
+        token = request.auth.client_access_token
+        requester_swarm = from_access_token(token).swarm_id if token.signature else None
+        self.peer_runs.keep_neighbours(response, requester_swarm)
+        await super().sign_response(response, request)
 
     async def validate_response(
         self, response: AuthorizedResponseBase, request: AuthorizedRequestBase
@@ -125,6 +178,7 @@ class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
         else:
             if not await super().validate_response(response, request):
                 return False
+            self.peer_runs.note(token)
             swarm_id = from_access_token(token).swarm_id
             allowed = None if swarm_id == ANY_SWARM else frozenset({swarm_id})
         if _values_only_for(request, response, allowed):

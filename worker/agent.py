@@ -174,7 +174,8 @@ class Agent:
         registration = boot.registration
         options = agent_train.split_strategy_options(registration.run.strategy_options, self.config)
         try:
-            self._dht = agent_train.start_swarm_dht(boot.initial_peers, options.dht)
+            authorizer = agent_train.swarm_authorizer(registration, self.config)
+            self._dht = agent_train.start_swarm_dht(boot.initial_peers, options.dht, authorizer)
             ckpt_path = agent_train.choose_resume_checkpoint(
                 self._dht, registration, self.client, self.config.worker_dir
             )

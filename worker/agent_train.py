@@ -16,7 +16,7 @@ from typing import Any
 from worker.agent_config import AgentConfig
 from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
 from worker.client import ApiError, OrchestratorClient
-from worker.wire import WorkerRegistered
+from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ class SplitOptions:
 def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
     """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
     dht = {k: v for k, v in options.items() if k in DHT_OPTION_NAMES}
-    strategy = {k: v for k, v in options.items() if k not in DHT_OPTION_NAMES and k != "initial_peers"}
+    not_strategy = {*DHT_OPTION_NAMES, "initial_peers", SWARM_ADMISSION_OPTION}  # the agent handles these
+    strategy = {k: v for k, v in options.items() if k not in not_strategy}
     if config.host_maddrs:
         dht["host_maddrs"] = config.host_maddrs
     if config.announce_maddrs:
@@ -41,8 +42,32 @@ def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> S
     return SplitOptions(dht, strategy)
 
 
-def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any]) -> Any:
-    """Start this worker's DHT peer joined to ``initial_peers``.
+def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig) -> Any:
+    """This worker's swarm authorizer (first token fetched), or None when its swarm admits any peer.
+
+    None when the run spec opts out (``swarm_admission: false``) or the orchestrator does not admit by
+    token. Raises ``ApiError`` (orchestrator unreachable), ``SwarmTokenUnavailable`` (no token for this
+    worker) or ``SwarmTokenError`` (an unusable answer): without a token there is no swarm to join.
+    """
+    from worker.swarm_auth import ClientTokenSource, SwarmAuthorizer
+
+    if not swarm_admission_requested(registration.run.strategy_options):
+        logger.info("swarm admission: off for this run (any peer may join its swarm)")
+        return None
+    with OrchestratorClient(config.url, timeout_s=10.0) as client:
+        if not client.swarm_auth_info().enabled:
+            logger.info("swarm admission: off on this orchestrator")
+            return None
+
+    def make_client() -> OrchestratorClient:
+        return OrchestratorClient(config.url, registration.worker_token, timeout_s=10.0, retries=2)
+
+    source = ClientTokenSource(make_client, registration.worker_id)
+    return SwarmAuthorizer.create(registration.swarm_id, source)
+
+
+def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any], authorizer: Any = None) -> Any:
+    """Start this worker's DHT peer joined to ``initial_peers`` (with swarm admission if ``authorizer``).
 
     The signature validator is added at once so the swarm's signed progress records can be read before
     training; it uses the process-wide key, the same one hivemind's ProgressTracker uses later.
@@ -51,7 +76,7 @@ def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any]) ->
 
     from worker.swarm_dht import start_dht
 
-    dht = start_dht(initial_peers=initial_peers, **dht_options)
+    dht = start_dht(initial_peers=initial_peers, authorizer=authorizer, **dht_options)
     dht.add_validators([RSASignatureValidator()])
     return dht
 

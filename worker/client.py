@@ -25,6 +25,7 @@ from worker.wire import (
     Heartbeat,
     HeartbeatReply,
     PeerList,
+    SwarmAuthInfo,
     SwarmToken,
     SwarmTokenRequest,
     WorkerRegister,
@@ -157,6 +158,10 @@ class OrchestratorClient:
     def run_peers(self, run_name: str) -> PeerList:
         """The run's current initial peers (no token needed)."""
         return PeerList.model_validate(self._call("GET", f"/runs/{run_name}/peers").json())
+
+    def swarm_auth_info(self) -> SwarmAuthInfo:
+        """Whether the orchestrator admits swarm peers by token, and its signing key (no token needed)."""
+        return SwarmAuthInfo.model_validate(self._call("GET", "/swarm-auth").json())
 
     def swarm_token(self, worker_id: str, public_key: str) -> SwarmToken:
         """A signed swarm token for this worker's peer key (``public_key``, OpenSSH); see

@@ -17,6 +17,7 @@ Nothing here imports the orchestrator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import tempfile
@@ -114,6 +115,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         self._next_fetch_at = 0.0
         self._renew_before_s = MIN_RENEW_BEFORE_S
         self._local_access_token = self._accept(first_token)
+        self.temporary_identity = False  # True: identity_path is a file of ours in a private temp dir
 
     @classmethod
     def create(
@@ -130,12 +132,25 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         Raises :class:`SwarmTokenUnavailable` when the orchestrator refuses or cannot be reached and
         :class:`SwarmTokenError` when its answer is unusable.
         """
+        temporary = identity_path is None
         if identity_path is None:
             identity_path = Path(tempfile.mkdtemp(prefix="spotswarm-peer-")) / "identity.key"
         ensure_identity(identity_path)
         key, _ = load_identity(identity_path)
         first = fetch(key.get_public_key().to_bytes().decode())
-        return cls(swarm_id, fetch, first, identity_path, clock=clock, retry_interval_s=retry_interval_s)
+        authorizer = cls(
+            swarm_id, fetch, first, identity_path, clock=clock, retry_interval_s=retry_interval_s
+        )
+        authorizer.temporary_identity = temporary
+        return authorizer
+
+    def discard_temporary_identity(self) -> None:
+        """Delete an identity file made by :meth:`create` once the peer's daemon has read it."""
+        if self.temporary_identity:
+            self.identity_path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.identity_path.parent.rmdir()
+            self.temporary_identity = False
 
     @property
     def public_key_text(self) -> str:

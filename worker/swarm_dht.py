@@ -10,8 +10,12 @@ import ipaddress
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import hivemind
+
+if TYPE_CHECKING:
+    from worker.swarm_auth import SwarmAuthorizer
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +52,14 @@ def start_dht(
     announce_maddrs: Sequence[str] | None = None,
     identity_path: str | None = None,
     client_mode: bool = False,
+    authorizer: SwarmAuthorizer | None = None,
 ) -> hivemind.DHT:
     """Start a DHT peer and wait until it is ready (and has joined ``initial_peers`` if any).
 
     ``host_maddrs`` defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
     (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
+    ``authorizer``: take part in a swarm with admission (``worker/swarm_guard.py``: DHT calls signed and
+    checked, averaging guarded); the peer then uses the authorizer's identity.
     """
     quiet_dead_sender_errors()
     kwargs: dict[str, object] = {
@@ -66,6 +73,10 @@ def start_dht(
         kwargs["announce_maddrs"] = list(announce_maddrs)
     if identity_path is not None:
         kwargs["identity_path"] = identity_path
+    if authorizer is not None:
+        from worker.swarm_guard import AdmissionDHT
+
+        return AdmissionDHT(list(initial_peers), authorizer=authorizer, **kwargs)
     return hivemind.DHT(initial_peers=list(initial_peers), start=True, **kwargs)
 
 

@@ -175,7 +175,8 @@ class AdmissionDHT(hivemind.DHT):
             check_if_identity_free=False,
             **kwargs,
         )
-        self.run_coroutine(_serve_own_token)
+        self.run_coroutine(serve_token)
+        authorizer.discard_temporary_identity()  # the daemon has read it
 
     async def replicate_p2p(self) -> P2P:
         """Like hivemind's, but the replica guards every handler registered on it (averagers')."""
@@ -190,8 +191,9 @@ class AdmissionDHT(hivemind.DHT):
         return replica
 
 
-async def _serve_own_token(_dht: hivemind.DHT, node: Any) -> None:
-    """Runs in the DHT process: answer :data:`ADMISSION_HANDLER` with the authorizer's current token."""
+async def serve_token(_dht: hivemind.DHT, node: Any) -> None:
+    """``dht.run_coroutine(serve_token)``: in the DHT process, answer :data:`ADMISSION_HANDLER` with the
+    current token of the DHT's authorizer (one with ``refresh_token_if_needed`` and ``current_token``)."""
     authorizer: SwarmAuthorizer = node.protocol.authorizer
 
     async def own_token(_request: AccessToken, _context: P2PContext) -> AccessToken:

@@ -1,7 +1,7 @@
 """Swarm admission endpoints: a worker's swarm token, and the key every peer verifies tokens with.
 
 ``POST /workers/{worker_id}/swarm-token`` (worker token): a signed, short-lived token binding the
-worker's peer key to its run (see ``docs/readme/security.md``). ``GET /swarm-auth`` (read): whether
+worker's peer key to its run (see ``docs/readme/security.md``). ``GET /swarm-auth`` (anyone): whether
 this orchestrator admits peers by token, its public key, the token lifetime and the opted-out runs.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
-from orchestrator.api.deps import Ctx, Reader, Token
+from orchestrator import tokens
+from orchestrator.api.deps import Ctx, Token
 from orchestrator.api.workers import authenticated_worker
 from orchestrator.context import AppContext
 from orchestrator.errors import Conflict
@@ -45,7 +46,12 @@ async def swarm_token(worker_id: int, body: SwarmTokenRequest, ctx: Ctx, token: 
 
 
 @router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")
-def swarm_auth_info(ctx: Ctx, _: Reader) -> SwarmAuthInfo:
+def swarm_auth_info(ctx: Ctx, token: Token) -> SwarmAuthInfo:
+    """Public (workers ask before they have a token; a public key is no secret). The opted-out runs
+    are listed only when reads are public or the caller is the admin."""
     if ctx.swarm_admission is None:
         return SwarmAuthInfo(enabled=False)
-    return ctx.swarm_admission.info()
+    info = ctx.swarm_admission.info()
+    if not ctx.settings.public_reads and not (token and tokens.token_matches(token, ctx.admin_token_hash)):
+        info.open_swarms = []
+    return info

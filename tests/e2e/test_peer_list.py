@@ -53,7 +53,10 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
-    created = admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE)).json()
+    # the hand-started worker has no orchestrator to get a swarm token from: the run admits any peer
+    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "swarm_admission": False}
+    spec = digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE, strategy_options=options)
+    created = admin_post(orch, "/api/v1/runs", spec).json()
     swarm_id = created["swarm_id"]
     reader = RunReader(orch, RUN)
     wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")

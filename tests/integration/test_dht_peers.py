@@ -22,9 +22,10 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("dht")
     registry = ProcessRegistry(root)
     try:
-        yield start_orchestrator(
-            registry, root / "data", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
-        )
+        # plain hivemind peers without swarm tokens: the orchestrator's DHT must admit anyone here
+        # (swarm admission is tested in test_swarm_admission.py)
+        env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_SWARM_ADMISSION": "false"}
+        yield start_orchestrator(registry, root / "data", extra_env=env)
     finally:
         registry.kill_all()
 

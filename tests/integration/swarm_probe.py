@@ -1,0 +1,184 @@
+"""A peer that tries to take part in a run's swarm: ``python -m tests.integration.swarm_probe CONFIG OUT``.
+
+For each mode in the JSON config, in order, it starts a hivemind DHT peer on 127.0.0.1 joined to the
+orchestrator and one of the run's workers, then tries what a member does: store a progress record
+under the run's key (``<swarm>_progress``: a trainer at a huge epoch for intruders, a harmless client
+record for the admitted control), read that key, download the model state from a worker's state
+averager and ask its gradient averager to join a group. It writes what happened, per mode, to OUT.
+
+Modes: ``none`` (plain hivemind, no token), ``forged`` (signed by a key that is not the orchestrator's),
+``expired`` (signed by the orchestrator's key from its data dir, expired), ``other_run`` (a real token
+of another run), ``admitted`` (a real token of this run, fetched like an agent does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hivemind
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import SchemaValidator
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils.auth import TokenAuthorizerBase
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import get_dht_time
+
+from worker.client import OrchestratorClient
+from worker.swarm_auth import (
+    ClientTokenSource,
+    SwarmAuthorizer,
+    ensure_identity,
+    load_identity,
+    to_access_token,
+)
+from worker.swarm_guard import AdmissionDHT, serve_token
+from worker.swarm_token import sign_token
+
+INTRUDER_EPOCH = 10**6
+RECORD_TTL_S = 20.0
+
+
+class FixedTokenAuthorizer(TokenAuthorizerBase):
+    """Presents one given token whatever it is, and believes every peer (an intruder's authorizer)."""
+
+    def __init__(self, key: RSAPrivateKey, token: AccessToken) -> None:
+        super().__init__(local_private_key=key)
+        self._token = token
+
+    async def get_token(self) -> AccessToken:
+        return self._token
+
+    def current_token(self) -> AccessToken:
+        return self._token
+
+    def is_token_valid(self, access_token: AccessToken) -> bool:
+        return True
+
+    def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
+        return False
+
+
+def start_peer(mode: str, config: dict[str, Any], workdir: Path) -> hivemind.DHT:
+    identity = workdir / f"{mode}.key"
+    ensure_identity(identity)
+    key, _ = load_identity(identity)
+    public_key = key.get_public_key().to_bytes().decode()
+    peers = config["initial_peers"]
+    common: dict[str, Any] = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "ensure_bootstrap_success": False}
+    fresh = {"check_if_identity_free": False}  # a new key: no need to ask the swarm
+    if mode == "none":
+        return hivemind.DHT(peers, start=True, **common)
+    if mode in ("admitted", "other_run"):
+        worker = config[mode]
+        source = ClientTokenSource(lambda: OrchestratorClient(config["url"], worker["token"]), worker["id"])
+        return AdmissionDHT(
+            peers, authorizer=SwarmAuthorizer.create(worker["swarm_id"], source, identity), **common
+        )
+    if mode == "expired":
+        pem = Path(config["authority_key_path"]).read_bytes()
+        signer = serialization.load_pem_private_key(pem, password=None)
+        expires_at = time.time() - 300
+    else:  # forged
+        signer = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        expires_at = time.time() + 300
+    assert isinstance(signer, rsa.RSAPrivateKey)
+    token = to_access_token(sign_token(signer, config["swarm_id"], "worker-999", public_key, expires_at))
+    authorizer = FixedTokenAuthorizer(key, token)
+    dht = hivemind.DHT(
+        peers, start=True, authorizer=authorizer, identity_path=str(identity), **fresh, **common
+    )
+    dht.run_coroutine(serve_token)
+    return dht
+
+
+def store_progress(dht: hivemind.DHT, swarm_id: str, admitted: bool) -> bool:
+    validator = RSASignatureValidator(RSAPrivateKey())
+    dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=swarm_id), validator])
+    record = LocalTrainingProgress(
+        peer_id=dht.peer_id.to_bytes(),
+        epoch=0 if admitted else INTRUDER_EPOCH,
+        samples_accumulated=0,
+        samples_per_second=0.0 if admitted else 1e6,
+        time=get_dht_time(),
+        client_mode=admitted,
+    )
+    stored = dht.store(
+        f"{swarm_id}_progress",
+        subkey=validator.local_public_key,
+        value=record.dict(),
+        expiration_time=get_dht_time() + RECORD_TTL_S,
+        exclude_self=True,
+    )
+    return bool(stored)
+
+
+def others_seen(dht: hivemind.DHT, swarm_id: str) -> int:
+    found = dht.get(f"{swarm_id}_progress", latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return 0
+    own = dht.peer_id.to_bytes()
+    return sum(1 for item in found.value.values() if getattr(item, "value", {}).get("peer_id") != own)
+
+
+async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dict[str, str]:
+    p2p = await dht.replicate_p2p()
+    results: dict[str, str] = {}
+    try:
+        stub = TrainingStateAverager.get_stub(p2p, worker, namespace=f"{swarm_id}_state_averager")
+        parts = [part async for part in await stub.rpc_download_state(averaging_pb2.DownloadRequest())]
+        results["download_state"] = f"ok: {len(parts)} parts"
+    except Exception as exc:  # noqa: BLE001 - the outcome is the probe's result
+        results["download_state"] = f"error: {exc}"
+    try:
+        stub = GradientAverager.get_stub(p2p, worker, namespace=f"{swarm_id}_grad_averager")
+        request = averaging_pb2.JoinRequest(
+            schema_hash=b"probe", expiration=get_dht_time() + 5, group_key=b""
+        )
+        stream = await stub.rpc_join_group(request)
+        reply = await asyncio.wait_for(stream.__anext__(), timeout=10)
+        results["join_group"] = f"ok: {averaging_pb2.MessageCode.Name(reply.code)}"
+    except Exception as exc:  # noqa: BLE001 - the outcome is the probe's result
+        results["join_group"] = f"error: {exc}"
+    return results
+
+
+def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    dht = start_peer(mode, config, workdir)
+    try:
+        swarm_id = config["swarm_id"]
+        result: dict[str, Any] = {"stored": store_progress(dht, swarm_id, admitted=mode == "admitted")}
+        result["others_seen"] = others_seen(dht, swarm_id)
+        worker = PeerID.from_base58(config["worker_peer_id"])
+        result.update(asyncio.run(try_averaging(dht, swarm_id, worker)))
+        return result
+    finally:
+        dht.shutdown()
+
+
+def main() -> None:
+    config = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    workdir = out.parent
+    results = {}
+    for mode in config["modes"]:
+        started = time.monotonic()
+        results[mode] = probe(mode, config, workdir)
+        results[mode]["seconds"] = round(time.monotonic() - started, 1)
+        print(mode, results[mode], flush=True)
+    out.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

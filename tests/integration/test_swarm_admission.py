@@ -1,0 +1,215 @@
+"""Swarm admission through a real orchestrator: only workers it registered take part in a run's swarm.
+
+One orchestrator for the module. The API test checks who gets a token. The swarm test starts two worker
+agents (digits example), lets them train, then runs one probe process (tests/integration/swarm_probe.py)
+that joins the DHT as intruders (no token, a forged token, an expired token, a token of another run) and
+finally as an admitted peer: the intruders can neither write nor read the run's progress key nor use the
+workers' averagers, while the admitted probe can, and its record shows in the swarm the orchestrator
+reads from the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from worker.swarm_token import TokenFields, TokenVerifier, openssh_public_key, peer_id_of
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 150.0  # two agents importing torch, Lightning and hivemind on a busy 2-core machine
+INTRUDERS = ("none", "forged", "expired", "other_run")
+DIGITS = {
+    "module": "worker.examples.digits:DigitsModule",
+    "datamodule": "worker.examples.digits:DigitsDataModule",
+    "target_batch_size": 64,
+    "batch_size": 16,
+    "strategy_options": {
+        "matchmaking_time": 1.0,
+        "averaging_timeout": 10.0,
+        "tracker_opts": {"metadata_expiration": 10},
+    },
+    "min_workers": 0,
+    "desired_workers": 2,
+    "max_workers": 4,
+    "checkpoint_every_epochs": 1000,
+}
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("admission")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", extra_env=NO_RECONCILE)
+    finally:
+        registry.kill_all()
+
+
+def create_run(orch: Orchestrator, spec: dict[str, Any]) -> dict[str, Any]:
+    with orch.admin() as http:
+        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())
+
+
+def register(orch: Orchestrator, join_token: str, hostname: str = "probe") -> dict[str, Any]:
+    with orch.client(join_token) as http:
+        return dict(
+            http.post("/api/v1/workers/register", json={"hostname": hostname}).raise_for_status().json()
+        )
+
+
+def new_public_key() -> str:
+    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
+
+
+def ask_token(orch: Orchestrator, worker_id: str, token: str | None, public_key: str) -> httpx.Response:
+    with orch.client(token) as http:
+        return http.post(f"/api/v1/workers/{worker_id}/swarm-token", json={"public_key": public_key})
+
+
+@pytest.mark.timeout(120)
+def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(orch: Orchestrator) -> None:
+    with orch.client() as http:
+        info = http.get("/api/v1/swarm-auth").raise_for_status().json()
+    assert info["enabled"] and info["authority_public_key"].startswith("ssh-rsa ")
+    run = create_run(orch, run_spec("adm-api"))
+    worker, other = register(orch, run["join_token"]), register(orch, run["join_token"])
+    key = new_public_key()
+
+    assert ask_token(orch, worker["worker_id"], None, key).status_code == 401
+    assert ask_token(orch, worker["worker_id"], other["worker_token"], key).status_code == 403
+    assert ask_token(orch, worker["worker_id"], run["join_token"], key).status_code == 403
+    small = openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key())
+    assert ask_token(orch, worker["worker_id"], worker["worker_token"], small).status_code == 422
+
+    granted = ask_token(orch, worker["worker_id"], worker["worker_token"], key).raise_for_status().json()
+    token = TokenFields(
+        granted["username"], granted["public_key"], granted["expiration_time"], granted["signature"]
+    )
+    assert granted["authority_public_key"] == info["authority_public_key"]
+    assert TokenVerifier(info["authority_public_key"], run["swarm_id"]).problem(token) is None
+    assert TokenVerifier(info["authority_public_key"], "another-swarm").problem(token) is not None
+    assert granted["peer_id"] == peer_id_of(key) and token.subject == f"worker-{worker['worker_id']}"
+    lifetime_s = token.expires_at() - time.time()
+    assert 0 < lifetime_s <= info["token_ttl_s"]
+
+    with orch.client(worker["worker_token"]) as http:
+        http.post(
+            f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"}
+        ).raise_for_status()
+    assert ask_token(orch, worker["worker_id"], worker["worker_token"], key).status_code == 409
+
+    opted_out = create_run(orch, run_spec("adm-open", strategy_options={"swarm_admission": False}))
+    member = register(orch, opted_out["join_token"])
+    refused = ask_token(orch, member["worker_id"], member["worker_token"], key)
+    assert refused.status_code == 409 and "swarm_admission is false" in refused.json()["detail"]
+
+    def listed_open() -> bool:
+        with orch.client() as http:
+            return opted_out["swarm_id"] in http.get("/api/v1/swarm-auth").json()["open_swarms"]
+
+    wait_until(listed_open, 30, message="the opted-out run reaches the DHT peer's open list")
+
+
+def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orchestrator, token: str) -> Any:
+    env = {
+        "SPOTSWARM_URL": orch.url,
+        "SPOTSWARM_JOIN_TOKEN": token,
+        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
+        "SPOTSWARM_METADATA_URL": "off",
+        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
+        "SPOTSWARM_STOP_GRACE_S": "20",
+    }
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
+
+
+def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
+    with orch.client(timeout_s=15) as http:
+        return http.get(f"/api/v1/runs/{name}{path}").raise_for_status().json()
+
+
+@pytest.mark.timeout(300)
+def test_only_admitted_peers_join_the_runs_swarm(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    run = create_run(orch, {"name": "adm-swarm", **DIGITS})
+    other_run = create_run(orch, run_spec("adm-other"))
+    agents = [start_agent(processes, tmp_path, n, orch, run["join_token"]) for n in ("first", "second")]
+
+    def trained_together() -> Any:
+        workers = [w for w in run_view(orch, "adm-swarm", "/workers")["items"] if w["state"] == "running"]
+        together = len(workers) == 2 and all(w["num_peers"] >= 2 and w["samples"] > 0 for w in workers)
+        return together and workers
+
+    wait_until(trained_together, BOOT_S, interval_s=1, message="two admitted agents train in one swarm")
+    epoch = run_view(orch, "adm-swarm")["reported"]["swarm_epoch"]
+    wait_until(
+        lambda: run_view(orch, "adm-swarm")["reported"]["swarm_epoch"] >= epoch + 2,
+        90,
+        interval_s=1,
+        message="the swarm epoch advances with two admitted peers",
+    )
+    assert all("swarm token for" in agent.log() for agent in agents)
+    worker_maddrs = run_view(orch, "adm-swarm", "/peers")["worker_peers"]
+    target = worker_maddrs[0].rsplit("/p2p/", 1)[1]
+
+    config = {
+        "url": orch.url,
+        "swarm_id": run["swarm_id"],
+        "initial_peers": orch.peers() + worker_maddrs,
+        "worker_peer_id": target,
+        "authority_key_path": str(orch.data_dir / "swarm_authority.pem"),
+        "admitted": credentials(register(orch, run["join_token"]), run["swarm_id"]),
+        "other_run": credentials(register(orch, other_run["join_token"]), other_run["swarm_id"]),
+        "modes": [*INTRUDERS, "admitted"],
+    }
+    config_path, out_path = tmp_path / "probe.json", tmp_path / "probe-out.json"
+    config_path.write_text(json.dumps(config))
+    probe = processes.start(
+        "probe",
+        [str(VENV_BIN / "python"), "-m", "tests.integration.swarm_probe", str(config_path), str(out_path)],
+    )
+    wait_until(
+        lambda: not probe.alive(), 150, interval_s=0.5, message=f"the probe ends\n{probe.log()[-3000:]}"
+    )
+    assert probe.popen.returncode == 0, probe.log()[-3000:]
+    results = json.loads(out_path.read_text())
+
+    reasons = {
+        "none": "showed no token",
+        "forged": "not signed by this orchestrator",
+        "expired": "expired",
+        "other_run": "not 'adm-swarm",
+    }
+    for mode in INTRUDERS:
+        result = results[mode]
+        assert not result["stored"] and result["others_seen"] == 0, (mode, result)
+        for call in ("download_state", "join_group"):
+            assert "not admitted to this swarm" in result[call] and reasons[mode] in result[call], (
+                mode,
+                result,
+            )
+    admitted = results["admitted"]
+    assert admitted["stored"] and admitted["others_seen"] >= 2, admitted
+    assert admitted["download_state"].startswith("ok") and admitted["join_group"].startswith("ok"), admitted
+
+    def admitted_record_visible() -> Any:
+        swarm = run_view(orch, "adm-swarm")["swarm"]
+        return swarm and swarm["num_clients"] == 1 and swarm
+
+    swarm = wait_until(admitted_record_visible, 30, message="the admitted probe's record reaches the workers")
+    assert swarm["num_peers"] == 3 and swarm["epoch"] < 1000, swarm  # two agents + the admitted probe
+    assert all(w["swarm_epoch"] < 1000 for w in run_view(orch, "adm-swarm", "/workers")["items"])
+    assert all(agent.alive() for agent in agents)
+
+
+def credentials(registered: dict[str, Any], swarm_id: str) -> dict[str, str]:
+    return {"id": registered["worker_id"], "token": registered["worker_token"], "swarm_id": swarm_id}
