@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from orchestrator import errors
 from orchestrator.api import checkpoints, health, peers, runs, swarm_auth, worker_logs, workers
 from orchestrator.api import metrics as metrics_api
+from orchestrator.api.deps import ERROR_RESPONSES
 from orchestrator.bodylimit import BodyLimitMiddleware
 from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
@@ -135,9 +136,9 @@ def create_app(
     )
     _install_error_handlers(app)
     for module in (runs, workers, checkpoints, peers, worker_logs, swarm_auth):
-        app.include_router(module.router, prefix=API_PREFIX)
+        app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.include_router(health.router)
-    app.include_router(metrics_api.router)  # /metrics (Prometheus)
+    app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)
     app.state.metrics = metrics
     app.include_router(web_router)  # the status page: /, /runs/{name}, /static/*
     app.add_middleware(

@@ -10,6 +10,7 @@ change writes an event. Functions take a session inside a transaction (``with db
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -22,9 +23,10 @@ from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
 from orchestrator.errors import IllegalTransition, InvalidRequest, NotFound, RunExists
 from worker.logsetup import log_fields
-from worker.wire import LIVE_WORKER_STATES, RunSpec, RunState, StopCondition, WorkerState
+from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 
 logger = logging.getLogger(__name__)
+RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)
 
 # Allowed run transitions. A run is created ``pending`` and becomes ``running`` when its first worker
 # registers. ``stopping`` waits for workers to leave (the reconciler, or the last worker leaving, ends
@@ -90,7 +92,9 @@ def record_event(
 
 
 def get_run(session: Session, name: str, *, for_update: bool = False) -> Run:
-    """The run called ``name``; raises :class:`NotFound`."""
+    """The run called ``name``; raises :class:`NotFound` (also for a name no run can have)."""
+    if not RUN_NAME_RE.match(name):  # e.g. a NUL character, which PostgreSQL would refuse with an error
+        raise NotFound(f"run {name!r} not found")
     query = select(Run).where(Run.name == name)
     if for_update:
         query = query.with_for_update()

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from worker.wire import CheckpointRef, RunSpec, RunState, StrictModel, WorkerState
+from worker.wire import NO_NUL_PATTERN, CheckpointRef, RunSpec, RunState, StrictModel, WorkerState
 
 
 class ScaleRequest(StrictModel):
@@ -23,7 +23,7 @@ class ScaleRequest(StrictModel):
 
 
 class StopRequest(StrictModel):
-    reason: str = Field(default="stopped by admin", max_length=1000)
+    reason: str = Field(default="stopped by admin", max_length=1000, pattern=NO_NUL_PATTERN)
 
 
 class WorkerCounts(BaseModel):

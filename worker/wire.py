@@ -20,15 +20,22 @@ Endpoints that carry these models (all under ``/api/v1``):
 
 from __future__ import annotations
 
+import json
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
+# Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
+# at the edge, instead of failing in the database (where one bad heartbeat would poison a whole batch).
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+NO_NUL_PATTERN = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
 class StrictModel(BaseModel):
@@ -65,8 +72,12 @@ LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
 class StopCondition(StrictModel):
     """When a run is complete: whichever target is reached first. Neither set means run until stopped."""
 
-    target_epochs: int | None = Field(default=None, ge=1, description="Swarm epochs (hivemind global steps).")
-    target_samples: int | None = Field(default=None, ge=1, description="Samples accumulated by the swarm.")
+    target_epochs: int | None = Field(
+        default=None, ge=1, le=MAX_INT64, description="Swarm epochs (hivemind global steps)."
+    )
+    target_samples: int | None = Field(
+        default=None, ge=1, le=MAX_INT64, description="Samples accumulated by the swarm."
+    )
 
 
 class RunSpec(StrictModel):
@@ -86,10 +97,21 @@ class RunSpec(StrictModel):
     max_workers: int = Field(default=8, ge=1, le=10_000)
     desired_workers: int = Field(default=2, ge=0, le=10_000)
     stop: StopCondition = Field(default_factory=StopCondition)
-    checkpoint_every_epochs: int = Field(default=5, ge=1, description="Checkpointer uploads every N epochs.")
+    checkpoint_every_epochs: int = Field(
+        default=5, ge=1, le=MAX_INT32, description="Checkpointer uploads every N epochs."
+    )
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
     launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
     launcher_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")
+    @classmethod
+    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:  # NaN and Infinity parse in Python but are not JSON: the database and clients would choke
+            json.dumps(value, allow_nan=False)
+        except ValueError as exc:
+            raise ValueError(f"not plain JSON: {exc}") from exc
+        return value
 
     @model_validator(mode="after")
     def _counts_are_ordered(self) -> RunSpec:
@@ -107,10 +129,14 @@ class WorkerRegister(StrictModel):
     """Sent by a worker at boot with the run's join token as bearer token."""
 
     request_id: str | None = Field(
-        default=None, max_length=64, description="Set by a launcher: binds the worker to its launch row."
+        default=None,
+        pattern=REQUEST_ID_PATTERN,
+        description="Set by a launcher: binds the worker to its launch row.",
     )
-    hostname: str = Field(default="", max_length=255)
-    launcher_handle: str | None = Field(default=None, max_length=128, description="PID or instance id.")
+    hostname: str = Field(default="", max_length=255, pattern=NO_NUL_PATTERN)
+    launcher_handle: str | None = Field(
+        default=None, max_length=128, pattern=NO_NUL_PATTERN, description="PID or instance id."
+    )
 
 
 class CheckpointRef(BaseModel):
@@ -140,13 +166,17 @@ class WorkerRegistered(BaseModel):
 class Heartbeat(StrictModel):
     """Progress a worker reports every few seconds."""
 
-    local_step: int = Field(default=0, ge=0)
-    swarm_epoch: int = Field(default=0, ge=0)
-    samples: int = Field(default=0, ge=0, description="Samples this worker contributed since it started.")
+    local_step: int = Field(default=0, ge=0, le=MAX_INT64)
+    swarm_epoch: int = Field(default=0, ge=0, le=MAX_INT64)
+    samples: int = Field(
+        default=0, ge=0, le=MAX_INT64, description="Samples this worker contributed since it started."
+    )
     loss: float | None = Field(default=None, allow_inf_nan=False)
     samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    num_peers: int = Field(default=0, ge=0)
-    visible_maddrs: list[str] = Field(default_factory=list, max_length=16)
+    num_peers: int = Field(default=0, ge=0, le=MAX_INT32)
+    visible_maddrs: list[Annotated[str, Field(max_length=1024, pattern=NO_NUL_PATTERN)]] = Field(
+        default_factory=list, max_length=16
+    )
     phase: str = Field(default="training", pattern=r"^(starting|training|stopping)$")
 
 
@@ -171,7 +201,7 @@ class DeregisterReason(str, Enum):
 
 class Deregister(StrictModel):
     reason: DeregisterReason
-    message: str | None = Field(default=None, max_length=4000)
+    message: str | None = Field(default=None, max_length=4000, pattern=NO_NUL_PATTERN)
 
 
 class PeerList(BaseModel):

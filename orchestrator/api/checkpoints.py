@@ -22,7 +22,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator import checkpoints, runs
-from orchestrator.api.deps import Ctx, Reader, Token, check_run_access
+from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
 from orchestrator.api.workers import authenticated_worker
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
@@ -47,7 +47,7 @@ ENDED_WORKER_STATES = (WorkerState.exited.value, WorkerState.failed.value, Worke
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
 )
 async def upload_checkpoint(
-    worker_id: int,
+    worker_id: WorkerId,
     epoch: Epoch,
     request: Request,
     ctx: Ctx,
@@ -133,14 +133,33 @@ def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
         )
 
 
-@router.get("/runs/{name}/checkpoints/latest/download", summary="Download the newest checkpoint")
+# The bytes of a checkpoint, not JSON (documented so, for clients and the schema-driven fuzz tests).
+CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
+    200: {
+        "description": "The checkpoint's bytes; their SHA-256 is in X-Checksum-Sha256.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.get(
+    "/runs/{name}/checkpoints/latest/download",
+    summary="Download the newest checkpoint",
+    response_class=StreamingResponse,
+    responses=CHECKPOINT_BYTES,
+)
 def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
     """Needs the admin token, the run's join token or a worker token of the run. Streamed; the
     checksum is in ``X-Checksum-Sha256``."""
     return _download(ctx, name, None, token)
 
 
-@router.get("/runs/{name}/checkpoints/{epoch}/download", summary="Download a checkpoint")
+@router.get(
+    "/runs/{name}/checkpoints/{epoch}/download",
+    summary="Download a checkpoint",
+    response_class=StreamingResponse,
+    responses=CHECKPOINT_BYTES,
+)
 def download(name: str, epoch: Epoch, ctx: Ctx, token: Token) -> StreamingResponse:
     """Same access rule as ``latest/download``."""
     return _download(ctx, name, epoch, token)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi import Path as PathParam
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -27,6 +28,29 @@ from orchestrator import tokens
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
 from orchestrator.errors import Forbidden, Unauthorized
+from orchestrator.schemas import ErrorOut
+
+# Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
+# database driver and fail there (a 500) instead of being refused here (a 422).
+MAX_ID = 2**31 - 1
+WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
+
+# Every error answer is ``{"detail": ...}`` (see app.py); documented on every API route so that the
+# OpenAPI schema describes what clients can really receive (the fuzz tests check this).
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": ErrorOut, "description": description}
+    for status, description in (
+        (400, "Malformed body or checksum mismatch"),
+        (401, "Missing or unknown token"),
+        (403, "The token does not grant this call"),
+        (404, "Unknown run, worker or checkpoint"),
+        (409, "Conflicts with the current state"),
+        (413, "Body too large"),
+        (422, "Invalid input"),
+        (500, "Unexpected server error (logged; never a traceback)"),
+        (503, "Database or DHT unavailable; retry"),
+    )
+}
 
 
 async def get_ctx(request: Request) -> AppContext:

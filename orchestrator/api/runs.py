@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response, status
 from sqlalchemy import select
 
 from orchestrator import queries, runs
-from orchestrator.api.deps import Admin, Ctx, Reader
+from orchestrator.api.deps import MAX_ID, Admin, Ctx, Reader
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.errors import InvalidRequest, RunExists
@@ -128,7 +128,7 @@ def list_events(
     name: str,
     ctx: Ctx,
     _: Reader,
-    after_id: Annotated[int, Query(ge=0, description="Only events newer than this id.")] = 0,
+    after_id: Annotated[int, Query(ge=0, le=MAX_ID, description="Only events newer than this id.")] = 0,
     limit: Limit = 100,
 ) -> EventPage:
     with ctx.db.read() as session:

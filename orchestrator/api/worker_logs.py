@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from orchestrator import runs
-from orchestrator.api.deps import Ctx, Reader
+from orchestrator.api.deps import Ctx, Reader, WorkerId
 from orchestrator.errors import NotFound
 from orchestrator.worker_logs import DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES, read_tail, worker_log_path
 
@@ -34,7 +34,7 @@ class WorkerLog(BaseModel):
 @router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log")
 def worker_log(
     name: str,
-    worker_id: int,
+    worker_id: WorkerId,
     ctx: Ctx,
     _: Reader,
     tail_bytes: Annotated[

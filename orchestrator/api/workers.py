@@ -10,7 +10,7 @@ from fastapi import APIRouter, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from orchestrator import checkpoints, queries, runs, workers
-from orchestrator.api.deps import Ctx, Token
+from orchestrator.api.deps import MAX_ID, Ctx, Token, WorkerId
 from orchestrator.context import AppContext
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats import WorkerEntry
@@ -47,6 +47,8 @@ async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | Non
     """The cached entry of ``worker_id`` if ``token`` is its token; 401/403/404 otherwise."""
     if token is None:
         raise Unauthorized("missing bearer token (the worker token)")
+    if not 0 <= worker_id <= MAX_ID:  # no such row; the database would fail on the number itself
+        raise NotFound(f"worker {worker_id} not found")
     entry = ctx.hub.cached(worker_id) or await run_in_threadpool(ctx.hub.load, worker_id)
     if entry is None:
         raise NotFound(f"worker {worker_id} not found")
@@ -55,7 +57,7 @@ async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | Non
 
 
 @router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
-async def heartbeat(worker_id: int, body: Heartbeat, ctx: Ctx, token: Token) -> HeartbeatReply:
+async def heartbeat(worker_id: WorkerId, body: Heartbeat, ctx: Ctx, token: Token) -> HeartbeatReply:
     """The reply says continue or stop, whether this worker is the run's checkpointer and the
     checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
     entry = await authenticated_worker(ctx, worker_id, token)
@@ -65,7 +67,7 @@ async def heartbeat(worker_id: int, body: Heartbeat, ctx: Ctx, token: Token) -> 
 @router.post(
     "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
 )
-async def deregister(worker_id: int, body: Deregister, ctx: Ctx, token: Token) -> Response:
+async def deregister(worker_id: WorkerId, body: Deregister, ctx: Ctx, token: Token) -> Response:
     """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
     await authenticated_worker(ctx, worker_id, token)
     await run_in_threadpool(_deregister, ctx, worker_id, body)

@@ -1,0 +1,162 @@
+"""Bad input: the REST API fuzzed from its own OpenAPI schema, and the cases the fuzzer found, kept as
+regressions. A real `spotswarm serve` per database backend, with private reads (every read needs a token).
+
+The bounded run here sends ``SPOTSWARM_FUZZ_EXAMPLES`` (default 12) generated requests per operation and
+caller mix; ``python bench/fuzz_api.py --examples 500 [--postgres]`` is the long run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.fuzz_api import build_world, fuzz
+from tests.fuzz_support import fuzz_orchestrator
+from tests.helpers import wait_until
+from tests.orchestrator_fixture import Orchestrator, run_spec
+from tests.postgres import PostgresCluster
+from worker.wire import CHECKSUM_HEADER
+
+EXAMPLES = int(os.environ.get("SPOTSWARM_FUZZ_EXAMPLES", "12"))
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp(f"fuzz-{request.param}")
+    cluster: PostgresCluster | bool = False
+    if request.param == "postgres":
+        cluster = request.getfixturevalue("postgres_cluster")
+    with fuzz_orchestrator(root, cluster, public_reads=False) as server:
+        yield server
+
+
+@pytest.mark.timeout(240)
+def test_generated_requests_get_no_5xx_no_schema_violation_and_nothing_without_the_right_token(
+    orch: Orchestrator,
+) -> None:
+    world = build_world(orch.url, orch.admin_token, public_reads=False)
+    seed_value = random.randrange(2**32)
+    failures = fuzz(world, EXAMPLES, seed_value, shrink=False)
+    report = "\n\n".join(f"=== {f.operation}\n{f.message}" for f in failures)
+    assert not failures, f"seed {seed_value}: {len(failures)} operation(s) failed\n{report}"
+
+
+def _worker(orch: Orchestrator, name: str) -> tuple[str, dict[str, str]]:
+    with orch.admin() as http:
+        join = http.post("/api/v1/runs", json=run_spec(name)).json()["join_token"]
+    with orch.client(join) as http:
+        reply = http.post("/api/v1/workers/register", json={"hostname": "h"}).json()
+    return reply["worker_id"], {"Authorization": f"Bearer {reply['worker_token']}"}
+
+
+TOO_BIG_IDS = [2**31, 2**63, 10**30]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("worker_id", TOO_BIG_IDS)
+def test_worker_ids_beyond_the_id_column_are_refused_not_500(orch: Orchestrator, worker_id: int) -> None:
+    _, auth = _worker(orch, f"big-id-{random.randrange(10**6)}")
+    data = b"x"
+    with orch.admin() as http:
+        answers = [
+            http.post(f"/api/v1/workers/{worker_id}/heartbeat", json={}, headers=auth),
+            http.post(f"/api/v1/workers/{worker_id}/deregister", json={"reason": "error"}, headers=auth),
+            http.put(
+                f"/api/v1/workers/{worker_id}/checkpoints/1",
+                content=data,
+                headers={**auth, CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()},
+            ),
+            http.get(f"/api/v1/runs/any/workers/{worker_id}/log"),
+            http.get("/api/v1/runs/any/events", params={"after_id": worker_id}),
+        ]
+    assert [a.status_code for a in answers] == [422] * 5, [a.text for a in answers]
+
+
+BAD_SPECS: list[dict[str, Any]] = [
+    {"checkpoint_every_epochs": 10**20},
+    {"stop": {"target_epochs": 2**63}},
+    {"stop": {"target_samples": 10**30}},
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides", BAD_SPECS)
+def test_numbers_the_database_cannot_hold_are_422(orch: Orchestrator, overrides: dict[str, Any]) -> None:
+    with orch.admin() as http:
+        answer = http.post("/api/v1/runs", json=run_spec(f"bad-{random.randrange(10**6)}", **overrides))
+    assert answer.status_code == 422, answer.text
+
+
+@pytest.mark.timeout(120)
+def test_nan_in_run_arguments_is_422(orch: Orchestrator) -> None:
+    body = '{"name": "nan-args", "module": "a:B", "datamodule": "a:B", "target_batch_size": 4, '
+    body += '"batch_size": 2, "min_workers": 0, "desired_workers": 0, "module_args": {"lr": NaN}}'
+    with orch.admin() as http:
+        answer = http.post("/api/v1/runs", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422 and "not plain JSON" in answer.text, answer.text
+
+
+@pytest.mark.timeout(120)
+def test_nul_characters_are_refused_at_the_edge(orch: Orchestrator) -> None:
+    """PostgreSQL text cannot hold NUL: without checks at the edge these were 500s there."""
+    name = f"nul-{random.randrange(10**6)}"
+    worker_id, auth = _worker(orch, name)
+    with orch.admin() as http:
+        assert http.get("/api/v1/runs/a%00b").status_code == 404
+        assert http.post(f"/api/v1/runs/{name}/stop", json={"reason": "a\x00b"}).status_code == 422
+        deregister = {"reason": "error", "message": "a\x00b"}
+        assert (
+            http.post(f"/api/v1/workers/{worker_id}/deregister", json=deregister, headers=auth).status_code
+            == 422
+        )
+        heartbeat = {"visible_maddrs": ["/ip4/1.2.3.4\x00"]}
+        assert (
+            http.post(f"/api/v1/workers/{worker_id}/heartbeat", json=heartbeat, headers=auth).status_code
+            == 422
+        )
+        join = http.post("/api/v1/runs", json=run_spec(f"{name}-2")).json()["join_token"]
+    with orch.client(join) as http:
+        assert http.post("/api/v1/workers/register", json={"hostname": "a\x00b"}).status_code == 422
+        assert http.post("/api/v1/workers/register", json={"request_id": "../x"}).status_code == 422
+
+
+@pytest.mark.timeout(120)
+def test_a_heartbeat_with_huge_counters_is_refused_and_cannot_block_other_writes(orch: Orchestrator) -> None:
+    """Before: accepted, then every batch write failed on it (all workers' heartbeats lost) until the
+    worker sent a smaller number."""
+    name = f"poison-{random.randrange(10**6)}"
+    bad_id, bad_auth = _worker(orch, name)
+    good_id, good_auth = _worker(orch, f"{name}-2")
+    with orch.client() as http:
+        for field in ("samples", "local_step", "swarm_epoch", "num_peers"):
+            answer = http.post(f"/api/v1/workers/{bad_id}/heartbeat", json={field: 10**20}, headers=bad_auth)
+            assert answer.status_code == 422, (field, answer.text)
+        assert (
+            http.post(
+                f"/api/v1/workers/{good_id}/heartbeat", json={"samples": 77}, headers=good_auth
+            ).status_code
+            == 200
+        )
+
+    def stored() -> bool:
+        with orch.admin() as http:
+            workers = http.get(f"/api/v1/runs/{name}-2/workers").json()["items"]
+        return bool(workers) and workers[0]["samples"] == 77
+
+    wait_until(stored, 15, message="the good worker's heartbeat is written")
+
+
+@pytest.mark.timeout(60)
+def test_the_schema_documents_error_answers_and_checkpoint_bytes(orch: Orchestrator) -> None:
+    schema = httpx.get(f"{orch.url}/openapi.json", timeout=30).json()
+    scale = schema["paths"]["/api/v1/runs/{name}/scale"]["post"]["responses"]
+    assert {"401", "403", "404", "409", "422", "503"} <= set(scale)
+    assert scale["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
+    download = schema["paths"]["/api/v1/runs/{name}/checkpoints/latest/download"]["get"]["responses"]
+    assert list(download["200"]["content"]) == ["application/octet-stream"]
