@@ -125,12 +125,18 @@ def resolve_format(fmt: str | None) -> str:
 
 
 def configure_logging(
-    level: str | int = "INFO", fmt: str | None = None, stream: IO[str] | None = None, *, hivemind: bool = True
+    level: str | int = "INFO",
+    fmt: str | None = None,
+    stream: IO[str] | None = None,
+    *,
+    hivemind: bool = True,
+    lightning: bool = True,
 ) -> str:
     """Install the one root handler (replacing earlier ones) and return the format used.
 
-    ``hivemind=False`` leaves hivemind alone (importing it costs seconds: for short commands that never
-    start a peer). Raises ValueError for an unknown format or level.
+    hivemind and Lightning add handlers of their own when imported; ``hivemind``/``lightning`` import
+    them now and route their records through ours instead (seconds of imports: pass False where the
+    process never uses them). Raises ValueError for an unknown format or level.
     """
     chosen = resolve_format(fmt)
     handler = logging.StreamHandler(stream or sys.stderr)
@@ -143,6 +149,8 @@ def configure_logging(
         logging.getLogger(name).setLevel(quiet_level)
     if hivemind:
         _route_hivemind(os.environ.get(HIVEMIND_LEVEL_ENV, "WARNING").upper())
+    if lightning:
+        _route_lightning()
     logging.captureWarnings(True)
     return chosen
 
@@ -156,3 +164,16 @@ def _route_hivemind(level: str) -> None:
         return
     hivemind_logging.use_hivemind_log_handler("nowhere")
     logging.getLogger("hivemind").setLevel(level)
+
+
+def _route_lightning() -> None:
+    """Drop the console handler ``import lightning`` puts on its logger (its lines reach ours anyway)."""
+    try:
+        import lightning  # noqa: F401 - imported for its side effect on logging, undone below
+    except ImportError:
+        return
+    for name in ("lightning", "pytorch_lightning"):
+        chatty = logging.getLogger(name)
+        for handler in list(chatty.handlers):
+            chatty.removeHandler(handler)
+        chatty.propagate = True

@@ -61,7 +61,8 @@ def build_settings(options: dict[str, Any]) -> Settings:
 def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
     from worker.logsetup import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format, hivemind=hivemind)
+    # The server never imports Lightning (the import probe runs in its own process).
+    configure_logging(settings.log_level, settings.log_format, hivemind=hivemind, lightning=False)
 
 
 @click.command()

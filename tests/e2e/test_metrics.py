@@ -5,6 +5,7 @@ lines that the API serves, and the run's series vanish when it is deleted."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
 from tests.orchestrator_fixture import Orchestrator
 
 pytestmark = [pytest.mark.swarm]
@@ -31,6 +32,16 @@ def scrape(orch: Orchestrator) -> Samples:
     }
 
 
+def served_names(orch: Orchestrator) -> tuple[set[str], set[str]]:
+    """(family names, sample names with their _total/_bucket/... suffixes) of one scrape."""
+    families = list(text_string_to_metric_families(httpx.get(f"{orch.url}/metrics", timeout=15).text))
+    return {f.name for f in families}, {s.name for f in families for s in f.samples}
+
+
+def names_in(path: Path) -> set[str]:
+    return set(re.findall(r"\bspotswarm_[a-z_]+[a-z]", path.read_text()))
+
+
 def metric(orch: Orchestrator, name: str, **labels: str) -> float | None:
     return scrape(orch).get((name, tuple(sorted(labels.items()))))
 
@@ -41,7 +52,7 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
 ) -> None:
     env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_LOG_FORMAT": "json"}  # workers inherit the env
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
-    admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=64, checkpoint_every_epochs=1000))
+    admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=64, checkpoint_every_epochs=2))
     reader = RunReader(orch, RUN)
     wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
 
@@ -68,6 +79,17 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
     assert samples[("spotswarm_run_samples_per_second", (("run", RUN),))] > 0
     assert ("spotswarm_run_loss", (("run", RUN),)) in samples
     assert samples[("spotswarm_run_dht_epoch", (("run", RUN),))] >= epoch
+
+    wait_until(lambda: metric(orch, "spotswarm_run_checkpoints", run=RUN), 60, message="a checkpoint")
+    families, samples_named = served_names(orch)
+    served = families | samples_named | {"spotswarm_run_cost_usd"}  # no price: the local launcher
+    for used_in in ("deploy/grafana/spotswarm-dashboard.json", "deploy/prometheus/spotswarm-alerts.yml"):
+        assert names_in(REPO_ROOT / used_in) <= served, (used_in, names_in(REPO_ROOT / used_in) - served)
+    documented = names_in(REPO_ROOT / "docs/readme/operability.md")
+    assert documented <= served, documented - served
+    ours = {f for f in families if not f.endswith("_created")}  # prometheus_client's extra series
+    undocumented = {f for f in ours if f not in documented and f"{f}_total" not in documented}
+    assert not undocumented, undocumented
 
     worker = reader.running()[0]
     with orch.client() as http:
