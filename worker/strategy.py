@@ -13,9 +13,7 @@ to peers and stops what it started. Helpers live in ``swarm_*`` modules next to 
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import hivemind
@@ -23,11 +21,9 @@ import torch
 from hivemind.utils.crypto import RSAPrivateKey
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import Tensor
 from typing_extensions import override
 
@@ -35,13 +31,18 @@ from worker import swarm_checks as checks
 from worker.swarm_checks import HivemindStrategyError, SwarmNotStartedError
 from worker.swarm_dht import initial_peers_line, parse_initial_peers, start_dht
 from worker.swarm_metrics import (
-    METRIC_EPOCH,
-    METRIC_LOCAL_SAMPLES,
-    METRIC_PEERS,
-    METRIC_SAMPLES_PER_S,
     SwarmProgress,
     SwarmRateReader,
+    log_swarm_metrics,
     progress_from_tracker,
+)
+from worker.swarm_optimizer import (
+    SwarmLightningOptimizer,
+    ZeroGradSwitch,
+    build_hivemind_optimizer,
+    follow_swarm_epochs,
+    hivemind_state_dict,
+    load_hivemind_state_dict,
 )
 from worker.swarm_precision import HivemindMixedPrecision
 from worker.swarm_schedulers import SwarmEpochScheduler
@@ -50,9 +51,6 @@ from worker.swarm_shutdown import shutdown_optimizer
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
 log = logging.getLogger(__name__)
-
-_SCHEDULER_STATE_KEY = "hivemind_scheduler"
-_NOT_SET = object()
 
 
 class HivemindStrategy(Strategy):
@@ -157,7 +155,7 @@ class HivemindStrategy(Strategy):
         self._parallel_devices: list[torch.device] | None = None
         self._declared_batch_size: int | None = None
         self._batch_samples: int | None = None
-        self._saved_zero_grad: object = _NOT_SET
+        self._zero_grad_switch = ZeroGradSwitch()
         self.local_samples = 0
         # one process per peer: every peer is rank 0 of its own one-process world
         self.global_rank = 0
@@ -204,7 +202,7 @@ class HivemindStrategy(Strategy):
     def optimizers(self, optimizers: list[torch.optim.Optimizer]) -> None:
         self._optimizers = optimizers
         self._lightning_optimizers = [
-            _SwarmLightningOptimizer._to_lightning_optimizer(opt, self) for opt in optimizers
+            SwarmLightningOptimizer._to_lightning_optimizer(opt, self) for opt in optimizers
         ]
 
     @property
@@ -285,10 +283,13 @@ class HivemindStrategy(Strategy):
         optimizer = self._make_hivemind_optimizer(torch_optimizer)
         self._optimizer = optimizer
         self._rate_reader = SwarmRateReader(self.dht, self.run_id)
-        self.lr_scheduler_configs = self._follow_swarm_epochs(self.lr_scheduler_configs, optimizer)
+        self.lr_scheduler_configs = follow_swarm_epochs(
+            self.lr_scheduler_configs, optimizer, self.scheduler_fn, self._hivemind_creates_optimizer
+        )
         self.optimizers = [optimizer]
         if self.reuse_grad_buffers:
-            self._disable_zero_grad()
+            assert self.lightning_module is not None
+            self._zero_grad_switch.disable(self.lightning_module)
 
     def _start_dht(self) -> None:
         if self._dht is not None:
@@ -307,7 +308,9 @@ class HivemindStrategy(Strategy):
         if self._owns_dht:
             # a key of our own, so peers forked from one parent never share a progress record
             tracker_opts.setdefault("private_key", RSAPrivateKey())
-        common: dict[str, Any] = dict(
+        return build_hivemind_optimizer(
+            torch_optimizer,
+            hivemind_creates_optimizer=self._hivemind_creates_optimizer,
             dht=self.dht,
             run_id=self.run_id,
             target_batch_size=self.target_batch_size,
@@ -317,59 +320,6 @@ class HivemindStrategy(Strategy):
             tracker_opts=tracker_opts,
             **self._hivemind_kwargs,
         )
-        if not self._hivemind_creates_optimizer:
-            return hivemind.Optimizer(optimizer=torch_optimizer, **common)
-        # offload / delayed updates: hivemind must build the optimizer itself, from the same class and groups
-        optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
-        groups = [dict(group) for group in torch_optimizer.param_groups]
-        return hivemind.Optimizer(
-            optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **common
-        )
-
-    def _follow_swarm_epochs(
-        self, configs: list[LRSchedulerConfig], optimizer: hivemind.Optimizer
-    ) -> list[LRSchedulerConfig]:
-        if not configs:
-            return []
-        if self.scheduler_fn is not None:
-            warnings.warn(
-                "HivemindStrategy(scheduler_fn=...) is given, so the schedulers returned by "
-                "configure_optimizers are ignored (hivemind steps scheduler_fn once per swarm epoch).",
-                UserWarning,
-                stacklevel=2,
-            )
-            return []
-        if self._hivemind_creates_optimizer:
-            warnings.warn(
-                "HivemindStrategy: with offload_optimizer or delay_optimizer_step/delay_grad_averaging, "
-                "hivemind creates its own optimizer, so the schedulers returned by configure_optimizers "
-                "cannot drive it and are ignored. scheduler_fn is required for a schedule: pass "
-                "scheduler_fn=lambda optimizer: YourScheduler(optimizer, ...).",
-                UserWarning,
-                stacklevel=2,
-            )
-            return []
-        return [
-            replace(config, scheduler=SwarmEpochScheduler(config.scheduler, lambda: optimizer.local_epoch))  # type: ignore[arg-type]
-            for config in configs
-        ]
-
-    def _disable_zero_grad(self) -> None:
-        module = self.lightning_module
-        assert module is not None
-        checks.warn_if_zero_grad_overridden(module)
-        self._saved_zero_grad = module.__dict__.get("optimizer_zero_grad", _NOT_SET)
-        module.optimizer_zero_grad = _keep_gradients  # type: ignore[method-assign]
-
-    def _restore_zero_grad(self) -> None:
-        module = self.lightning_module
-        if module is None or "optimizer_zero_grad" not in module.__dict__:
-            return
-        if self._saved_zero_grad is _NOT_SET:
-            del module.__dict__["optimizer_zero_grad"]
-        else:
-            module.optimizer_zero_grad = self._saved_zero_grad  # type: ignore[method-assign, assignment]
-        self._saved_zero_grad = _NOT_SET
 
     # ------------------------------------------------------------------------------- training
     @override
@@ -431,46 +381,32 @@ class HivemindStrategy(Strategy):
 
     def _log_swarm_metrics(self) -> None:
         module = self.lightning_module
-        if module is None or module._current_fx_name is None:
-            return
-        progress = self.swarm_progress()
-        metrics = {
-            METRIC_PEERS: float(progress.num_peers),
-            METRIC_EPOCH: float(progress.epoch),
-            METRIC_SAMPLES_PER_S: progress.samples_per_second,
-            METRIC_LOCAL_SAMPLES: float(self.local_samples),
-        }
-        module.log_dict(metrics, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)
+        if module is not None and module._current_fx_name is not None:  # inside a hook that may log
+            log_swarm_metrics(module, self.swarm_progress(), self.local_samples)
 
     # ---------------------------------------------------------------------------- checkpoints
     @override
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """hivemind's state (optimizer statistics and ``local_epoch``), plus its scheduler if any."""
         inner = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer -> optimizer
-        state = super().optimizer_state(inner)
-        if isinstance(inner, hivemind.Optimizer) and inner.state_averager.scheduler is not None:
-            state[_SCHEDULER_STATE_KEY] = inner.state_averager.scheduler.state_dict()
-        return state
+        if isinstance(inner, hivemind.Optimizer):
+            return hivemind_state_dict(inner)
+        return super().optimizer_state(inner)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         """Restore optimizer state and swarm epoch; the peer then reports that epoch to the swarm."""
         for optimizer, saved in zip(self.optimizers, checkpoint["optimizer_states"], strict=False):
-            if not isinstance(optimizer, hivemind.Optimizer):
+            if isinstance(optimizer, hivemind.Optimizer):
+                load_hivemind_state_dict(optimizer, saved)
+            else:
                 optimizer.load_state_dict(saved)
-                continue
-            saved = dict(saved, state=dict(saved["state"]))  # hivemind pops local_epoch from it
-            scheduler_state = saved.pop(_SCHEDULER_STATE_KEY, None)
-            optimizer.load_state_dict(saved)  # torch moves state to each parameter's device
-            if scheduler_state is not None and optimizer.state_averager.scheduler is not None:
-                optimizer.state_averager.scheduler.load_state_dict(scheduler_state)
-            _announce_epoch(optimizer)
 
     # ------------------------------------------------------------------------------- teardown
     @override
     def teardown(self) -> None:
         """Say goodbye to peers, stop the averagers, and stop the DHT if this strategy started it."""
-        self._restore_zero_grad()
+        self._zero_grad_switch.restore()
         if self._optimizer is not None and self._rate_reader is not None:
             self.swarm_progress()  # remember the last view of the swarm
             self._rate_reader.close()
@@ -481,30 +417,3 @@ class HivemindStrategy(Strategy):
         if self._owns_dht and self._dht is not None:
             self._dht.shutdown()
             self._dht = None
-
-
-class _SwarmLightningOptimizer(LightningOptimizer):
-    """Lightning's optimizer wrapper, minus the finalizer it would inherit from ``hivemind.Optimizer``.
-
-    Lightning's wrapper subclasses the wrapped optimizer's class, so when Lightning replaces a wrapper
-    (it does, during setup) the garbage-collected wrapper runs ``hivemind.Optimizer.__del__``, which
-    shuts down the *shared* averagers and leaves training hanging at its first swarm step.
-    ``HivemindStrategy.teardown`` shuts the optimizer down instead.
-    """
-
-    def __del__(self) -> None:
-        pass
-
-
-def _keep_gradients(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``optimizer_zero_grad`` while hivemind owns the gradient buffers."""
-
-
-def _announce_epoch(optimizer: hivemind.Optimizer) -> None:
-    """After loading a checkpoint: report its epoch to the swarm and offer this state to newcomers."""
-    epoch = optimizer.local_epoch
-    optimizer.tracker.report_local_progress(local_epoch=epoch, samples_accumulated=0)
-    if not optimizer.state_averager.client_mode:
-        optimizer.state_averager.state_sharing_priority = epoch
-        if optimizer.grad_averager is not None:
-            optimizer.grad_averager.state_sharing_priority = epoch

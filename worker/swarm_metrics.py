@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import hivemind
+from lightning.pytorch import LightningModule
 
 log = logging.getLogger(__name__)
 _READ_FAILURES = (concurrent.futures.CancelledError, concurrent.futures.TimeoutError, OSError, RuntimeError)
@@ -119,3 +120,14 @@ class SwarmRateReader:
         if self._pending is not None and not self._pending.done():
             self._pending.cancel()
         self._pending = None
+
+
+def log_swarm_metrics(module: LightningModule, progress: SwarmProgress, local_samples: int) -> None:
+    """Log the swarm's state through Lightning (progress bar and loggers), once per local step."""
+    metrics = {
+        METRIC_PEERS: float(progress.num_peers),
+        METRIC_EPOCH: float(progress.epoch),
+        METRIC_SAMPLES_PER_S: progress.samples_per_second,
+        METRIC_LOCAL_SAMPLES: float(local_samples),
+    }
+    module.log_dict(metrics, prog_bar=True, on_step=True, on_epoch=False, batch_size=1)

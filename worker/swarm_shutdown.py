@@ -5,64 +5,43 @@ that the DHT fetches from the sender's ``multiprocessing`` resource sharer. A re
 after its sender exited is lost with a logged ``FileNotFoundError`` (or an ``EOFError`` that kills
 the DHT process), and the DHT then pauses for 3 s. Averagers send requests right up to their exit
 (cancelling a pre-scheduled round makes them leave its group) and a busy DHT reads its pipe seconds
-late, so plain ``hivemind.Optimizer.shutdown`` followed by ``DHT.shutdown`` shows tracebacks and
-often ends by terminating the DHT. ``shutdown_optimizer`` instead lets pending rounds finish (with
-zero weight), says goodbye, waits until the DHT has read everything queued, and only then stops
-the averagers.
+late, so plain ``hivemind.Optimizer.shutdown`` followed by ``DHT.shutdown`` often shows tracebacks
+and ends by terminating the DHT. ``shutdown_optimizer`` cancels pending matchmaking first, says
+goodbye, waits until the DHT has read everything queued so far, and only then stops the averagers.
+This narrows hivemind's race a lot; it cannot close it (an averager may still send a request in its
+last milliseconds), so ``worker.swarm_dht`` also turns the resulting error into a debug line.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import logging
+from typing import Any
 
 import hivemind
-from hivemind.averaging.control import StepControl
-from hivemind.averaging.matchmaking import MatchmakingException
-from hivemind.averaging.partition import AllreduceException
+from hivemind.averaging.control import AveragingStage
 
 log = logging.getLogger(__name__)
 
-_ROUND_TIMEOUT_S = 30.0
 _DRAIN_KEY = "_spotswarm_drain"
 _TRACKER_JOIN_TIMEOUT_S = 10.0
-_ROUND_FAILURES = (
-    AllreduceException,
-    MatchmakingException,
-    concurrent.futures.TimeoutError,
-    concurrent.futures.CancelledError,
-    asyncio.CancelledError,
-)
 
 
 def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
-    """Finish pending averaging rounds, shut hivemind's optimizer down, and collect what it left."""
+    """Say goodbye to peers and stop hivemind's optimizer, leaving the DHT nothing to trip on.
+
+    Rounds still looking for a group are cancelled first (as ``hivemind.Optimizer.shutdown`` would,
+    but earlier), so the averagers' last matchmaking requests reach the DHT while they still run.
+    """
     for control in (optimizer.scheduled_grads, optimizer.scheduled_state):
-        if control is not None and not control.done():
-            _finish_with_zero_weight(control, optimizer.averaging_timeout or _ROUND_TIMEOUT_S)
+        if control is not None and not control.done() and control.stage == AveragingStage.LOOKING_FOR_GROUP:
+            control.cancel()
     optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
     _drain_dht_requests(optimizer.dht)
-    optimizer.shutdown()
-    optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)  # its thread must let go of its event loop
-    _collect_finished_event_loops()
-
-
-def _finish_with_zero_weight(control: StepControl, timeout_s: float) -> None:
-    """Let a pre-scheduled round run to its end, contributing nothing.
-
-    Cancelling it instead (what ``hivemind.Optimizer.shutdown`` does with rounds still looking for a
-    group) makes the averager leave its group with a last DHT request just before it exits.
-    Peers in the round lose nothing: a weight of zero changes no average.
-    """
-    if not control.triggered:
-        control.weight = 0.0
-        control.allow_allreduce()
-    try:
-        control.result(timeout_s)
-    except _ROUND_FAILURES as exc:  # alone, or peers left: nothing was averaged, and nothing needed to be
-        log.debug("last averaging round ended without peers: %r", exc)
+    optimizer.shutdown()  # tags along rounds already running, then stops the averagers
+    optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
+    _quiet_abandoned_event_loops()
 
 
 def _drain_dht_requests(dht: hivemind.DHT) -> None:
@@ -76,22 +55,21 @@ def _drain_dht_requests(dht: hivemind.DHT) -> None:
         dht.get(_DRAIN_KEY, latest=False)
 
 
-class _PendingTaskFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Task was destroyed but it is pending")
+def _quiet_abandoned_event_loops() -> None:
+    """Keep hivemind's abandoned event loops from logging errors when the process exits.
 
-
-def _collect_finished_event_loops() -> None:
-    """Collect what the progress tracker's finished event loop left behind, without its noise.
-
-    The tracker's thread stops its loop right after cancelling its last tasks, so they stay pending
-    forever and asyncio logs "Task was destroyed but it is pending!" when they are collected
-    (often at interpreter exit). Collect them now, while that one message is filtered.
+    The progress tracker's thread stops its event loop right after cancelling its last tasks, so
+    they stay pending, and asyncio logs "Task was destroyed but it is pending!" when they are
+    finally collected (at interpreter exit). Loops that are neither running nor closed but still
+    have pending tasks are abandoned; they get a handler that drops just that message.
     """
-    asyncio_logger = logging.getLogger("asyncio")
-    quiet = _PendingTaskFilter()
-    asyncio_logger.addFilter(quiet)
-    try:
-        gc.collect()
-    finally:
-        asyncio_logger.removeFilter(quiet)
+    pending = [obj for obj in gc.get_objects() if type(obj) is asyncio.Task and not obj.done()]
+    for loop in {task.get_loop() for task in pending}:
+        if not loop.is_running() and not loop.is_closed():
+            loop.set_exception_handler(_drop_destroyed_pending_task)
+
+
+def _drop_destroyed_pending_task(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+        return
+    loop.default_exception_handler(context)
