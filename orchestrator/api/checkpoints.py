@@ -100,12 +100,27 @@ def _store_and_record(
             return checkpoints.to_ref(run, previous)
         if run.state not in runs.ACTIVE_RUN_STATES:
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
-        key = checkpoint_key(run.swarm_id, epoch)
+        key = checkpoint_key(run.swarm_id, epoch, sha256)
     ctx.store.put_file(key, path, sha256)
+    try:
+        ref, dropped = _record(ctx, entry, run.name, epoch, key, sha256, size)
+    except Conflict:
+        ctx.store.delete(key)  # another upload of this epoch, with other bytes, was recorded first
+        raise
+    for old_key in dropped:  # its own key too when an older epoch arrived late and was pruned at once
+        ctx.store.delete(old_key)
+    ctx.hub.refresh()
+    return ref
+
+
+def _record(
+    ctx: AppContext, entry: WorkerEntry, name: str, epoch: int, key: str, sha256: str, size: int
+) -> tuple[CheckpointRef, list[str]]:
+    """Record the stored object; the ref and the keys of pruned checkpoints. Raises Conflict."""
     with ctx.db.begin() as session:
-        run = runs.get_run(session, run.name, for_update=True)
+        run = runs.get_run(session, name, for_update=True)
         if (previous := checkpoints.existing_upload(session, run, epoch, sha256)) is not None:
-            return checkpoints.to_ref(run, previous)  # a concurrent retry of the same upload won
+            return checkpoints.to_ref(run, previous), []  # a concurrent retry of the same upload won
         stored, dropped = checkpoints.record_checkpoint(
             session,
             run,
@@ -116,12 +131,7 @@ def _store_and_record(
             worker_id=entry.worker_id,
             now=ctx.clock(),
         )
-        ref = checkpoints.to_ref(run, stored)
-    for old_key in dropped:
-        if old_key != key:
-            ctx.store.delete(old_key)
-    ctx.hub.refresh()
-    return ref
+        return checkpoints.to_ref(run, stored), dropped
 
 
 @router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")

@@ -1,4 +1,4 @@
-"""The checkpoint store interface. Keys look like ``runs/<swarm_id>/epoch-00000012.ckpt``.
+"""The checkpoint store interface. Keys look like ``runs/<swarm_id>/epoch-00000012-<sha256>.ckpt``.
 
 The API layer receives an upload into a temporary file, verifies its size and SHA-256, and only then
 calls :meth:`CheckpointStore.put_file`, which must make the object visible atomically: a reader sees
@@ -42,6 +42,11 @@ class CheckpointStore(Protocol):
         ...
 
 
-def checkpoint_key(swarm_id: str, epoch: int) -> str:
-    """The storage key of a run's checkpoint at ``epoch``."""
-    return f"runs/{swarm_id}/epoch-{epoch:08d}.ckpt"
+def checkpoint_key(swarm_id: str, epoch: int, sha256: str | None = None) -> str:
+    """The storage key of a run's checkpoint at ``epoch``; with ``sha256``, of those very bytes.
+
+    Uploads use the checksum in the key, so two concurrent uploads of one epoch with different bytes
+    write different objects: the one that loses the race in the database cannot overwrite the winner's.
+    """
+    suffix = f"-{sha256}" if sha256 else ""
+    return f"runs/{swarm_id}/epoch-{epoch:08d}{suffix}.ckpt"

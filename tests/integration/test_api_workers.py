@@ -251,8 +251,9 @@ def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) 
     assert latest.content == blobs[3] and latest.headers[CHECKSUM_HEADER] == listed[0]["sha256"]
     assert second.content == blobs[2]
     stored = sorted(p.name for p in (orch.data_dir / "checkpoints").rglob("*.ckpt"))
-    assert len([s for s in stored if s in ("epoch-00000002.ckpt", "epoch-00000003.ckpt")]) == 2
-    assert "epoch-00000001.ckpt" not in stored
+    files = {e: f"epoch-{e:08d}-{hashlib.sha256(data).hexdigest()}.ckpt" for e, data in blobs.items()}
+    assert len([s for s in stored if s in (files[2], files[3])]) == 2
+    assert files[1] not in stored
     assert register(orch, join)["resume_checkpoint"]["epoch"] == 3
 
 
