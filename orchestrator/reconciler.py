@@ -173,6 +173,8 @@ class Reconciler:
             self.policy,
         )
         _copy_launch_details(rows, instances)
+        if run.consecutive_start_failures and any(w.samples > 0 for w in rows):
+            run.consecutive_start_failures = 0  # a worker trains: the start-up failure streak is over
         if plan.is_empty():
             return
         by_id = {str(w.id): w for w in rows}

@@ -170,7 +170,8 @@ def register_worker(session: Session, token: str, body: WorkerRegister, now: dat
         worker.launcher_handle = body.launcher_handle
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
-    run.consecutive_start_failures = 0
+    # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
+    # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending.value:
         runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
     runs.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
@@ -186,6 +187,8 @@ def deregister_worker(
     """
     new = DEREGISTER_STATES[reason]
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
+    if reason == DeregisterReason.error and worker.samples == 0:
+        record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({reason.value})", now)
 
 
