@@ -68,7 +68,15 @@ class PostgresCluster:
 
     def restart(self) -> None:
         """Stop and start the server on the same port and data (for reconnect tests)."""
+        self.stop_server()
+        self.start_server()
+
+    def stop_server(self) -> None:
+        """Stop the server (fast: clients are disconnected), keeping its data for :meth:`start_server`."""
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w", "stop")
+
+    def start_server(self) -> None:
+        """Start a server stopped by :meth:`stop_server` on the same port and data."""
         self._pg_ctl_start()
 
     def create_database(self, name: str) -> str:

@@ -1,0 +1,205 @@
+"""Database faults: the orchestrator killed (-9) in the middle of heavy writes on SQLite, and PostgreSQL
+restarted under a running orchestrator.
+
+"Committed", as a client can know it: a request whose answer was 2xx and whose handler writes in a
+transaction that commits before the answer is sent (create, scale, register, deregister, upload). A
+heartbeat is not committed by its 200: it is buffered and written by the next batch flush, so a crash may
+lose the heartbeats of the last flush interval (the next heartbeat repairs them); the test bounds that.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from orchestrator.db.models import Run
+from orchestrator.db.session import Database
+from tests.helpers import ProcessRegistry, wait_until
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.postgres import PostgresCluster
+
+ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "0.2"}
+FLUSH_SLACK_S = 2.0  # a flush interval (0.2 s) plus a slow flush on a busy machine
+
+
+@dataclass
+class Acked:
+    """What the orchestrator answered 2xx to, with the time of each answer (monotonic)."""
+
+    runs: list[str] = field(default_factory=list)
+    desired: dict[str, int] = field(default_factory=dict)  # run -> last acknowledged desired_workers
+    workers: dict[str, str] = field(default_factory=dict)  # worker id -> run
+    heartbeats: dict[str, list[tuple[float, int]]] = field(default_factory=dict)  # id -> (time, samples)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _admin_writer(orch: Orchestrator, acked: Acked, stop: threading.Event) -> None:
+    """Creates runs, registers a worker in each and scales them, one request after another."""
+    with orch.admin() as http:
+        for index in range(10_000):
+            if stop.is_set():
+                return
+            name = f"crash-{index}"
+            try:
+                created = http.post("/api/v1/runs", json=run_spec(name, desired_workers=1))
+                if created.status_code != 201:
+                    return
+                acked.runs.append(name)
+                scaled = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2})
+                if scaled.status_code == 200:
+                    acked.desired[name] = 2
+                join = created.json()["join_token"]
+                joined = http.post(
+                    "/api/v1/workers/register",
+                    json={"hostname": "w"},
+                    headers={"Authorization": f"Bearer {join}"},
+                )
+                if joined.status_code == 200:
+                    with acked.lock:
+                        acked.workers[joined.json()["worker_id"]] = name
+                        acked.heartbeats[joined.json()["worker_id"]] = []
+                    _start_heartbeats(orch, joined.json(), acked, stop)
+            except httpx.HTTPError:
+                return
+
+
+def _start_heartbeats(orch: Orchestrator, reply: dict[str, str], acked: Acked, stop: threading.Event) -> None:
+    def beat() -> None:
+        path = f"/api/v1/workers/{reply['worker_id']}/heartbeat"
+        with orch.client(reply["worker_token"], timeout_s=10) as http:
+            for samples in range(1, 1_000_000):
+                if stop.is_set():
+                    return
+                try:
+                    answer = http.post(path, json={"samples": samples, "swarm_epoch": samples // 10})
+                except httpx.HTTPError:
+                    return
+                if answer.status_code == 200:
+                    acked.heartbeats[reply["worker_id"]].append((time.monotonic(), samples))
+
+    threading.Thread(target=beat, daemon=True).start()
+
+
+def _read_db(path: Path) -> tuple[str, dict[str, int], set[str], dict[str, int]]:
+    """Integrity check result, desired counts by run, worker ids, samples by worker id."""
+    with sqlite3.connect(path) as db:
+        integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+        desired = dict(db.execute("SELECT name, desired_workers FROM runs").fetchall())
+        workers = {str(row[0]): int(row[1]) for row in db.execute("SELECT id, samples FROM workers")}
+    return integrity, desired, set(workers), workers
+
+
+@pytest.mark.timeout(300)
+def test_sqlite_kill_during_heavy_writes_loses_no_committed_row(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    orch = start_orchestrator(processes, tmp_path / "data", extra_env=ENV)
+    acked, stop = Acked(), threading.Event()
+    writers = [threading.Thread(target=_admin_writer, args=(orch, acked, stop), daemon=True)]
+    for writer in writers:
+        writer.start()
+    wait_until(lambda: len(acked.workers) >= 8, 120, message="eight workers heartbeating")
+    orch.kill()  # kill -9 of the server and its DHT daemon
+    killed_at = time.monotonic()
+    stop.set()
+    for writer in writers:
+        writer.join(timeout=30)
+
+    integrity, desired, stored_workers, samples = _read_db(tmp_path / "data" / "spotswarm.db")
+    assert integrity == "ok"
+    assert set(acked.runs) <= set(desired), set(acked.runs) - set(desired)
+    assert all(desired[name] == value for name, value in acked.desired.items())
+    assert set(acked.workers) <= stored_workers, set(acked.workers) - stored_workers
+    for worker_id, beats in acked.heartbeats.items():
+        answered_before = [s for t, s in beats if t <= killed_at - FLUSH_SLACK_S]
+        if answered_before:
+            assert samples[worker_id] >= max(answered_before), (worker_id, samples[worker_id], beats[-3:])
+        assert samples[worker_id] <= max((s for _, s in beats), default=0), "a heartbeat nobody sent"
+    total = sum(len(b) for b in acked.heartbeats.values())
+    assert total > 100, f"too little load to mean anything: {total} heartbeats"
+
+    database = Database(f"sqlite:///{tmp_path / 'data' / 'spotswarm.db'}")  # as the server opens it
+    try:
+        database.upgrade()  # the schema is at head: nothing to repair
+        with database.read() as session:
+            assert set(acked.runs) <= set(session.scalars(select(Run.name)))
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresCluster]:
+    """A cluster of this test's own: it is stopped and started under the orchestrator."""
+    cluster = PostgresCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _during_outage(orch: Orchestrator, name: str, worker: dict[str, str]) -> dict[str, int]:
+    """One of each kind of request while the database is down: name -> status (and each is quick)."""
+    auth = {"Authorization": f"Bearer {worker['worker_token']}"}
+    answers: dict[str, int] = {}
+    with orch.admin() as http:
+        calls = {
+            "readyz": lambda: http.get("/readyz"),
+            "list runs": lambda: http.get("/api/v1/runs"),
+            "get run": lambda: http.get(f"/api/v1/runs/{name}"),
+            "events": lambda: http.get(f"/api/v1/runs/{name}/events"),
+            "create run": lambda: http.post("/api/v1/runs", json=run_spec(f"{name}-during")),
+            "scale": lambda: http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 0}),
+            "heartbeat": lambda: http.post(
+                f"/api/v1/workers/{worker['worker_id']}/heartbeat", json={"samples": 500}, headers=auth
+            ),
+            "metrics": lambda: http.get("/metrics"),
+        }
+        for what, call in calls.items():
+            started = time.monotonic()
+            answers[what] = call().status_code
+            assert time.monotonic() - started < 25, f"{what} hung during the outage"
+    return answers
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_postgres_restart_gives_503_then_recovers(
+    processes: ProcessRegistry, tmp_path: Path, own_postgres: PostgresCluster
+) -> None:
+    url = own_postgres.create_database("outage")
+    orch = start_orchestrator(processes, tmp_path / "data", url, extra_env=ENV)
+    name = "outage"
+    with orch.admin() as http:
+        join = http.post("/api/v1/runs", json=run_spec(name)).json()["join_token"]
+    with orch.client(join) as http:
+        worker = http.post("/api/v1/workers/register", json={"hostname": "w"}).json()
+
+    own_postgres.stop_server()
+    outage = _during_outage(orch, name, worker)
+    assert outage.pop("heartbeat") == 200, "heartbeats are answered from memory while the database is away"
+    assert outage.pop("metrics") in (200, 503)  # per-run values are skipped when the database is away
+    assert set(outage.values()) == {503}, outage
+    own_postgres.start_server()
+
+    wait_until(lambda: httpx.get(f"{orch.url}/readyz", timeout=10).status_code == 200, 60, message="ready")
+    with orch.admin() as http:
+        assert http.post("/api/v1/runs", json=run_spec(f"{name}-after")).status_code == 201
+        assert http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2}).status_code == 200
+
+        def heartbeat_written() -> bool:
+            workers = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+            return bool(workers[0]["samples"] == 500)
+
+        wait_until(heartbeat_written, 30, message="the heartbeat buffered during the outage is written")
+    assert orch.proc.alive()
+    assert "internal server error" not in orch.proc.log().lower()
+    assert "unexpected error" not in orch.proc.log()
