@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hivemind
 import torch
@@ -47,6 +47,9 @@ from worker.swarm_optimizer import (
 from worker.swarm_precision import HivemindMixedPrecision
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import shutdown_optimizer
+
+if TYPE_CHECKING:
+    from worker.swarm_auth import SwarmAuthorizer
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
@@ -81,6 +84,9 @@ class HivemindStrategy(Strategy):
         dht: an already running ``hivemind.DHT`` to use (this strategy will not shut it down).
         announce_maddrs: multiaddrs to announce to other peers (public address behind NAT).
         tracker_opts: options of hivemind's ``ProgressTracker`` (e.g. ``metadata_expiration``).
+        authorizer: a ``worker.swarm_auth.SwarmAuthorizer`` holding this peer's token from the
+            orchestrator: join a swarm with admission (docs/readme/security.md); the DHT then uses the
+            authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
         **optimizer_kwargs: passed to ``hivemind.Optimizer`` (``grad_compression``,
             ``state_averaging_compression``, ``grad_averager_factory``, ``load_state_timeout``...).
 
@@ -112,6 +118,7 @@ class HivemindStrategy(Strategy):
         dht: hivemind.DHT | None = None,
         announce_maddrs: list[str] | None = None,
         tracker_opts: dict[str, Any] | None = None,
+        authorizer: SwarmAuthorizer | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -146,6 +153,7 @@ class HivemindStrategy(Strategy):
             announce_maddrs=announce_maddrs,
             identity_path=identity_path,
             client_mode=client_mode,
+            authorizer=authorizer,
         )
         self._dht: hivemind.DHT | None = dht
         self._owns_dht = dht is None
@@ -293,7 +301,7 @@ class HivemindStrategy(Strategy):
 
     def _start_dht(self) -> None:
         if self._dht is not None:
-            address_opts = ("host_maddrs", "announce_maddrs", "identity_path")
+            address_opts = ("host_maddrs", "announce_maddrs", "identity_path", "authorizer")
             if self.initial_peers or any(self._dht_opts[key] for key in address_opts):
                 log.warning("HivemindStrategy(dht=...) given: initial_peers and address options are ignored")
             return

@@ -1,5 +1,8 @@
 """A peer that tries to take part in a run's swarm: ``python -m tests.integration.swarm_probe CONFIG OUT``.
 
+It imports everything first, then waits (up to 10 minutes) for the file CONFIG to appear, so a test can
+start it early and write the config once the run's workers train.
+
 For each mode in the JSON config, in order, it starts a hivemind DHT peer on 127.0.0.1 joined to the
 orchestrator and one of the run's workers, then tries what a member does: store a progress record
 under the run's key (``<swarm>_progress``: a trainer at a huge epoch for intruders, a harmless client
@@ -8,7 +11,9 @@ averager and ask its gradient averager to join a group. It writes what happened,
 
 Modes: ``none`` (plain hivemind, no token), ``forged`` (signed by a key that is not the orchestrator's),
 ``expired`` (signed by the orchestrator's key from its data dir, expired), ``other_run`` (a real token
-of another run), ``admitted`` (a real token of this run, fetched like an agent does).
+of another run), ``admitted`` (a real token of this run, fetched like an agent does). The mode
+``strategy`` instead trains ``DigitsModule`` for a few steps with ``HivemindStrategy(authorizer=...)``
+(a real token of this run) and reports the swarm it saw.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from worker.swarm_token import sign_token
 
 INTRUDER_EPOCH = 10**6
 RECORD_TTL_S = 20.0
+STRATEGY_STEPS = 10
+CONFIG_WAIT_S = 600.0
 
 
 class FixedTokenAuthorizer(TokenAuthorizerBase):
@@ -82,7 +89,7 @@ def start_peer(mode: str, config: dict[str, Any], workdir: Path) -> hivemind.DHT
         return hivemind.DHT(peers, start=True, **common)
     if mode in ("admitted", "other_run"):
         worker = config[mode]
-        source = ClientTokenSource(lambda: OrchestratorClient(config["url"], worker["token"]), worker["id"])
+        source = token_source(config, mode)
         return AdmissionDHT(
             peers, authorizer=SwarmAuthorizer.create(worker["swarm_id"], source, identity), **common
         )
@@ -154,7 +161,63 @@ async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dic
     return results
 
 
+def token_source(config: dict[str, Any], mode: str) -> ClientTokenSource:
+    worker = config[mode]
+    return ClientTokenSource(lambda: OrchestratorClient(config["url"], worker["token"]), worker["id"])
+
+
+def train_with_strategy(config: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A hand-started peer: Lightning + HivemindStrategy with a token, joined to the run's swarm."""
+    from lightning.pytorch import Callback, Trainer
+
+    from worker.examples.digits import DigitsDataModule, DigitsModule
+    from worker.strategy import HivemindStrategy
+
+    authorizer = SwarmAuthorizer.create(config["swarm_id"], token_source(config, "strategy"))
+    strategy = HivemindStrategy(
+        target_batch_size=64,
+        run_id=config["swarm_id"],
+        batch_size=16,
+        initial_peers=config["initial_peers"],
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        matchmaking_time=1.0,
+        averaging_timeout=10.0,
+        tracker_opts={"metadata_expiration": 10},
+        authorizer=authorizer,
+    )
+    seen: dict[str, Any] = {}
+
+    def note(progress: Any) -> None:
+        seen["peers"] = max(seen.get("peers", 0), progress.num_peers)
+        seen.setdefault("first_epoch", progress.epoch)
+        seen["last_epoch"] = progress.epoch
+
+    class Watch(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            note(strategy.swarm_progress())
+            seen["dht_peer_id"] = str(strategy.dht.peer_id)
+
+    trainer = Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[Watch()],
+    )
+    trainer.fit(DigitsModule(), datamodule=DigitsDataModule(batch_size=16))
+    seen["token_peer_id"] = authorizer.peer_id
+    return seen
+
+
 def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    if mode == "strategy":
+        return train_with_strategy(config, steps=STRATEGY_STEPS)
     dht = start_peer(mode, config, workdir)
     try:
         swarm_id = config["swarm_id"]
@@ -168,7 +231,16 @@ def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    config = json.loads(Path(sys.argv[1]).read_text())
+    import worker.examples.digits  # noqa: F401 - import Lightning and the model before waiting
+    import worker.strategy  # noqa: F401
+
+    config_path = Path(sys.argv[1])
+    deadline = time.monotonic() + CONFIG_WAIT_S
+    while not config_path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{config_path} did not appear within {CONFIG_WAIT_S:.0f} s")
+        time.sleep(0.2)
+    config = json.loads(config_path.read_text())
     out = Path(sys.argv[2])
     workdir = out.parent
     results = {}
