@@ -47,9 +47,13 @@ SPOT_DEFAULT_WINDOW_S = 120.0  # EC2's usual notice when the notice's time canno
 EXIT_GUARD_S = 10.0  # interpreter shutdown (atexit joins of hivemind's processes) gets this long
 
 
-def configure_logging(level: str, fmt: str | None = None) -> None:
-    """The shared set-up (worker/logsetup.py): run and worker in every line, text or JSON lines."""
-    logsetup.configure_logging(level, fmt)
+def configure_logging(level: str, fmt: str | None = None, training: bool = False) -> None:
+    """The shared set-up (worker/logsetup.py): run and worker in every line, text or JSON lines.
+
+    hivemind's and Lightning's loggers are routed only once training starts (``training``): importing
+    them takes seconds, and the agent's failure paths (bad token, module that does not import) stay fast.
+    """
+    logsetup.configure_logging(level, fmt, hivemind=training, lightning=training)
 
 
 def seconds_until(iso_time: str, now: datetime | None = None) -> float | None:
@@ -81,6 +85,7 @@ class Agent:
         self._spot_watcher: Any = None
         self._dht: Any = None
         self._stop_condition: Any = None
+        self._run_name: str | None = None
 
     def run(self) -> int:
         self._install_signal_handlers()
@@ -99,13 +104,15 @@ class Agent:
         self._joined(boot)
         if self.state.stop is not None:
             return self._finish(EXIT_OK)
+        # Heartbeats start at once: importing the user's code and building the swarm can take long on a
+        # busy machine, and a silent worker would be declared lost while it is only starting.
+        self._start_threads(boot)
         try:
             module, datamodule = build_user_objects(boot.registration.run)
         except PermanentError as exc:
             logger.error("%s", exc)
-            self._leave(DeregisterReason.error, str(exc))
-            return self._done(EXIT_CONFIG)
-        self._start_threads(boot)
+            self.state.request_stop(DeregisterReason.error, str(exc))
+            return self._finish(EXIT_CONFIG)
         return self._finish(self._train(boot, module, datamodule))
 
     def _pause(self, seconds: float) -> None:
@@ -122,6 +129,7 @@ class Agent:
         latest = registration.resume_checkpoint.epoch if registration.resume_checkpoint else None
         self.state.configure(registration.run.checkpoint_every_epochs, latest)
         self._stop_condition = registration.run.stop
+        self._run_name = registration.run.name
         logger.info(
             "registered%s: swarm %s, %d initial peer(s), heartbeat every %.1f s",
             " (from cache: orchestrator unreachable)" if boot.from_cache else "",
@@ -172,10 +180,13 @@ class Agent:
         from worker.swarm_checks import HivemindStrategyError
 
         registration = boot.registration
+        configure_logging(self.config.log_level, self.config.log_format, training=True)
         options = agent_train.split_strategy_options(registration.run.strategy_options, self.config)
         try:
             authorizer = agent_train.swarm_authorizer(registration, self.config)
-            self._dht = agent_train.start_swarm_dht(boot.initial_peers, options.dht, authorizer)
+            self._dht = agent_train.start_swarm_dht_retrying(
+                boot.initial_peers, options.dht, authorizer, self._fresh_peers
+            )
             ckpt_path = agent_train.choose_resume_checkpoint(
                 self._dht, registration, self.client, self.config.worker_dir
             )
@@ -205,6 +216,16 @@ class Agent:
         if self.state.stop is None:
             self.state.request_stop(DeregisterReason.completed, "training ended")
         return EXIT_OK
+
+    def _fresh_peers(self) -> list[str]:
+        """The run's current initial peers from the orchestrator ([] if it does not answer)."""
+        if self._run_name is None:
+            return []
+        try:
+            return self.client.run_peers(self._run_name).initial_peers
+        except ApiError as exc:
+            logger.info("could not refresh the initial peers: %s", exc)
+            return []
 
     def _stopped_despite(self, exc: BaseException) -> int:
         """Training raised after a stop request (Lightning's SIGTERM exit, a peer shut down): still clean."""
@@ -289,9 +310,13 @@ class Agent:
         self.state.request_stop(DeregisterReason.interrupted, message, within_s=within_s)
 
     def _leave_deadline(self) -> float:
+        """When the process must be gone: a spot notice's own deadline, else the stop grace."""
         stop = self.state.stop
-        grace_deadline = self.state.stop_requested_at + self.config.stop_grace_s
-        return min(stop.deadline, grace_deadline) if stop else float("inf")
+        if stop is None:
+            return float("inf")
+        if stop.reason == DeregisterReason.interrupted:
+            return stop.deadline
+        return min(stop.deadline, self.state.stop_requested_at + self.config.stop_grace_s)
 
     def _watchdog(self) -> None:
         """After a stop request, make sure the process is gone by the deadline, whatever hangs."""

@@ -8,7 +8,8 @@ strategy gets that DHT (``HivemindStrategy(dht=...)``) and leaves its shutdown t
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,31 @@ def build_trainer(
         callbacks=[callback],
         default_root_dir=str(config.worker_dir),
     )
+
+
+DHT_START_ATTEMPTS = 3
+DHT_RETRY_PAUSE_S = 3.0
+
+
+def start_swarm_dht_retrying(
+    initial_peers: list[str],
+    dht_options: Mapping[str, Any],
+    authorizer: Any,
+    refresh_peers: Callable[[], list[str]],
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """:func:`start_swarm_dht`, tried again (with freshly fetched peers) when no initial peer answered.
+
+    A busy or restarting orchestrator DHT can miss the bootstrap pings; a retry here is far cheaper than
+    a new worker. Other failures, and the last bootstrap failure, are raised.
+    """
+    for attempt in range(1, DHT_START_ATTEMPTS + 1):
+        try:
+            return start_swarm_dht(initial_peers, dht_options, authorizer)
+        except RuntimeError as exc:
+            if attempt == DHT_START_ATTEMPTS or "bootstrap failed" not in str(exc):
+                raise
+            logger.warning("joining the swarm failed (%s); trying again in %.0f s", exc, DHT_RETRY_PAUSE_S)
+        sleep(DHT_RETRY_PAUSE_S)
+        initial_peers = refresh_peers() or initial_peers
+    raise AssertionError("unreachable: the loop returns or raises")
