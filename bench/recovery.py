@@ -74,7 +74,11 @@ def recover(reader: RunReader, how: str, timeout_s: float) -> float:
     os.killpg(int(victim["launcher_handle"]), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     _, seen = first_contribution(reader, known, timeout_s)
     if how == "freeze":
-        os.killpg(int(victim["launcher_handle"]), signal.SIGKILL)
+        try:  # the orchestrator may have terminated it already (a lost worker that stays silent)
+            os.killpg(int(victim["launcher_handle"]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    print(f"  {how}: replacement contributed after {seen - started:.1f} s", flush=True)
     return seen - started
 
 
