@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv browser clean bench
+.PHONY: demo test lint venv browser clean bench fuzz
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ lint: venv
 
 bench: venv
 	$(PY) bench/strategy_overhead.py
+
+# A long fuzzing session of the REST API (the test suite runs a small bounded one).
+fuzz: venv
+	$(PY) bench/fuzz_api.py --examples 300
 
 clean:
 	rm -rf $(VENV) data
