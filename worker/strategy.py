@@ -123,7 +123,7 @@ class HivemindStrategy(Strategy):
     ) -> None:
         super().__init__()
         checks.check_constructor_args(
-            target_batch_size, batch_size, delay_optimizer_step, delay_grad_averaging
+            target_batch_size, batch_size, delay_state_averaging, delay_optimizer_step, delay_grad_averaging
         )
         self.target_batch_size = target_batch_size
         self.run_id = run_id

@@ -26,6 +26,7 @@ class SwarmNotStartedError(RuntimeError):
 def check_constructor_args(
     target_batch_size: int,
     batch_size: int | None,
+    delay_state_averaging: bool,
     delay_optimizer_step: bool | None,
     delay_grad_averaging: bool,
 ) -> None:
@@ -37,6 +38,13 @@ def check_constructor_args(
     if delay_grad_averaging and delay_optimizer_step is False:
         raise HivemindStrategyError(
             "delay_grad_averaging=True requires delay_optimizer_step=True (or None, which follows it)"
+        )
+    delays_optimizer = delay_optimizer_step if delay_optimizer_step is not None else delay_grad_averaging
+    if delays_optimizer and not delay_state_averaging:
+        # hivemind would only fail at the first swarm step, deep in its state averager
+        raise HivemindStrategyError(
+            "a delayed optimizer step (delay_optimizer_step or delay_grad_averaging) needs "
+            "delay_state_averaging=True: hivemind averages the state of a delayed step in the background"
         )
 
 

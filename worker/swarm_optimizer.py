@@ -108,7 +108,10 @@ def load_hivemind_state_dict(optimizer: hivemind.Optimizer, saved: Mapping[str, 
 def announce_epoch(optimizer: hivemind.Optimizer) -> None:
     """Report ``local_epoch`` to the swarm and offer this state to newcomers at that priority."""
     epoch = optimizer.local_epoch
-    optimizer.tracker.report_local_progress(local_epoch=epoch, samples_accumulated=0)
+    with optimizer.tracker.pause_updates():
+        # the tracker's view of the swarm moves to this epoch at once (unless the swarm is ahead),
+        # instead of at its next refresh, seconds later, with every local step wasted meanwhile
+        optimizer.tracker.update_epoch(new_epoch=epoch)
     if not optimizer.state_averager.client_mode:
         optimizer.state_averager.state_sharing_priority = epoch
         if optimizer.grad_averager is not None:

@@ -17,14 +17,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from typing import Any
 
 import hivemind
+from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage
 
 log = logging.getLogger(__name__)
 
 _DRAIN_KEY = "_spotswarm_drain"
+_LEAVE_GRACE_S = 2.0
+_POLL_S = 0.05
 _TRACKER_JOIN_TIMEOUT_S = 10.0
 
 
@@ -32,16 +36,52 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
     """Say goodbye to peers and stop hivemind's optimizer, leaving the DHT nothing to trip on.
 
     Rounds still looking for a group are cancelled first (as ``hivemind.Optimizer.shutdown`` would,
-    but earlier), so the averagers' last matchmaking requests reach the DHT while they still run.
+    but earlier), and their averagers are given until ``matchmaking_time`` + 2 s to leave the group,
+    so that their last matchmaking requests reach the DHT while they still run.
     """
-    for control in (optimizer.scheduled_grads, optimizer.scheduled_state):
+    started_at = time.monotonic()
+    rounds = (
+        (optimizer.scheduled_grads, optimizer.grad_averager),
+        (optimizer.scheduled_state, optimizer.state_averager),
+    )
+    leaving = []
+    for control, averager in rounds:
         if control is not None and not control.done() and control.stage == AveragingStage.LOOKING_FOR_GROUP:
             control.cancel()
+            leaving.append(averager)
     optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
+    deadline = time.monotonic() + (optimizer.matchmaking_time or 0.0) + _LEAVE_GRACE_S
+    for averager in leaving:
+        _wait_until_left_group(optimizer.dht, averager, deadline)
     _drain_dht_requests(optimizer.dht)
+    left_at = time.monotonic()
     optimizer.shutdown()  # tags along rounds already running, then stops the averagers
     optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
     _quiet_abandoned_event_loops()
+    log.debug(
+        "optimizer shut down: %.2f s to leave groups and drain the DHT, %.2f s to stop the averagers",
+        left_at - started_at,
+        time.monotonic() - left_at,
+    )
+
+
+def _wait_until_left_group(dht: hivemind.DHT, averager: DecentralizedAverager, deadline: float) -> None:
+    """Wait until the DHT shows that ``averager`` left its matchmaking group (or ``deadline`` passes).
+
+    A cancelled round does not end at once: the averager's matchmaking then marks itself as no longer
+    looking for a group, under ``<prefix>.0b<group bits>`` (hivemind's group key), and only after
+    that write is it quiet. Until then it must not be stopped.
+    """
+    key = f"{averager.prefix}.0b{averager.get_group_bits()}"
+    subkey = averager.peer_id.to_bytes()
+    while time.monotonic() < deadline:
+        record = dht.get(key, latest=True)
+        entries = record.value if record is not None and isinstance(record.value, dict) else {}
+        entry = entries.get(subkey)
+        if entry is None or entry.value is False:
+            return
+        time.sleep(_POLL_S)
+    log.debug("averager %s still looked for a group at shutdown", averager.prefix)
 
 
 def _drain_dht_requests(dht: hivemind.DHT) -> None:
