@@ -35,6 +35,7 @@ from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.errors import IllegalTransition, ServiceError
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.leader import AlwaysLeader, LeaderElection, leader_election
 from orchestrator.reconcile_policy import (
     FailureView,
     InstanceView,
@@ -370,13 +371,29 @@ def _failure_view(failure: LaunchFailure) -> FailureView:
 
 
 class ReconcilerService:
-    """The reconciler as a background service of the app: ticks in a thread, closes launchers at stop."""
+    """The reconciler as a background service of the app: ticks in a thread, closes launchers at stop.
+
+    With several orchestrators on one database only the leader ticks (``orchestrator/leader.py``); the
+    others check every interval and take over when the leader's lock is released.
+    """
 
     name = "reconciler"
 
-    def __init__(self, reconciler: Reconciler, tick_interval_s: float) -> None:
+    def __init__(
+        self, reconciler: Reconciler, tick_interval_s: float, leader: LeaderElection | None = None
+    ) -> None:
         self.reconciler = reconciler
-        self._periodic = PeriodicService(self.name, tick_interval_s, reconciler.tick)
+        self.leader = leader or AlwaysLeader()
+        self._leading = False
+        self._periodic = PeriodicService(self.name, tick_interval_s, self._tick_if_leader)
+
+    def _tick_if_leader(self) -> None:
+        leading = self.leader.check()
+        if leading and not self._leading:
+            self.reconciler.started_at = self.reconciler.clock()  # grace periods count from the takeover
+        self._leading = leading
+        if leading:
+            self.reconciler.tick()
 
     async def start(self) -> None:
         logger.info("reconcile loop started with launchers: %s", ", ".join(self.reconciler.launchers))
@@ -384,6 +401,7 @@ class ReconcilerService:
 
     async def stop(self) -> None:
         await self._periodic.stop()
+        self.leader.release()
         for launcher in self.reconciler.launchers.values():
             launcher.close()  # workers keep running: they outlive an orchestrator restart
 
@@ -397,7 +415,7 @@ def reconciler_service(api_url: str, policy: ReconcilePolicy, tick_interval_s: f
             return progress.epoch if progress is not None else None
 
         reconciler = Reconciler(ctx.db, ctx.launchers, api_url, policy, ctx.clock, swarm_epoch)
-        return ReconcilerService(reconciler, tick_interval_s)
+        return ReconcilerService(reconciler, tick_interval_s, leader_election(ctx.db.url))
 
     return make
 
