@@ -31,6 +31,7 @@ from worker import swarm_checks as checks
 from worker.swarm_checks import HivemindStrategyError, SwarmNotStartedError
 from worker.swarm_dht import initial_peers_line, parse_initial_peers, start_dht
 from worker.swarm_metrics import (
+    MetricsThrottle,
     SwarmProgress,
     SwarmRateReader,
     log_swarm_metrics,
@@ -165,6 +166,7 @@ class HivemindStrategy(Strategy):
         self._batch_samples: int | None = None
         self._zero_grad_switch = ZeroGradSwitch()
         self.local_samples = 0
+        self._metrics_throttle = MetricsThrottle()
         # one process per peer: every peer is rank 0 of its own one-process world
         self.global_rank = 0
         self.local_rank = 0
@@ -389,8 +391,11 @@ class HivemindStrategy(Strategy):
 
     def _log_swarm_metrics(self) -> None:
         module = self.lightning_module
-        if module is not None and module._current_fx_name is not None:  # inside a hook that may log
-            log_swarm_metrics(module, self.swarm_progress(), self.local_samples)
+        if module is None or module._current_fx_name is None:  # not inside a hook that may log
+            return
+        progress = self.swarm_progress()
+        if self._metrics_throttle.due((progress.epoch, progress.num_peers)):
+            log_swarm_metrics(module, progress, self.local_samples)
 
     # ---------------------------------------------------------------------------- checkpoints
     @override

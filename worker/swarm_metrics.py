@@ -122,8 +122,29 @@ class SwarmRateReader:
         self._pending = None
 
 
+class MetricsThrottle:
+    """Decides when swarm metrics are worth logging: when the swarm changed, else every ``every_s``.
+
+    Lightning's ``log_dict`` costs about as much as hivemind's whole step for a small model, and the
+    swarm's numbers change once per swarm epoch, not per local step.
+    """
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s, self._clock = every_s, clock
+        self._last_state: object = None
+        self._next_at = float("-inf")
+
+    def due(self, state: object) -> bool:
+        """True (and the timer restarts) if ``state`` differs from the last logged one or time is up."""
+        now = self._clock()
+        if state == self._last_state and now < self._next_at:
+            return False
+        self._last_state, self._next_at = state, now + self._every_s
+        return True
+
+
 def log_swarm_metrics(module: LightningModule, progress: SwarmProgress, local_samples: int) -> None:
-    """Log the swarm's state through Lightning (progress bar and loggers), once per local step."""
+    """Log the swarm's state through Lightning (progress bar, loggers and ``callback_metrics``)."""
     metrics = {
         METRIC_PEERS: float(progress.num_peers),
         METRIC_EPOCH: float(progress.epoch),
