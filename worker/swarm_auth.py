@@ -109,7 +109,8 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         self.peer_id = peer_id
         self.identity_path = identity_path
         self.verifier = TokenVerifier(first_token.authority_public_key, swarm_id, clock=clock)
-        self._fetch = fetch
+        self._fetch_token = fetch
+        self._renewal: asyncio.Task[None] | None = None
         self._clock = clock
         self._retry_interval_s = retry_interval_s
         self._next_fetch_at = 0.0
@@ -180,20 +181,48 @@ class SwarmAuthorizer(TokenAuthorizerBase):
     # -- TokenAuthorizerBase -------------------------------------------------------------------------
 
     async def get_token(self) -> AccessToken:
-        """A fresh token; while the orchestrator is unreachable, the current one as long as it is valid."""
+        """The token to use now. While the current one is valid, it is returned at once and a renewal
+        runs in the background (so a slow or absent orchestrator never stalls DHT traffic); without a
+        valid token, one fetch is awaited (at most one per ``retry_interval_s``)."""
         current = self._local_access_token
-        now = self._clock()
-        if now >= self._next_fetch_at:
-            self._next_fetch_at = now + self._retry_interval_s
-            try:
-                loop = asyncio.get_running_loop()
-                grant = await loop.run_in_executor(None, self._fetch, self.public_key_text)
-                return self._accept(grant)
-            except (SwarmTokenUnavailable, SwarmTokenError) as exc:
-                logger.warning("could not renew the swarm token: %s", exc)
         if current is not None and self.is_token_valid(current):
+            self._renew_in_background()
             return current
-        raise SwarmTokenUnavailable("no valid swarm token: this peer cannot talk to the swarm for now")
+        token = await self._fetch()
+        if token is None:
+            raise SwarmTokenUnavailable("no valid swarm token: this peer cannot talk to the swarm for now")
+        return token
+
+    def _renew_in_background(self) -> None:
+        if self._renewal is not None and not self._renewal.done():
+            return
+        if self._clock() < self._next_fetch_at:
+            return
+        self._renewal = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        token = await self._fetch()
+        if token is not None:
+            self._local_access_token = token
+
+    async def _fetch(self) -> AccessToken | None:
+        """Ask the orchestrator once (unless asked less than ``retry_interval_s`` ago); None on failure."""
+        now = self._clock()
+        if now < self._next_fetch_at:
+            return None
+        self._next_fetch_at = now + self._retry_interval_s
+        try:
+            loop = asyncio.get_running_loop()
+            grant = await loop.run_in_executor(None, self._fetch_token, self.public_key_text)
+            return self._accept(grant)
+        except (SwarmTokenUnavailable, SwarmTokenError) as exc:
+            logger.warning("could not renew the swarm token: %s", exc)
+            return None
+
+    async def wait_for_renewal(self) -> None:
+        """Wait until a background renewal (if one runs) has finished."""
+        if self._renewal is not None:
+            await asyncio.shield(self._renewal)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
         reason = self.verifier.problem(from_access_token(access_token))

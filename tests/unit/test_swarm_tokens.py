@@ -149,22 +149,29 @@ def test_the_worker_renews_at_half_life_and_keeps_its_token_in_an_outage(authori
         "run-a", source, tmp_path / "id.key", clock=lambda: clock[0], retry_interval_s=10
     )
     first = authorizer.current_token()
-    assert not authorizer.does_token_need_refreshing(first)
-    clock[0] += 51  # past half-life: renewed
-    source.now = clock[0]
-    asyncio.run(authorizer.refresh_token_if_needed())
-    renewed = authorizer.current_token()
-    assert from_access_token(renewed).expires_at() > from_access_token(first).expires_at()
-    source.up = False
-    clock[0] += 51
-    asyncio.run(authorizer.refresh_token_if_needed())  # outage: keeps the still valid token
-    assert authorizer.current_token() == renewed
-    calls = source.calls
-    asyncio.run(authorizer.refresh_token_if_needed())  # no new attempt before retry_interval_s
-    assert source.calls == calls
-    clock[0] += 50  # the token has expired and the orchestrator is still away
-    with pytest.raises(SwarmTokenUnavailable):
-        asyncio.run(authorizer.refresh_token_if_needed())
+
+    async def scenario() -> None:
+        assert not authorizer.does_token_need_refreshing(first)
+        clock[0] += 51  # past half-life: renewed in the background, the valid token is used meanwhile
+        source.now = clock[0]
+        await authorizer.refresh_token_if_needed()
+        await authorizer.wait_for_renewal()
+        renewed = authorizer.current_token()
+        assert from_access_token(renewed).expires_at() > from_access_token(first).expires_at()
+        source.up = False
+        clock[0] += 51  # outage: the renewal fails, the still valid token stays
+        await authorizer.refresh_token_if_needed()
+        await authorizer.wait_for_renewal()
+        assert authorizer.current_token() == renewed
+        calls = source.calls
+        await authorizer.refresh_token_if_needed()  # no new attempt before retry_interval_s
+        await authorizer.wait_for_renewal()
+        assert source.calls == calls
+        clock[0] += 50  # the token has expired and the orchestrator is still away
+        with pytest.raises(SwarmTokenUnavailable):
+            await authorizer.refresh_token_if_needed()
+
+    asyncio.run(scenario())
 
 
 def test_the_orchestrator_peer_stores_nothing_for_workers_and_reads_only_their_own_run() -> None:
