@@ -8,9 +8,11 @@ Side by side, in one run, same MLP on scikit-learn's digits, same batch size, sa
   (d) peer2   ``HivemindStrategy``, two peers training together (samples/s summed over both)
 
 It prints samples/s for each and the ratios c/b (the strategy's own overhead; target >= 0.95) and
-d/(2c) (how well two peers scale; on a 2-core machine each peer has half of it). Every variant runs
-in a fresh interpreter, one after another (the two peers of (d) at the same time), with
-``--threads`` torch threads each, and is timed over local steps after ``--warmup`` steps.
+d/(2c) (how well two peers scale; on a 2-core machine with one thread per peer, each peer has a core
+of its own; two peers sharing one GPU can reach at most 0.5). Every variant runs in a fresh
+interpreter, one after another (the two peers of (d) at the same time), with ``--threads`` torch
+threads each, timed over local steps after ``--warmup`` steps; the sequence is repeated ``--rounds``
+times, interleaved, and the median of each variant is reported.
 
 Usage: ``.venv/bin/python bench/strategy_overhead.py [--steps 150] [--hidden 1024] [--batch-size 256]``;
 ``--accelerator cuda --precision 16-mixed`` runs it on a GPU (``--variants`` picks a subset).
@@ -233,35 +235,45 @@ def _read(out: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def _run_variant(args: argparse.Namespace, variant: str, root: Path) -> dict[str, Any]:
+    if variant != "peer2":
+        worker = {"plain": "plain", "loop": "loop", "peer1": "peer"}[variant]
+        _wait([_child(args, worker, root / f"{variant}.json", [])], args.timeout)
+        return _read(root / f"{variant}.json")
+    peers, go = root / "peers", root / "go"
+    first = _child(args, "peer", root / "peer2_a.json", ["--publish-peers", str(peers), "--barrier", str(go)])
+    second = _child(args, "peer", root / "peer2_b.json", ["--peers-file", str(peers), "--barrier", str(go)])
+    ready = [root / "peer2_a.ready", root / "peer2_b.ready"]
+    deadline = time.monotonic() + args.timeout
+    while not all(path.exists() for path in ready) and time.monotonic() < deadline:
+        if first.poll() is not None or second.poll() is not None:
+            break
+        time.sleep(0.1)
+    go.touch()  # both peers are set up and joined: both start their timed steps now
+    _wait([first, second], args.timeout)
+    a, b = _read(root / "peer2_a.json"), _read(root / "peer2_b.json")
+    return {"samples_per_s": a["samples_per_s"] + b["samples_per_s"], "peers": [a, b]}
+
+
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+    """Run every variant ``--rounds`` times, interleaved (machine load drifts), and keep the medians."""
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in args.variants}
     with tempfile.TemporaryDirectory(prefix="strategy_bench_") as tmp:
-        root = args.work_dir or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        for variant in args.variants:
-            if variant == "peer2":
-                peers, go = root / "peers", root / "go"
-                first = _child(
-                    args, "peer", root / "peer2_a.json", ["--publish-peers", str(peers), "--barrier", str(go)]
+        for round_index in range(args.rounds):
+            for variant in args.variants:
+                root = (args.work_dir or Path(tmp)) / f"round{round_index}" / variant
+                root.mkdir(parents=True, exist_ok=True)
+                runs[variant].append(_run_variant(args, variant, root))
+                print(
+                    f"round {round_index} {variant:6s} {runs[variant][-1]['samples_per_s']:10.1f} samples/s",
+                    flush=True,
                 )
-                second = _child(
-                    args, "peer", root / "peer2_b.json", ["--peers-file", str(peers), "--barrier", str(go)]
-                )
-                ready = [root / "peer2_a.ready", root / "peer2_b.ready"]
-                deadline = time.monotonic() + args.timeout
-                while not all(path.exists() for path in ready) and time.monotonic() < deadline:
-                    if first.poll() is not None or second.poll() is not None:
-                        break
-                    time.sleep(0.1)
-                go.touch()  # both peers are set up and joined: both start their timed steps now
-                _wait([first, second], args.timeout)
-                a, b = _read(root / "peer2_a.json"), _read(root / "peer2_b.json")
-                results[variant] = {"samples_per_s": a["samples_per_s"] + b["samples_per_s"], "peers": [a, b]}
-            else:
-                worker = {"plain": "plain", "loop": "loop", "peer1": "peer"}[variant]
-                _wait([_child(args, worker, root / f"{variant}.json", [])], args.timeout)
-                results[variant] = _read(root / f"{variant}.json")
-            print(f"{variant:6s} {results[variant]['samples_per_s']:10.1f} samples/s", flush=True)
+    results: dict[str, Any] = {}
+    for variant, variant_runs in runs.items():
+        rates = sorted(run["samples_per_s"] for run in variant_runs)
+        median = rates[len(rates) // 2]
+        results[variant] = {"samples_per_s": median, "rounds": [run["samples_per_s"] for run in variant_runs],
+                            "runs": variant_runs}  # fmt: skip
     return results
 
 
@@ -270,13 +282,14 @@ def summarize(results: dict[str, Any]) -> None:
     print("\nsamples/s: " + ", ".join(f"{name}={value:.1f}" for name, value in rate.items()))
     if "peer1" in rate and "loop" in rate:
         print(
-            f"c/b  = strategy 1 peer / hivemind loop     = {rate['peer1'] / rate['loop']:.3f} (target >= 0.95)"
+            f"c/b  = strategy 1 peer / hivemind loop    = {rate['peer1'] / rate['loop']:.3f} (target >= 0.95)"
         )
     if "peer1" in rate and "plain" in rate:
-        print(f"c/a  = strategy 1 peer / plain Lightning   = {rate['peer1'] / rate['plain']:.3f}")
+        print(f"c/a  = strategy 1 peer / plain Lightning  = {rate['peer1'] / rate['plain']:.3f}")
     if "peer2" in rate and "peer1" in rate:
-        print(f"d/2c = strategy 2 peers / (2 x 1 peer)     = {rate['peer2'] / (2 * rate['peer1']):.3f}")
-    print(json.dumps(results, indent=1, default=str))
+        print(f"d/2c = strategy 2 peers / (2 x 1 peer)    = {rate['peer2'] / (2 * rate['peer1']):.3f}")
+    for name, result in results.items():
+        print(f"{name:6s} rounds: " + ", ".join(f"{rate:.1f}" for rate in result["rounds"]))
 
 
 def main() -> None:
@@ -284,7 +297,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--steps", type=int, default=150, help="timed local steps per peer")
+    parser.add_argument("--steps", type=int, default=120, help="timed local steps per peer")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=3)
