@@ -22,6 +22,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -81,6 +82,7 @@ class AdmissionGuard:
         raise PeerNotAdmitted(f"peer {peer} is not admitted to this swarm: {reason}")
 
     async def _check(self, p2p: P2P, peer: PeerID) -> tuple[float | None, str]:
+        started = time.monotonic()
         fields, reason = await self._fetch_token(p2p, peer)
         if fields is not None:
             reason = self._verifier.problem_for_peer(fields, peer.to_base58()) or ""
@@ -88,7 +90,9 @@ class AdmissionGuard:
             expires_at = fields.expires_at()
             self._admitted[peer] = expires_at
             self._refused.pop(peer, None)
-            logger.debug("peer %s admitted until %s", peer, fields.expiration_time)
+            elapsed_ms = (time.monotonic() - started) * 1000
+            until = fields.expiration_time
+            logger.debug("peer %s admitted until %s (checked in %.0f ms)", peer, until, elapsed_ms)
             return expires_at, ""
         self._refused[peer] = (self._clock() + self._refusal_ttl_s, reason)
         logger.warning("refusing averaging requests of peer %s: %s", peer, reason)

@@ -136,7 +136,8 @@ def others_seen(dht: hivemind.DHT, swarm_id: str) -> int:
     if found is None or not isinstance(found.value, dict):
         return 0
     own = dht.peer_id.to_bytes()
-    return sum(1 for item in found.value.values() if getattr(item, "value", {}).get("peer_id") != own)
+    records = [getattr(item, "value", None) for item in found.value.values()]  # None: a peer that left
+    return sum(1 for record in records if isinstance(record, dict) and record.get("peer_id") != own)
 
 
 async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dict[str, str]:
