@@ -13,7 +13,9 @@ Modes: ``none`` (plain hivemind, no token), ``forged`` (signed by a key that is 
 ``expired`` (signed by the orchestrator's key from its data dir, expired), ``other_run`` (a real token
 of another run), ``admitted`` (a real token of this run, fetched like an agent does). The mode
 ``strategy`` instead trains ``DigitsModule`` for a few steps with ``HivemindStrategy(authorizer=...)``
-(a real token of this run) and reports the swarm it saw.
+(a real token of this run) and reports the swarm it saw. The mode ``open`` is a plain hivemind peer
+of a run that opted out of admission: it publishes a progress record through the orchestrator and
+reports whether the orchestrator's view of that run (``GET /runs/{name}``) shows it.
 """
 
 from __future__ import annotations
@@ -216,9 +218,43 @@ def train_with_strategy(config: dict[str, Any], steps: int) -> dict[str, Any]:
     return seen
 
 
+def open_run_peer(config: dict[str, Any], timeout_s: float = 30.0) -> dict[str, Any]:
+    """A token-less peer of an opted-out run: its record must reach the orchestrator's view."""
+    import httpx
+
+    swarm_id, name = config["open_swarm_id"], config["open_run"]
+    dht = hivemind.DHT(config["orchestrator_peers"], start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        validator = RSASignatureValidator(RSAPrivateKey())
+        dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=swarm_id), validator])
+        record = LocalTrainingProgress(
+            peer_id=dht.peer_id.to_bytes(),
+            epoch=5,
+            samples_accumulated=0,
+            samples_per_second=0.0,
+            time=get_dht_time(),
+            client_mode=False,
+        )
+        key = f"{swarm_id}_progress"
+        dht.store(
+            key, subkey=validator.local_public_key, value=record.dict(), expiration_time=get_dht_time() + 60
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            swarm = httpx.get(f"{config['url']}/api/v1/runs/{name}", timeout=10).json()["swarm"]
+            if swarm and swarm["epoch"] == 5:
+                return {"orchestrator_saw": True}
+            time.sleep(0.5)
+        return {"orchestrator_saw": False}
+    finally:
+        dht.shutdown()
+
+
 def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
     if mode == "strategy":
         return train_with_strategy(config, steps=STRATEGY_STEPS)
+    if mode == "open":
+        return open_run_peer(config)
     dht = start_peer(mode, config, workdir)
     try:
         swarm_id = config["swarm_id"]

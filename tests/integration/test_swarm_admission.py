@@ -146,6 +146,7 @@ def test_only_admitted_peers_join_the_runs_swarm(
 ) -> None:
     run = create_run(orch, {"name": "adm-swarm", **DIGITS})
     other_run = create_run(orch, run_spec("adm-other"))
+    open_run = create_run(orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
     agents = [start_agent(processes, tmp_path, n, orch, run["join_token"]) for n in ("first", "second")]
     config_path, out_path = tmp_path / "probe.json", tmp_path / "probe-out.json"
     probe = processes.start(  # imports now, runs once the config file appears
@@ -178,7 +179,10 @@ def test_only_admitted_peers_join_the_runs_swarm(
         "admitted": credentials(register(orch, run["join_token"]), run["swarm_id"]),
         "other_run": credentials(register(orch, other_run["join_token"]), other_run["swarm_id"]),
         "strategy": credentials(register(orch, run["join_token"]), run["swarm_id"]),
-        "modes": ["strategy", *INTRUDERS, "admitted"],
+        "orchestrator_peers": orch.peers(),
+        "open_run": "adm-open-swarm",
+        "open_swarm_id": open_run["swarm_id"],
+        "modes": ["strategy", *INTRUDERS, "admitted", "open"],
     }
     (tmp_path / "probe.tmp").write_text(json.dumps(config))
     (tmp_path / "probe.tmp").replace(config_path)
@@ -188,6 +192,8 @@ def test_only_admitted_peers_join_the_runs_swarm(
     assert probe.popen.returncode == 0, probe.log()[-3000:]
     results = json.loads(out_path.read_text())
 
+    # a run that opted out still works on this orchestrator: a token-less peer reaches it and is read
+    assert results["open"]["orchestrator_saw"], results["open"]
     trained = results["strategy"]  # HivemindStrategy(authorizer=...) started by hand: trains with the agents
     assert trained["peers"] >= 3 and trained["last_epoch"] > trained["first_epoch"], trained
     assert trained["dht_peer_id"] == trained["token_peer_id"], trained
