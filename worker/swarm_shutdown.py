@@ -22,7 +22,7 @@ from typing import Any
 
 import hivemind
 from hivemind.averaging import DecentralizedAverager
-from hivemind.averaging.control import AveragingStage
+from hivemind.averaging.control import AveragingStage, StepControl
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,13 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
     so that their last matchmaking requests reach the DHT while they still run.
     """
     started_at = time.monotonic()
-    rounds = (
-        (optimizer.scheduled_grads, optimizer.grad_averager),
-        (optimizer.scheduled_state, optimizer.state_averager),
-    )
     leaving = []
-    for control, averager in rounds:
-        if control is not None and not control.done() and control.stage == AveragingStage.LOOKING_FOR_GROUP:
-            control.cancel()
-            leaving.append(averager)
+    if _cancel_if_looking(optimizer.scheduled_grads):
+        optimizer.scheduled_grads = None  # handled: hivemind's shutdown must not cancel it a second time
+        leaving.append(optimizer.grad_averager)
+    if _cancel_if_looking(optimizer.scheduled_state):
+        optimizer.scheduled_state = None
+        leaving.append(optimizer.state_averager)
     optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
     deadline = time.monotonic() + (optimizer.matchmaking_time or 0.0) + _LEAVE_GRACE_S
     for averager in leaving:
@@ -63,6 +61,14 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
         left_at - started_at,
         time.monotonic() - left_at,
     )
+
+
+def _cancel_if_looking(control: StepControl | None) -> bool:
+    """Cancel a pre-scheduled round still looking for its group; True if it was cancelled."""
+    if control is None or control.done() or control.stage != AveragingStage.LOOKING_FOR_GROUP:
+        return False
+    control.cancel()
+    return True
 
 
 def _wait_until_left_group(dht: hivemind.DHT, averager: DecentralizedAverager, deadline: float) -> None:
