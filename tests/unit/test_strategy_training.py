@@ -119,3 +119,19 @@ def test_reused_grad_buffers_with_the_default_zero_grad_warn_nothing() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*optimizer_zero_grad.*")
         make_trainer(make_strategy(reuse_grad_buffers=True), max_steps=4).fit(DigitsModule(), digits())
+
+
+def test_extra_keywords_reach_hivemind_optimizer() -> None:
+    from functools import partial
+
+    from hivemind.compression import Float16Compression
+    from hivemind.optim.power_sgd_averager import PowerSGDGradientAverager
+
+    strategy = make_strategy(
+        target_batch_size=32,
+        grad_compression=Float16Compression(),
+        grad_averager_factory=partial(PowerSGDGradientAverager, averager_rank=4),
+    )
+    make_trainer(strategy, max_steps=4).fit(DigitsModule(), digits())
+    assert isinstance(strategy.optimizer.grad_averager, PowerSGDGradientAverager)
+    assert strategy.optimizer.local_epoch == 4
