@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import base58
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
@@ -104,8 +104,8 @@ def load_rsa_public_key(openssh: str) -> rsa.RSAPublicKey:
     """Parse an OpenSSH ``ssh-rsa`` key of at least 2048 bits; raises :class:`SwarmTokenError`."""
     try:
         key = serialization.load_ssh_public_key(openssh.strip().encode())
-    except (ValueError, TypeError) as exc:
-        raise SwarmTokenError(f"not an OpenSSH public key: {exc}") from exc
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise SwarmTokenError(f"not an OpenSSH public key: {str(exc)[:200]}") from exc
     if not isinstance(key, rsa.RSAPublicKey):
         raise SwarmTokenError("swarm peers use RSA keys (hivemind's identity keys)")
     if key.key_size < MIN_RSA_BITS:

@@ -41,7 +41,8 @@ def test_generated_requests_get_no_5xx_no_schema_violation_and_nothing_without_t
     orch: Orchestrator,
 ) -> None:
     world = build_world(orch.url, orch.admin_token, public_reads=False)
-    seed_value = random.randrange(2**32)
+    # A fixed seed keeps CI deterministic; set SPOTSWARM_FUZZ_SEED to explore (bench/fuzz_api.py runs long).
+    seed_value = int(os.environ.get("SPOTSWARM_FUZZ_SEED", "20261123"))
     failures = fuzz(world, EXAMPLES, seed_value, shrink=False)
     report = "\n\n".join(f"=== {f.operation}\n{f.message}" for f in failures)
     assert not failures, f"seed {seed_value}: {len(failures)} operation(s) failed\n{report}"
