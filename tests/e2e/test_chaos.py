@@ -1,6 +1,7 @@
 """Chaos: while a digits run trains (reconcile loop, local launcher), the orchestrator is killed (-9) once at
 a random moment and restarted on the same data dir and ports, then workers are killed (-9) one at a time,
-at random, every few seconds.
+at random, every few seconds once the swarm is whole again (a replacement has caught up: were the last
+peer holding the swarm's state killed, the swarm would by design restart from its last checkpoint).
 
 At the end the run has completed; the swarm epoch never went backwards, sampled throughout from the
 workers' reports (through the orchestrator, per run and per worker) and from the DHT by an observer peer
@@ -101,6 +102,14 @@ def verify_checkpoints(orch: Orchestrator, name: str) -> list[dict[str, Any]]:
     return list(items)
 
 
+def whole_swarm(reader: RunReader) -> tuple[str, list[dict[str, Any]]] | None:
+    """The run's state and running workers, once the run has ended or 2 workers report the swarm's epoch
+    (give or take one), i.e. both hold the swarm's state."""
+    state, epoch, running = reader.run()["state"], reader.epoch(), reader.running()
+    synced = [w for w in running if (w["swarm_epoch"] or 0) >= epoch - 1]
+    return (state, running) if state != "running" or len(synced) >= 2 else None
+
+
 def pause(rng: random.Random) -> None:
     time.sleep(rng.uniform(*PAUSE_S))  # chaos is random by design: the pause is part of the experiment
 
@@ -132,8 +141,10 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     killed = []
     for _ in range(WORKER_KILLS):
         pause(rng)
-        victims = reader.running()
-        if not victims or reader.run()["state"] != "running":
+        # a blow falls only on a whole swarm: were the last peer holding the swarm's state killed before
+        # its replacement had caught up, the swarm would restart from its last checkpoint (by design)
+        state, victims = wait_until(lambda: whole_swarm(reader), BOOT_S, message="2 workers hold the state")
+        if state != "running":
             break
         victim = rng.choice(victims)
         kill_worker(victim)
