@@ -183,7 +183,8 @@ class Agent:
         configure_logging(self.config.log_level, self.config.log_format, training=True)
         options = agent_train.split_strategy_options(registration.run.strategy_options, self.config)
         try:
-            authorizer = agent_train.swarm_authorizer(registration, self.config)
+            identity = options.dht.get("identity_path")
+            authorizer = agent_train.swarm_authorizer(registration, self.config, identity)
             self._dht = agent_train.start_swarm_dht_retrying(
                 boot.initial_peers, options.dht, authorizer, self._fresh_peers
             )

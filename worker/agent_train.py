@@ -16,7 +16,7 @@ from typing import Any
 
 from worker.agent_config import AgentConfig
 from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
-from worker.client import ApiError, OrchestratorClient
+from worker.client import ApiError, OrchestratorClient, Unreachable
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
@@ -43,28 +43,45 @@ def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> S
     return SplitOptions(dht, strategy)
 
 
-def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig) -> Any:
-    """This worker's swarm authorizer (first token fetched), or None when its swarm admits any peer.
+def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig, identity: str | None = None) -> Any:
+    """This worker's swarm authorizer, or None when its swarm admits any peer.
 
     None when the run spec opts out (``swarm_admission: false``) or the orchestrator does not admit by
-    token. Raises ``ApiError`` (orchestrator unreachable), ``SwarmTokenUnavailable`` (no token for this
-    worker) or ``SwarmTokenError`` (an unusable answer): without a token there is no swarm to join.
+    token. The peer's identity is ``identity`` (the run spec's ``identity_path``) or a key kept in the
+    worker directory for this worker id, and every token obtained is cached there
+    (:mod:`worker.swarm_token_cache`): when the orchestrator cannot be reached, an unexpired cached token
+    lets a restarted worker rejoin its swarm.
+    Raises ``ApiError`` (orchestrator unreachable, nothing cached), ``SwarmTokenUnavailable`` (no token
+    for this worker) or ``SwarmTokenError`` (an unusable answer): without a token there is no swarm.
     """
     from worker.swarm_auth import ClientTokenSource, SwarmAuthorizer
+    from worker.swarm_token_cache import CachingTokenSource, identity_path, load_token
 
     if not swarm_admission_requested(registration.run.strategy_options):
         logger.info("swarm admission: off for this run (any peer may join its swarm)")
         return None
-    with OrchestratorClient(config.url, timeout_s=10.0) as client:
-        if not client.swarm_auth_info().enabled:
-            logger.info("swarm admission: off on this orchestrator")
-            return None
 
     def make_client() -> OrchestratorClient:
         return OrchestratorClient(config.url, registration.worker_token, timeout_s=10.0, retries=2)
 
-    source = ClientTokenSource(make_client, registration.worker_id)
-    return SwarmAuthorizer.create(registration.swarm_id, source)
+    key_path = Path(identity) if identity else identity_path(config.worker_dir, registration.worker_id)
+    source = CachingTokenSource(
+        ClientTokenSource(make_client, registration.worker_id), config.worker_dir, registration.worker_id
+    )
+    try:
+        # it has just answered the registration, or stayed away for the whole boot: one retry will do
+        with OrchestratorClient(config.url, timeout_s=10.0, retries=1) as client:
+            enabled = client.swarm_auth_info().enabled
+    except Unreachable:
+        cached = load_token(config.worker_dir, registration.worker_id, registration.swarm_id)
+        if cached is None or not key_path.exists():
+            raise
+        logger.warning("orchestrator unreachable: joining the swarm with the cached swarm token")
+        return SwarmAuthorizer(registration.swarm_id, source, cached, key_path)
+    if not enabled:
+        logger.info("swarm admission: off on this orchestrator")
+        return None
+    return SwarmAuthorizer.create(registration.swarm_id, source, identity_path=key_path)
 
 
 def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any], authorizer: Any = None) -> Any:

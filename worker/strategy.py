@@ -13,6 +13,7 @@ to peers and stops what it started. Helpers live in ``swarm_*`` modules next to 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -343,7 +344,15 @@ class HivemindStrategy(Strategy):
         if optimizer.tracker.global_progress.num_peers > 0:
             epoch = optimizer.tracker.global_epoch
             log.info("Joining swarm %s at epoch %d: downloading its state", self.run_id, epoch)
+            started = time.monotonic()
             optimizer.load_state_from_peers()
+            if optimizer.local_epoch >= epoch:
+                took_s = time.monotonic() - started
+                log.info(
+                    "Joined swarm %s at epoch %d (state downloaded in %.1f s)", self.run_id, epoch, took_s
+                )
+            else:
+                log.warning("No peer handed over its state: training from this peer's own state")
             self._sync_schedulers()
 
     @override

@@ -6,7 +6,9 @@ first a hand-started ``HivemindStrategy(authorizer=...)`` with a token trains a 
 agents; then peers join the DHT as intruders (no token, a forged token, an expired token, a token of
 another run) and finally as an admitted peer: the intruders can neither write nor read the run's
 progress key nor use the workers' averagers, while the admitted probe can, and its record shows in the
-swarm the orchestrator reads from the workers.
+swarm the orchestrator reads from the workers. Last, the orchestrator and one agent are killed; the agent,
+restarted by hand, rejoins the swarm on the token it cached, and heartbeats again once the orchestrator
+is back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from worker.swarm_token import TokenFields, TokenVerifier, openssh_public_key, p
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 150.0  # two agents importing torch, Lightning and hivemind on a busy 2-core machine
 INTRUDERS = ("none", "forged", "expired", "other_run")
+TOKEN_TTL_S = 90  # long enough for a killed agent to restart on its cached token, short enough to renew
 DIGITS = {
     "module": "worker.examples.digits:DigitsModule",
     "datamodule": "worker.examples.digits:DigitsDataModule",
@@ -50,9 +54,13 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("admission")
     registry = ProcessRegistry(root)
     try:
-        # no import probe at run creation; tokens live 20 s, so agents renew theirs (every ~10 s) while
-        # the tests run, from their DHT processes
-        env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_SWARM_TOKEN_TTL_S": "20"}
+        # no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life)
+        # while the tests run, from their DHT processes
+        env = {
+            **NO_RECONCILE,
+            "SPOTSWARM_CHECK_IMPORTS": "false",
+            "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S),
+        }
         yield start_orchestrator(registry, root / "data", extra_env=env)
     finally:
         registry.kill_all()
@@ -123,14 +131,23 @@ def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(orch: 
     wait_until(listed_open, 30, message="the opted-out run reaches the DHT peer's open list")
 
 
-def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orchestrator, token: str) -> Any:
+def start_agent(
+    processes: ProcessRegistry,
+    tmp_path: Path,
+    name: str,
+    orch: Orchestrator,
+    token: str,
+    worker_dir: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Any:
     env = {
         "SPOTSWARM_URL": orch.url,
         "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
+        "SPOTSWARM_WORKER_DIR": str(tmp_path / (worker_dir or name)),
         "SPOTSWARM_METADATA_URL": "off",
         "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": "20",
+        **(extra_env or {}),
     }
     return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
 
@@ -223,8 +240,87 @@ def test_only_admitted_peers_join_the_runs_swarm(
     assert swarm["num_peers"] >= 3 and swarm["epoch"] < 1000, swarm  # two agents + the admitted probe
     assert all(w["swarm_epoch"] < 1000 for w in run_view(orch, "adm-swarm", "/workers")["items"])
     assert all(agent.alive() for agent in agents)
-    # tokens live 20 s: the agents trained on for minutes by renewing theirs (first token + renewals)
-    assert all(agent.log().count("swarm token for") >= 3 for agent in agents), agents[0].log()[-3000:]
+    # tokens live 90 s: the agents trained on for minutes by renewing theirs (first token + renewals)
+    assert all(agent.log().count("swarm token for") >= 2 for agent in agents), agents[0].log()[-3000:]
+
+    restart_on_cached_token(orch, processes, tmp_path, agents, run)
+
+
+def cached_token_lifetime_s(worker_dir: Path) -> float:
+    """Seconds left on the swarm token the agent cached in ``worker_dir`` (0 if none)."""
+    files = list((worker_dir / "swarm").glob("*/token.json"))
+    if not files:
+        return 0.0
+    token = json.loads(files[0].read_text())["token"]
+    return TokenFields(**{k: token[k] for k in TokenFields.__dataclass_fields__}).expires_at() - time.time()
+
+
+def restart_on_cached_token(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, agents: list[Any], run: dict[str, Any]
+) -> None:
+    """Orchestrator and second agent killed (-9); the agent restarted by hand rejoins the swarm on its
+    cached registration, peers and swarm token, downloading the swarm's state from the first agent
+    (which only an admitted peer can); the orchestrator comes back and the agent heartbeats again."""
+    # kill just after both agents renewed (each at half-life), so their tokens outlive the restart:
+    # tokens cannot be renewed while the orchestrator is down
+    wait_until(
+        lambda: min(cached_token_lifetime_s(tmp_path / n) for n in ("first", "second")) > 0.6 * TOKEN_TTL_S,
+        TOKEN_TTL_S,
+        interval_s=0.5,
+        message="both agents renewed their tokens",
+    )
+    agent_ids = {
+        json.loads((tmp_path / n / "registration.json").read_text())["registration"]["worker_id"]
+        for n in ("first", "second")
+    }
+    known = len(run_view(orch, "adm-swarm", "/workers")["items"])
+    orch.kill()
+    agents[1].kill()
+    restarted = start_agent(
+        processes,
+        tmp_path,
+        "second-restarted",
+        orch,
+        run["join_token"],
+        worker_dir="second",
+        extra_env={"SPOTSWARM_REGISTER_TIMEOUT_S": "2"},
+    )
+    wait_until(
+        lambda: "Joined swarm" in restarted.log() or not restarted.alive(),
+        BOOT_S,
+        interval_s=0.5,
+        message="the restarted agent downloads the swarm's state",
+    )
+    log = restarted.log()
+    assert restarted.alive(), log[-3000:]
+    assert "joining the swarm with the cached swarm token" in log, log[-3000:]
+    assert "rejoining run adm-swarm as worker" in log, log[-3000:]
+    assert agents[0].alive()
+
+    back = start_orchestrator(
+        processes,
+        orch.data_dir,
+        extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"},
+        port=orch.port,
+        dht_port=orch.dht_port,
+        name="orchestrator-back",
+    )
+
+    back_at = datetime.now(timezone.utc)
+
+    def heartbeats_again() -> bool:
+        workers = run_view(back, "adm-swarm", "/workers")["items"]
+        fresh = [
+            w
+            for w in workers
+            if w["id"] in agent_ids
+            and w["state"] == "running"
+            and w["num_peers"] >= 2
+            and datetime.fromisoformat(w["last_heartbeat_at"]) > back_at
+        ]
+        return len(workers) == known and len(fresh) == 2
+
+    wait_until(heartbeats_again, 90, interval_s=1, message="both agents heartbeat, two peers, no new worker")
 
 
 def credentials(registered: dict[str, Any], swarm_id: str) -> dict[str, str]:
