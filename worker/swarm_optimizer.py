@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from worker.swarm_checks import warn_if_zero_grad_overridden
 from worker.swarm_schedulers import SwarmEpochScheduler
+from worker.swarm_shutdown import quiet_cancelled_rounds
 
 _SCHEDULER_STATE_KEY = "hivemind_scheduler"
 
@@ -29,6 +30,7 @@ def build_hivemind_optimizer(
     torch_optimizer: torch.optim.Optimizer, *, hivemind_creates_optimizer: bool, **hivemind_kwargs: Any
 ) -> hivemind.Optimizer:
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
+    quiet_cancelled_rounds()  # before hivemind forks its averagers
     if not hivemind_creates_optimizer:
         return hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs)
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)

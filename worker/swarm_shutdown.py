@@ -10,6 +10,11 @@ and ends by terminating the DHT. ``shutdown_optimizer`` cancels pending matchmak
 goodbye, waits until the DHT has read everything queued so far, and only then stops the averagers.
 This narrows hivemind's race a lot; it cannot close it (an averager may still send a request in its
 last milliseconds), so ``worker.swarm_dht`` also turns the resulting error into a debug line.
+
+A round cancelled just as it found its group races the same way inside the averager's process: its
+``_step`` then sets the result of the cancelled step and asyncio logs "Task exception was never
+retrieved" with an ``InvalidStateError``. The result was no longer wanted; :func:`quiet_cancelled_rounds`
+turns that record into a debug line (installed before the averagers fork, so they inherit it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import gc
 import logging
 import time
+from concurrent.futures import InvalidStateError
 from typing import Any
 
 import hivemind
@@ -119,3 +125,24 @@ def _drop_destroyed_pending_task(loop: asyncio.AbstractEventLoop, context: dict[
     if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
         return
     loop.default_exception_handler(context)
+
+
+class _CancelledRoundFilter(logging.Filter):
+    """Drops asyncio's "never retrieved" record of an averaging round whose step had been cancelled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, InvalidStateError) and "future that is CANCELLED" in str(exc):
+            log.debug("an averaging round finished after its step was cancelled: %s", exc)
+            return False
+        return True
+
+
+_CANCELLED_ROUND_FILTER = _CancelledRoundFilter()
+
+
+def quiet_cancelled_rounds() -> None:
+    """Install ``_CancelledRoundFilter`` on asyncio's logger (idempotent; inherited by forked averagers)."""
+    asyncio_logger = logging.getLogger("asyncio")
+    if _CANCELLED_ROUND_FILTER not in asyncio_logger.filters:
+        asyncio_logger.addFilter(_CANCELLED_ROUND_FILTER)
