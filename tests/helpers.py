@@ -25,9 +25,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(
-    predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.2, message: str = ""
-) -> T:
+def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.2, message: str = "") -> T:
     """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout_s``.
 
     Exceptions raised by the predicate count as "not yet" and the last one is shown on time-out.
@@ -110,9 +108,7 @@ class ProcessRegistry:
         self.tmp_path = tmp_path
         self.processes: list[ManagedProcess] = []
 
-    def start(
-        self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None
-    ) -> ManagedProcess:
+    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(args, self.tmp_path / f"{name}.log", env=env)
         self.processes.append(proc)
         return proc

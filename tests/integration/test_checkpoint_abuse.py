@@ -211,7 +211,12 @@ def test_concurrent_uploads_of_one_epoch_keep_one_whole_checkpoint(orch: Orchest
         blobs = {run.a.id: os.urandom(3 << 20), run.b.id: os.urandom(3 << 20)}
         barrier = threading.Barrier(2)
 
-        def race(worker: Worker, blobs: dict[str, bytes] = blobs, epoch: int = epoch) -> int:
+        def race(
+            worker: Worker,
+            blobs: dict[str, bytes] = blobs,
+            epoch: int = epoch,
+            barrier: threading.Barrier = barrier,
+        ) -> int:
             barrier.wait()
             return upload(orch, worker, epoch, blobs[worker.id]).status_code
 

@@ -26,7 +26,11 @@ def run(**kw: object) -> RunView:
 
 def worker(wid: str, state: WorkerState = WorkerState.running, **kw: object) -> WorkerView:
     base: dict[str, object] = dict(
-        id=wid, request_id=f"req-{wid}", state=state, created_at=NOW - 20, registered=True,
+        id=wid,
+        request_id=f"req-{wid}",
+        state=state,
+        created_at=NOW - 20,
+        registered=True,
         last_heartbeat_at=NOW - 1,
     )
     base.update(kw)
@@ -89,8 +93,9 @@ def test_surplus_workers_are_retired_youngest_and_unregistered_first() -> None:
     old = worker("old", created_at=NOW - 500)
     young = worker("young", created_at=NOW - 10)
     starting = worker("starting", WorkerState.launching, registered=False, created_at=NOW - 30)
-    plan = plan_run(run(desired_workers=1), [old, young, starting], alive("old", "young", "starting"), [],
-                    NOW, POLICY)
+    plan = plan_run(
+        run(desired_workers=1), [old, young, starting], alive("old", "young", "starting"), [], NOW, POLICY
+    )
     assert plan.retire == ["starting", "young"]
 
 
