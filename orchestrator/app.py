@@ -28,6 +28,7 @@ from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache
+from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
@@ -147,8 +148,15 @@ def create_app(
         upload_max_bytes=settings.checkpoint_max_bytes,
         upload_path_re=rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$",
     )
+    app.add_middleware(HeartbeatFastPath, hub_of=lambda: _hub(app), max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: 413s are timed too
     return app
+
+
+def _hub(app: FastAPI) -> HeartbeatHub | None:
+    """The running app's heartbeat hub (None outside its lifespan)."""
+    ctx: AppContext | None = getattr(app.state, "ctx", None)
+    return ctx.hub if ctx is not None else None
 
 
 async def _start(

@@ -158,9 +158,10 @@ class Reconciler:
         if launcher is None:
             self._fail_run(session, run, f"unknown launcher {run.launcher!r}", now)
             return
-        rows = list(runs.live_workers(session, run.id))
-        self._expire_manual_workers(session, [w for w in rows if w.manual], now)
-        rows = [w for w in rows if not w.manual]  # workers joined by hand count, but are not managed
+        # Workers joined by hand count, but are not managed: only the silent ones are loaded (there may be
+        # thousands; loading them all each tick held SQLite's write lock for seconds under load).
+        self._expire_manual_workers(session, run, now)
+        rows = list(runs.live_workers(session, run.id, manual=False))
         plan = plan_run(
             self._run_view(session, run, now),
             [_worker_view(w, self.started_at) for w in rows],
@@ -184,13 +185,17 @@ class Reconciler:
         if run.state in (RunState.pending.value, RunState.running.value):
             actions.launches.extend(self._intents(session, run, plan, by_id, now))
 
-    def _expire_manual_workers(self, session: Session, manual: list[Worker], now: datetime) -> None:
-        """A worker started by hand has no launcher to ask: only its heartbeats say it is alive."""
-        for worker in manual:
-            last = max(worker.last_heartbeat_at or worker.created_at, self.started_at)
-            if (now - last).total_seconds() > self.policy.heartbeat_timeout_s:
-                reason = f"no heartbeat for {self.policy.heartbeat_timeout_s:.0f} s"
-                self._set_worker(session, worker, WorkerState.lost, reason, now)
+    def _expire_manual_workers(self, session: Session, run: Run, now: datetime) -> None:
+        """A worker started by hand has no launcher to ask: only its heartbeats say it is alive.
+
+        Silence counts from the loop's start at the earliest (workers could not reach a stopped one).
+        """
+        cutoff = now - timedelta(seconds=self.policy.heartbeat_timeout_s)
+        if self.started_at >= cutoff:
+            return
+        for worker in runs.live_workers(session, run.id, manual=True, silent_before=cutoff):
+            reason = f"no heartbeat for {self.policy.heartbeat_timeout_s:.0f} s"
+            self._set_worker(session, worker, WorkerState.lost, reason, now)
 
     def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
         reported_epoch, reported_samples = runs.reported_totals(session, run.id)

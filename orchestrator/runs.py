@@ -118,9 +118,16 @@ def list_active_runs(session: Session) -> Sequence[Run]:
     return session.scalars(select(Run).where(Run.state.in_(states)).order_by(Run.id)).all()
 
 
-def live_workers(session: Session, run_id: int) -> Sequence[Worker]:
-    """Workers of the run that are launching or running."""
+def live_workers(
+    session: Session, run_id: int, manual: bool | None = None, silent_before: datetime | None = None
+) -> Sequence[Worker]:
+    """Workers of the run that are launching or running; only those joined by hand (``manual=True``) or
+    launched (``False``) when given, only those silent since before ``silent_before`` when given."""
     query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(LIVE_STATES))
+    if manual is not None:
+        query = query.where(Worker.manual.is_(manual))
+    if silent_before is not None:
+        query = query.where(func.coalesce(Worker.last_heartbeat_at, Worker.created_at) < silent_before)
     return session.scalars(query.order_by(Worker.id)).all()
 
 

@@ -8,8 +8,9 @@ busy timeout, so the API threads and the heartbeat flusher can write concurrentl
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ class Database:
         self._write_sessions = sessionmaker(
             self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
         )
+        self._writers = threading.RLock() if self.engine.dialect.name == "sqlite" else None
 
     @property
     def dialect(self) -> str:
@@ -100,8 +102,13 @@ class Database:
 
     @contextmanager
     def begin(self) -> Iterator[Session]:
-        """A session in a transaction: commit on success, roll back on an exception."""
-        with self._write_sessions() as session, session.begin():
+        """A session in a transaction: commit on success, roll back on an exception.
+
+        On SQLite (one writer at a time) this process's writers queue on a lock first: SQLite's own busy
+        wait polls, and under load (thousands of registrations) a writer could starve past the busy
+        timeout ("database is locked", a 503) while others came and went.
+        """
+        with self._writers or nullcontext(), self._write_sessions() as session, session.begin():
             yield session
 
     @contextmanager
