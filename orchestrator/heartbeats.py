@@ -45,6 +45,7 @@ class WorkerEntry:
     state: str
     retiring: bool
     last_seen: datetime | None
+    epoch: int = 0  # the swarm epoch it last reported
 
 
 @dataclass
@@ -103,6 +104,7 @@ class HeartbeatHub:
             if not ended:
                 self._pending[entry.worker_id] = (heartbeat, now)
                 entry.last_seen = now
+                entry.epoch = heartbeat.swarm_epoch
             stop = ended or entry.retiring or run is None or run.state not in PROCEED_RUN_STATES
             return HeartbeatReply(
                 action=WorkerAction.stop if stop else WorkerAction.proceed,
@@ -165,7 +167,9 @@ class HeartbeatHub:
                 Worker.run_id.in_(list(run_entries)), Worker.state.in_(CACHED_WORKER_STATES)
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
-            worker_entries = {row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5]) for row in rows}
+            worker_entries = {
+                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0) for row in rows
+            }
         with self._lock:
             for worker_id, entry in worker_entries.items():
                 old = self._workers.get(worker_id)
@@ -174,7 +178,7 @@ class HeartbeatHub:
                     and old.last_seen
                     and (entry.last_seen is None or old.last_seen > entry.last_seen)
                 ):
-                    entry.last_seen = old.last_seen
+                    entry.last_seen, entry.epoch = old.last_seen, max(old.epoch, entry.epoch)
             self._workers, self._runs = worker_entries, run_entries
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
 
@@ -216,7 +220,8 @@ class HeartbeatHub:
         return revived
 
     def _elect(self, session: Session, now: datetime) -> None:
-        """Re-elect only where the cached checkpointer is missing, ended, retiring or silent.
+        """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
+        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker).
 
         Silence is not held against anyone during the first heartbeat timeout after start-up: workers
         could not reach a stopped orchestrator.
@@ -225,14 +230,15 @@ class HeartbeatHub:
         fresh_after = now - timedelta(seconds=timeout_s)
         in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         with self._lock:
-            can_checkpoint = {
-                w.run_id
-                for w in self._workers.values()
-                if w.state == WorkerState.running.value
-                and not w.retiring
-                and w.last_seen is not None
-                and w.last_seen >= fresh_after
-            }
+            lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
+            for w in self._workers.values():
+                if (
+                    w.state == WorkerState.running.value
+                    and not w.retiring
+                    and w.last_seen is not None
+                    and w.last_seen >= fresh_after
+                ):
+                    lead[w.run_id] = max(lead.get(w.run_id, 0), w.epoch)
             need = []
             for entry in self._runs.values():
                 current = self._workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
@@ -241,8 +247,9 @@ class HeartbeatHub:
                     and current.state == WorkerState.running.value
                     and not current.retiring
                     and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
+                    and current.epoch >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
                 )
-                if not healthy and (entry.checkpointer_id is not None or entry.run_id in can_checkpoint):
+                if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
                     need.append(entry.run_id)
         for run_id in need:
             run = session.get(Run, run_id)
@@ -292,6 +299,7 @@ _ENTRY_COLUMNS = (
     Worker.state,
     Worker.retire_requested_at,
     Worker.last_heartbeat_at,
+    Worker.swarm_epoch,
 )
 
 
@@ -303,6 +311,7 @@ def _worker_entry(worker: Worker) -> WorkerEntry:
         worker.state,
         worker.retire_requested_at is not None,
         worker.last_heartbeat_at,
+        worker.swarm_epoch or 0,
     )
 
 

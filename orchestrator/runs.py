@@ -333,8 +333,10 @@ def delete_run(session: Session, run: Run) -> list[str]:
 def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_timeout_s: float) -> int | None:
     """Make sure exactly one live worker of ``run`` is its checkpointer, if any can be; return its id.
 
-    The current one keeps the role while it runs with a fresh heartbeat and is not retiring; otherwise
-    the longest-registered such worker takes over (an event records the hand-over).
+    The current one keeps the role while it runs with a fresh heartbeat, is not retiring and keeps up
+    (its swarm epoch within ``checkpoint_every_epochs`` of the most advanced candidate's: a worker
+    still joining, or stuck, would otherwise keep the run from ever checkpointing); otherwise the
+    longest-registered such worker takes over (an event records the hand-over).
     """
     fresh_after = now - timedelta(seconds=heartbeat_timeout_s)
     query = (
@@ -347,7 +349,10 @@ def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_time
         )
         .order_by(Worker.registered_at, Worker.id)
     )
-    candidates = session.scalars(query).all()
+    candidates = list(session.scalars(query).all())
+    if candidates:
+        lead = max(w.swarm_epoch for w in candidates)
+        candidates = [w for w in candidates if w.swarm_epoch >= lead - run.checkpoint_every_epochs]
     if run.checkpointer_worker_id in {w.id for w in candidates}:
         return run.checkpointer_worker_id
     chosen = candidates[0].id if candidates else None

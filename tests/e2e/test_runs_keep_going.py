@@ -45,7 +45,8 @@ def test_run_of_two_workers_completes_with_falling_loss(
     workers = reader.workers()
     assert len([w for w in workers if w["registered_at"]]) >= 2, "two workers trained"
     assert all(w["state"] == "exited" for w in workers), [(w["id"], w["state"]) for w in workers]
-    losses = [w["loss"] for w in workers if w["loss"] is not None]
+    # a worker that joined as the run ended may report only its first step's loss: judge those that trained
+    losses = [w["loss"] for w in workers if w["loss"] is not None and w["samples"] > 0]
     assert max(losses) < 0.5 * _first_loss(reader), (losses, _first_loss(reader))
     assert max(c["epoch"] for c in reader.checkpoints()) >= 10, "the final checkpoint is kept"
 

@@ -146,6 +146,35 @@ def test_exactly_one_checkpointer_and_another_takes_over(orch: Orchestrator) -> 
 
 
 @pytest.mark.timeout(180)
+def test_a_checkpointer_that_falls_behind_hands_the_role_to_one_that_keeps_up(orch: Orchestrator) -> None:
+    """A worker still joining (or stuck) must not keep the role while another trains on alone: the run
+    would never checkpoint. Behind by more than checkpoint_every_epochs, it loses the role."""
+    name, join = create(orch, checkpoint_every_epochs=2)
+    first, second = register(orch, join), register(orch, join)
+
+    def holder() -> str | None:
+        heartbeat(orch, first)
+        heartbeat(orch, second)
+        return get_run(orch, name)["checkpointer_worker_id"]
+
+    held_by = wait_until(holder, 10)
+    stuck, ahead = (first, second) if held_by == first["worker_id"] else (second, first)
+
+    def handed_over() -> bool:
+        heartbeat(orch, stuck, swarm_epoch=0)
+        heartbeat(orch, ahead, swarm_epoch=2)  # within 2 epochs: the holder keeps the role
+        return get_run(orch, name)["checkpointer_worker_id"] != held_by
+
+    # several flush intervals (0.2 s each) of heartbeats
+    assert not any(handed_over() for _ in range(15)), "handed over while within checkpoint_every_epochs"
+    for epoch in (3, 4):  # now more than 2 epochs behind
+        heartbeat(orch, ahead, swarm_epoch=epoch)
+    wait_until(lambda: get_run(orch, name)["checkpointer_worker_id"] == ahead["worker_id"], 10)
+    assert heartbeat(orch, ahead, swarm_epoch=4)["checkpointer"]
+    assert not heartbeat(orch, stuck, swarm_epoch=0)["checkpointer"]
+
+
+@pytest.mark.timeout(180)
 def test_worker_endpoints_accept_only_that_workers_token(orch: Orchestrator) -> None:
     _, join = create(orch)
     a, b = register(orch, join), register(orch, join)
