@@ -2,8 +2,9 @@
 
 Two workers train through the reconcile loop and keep the run's peer list in their worker dirs
 (``peers.json``). The orchestrator is killed; a third worker started by hand with that saved list (plain
-Lightning + HivemindStrategy, no orchestrator) joins the same swarm: the DHT shows three peers at one
-epoch. The orchestrator comes back and the two workers re-attach, reporting three peers."""
+Lightning + HivemindStrategy, no orchestrator) joins the same swarm: the DHT shows three peers in step
+(at most one epoch apart). The orchestrator comes back and the two workers re-attach, reporting three
+peers."""
 
 from __future__ import annotations
 
@@ -96,8 +97,10 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     )
 
     def one_swarm_of_three() -> list[int]:
+        # peers publish progress at their own moments: in step means one epoch apart at most (with a
+        # small target batch, epochs pass faster than all three records refresh)
         epochs = swarm_epochs(dht, swarm_id)
-        return epochs if len(epochs) == 3 and len(set(epochs)) == 1 else []
+        return epochs if len(epochs) == 3 and max(epochs) - min(epochs) <= 1 else []
 
     try:
         epochs = wait_until(
@@ -106,7 +109,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     finally:
         dht.shutdown()
     wait_until(
-        lambda: (hand := json.loads(progress.read_text()))["num_peers"] == 3 and hand["epoch"] >= epochs[0],
+        lambda: (hand := json.loads(progress.read_text()))["num_peers"] == 3 and hand["epoch"] >= min(epochs),
         30,
         message="the hand-started worker counts three peers",
     )

@@ -3,6 +3,7 @@ orchestrator crash: real `spotswarm serve`, real reconcile loop, real local work
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tests.helpers import ProcessRegistry, wait_until
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
+CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over the 10 digits
 
 
 def _first_loss(reader: RunReader) -> float:
@@ -45,9 +47,11 @@ def test_run_of_two_workers_completes_with_falling_loss(
     workers = reader.workers()
     assert len([w for w in workers if w["registered_at"]]) >= 2, "two workers trained"
     assert all(w["state"] == "exited" for w in workers), [(w["id"], w["state"]) for w in workers]
-    # a worker that joined as the run ended may report only its first step's loss: judge those that trained
+    # a worker that joined as the run ended may report only its first step's loss: judge those that trained,
+    # against chance level for 10 classes (ln 10 = 2.30; the first sampled loss may come a few steps in)
     losses = [w["loss"] for w in workers if w["loss"] is not None and w["samples"] > 0]
-    assert max(losses) < 0.5 * _first_loss(reader), (losses, _first_loss(reader))
+    assert losses and max(losses) < 0.5 * CHANCE_LOSS, losses
+    assert max(losses) < _first_loss(reader), (losses, _first_loss(reader))
     assert max(c["epoch"] for c in reader.checkpoints()) >= 10, "the final checkpoint is kept"
 
 
