@@ -35,7 +35,9 @@ def test_run_of_two_workers_completes_with_falling_loss(
     processes: ProcessRegistry, loop_data_dir: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir)
-    admin_post(orch, "/api/v1/runs", digits_run("done", stop={"target_epochs": 10}))
+    # a target batch big enough that the two workers find each other before the run ends: on a quiet
+    # machine 10 epochs of 128 samples took 1.5 s, and each worker trained alone
+    admin_post(orch, "/api/v1/runs", digits_run("done", stop={"target_epochs": 10}, target_batch_size=1024))
     reader = RunReader(orch, "done")
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed") and run,
