@@ -25,6 +25,7 @@ from typing import Any
 
 from worker.agent_config import AgentConfig
 from worker.client import Conflict, NotFound, OrchestratorClient, Rejected, Unauthorized, Unreachable
+from worker.files import write_json
 from worker.wire import RunSpec, WorkerRegister, WorkerRegistered
 
 logger = logging.getLogger(__name__)
@@ -65,12 +66,7 @@ def save_registration(worker_dir: Path, config: AgentConfig, registration: Worke
         "join_token_sha256": _token_hash(config.join_token),
         "registration": registration.model_dump(mode="json"),
     }
-    path = worker_dir / REGISTRATION_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle)
-    os.replace(tmp, path)
+    write_json(worker_dir / REGISTRATION_FILE, payload, private=True)
 
 
 def load_registration(worker_dir: Path, config: AgentConfig) -> WorkerRegistered | None:
@@ -88,10 +84,7 @@ def save_peers(worker_dir: Path, run_name: str, peers: list[str]) -> None:
     """Remember the run's latest initial peers (ignored when empty: an old list beats none)."""
     if not peers:
         return
-    path = worker_dir / PEERS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run": run_name, "initial_peers": peers, "saved_at": time.time()}))
-    os.replace(tmp, path)
+    write_json(worker_dir / PEERS_FILE, {"run": run_name, "initial_peers": peers, "saved_at": time.time()})
 
 
 def load_peers(worker_dir: Path, run_name: str) -> list[str]:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from worker.files import write_json
 from worker.swarm_token import SwarmTokenError, parse_expiration
 from worker.wire import SwarmToken
 
@@ -33,9 +33,13 @@ TOKEN_FILE = "token.json"
 
 def swarm_dir(worker_dir: Path, worker_id: str) -> Path:
     """The directory (made owner-only) holding worker ``worker_id``'s identity and token."""
-    path = worker_dir / "swarm" / worker_id
+    path = _swarm_path(worker_dir, worker_id)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def _swarm_path(worker_dir: Path, worker_id: str) -> Path:
+    return worker_dir / "swarm" / worker_id
 
 
 def identity_path(worker_dir: Path, worker_id: str) -> Path:
@@ -45,12 +49,8 @@ def identity_path(worker_dir: Path, worker_id: str) -> Path:
 
 def save_token(worker_dir: Path, worker_id: str, grant: SwarmToken) -> None:
     """Remember ``grant`` for ``worker_id`` (atomically, readable by the owner only)."""
-    path = swarm_dir(worker_dir, worker_id) / TOKEN_FILE
-    tmp = path.with_name(f"{TOKEN_FILE}.{os.getpid()}.tmp")  # the DHT's process may save concurrently
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"worker_id": worker_id, "token": grant.model_dump(mode="json")}, handle)
-    os.replace(tmp, path)
+    payload = {"worker_id": worker_id, "token": grant.model_dump(mode="json")}
+    write_json(swarm_dir(worker_dir, worker_id) / TOKEN_FILE, payload, private=True)
 
 
 def load_token(
@@ -58,7 +58,7 @@ def load_token(
 ) -> SwarmToken | None:
     """The cached token of ``worker_id`` for ``swarm_id`` if it has not expired, else None."""
     try:
-        payload = json.loads((worker_dir / "swarm" / worker_id / TOKEN_FILE).read_text())
+        payload = json.loads((_swarm_path(worker_dir, worker_id) / TOKEN_FILE).read_text())
         grant = SwarmToken.model_validate(payload["token"])
         expires_at = parse_expiration(grant.expiration_time)
     except (FileNotFoundError, ValueError, KeyError, TypeError, ValidationError, SwarmTokenError) as exc:

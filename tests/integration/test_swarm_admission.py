@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.swarm_token import TokenFields, TokenVerifier, openssh_public_key, peer_id_of
+from worker.swarm_token import TokenFields, TokenVerifier, openssh_public_key, parse_expiration, peer_id_of
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 150.0  # two agents importing torch, Lightning and hivemind on a busy 2-core machine
@@ -251,8 +251,7 @@ def cached_token_lifetime_s(worker_dir: Path) -> float:
     files = list((worker_dir / "swarm").glob("*/token.json"))
     if not files:
         return 0.0
-    token = json.loads(files[0].read_text())["token"]
-    return TokenFields(**{k: token[k] for k in TokenFields.__dataclass_fields__}).expires_at() - time.time()
+    return parse_expiration(json.loads(files[0].read_text())["token"]["expiration_time"]) - time.time()
 
 
 def restart_on_cached_token(

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.swarm_auth import SwarmAuthority, load_or_create_key
 from tests.helpers import free_port
-from worker.agent_config import parse_config
+from worker.agent_config import AgentConfig, parse_config
 from worker.agent_train import swarm_authorizer
 from worker.client import Unreachable
 from worker.swarm_auth import ensure_identity, load_identity
@@ -91,7 +91,7 @@ def registration(worker_id: str = "7") -> WorkerRegistered:
     )
 
 
-def down_orchestrator_config(worker_dir: Path):  # type: ignore[no-untyped-def]
+def down_orchestrator_config(worker_dir: Path) -> AgentConfig:
     """Agent config pointing at a port nothing listens on, with no retries to wait for."""
     url = f"http://127.0.0.1:{free_port()}"
     return parse_config(["--url", url, "--join-token", "ssj_x", "--worker-dir", str(worker_dir)], {})

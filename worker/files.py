@@ -1,0 +1,21 @@
+"""Small files the worker keeps in its directory, written so a crash never leaves half a file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, payload: Any, *, private: bool = False) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (a temporary file, then a rename).
+
+    ``private`` makes the file readable by its owner only (it holds a token or a key). The temporary
+    name carries the process id: the DHT's forked process may write the same file concurrently.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle)
+    os.replace(tmp, path)
