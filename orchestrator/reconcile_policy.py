@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 from worker.wire import RunState, StopCondition, WorkerState
 
+# The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed`` (runs.py).
+STOP_CONDITION_REACHED = "stop condition reached"
+
 
 @dataclass(frozen=True)
 class ReconcilePolicy:
@@ -211,7 +214,7 @@ def _keep_at_desired(
 ) -> None:
     """A running run: finish it, fail it, or launch and retire workers to meet the desired count."""
     if stop_condition_reached(run):
-        plan.run_state = (RunState.stopping, "stop condition reached")
+        plan.run_state = (RunState.stopping, STOP_CONDITION_REACHED)
         return
     # The streak is reset when a worker registers (runs.py); failures of this tick extend it.
     streak = run.consecutive_start_failures + plan.start_failures

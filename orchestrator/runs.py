@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
 from orchestrator.errors import IllegalTransition, InvalidRequest, NotFound, RunExists
+from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
 from worker.logsetup import log_fields
 from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 
@@ -208,13 +209,19 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
 
 
 def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
-    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped."""
+    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped.
+
+    The target counts as met when the run went to ``stopping`` because of it (the reconcile loop judged
+    by the DHT's epoch too) or when the workers' reports show it (a run stopped by hand at its target).
+    """
     if run.state != RunState.stopping.value or live_workers(session, run.id):
         return
     epoch, samples = reported_totals(session, run.id)
     target = StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples)
-    reached = (target.target_epochs is not None and epoch >= target.target_epochs) or (
-        target.target_samples is not None and samples >= target.target_samples
+    reached = (
+        run.state_reason == STOP_CONDITION_REACHED
+        or (target.target_epochs is not None and epoch >= target.target_epochs)
+        or (target.target_samples is not None and samples >= target.target_samples)
     )
     final = RunState.completed if reached else RunState.stopped
     set_run_state(session, run, final, "all workers have left", now)

@@ -75,6 +75,9 @@ async def deregister(worker_id: WorkerId, body: Deregister, ctx: Ctx, token: Tok
 
 
 def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
+    # The worker's last heartbeat may still be buffered: write it first, so that its final report (the
+    # epoch that met the run's target, say) counts when its leaving settles the run.
+    ctx.hub.flush()
     with ctx.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
         workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock())

@@ -22,6 +22,7 @@ from orchestrator.errors import (
     RunNotAcceptingWorkers,
     Unauthorized,
 )
+from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
 from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -186,6 +187,29 @@ def test_stop_waits_for_live_workers_and_the_last_one_leaving_ends_the_run(db: D
         assert run.state == "completed" and run.finished_at == T0  # 110 samples >= target 100
         kinds = session.scalars(select(Event.kind).where(Event.run_id == run.id)).all()
     assert kinds.count("worker.state") == 2 and kinds.count("run.state") >= 3
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("reason", "final"), [(STOP_CONDITION_REACHED, "completed"), ("stopped by hand", "stopped")]
+)
+def test_a_run_stopped_at_its_target_completes_though_the_reports_lag(
+    db: Database, reason: str, final: str
+) -> None:
+    """The reconcile loop saw the target met (on the DHT): the run completes, even though the last
+    worker's reports stayed one epoch short; a run stopped by hand short of its target is stopped."""
+    name, token = new_run(db, stop={"target_epochs": 10})
+    worker_id = join(db, token)
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        run.state = RunState.running.value
+        runs.get_worker(session, worker_id).swarm_epoch = 9
+        runs.set_run_state(session, run, RunState.stopping, reason, T0)
+    with db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        workers.deregister_worker(session, worker, DeregisterReason.completed, None, T0)
+    with db.read() as session:
+        assert runs.get_run(session, name).state == final
 
 
 @pytest.mark.timeout(30)
