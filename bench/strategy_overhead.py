@@ -87,6 +87,8 @@ def _lightning(
 ) -> dict[str, Any]:
     from lightning.pytorch import Callback, Trainer
 
+    from worker.trainer_options import QUIET
+
     module, loader = _model_and_data(args)
     clock = _StepClock(args.warmup, args.batch_size)
 
@@ -102,11 +104,8 @@ def _lightning(
         strategy=strategy if strategy is not None else "auto",
         precision=args.precision,
         max_steps=args.steps + args.warmup,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[Tick(), *callbacks],
+        **QUIET,
     )
     trainer.fit(module, loader)
     result = clock.report()

@@ -17,6 +17,7 @@ from typing import Any
 from worker.agent_config import AgentConfig
 from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
 from worker.client import ApiError, OrchestratorClient, Unreachable
+from worker.trainer_options import QUIET
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
@@ -175,13 +176,10 @@ def build_trainer(
         devices=1,
         max_epochs=-1,
         max_steps=-1,
-        enable_checkpointing=False,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[callback],
         default_root_dir=str(config.worker_dir),
+        **QUIET,
     )
 
 

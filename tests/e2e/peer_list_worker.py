@@ -21,6 +21,7 @@ from lightning.pytorch import Callback, Trainer
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.logsetup import configure_logging
 from worker.strategy import HivemindStrategy
+from worker.trainer_options import NO_VALIDATION, QUIET
 
 
 class WriteProgress(Callback):
@@ -55,13 +56,9 @@ def main(peers_json: str, swarm_id: str, target_batch_size: str, progress_json: 
         accelerator="cpu",
         devices=1,
         max_epochs=-1,
-        enable_checkpointing=False,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=[WriteProgress(Path(progress_json))],
+        **QUIET,
+        **NO_VALIDATION,
     )
     trainer.fit(DigitsModule(hidden=32, lr=0.05), datamodule=DigitsDataModule(batch_size=32))
 

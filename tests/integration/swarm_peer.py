@@ -25,6 +25,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.strategy import HivemindStrategy
+from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOPPED_MARKER = "swarm_peer: training stopped, tearing down"
 
@@ -175,13 +176,9 @@ def main() -> None:
         accelerator="cpu",
         max_epochs=-1,
         max_time={"seconds": args.max_seconds},
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
         callbacks=[Recorder(args.status, args.snapshots, args.stop, args.step_delay)],
+        **QUIET,
+        **NO_VALIDATION,
     )
     trainer.fit(ScheduledDigits(hidden=32, lr=0.03), DigitsDataModule(batch_size=args.batch_size))
 

@@ -52,6 +52,7 @@ from worker.swarm_auth import (
 )
 from worker.swarm_guard import AdmissionDHT, serve_token
 from worker.swarm_token import sign_token
+from worker.trainer_options import NO_VALIDATION, QUIET
 
 INTRUDER_EPOCH = 10**6
 RECORD_TTL_S = 20.0
@@ -205,13 +206,9 @@ def train_with_strategy(config: dict[str, Any], steps: int) -> dict[str, Any]:
         accelerator="cpu",
         devices=1,
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=[Watch()],
+        **QUIET,
+        **NO_VALIDATION,
     )
     trainer.fit(DigitsModule(), datamodule=DigitsDataModule(batch_size=16))
     seen["token_peer_id"] = authorizer.peer_id

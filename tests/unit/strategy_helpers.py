@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.strategy import HivemindStrategy
+from worker.trainer_options import NO_VALIDATION, QUIET
 
 FAST_SWARM: dict[str, Any] = dict(
     host_maddrs=["/ip4/127.0.0.1/tcp/0"],
@@ -34,16 +35,7 @@ def make_trainer(
     strategy: HivemindStrategy, callbacks: list[Callback] | None = None, **kwargs: Any
 ) -> Trainer:
     """A quiet CPU trainer for ``strategy``; ``max_steps`` defaults to 12 local steps."""
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        max_steps=12,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-    )
+    options: dict[str, Any] = {"accelerator": "cpu", "max_steps": 12, **QUIET, **NO_VALIDATION}
     options.update(kwargs)
     return Trainer(strategy=strategy, callbacks=callbacks or [], **options)
 

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.strategy import HivemindStrategy
+from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOP_GRACE_S = 20.0
 JOIN_TIMEOUT_S = 180.0
@@ -83,13 +84,9 @@ def run_peer(config: PeerConfig, reports: mp.Queue) -> None:
         accelerator="cpu",
         max_epochs=-1,
         max_time={"seconds": int(config.seconds)},
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=[Reporter(config.index, reports, config.report_every_s)],
+        **QUIET,
+        **NO_VALIDATION,
     )
     try:
         trainer.fit(DigitsModule(hidden=64, lr=0.01), DigitsDataModule(batch_size=config.batch_size))
