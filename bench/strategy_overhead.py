@@ -125,10 +125,11 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_peer(args: argparse.Namespace) -> dict[str, Any]:
+    from worker.files import wait_for_file
     from worker.strategy import HivemindStrategy
 
     if args.peers_file:
-        _wait_for_file(Path(args.peers_file), timeout_s=300)
+        wait_for_file(Path(args.peers_file), timeout_s=300)
         os.environ["INITIAL_PEERS"] = Path(args.peers_file).read_text().strip()
     strategy = HivemindStrategy(
         target_batch_size=args.target_batch_size,
@@ -147,17 +148,9 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.publish_peers).write_text(",".join(strategy.visible_maddrs()))
             if args.barrier:
                 Path(args.out).with_suffix(".ready").touch()
-                _wait_for_file(Path(args.barrier), timeout_s=300)
+                wait_for_file(Path(args.barrier), timeout_s=300)
 
     return _lightning(args, strategy, callbacks=(StartTogether(),))
-
-
-def _wait_for_file(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def run_loop(args: argparse.Namespace) -> dict[str, Any]:

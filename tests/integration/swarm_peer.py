@@ -24,19 +24,11 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
+from worker.files import wait_for_file
 from worker.strategy import HivemindStrategy
 from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOPPED_MARKER = "swarm_peer: training stopped, tearing down"
-
-
-def wait_for_peers(path: Path, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
-        time.sleep(0.1)
-    return path.read_text().strip()
 
 
 class ScheduledDigits(DigitsModule):
@@ -157,7 +149,7 @@ def main() -> None:
     args.snapshots.mkdir(parents=True, exist_ok=True)
     initial_peers = None
     if args.wait_file is not None:
-        peers = wait_for_peers(args.wait_file, args.max_seconds)
+        peers = wait_for_file(args.wait_file, args.max_seconds).read_text().strip()
         if args.peers_via == "env":
             os.environ["INITIAL_PEERS"] = peers
         else:

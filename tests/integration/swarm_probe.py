@@ -43,6 +43,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
 from worker.client import OrchestratorClient
+from worker.files import wait_for_file
 from worker.swarm_auth import (
     ClientTokenSource,
     SwarmAuthorizer,
@@ -269,12 +270,7 @@ def main() -> None:
     import worker.strategy  # noqa: F401
 
     config_path = Path(sys.argv[1])
-    deadline = time.monotonic() + CONFIG_WAIT_S
-    while not config_path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{config_path} did not appear within {CONFIG_WAIT_S:.0f} s")
-        time.sleep(0.2)
-    config = json.loads(config_path.read_text())
+    config = json.loads(wait_for_file(config_path, CONFIG_WAIT_S, poll_s=0.2).read_text())
     out = Path(sys.argv[2])
     workdir = out.parent
     results = {}
