@@ -66,6 +66,14 @@ class ContextFilter(logging.Filter):
         return True
 
 
+def install_filter(logger_name: str, log_filter: logging.Filter) -> None:
+    """Add ``log_filter`` to the named logger once (calling again is a no-op). Processes forked later
+    inherit it, so install filters for hivemind's child processes before they start."""
+    target = logging.getLogger(logger_name)
+    if log_filter not in target.filters:
+        target.addFilter(log_filter)
+
+
 def level_name(record: logging.LogRecord) -> str:
     """``WARNING`` even where hivemind renamed the level to ``WARN``."""
     return _LEVEL_NAMES.get(record.levelno, record.levelname)

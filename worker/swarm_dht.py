@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import hivemind
 
+from worker.logsetup import install_filter
+
 if TYPE_CHECKING:
     from worker.swarm_auth import SwarmAuthorizer
 
@@ -144,6 +146,4 @@ _DEAD_SENDER_FILTER = _DeadSenderFilter()
 
 def quiet_dead_sender_errors() -> None:
     """Install ``_DeadSenderFilter`` on hivemind's DHT logger (idempotent; inherited by forked DHTs)."""
-    dht_logger = logging.getLogger("hivemind.dht.dht")
-    if _DEAD_SENDER_FILTER not in dht_logger.filters:
-        dht_logger.addFilter(_DEAD_SENDER_FILTER)
+    install_filter("hivemind.dht.dht", _DEAD_SENDER_FILTER)

@@ -30,6 +30,8 @@ import hivemind
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 
+from worker.logsetup import install_filter
+
 log = logging.getLogger(__name__)
 
 _DRAIN_KEY = "_spotswarm_drain"
@@ -143,6 +145,4 @@ _CANCELLED_ROUND_FILTER = _CancelledRoundFilter()
 
 def quiet_cancelled_rounds() -> None:
     """Install ``_CancelledRoundFilter`` on asyncio's logger (idempotent; inherited by forked averagers)."""
-    asyncio_logger = logging.getLogger("asyncio")
-    if _CANCELLED_ROUND_FILTER not in asyncio_logger.filters:
-        asyncio_logger.addFilter(_CANCELLED_ROUND_FILTER)
+    install_filter("asyncio", _CANCELLED_ROUND_FILTER)
