@@ -58,6 +58,11 @@ def _template(name: str) -> Template:
 
 
 @cache
+def _fragment(name: str) -> str:
+    return (TEMPLATE_DIR / name).read_text(encoding="utf-8").rstrip("\n")
+
+
+@cache
 def _static_files() -> dict[str, StaticFile]:
     """Every servable static file by name (a fixed set read once: no path ever reaches the disk)."""
     files = {}
@@ -72,7 +77,8 @@ def _static_files() -> dict[str, StaticFile]:
 def _page(request: Request, template: str, **values: str) -> HTMLResponse:
     root = html.escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
     escaped = {key: html.escape(value, quote=True) for key, value in values.items()}
-    body = _template(template).substitute(root=root, **escaped)
+    # the admin-token panel and the error line are shared by both pages (a fixed fragment: not escaped)
+    body = _template(template).substitute(root=root, token_panel=_fragment("_token_panel.html"), **escaped)
     return HTMLResponse(body, headers=PAGE_HEADERS)
 
 
