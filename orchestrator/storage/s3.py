@@ -162,19 +162,15 @@ class S3Store:
         return sorted(key[len(self._key_prefix) :] for key in keys)
 
     def _get(self, key: str) -> dict[str, Any]:
-        try:
-            response: dict[str, Any] = self._client.get_object(
-                Bucket=self.config.bucket, Key=self.object_key(key)
-            )
-        except ClientError as exc:
-            if _is_not_found(exc):
-                raise CheckpointNotFound(key) from exc
-            raise
-        return response
+        return self._object_call("get_object", key)
 
     def _head(self, key: str) -> dict[str, Any]:
+        return self._object_call("head_object", key)
+
+    def _object_call(self, operation: str, key: str) -> dict[str, Any]:
+        """``get_object`` or ``head_object`` on ``key``; a missing object is :class:`CheckpointNotFound`."""
         try:
-            response: dict[str, Any] = self._client.head_object(
+            response: dict[str, Any] = getattr(self._client, operation)(
                 Bucket=self.config.bucket, Key=self.object_key(key)
             )
         except ClientError as exc:
