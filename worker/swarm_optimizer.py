@@ -20,6 +20,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from worker.swarm_checks import warn_if_zero_grad_overridden
+from worker.swarm_keepalive import keep_averager_tasks_alive
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import quiet_cancelled_rounds
 
@@ -31,6 +32,7 @@ def build_hivemind_optimizer(
 ) -> hivemind.Optimizer:
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
     quiet_cancelled_rounds()  # before hivemind forks its averagers
+    keep_averager_tasks_alive()
     if not hivemind_creates_optimizer:
         return hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs)
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
