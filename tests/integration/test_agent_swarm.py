@@ -117,7 +117,13 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
         )
 
     wait_until(trained, 150, interval_s=1, message="epoch rises, loss falls, a checkpoint is uploaded")
-    assert all(w["num_peers"] >= 2 for w in api.workers().values()), "the agents trained together"
+    # a peer's count drops for a moment when the other's record expires while it waits out a round
+    wait_until(
+        lambda: all(w["num_peers"] >= 2 for w in api.workers().values()),
+        60,
+        interval_s=1,
+        message="the agents trained together (each counts two peers)",
+    )
 
     second.signal_group(signal.SIGTERM)
     assert exit_code(second, 60) == 0
