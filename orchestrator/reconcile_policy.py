@@ -116,10 +116,7 @@ ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
 
 def stop_condition_reached(run: RunView) -> bool:
     """True when the swarm reached the run's target epochs or samples."""
-    stop = run.stop
-    if stop.target_epochs is not None and run.swarm_epoch >= stop.target_epochs:
-        return True
-    return stop.target_samples is not None and run.swarm_samples >= stop.target_samples
+    return run.stop.reached(run.swarm_epoch, run.swarm_samples)
 
 
 def plan_run(

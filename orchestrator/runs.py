@@ -218,11 +218,7 @@ def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
         return
     epoch, samples = reported_totals(session, run.id)
     target = StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples)
-    reached = (
-        run.state_reason == STOP_CONDITION_REACHED
-        or (target.target_epochs is not None and epoch >= target.target_epochs)
-        or (target.target_samples is not None and samples >= target.target_samples)
-    )
+    reached = run.state_reason == STOP_CONDITION_REACHED or target.reached(epoch, samples)
     final = RunState.completed if reached else RunState.stopped
     set_run_state(session, run, final, "all workers have left", now)
 

@@ -41,10 +41,7 @@ def stop_condition_reached(
     stop: StopCondition, epoch: int, samples_in_epoch: int, target_batch_size: int
 ) -> bool:
     """True once the swarm reached ``target_epochs`` or (approximately) ``target_samples``."""
-    if stop.target_epochs is not None and epoch >= stop.target_epochs:
-        return True
-    total_samples = epoch * target_batch_size + samples_in_epoch
-    return stop.target_samples is not None and total_samples >= stop.target_samples
+    return stop.reached(epoch, epoch * target_batch_size + samples_in_epoch)
 
 
 class AgentCallback(Callback):

@@ -80,6 +80,12 @@ class StopCondition(StrictModel):
         default=None, ge=1, le=MAX_INT64, description="Samples accumulated by the swarm."
     )
 
+    def reached(self, epoch: int, samples: int) -> bool:
+        """True once the swarm is at ``target_epochs`` or has accumulated ``target_samples``."""
+        return (self.target_epochs is not None and epoch >= self.target_epochs) or (
+            self.target_samples is not None and samples >= self.target_samples
+        )
+
 
 class RunSpec(StrictModel):
     """What a user asks for: the model, the data, the swarm's batch, the worker count and when to stop."""
