@@ -227,26 +227,24 @@ def test_stop_tells_workers_to_stop_and_the_run_stops_when_they_leave(orch: Orch
 
 
 @pytest.mark.timeout(180)
-def test_a_last_report_at_the_target_completes_the_run_its_worker_leaves(tmp_path: Path) -> None:
+def test_a_last_report_at_the_target_completes_the_run_its_worker_leaves(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
     """Heartbeats are buffered (here for 60 s); leaving writes the worker's last one first, so the epoch
     that met the target counts when its leaving ends the run."""
-    registry = ProcessRegistry(tmp_path)
     env = {**NO_RECONCILE, "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "60", "SPOTSWARM_CHECK_IMPORTS": "false"}
-    try:
-        orch = start_orchestrator(registry, tmp_path / "data", extra_env=env)
-        name, join = create(orch, stop={"target_epochs": 3})
-        worker = register(orch, join)
-        with orch.admin() as http:
-            assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
-        heartbeat(orch, worker, swarm_epoch=3)  # answered from memory, written at the next flush
-        with orch.client(worker["worker_token"]) as http:
-            body = {"reason": "completed"}
-            response = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body)
-        assert response.status_code == 204
-        run = get_run(orch, name)
-        assert run["state"] == "completed" and run["reported"]["swarm_epoch"] == 3, run
-    finally:
-        registry.kill_all()
+    orch = start_orchestrator(processes, tmp_path / "data", extra_env=env)
+    name, join = create(orch, stop={"target_epochs": 3})
+    worker = register(orch, join)
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+    heartbeat(orch, worker, swarm_epoch=3)  # answered from memory, written at the next flush
+    with orch.client(worker["worker_token"]) as http:
+        body = {"reason": "completed"}
+        response = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body)
+    assert response.status_code == 204
+    run = get_run(orch, name)
+    assert run["state"] == "completed" and run["reported"]["swarm_epoch"] == 3, run
 
 
 @pytest.mark.timeout(180)
