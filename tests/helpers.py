@@ -116,3 +116,51 @@ class ProcessRegistry:
     def kill_all(self) -> None:
         for proc in self.processes:
             proc.kill()
+
+
+def process_family(pid: int) -> dict[int, int]:
+    """``pid``, its descendants and the members of its process group, each with its start time.
+
+    Taken before a stop, it says afterwards what is still running of that process (see :func:`alive_of`).
+    """
+    from orchestrator.proctree import descendants, proc_start_ticks, stat_fields
+
+    members = {pid, *descendants(pid)}
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pid:
+            members.add(int(entry))
+    family = {member: proc_start_ticks(member) for member in members}
+    return {member: ticks for member, ticks in family.items() if ticks is not None}
+
+
+def alive_of(family: dict[int, int]) -> dict[int, str]:
+    """The processes of a :func:`process_family` snapshot that still run, with their command lines."""
+    from orchestrator.proctree import proc_start_ticks
+
+    return {pid: command_line(pid) for pid, ticks in family.items() if proc_start_ticks(pid) == ticks}
+
+
+def orphans_with_env(name: str, value: str) -> dict[int, str]:
+    """Processes adopted by init (parent PID 1) whose environment holds ``name=value``, by command line."""
+    from orchestrator.proctree import parent_of
+
+    needle = f"{name}={value}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or parent_of(int(entry)) != 1:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found[int(entry)] = command_line(int(entry))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
