@@ -12,9 +12,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-# The worker's exit-code convention (worker/agent.py follows it): 0 clean exit, 1 training crashed
+# The worker's exit-code convention (worker/agent_config.py EXIT_*): 0 clean exit, 1 training crashed
 # (retryable), 2 bad command line (argparse), 3 permanent configuration error (bad join token, a module
-# that does not import, a bad spec). Codes 128+N mean "killed by signal N".
+# that does not import, a bad spec), 4 left after the orchestrator was unreachable for its timeout
+# (retryable: a replacement may find it back). Codes 128+N mean "killed by signal N".
 # The supervisor shell adds 126 (command not executable) and 127 (command not found): also permanent.
 PERMANENT_EXIT_CODES = frozenset({2, 3, 126, 127})
 
