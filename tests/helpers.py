@@ -123,15 +123,23 @@ def process_family(pid: int) -> dict[int, int]:
 
     Taken before a stop, it says afterwards what is still running of that process (see :func:`alive_of`).
     """
-    from orchestrator.proctree import descendants, proc_start_ticks, stat_fields
+    from orchestrator.proctree import descendants, proc_start_ticks
 
-    members = {pid, *descendants(pid)}
-    for entry in os.listdir("/proc"):
-        fields = stat_fields(int(entry)) if entry.isdigit() else None
-        if fields is not None and int(fields[2]) == pid:
-            members.add(int(entry))
+    members = {pid, *descendants(pid), *group_members(pid)}
     family = {member: proc_start_ticks(member) for member in members}
     return {member: ticks for member, ticks in family.items() if ticks is not None}
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of the process group ``pgid`` (orphans keep their group when init adopts them)."""
+    from orchestrator.proctree import stat_fields
+
+    members = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
 
 
 def alive_of(family: dict[int, int]) -> dict[int, str]:
@@ -164,3 +172,15 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
+
+
+def assert_family_ends(family: dict[int, int], marker_name: str, marker_value: str, within_s: float) -> None:
+    """Wait until no process of a :func:`process_family` snapshot runs (fail after ``within_s``), then check
+    that init adopted no process carrying the test's environment marker ``marker_name=marker_value``."""
+    wait_until(
+        lambda: not alive_of(family),
+        within_s,
+        interval_s=0.1,
+        message=f"every process ends; still running: {alive_of(family)}",
+    )
+    assert orphans_with_env(marker_name, marker_value) == {}

@@ -24,10 +24,9 @@ from tests.helpers import (
     VENV_BIN,
     ManagedProcess,
     ProcessRegistry,
-    alive_of,
+    assert_family_ends,
     command_line,
     free_port,
-    orphans_with_env,
     process_family,
     wait_until,
 )
@@ -55,30 +54,24 @@ def running_workers(demo: ManagedProcess, url: str) -> int:
     return int(run["workers"]["running"])
 
 
-def worker_processes(family: dict[int, int]) -> list[str]:
-    return [line for line in map(command_line, family) if "worker.agent" in line]
-
-
-def assert_nothing_left(family: dict[int, int], marker: str, within_s: float) -> None:
-    wait_until(
-        lambda: not alive_of(family),
-        within_s,
-        interval_s=0.1,
-        message=f"every process of the demo ends; still running: {alive_of(family)}",
-    )
-    assert orphans_with_env(MARKER, marker) == {}
+def demo_with_a_worker(
+    processes: ProcessRegistry, data_dir: Path, marker: str
+) -> tuple[ManagedProcess, dict[int, int]]:
+    """A demo whose worker runs, and its family (see the module docstring) taken then."""
+    demo, url = start_demo(processes, data_dir, marker)
+    wait_until(lambda: running_workers(demo, url) >= 1, BOOT_S, interval_s=1, message="a demo worker runs")
+    family = process_family(demo.pid)
+    assert [line for line in map(command_line, family) if "worker.agent" in line], family
+    return demo, family
 
 
 @pytest.mark.timeout(480)
 def test_ctrl_c_stops_the_run_then_everything(processes: ProcessRegistry, loop_data_dir: Path) -> None:
     marker = uuid.uuid4().hex
-    demo, url = start_demo(processes, loop_data_dir, marker)
-    wait_until(lambda: running_workers(demo, url) >= 1, BOOT_S, interval_s=1, message="a demo worker runs")
-    family = process_family(demo.pid)
-    assert worker_processes(family), family
+    demo, family = demo_with_a_worker(processes, loop_data_dir, marker)
 
     os.killpg(demo.pid, signal.SIGINT)
-    assert_nothing_left(family, marker, STOP_WAIT_S + STOP_GRACE_S + REAP_S)
+    assert_family_ends(family, MARKER, marker, STOP_WAIT_S + STOP_GRACE_S + REAP_S)
     assert demo.popen.wait(timeout=REAP_S) == 0
     assert demo.log().rstrip().endswith("stopped.")
     worker_logs = " ".join(log.read_text() for log in (loop_data_dir / "workers").glob("*.log"))
@@ -88,14 +81,11 @@ def test_ctrl_c_stops_the_run_then_everything(processes: ProcessRegistry, loop_d
 @pytest.mark.timeout(480)
 def test_a_second_ctrl_c_ends_everything_at_once(processes: ProcessRegistry, loop_data_dir: Path) -> None:
     marker = uuid.uuid4().hex
-    demo, url = start_demo(processes, loop_data_dir, marker)
-    wait_until(lambda: running_workers(demo, url) >= 1, BOOT_S, interval_s=1, message="a demo worker runs")
-    family = process_family(demo.pid)
-    assert worker_processes(family), family
+    demo, family = demo_with_a_worker(processes, loop_data_dir, marker)
 
     os.killpg(demo.pid, signal.SIGINT)
     wait_until(lambda: "stopping the demo run" in demo.log(), 10, message="the first Ctrl-C is taken")
     os.killpg(demo.pid, signal.SIGINT)
-    assert_nothing_left(family, marker, REAP_S)
+    assert_family_ends(family, MARKER, marker, REAP_S)
     assert demo.popen.wait(timeout=REAP_S) == 130
     assert "a second Ctrl-C: killed" in demo.log()

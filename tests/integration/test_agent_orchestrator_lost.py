@@ -9,13 +9,13 @@ is gone within the bound.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
+from orchestrator.cli.demo import demo_spec
+from tests.helpers import VENV_BIN, ProcessRegistry, group_members, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, start_orchestrator
 from worker.agent_config import EXIT_ORCHESTRATOR_LOST
 
@@ -26,30 +26,7 @@ STOP_GRACE_S = 15.0  # the agent's default: the most its leaving may take
 # After the timeout: one more heartbeat attempt (an interval of 1 s, a refused connection and one retry)
 # to notice, then leaving within the stop grace.
 LEAVE_BOUND_S = LOST_TIMEOUT_S + 5.0 + STOP_GRACE_S
-SPEC = {
-    "name": "lost",
-    "module": "worker.examples.digits:DigitsModule",
-    "module_args": {"hidden": 32, "lr": 0.05},
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
-    "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
-    "min_workers": 0,
-    "desired_workers": 1,
-    "max_workers": 1,
-}
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of the process group ``pgid`` (orphans keep their group when init adopts them)."""
-    from orchestrator.proctree import stat_fields
-
-    members = []
-    for entry in os.listdir("/proc"):
-        fields = stat_fields(int(entry)) if entry.isdigit() else None
-        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+SPEC = {**demo_spec(workers=1), "name": "lost"}  # the run `spotswarm demo` trains
 
 
 @pytest.mark.timeout(420)

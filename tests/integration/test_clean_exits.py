@@ -21,7 +21,7 @@ from orchestrator.config import Settings
 from tests.helpers import (
     VENV_BIN,
     ProcessRegistry,
-    alive_of,
+    assert_family_ends,
     command_line,
     free_port,
     orphans_with_env,
@@ -59,16 +59,6 @@ def dht_pid(orch: Orchestrator) -> int:
     return next(pid for pid in forks if "spotswarm serve" in command_line(pid))
 
 
-def assert_nothing_left(family: dict[int, int], marker: str, within_s: float) -> None:
-    wait_until(
-        lambda: not alive_of(family),
-        within_s,
-        interval_s=0.1,
-        message=f"every process of the server ends; still running: {alive_of(family)}",
-    )
-    assert orphans_with_env(MARKER, marker) == {}
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("sig", "to_group", "exit_code"),
@@ -89,7 +79,7 @@ def test_stop_leaves_no_process_within_the_grace(
         os.killpg(orch.proc.pid, sig)
     else:
         os.kill(orch.proc.pid, sig)
-    assert_nothing_left(family, marker, STOP_GRACE_S + REAP_S)
+    assert_family_ends(family, MARKER, marker, STOP_GRACE_S + REAP_S)
     assert orch.proc.popen.wait(timeout=REAP_S) == exit_code
     assert "orchestrator stopped" in orch.proc.log()
 
@@ -101,7 +91,7 @@ def test_a_killed_server_takes_its_dht_peer_with_it(processes: ProcessRegistry, 
     orch = start(processes, tmp_path / "orch", marker)
     family = full_family(orch)
     os.kill(orch.proc.pid, signal.SIGKILL)
-    assert_nothing_left(family, marker, REAP_S)
+    assert_family_ends(family, MARKER, marker, REAP_S)
 
 
 @pytest.mark.timeout(240)
