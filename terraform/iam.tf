@@ -1,7 +1,8 @@
 # Least privilege. The orchestrator may launch instances only from the worker launch template, only
-# with the worker AMI, only tagged spotswarm:orchestrator=<name>, and terminate only instances carrying
-# that tag; it may pass the worker role and nothing else. Workers may read and write their checkpoint
-# prefix. Policies are plain jsonencode() documents so the plan tests can read them.
+# with the worker AMI, only tagged spotswarm:orchestrator=<name> and with a request id, and terminate
+# only instances carrying both (no resource of the module does: main.tf); it may pass the worker role
+# and nothing else. Workers may read and write their checkpoint prefix. Policies are plain
+# jsonencode() documents so the plan tests can read them.
 
 locals {
   checkpoint_objects = "${aws_s3_bucket.checkpoints.arn}/${var.checkpoint_prefix}/*"
@@ -49,6 +50,7 @@ locals {
         Resource = ["${local.ec2_arn}:instance/*", "${local.ec2_arn}:fleet/*"]
         Condition = {
           StringEquals = { "aws:RequestTag/${local.tag_orchestrator}" = var.name }
+          Null         = { "aws:RequestTag/${local.tag_request}" = "false" }
         }
       },
       {
@@ -81,6 +83,7 @@ locals {
         Resource = ["${local.ec2_arn}:instance/*"]
         Condition = {
           StringEquals = { "ec2:ResourceTag/${local.tag_orchestrator}" = var.name }
+          Null         = { "ec2:ResourceTag/${local.tag_request}" = "false" }
         }
       },
       {

@@ -8,6 +8,9 @@ data "aws_ssm_parameter" "al2023" {
 }
 
 locals {
+  # The module's tags, never a worker's (main.tf); tests tag a fake instance with exactly these.
+  orchestrator_instance_tags = merge(local.tags, { Name = "${var.name}-orchestrator" })
+
   orchestrator_ami_id = var.orchestrator_ami_id != null ? var.orchestrator_ami_id : nonsensitive(data.aws_ssm_parameter.al2023[0].value)
 
   # What the orchestrator container is told (SPOTSWARM_* settings); the private IP is added at boot.
@@ -55,7 +58,7 @@ resource "aws_instance" "orchestrator" {
   iam_instance_profile        = aws_iam_instance_profile.orchestrator.name
   user_data_base64            = base64gzip(local.orchestrator_user_data)
   user_data_replace_on_change = true
-  tags                        = merge(local.tags, { Name = "${var.name}-orchestrator" })
+  tags                        = local.orchestrator_instance_tags
   volume_tags                 = merge(local.tags, { Name = "${var.name}-orchestrator-root" })
 
   metadata_options {

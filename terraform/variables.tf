@@ -2,7 +2,7 @@
 # are required; everything else has a default that works in a fresh account.
 
 variable "name" {
-  description = "Prefix of every resource name, and the value of the spotswarm:orchestrator tag that scopes the orchestrator's EC2 permissions."
+  description = "Prefix of every resource name; the value of the spotswarm:deployment tag on the module's resources and of the spotswarm:orchestrator tag on the workers, which scopes the orchestrator's EC2 permissions."
   type        = string
   default     = "spotswarm"
 

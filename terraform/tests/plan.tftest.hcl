@@ -70,11 +70,12 @@ run "new_vpc_spans_zones_and_tags_everything" {
   }
   assert {
     condition = alltrue([
-      for tags in [aws_instance.orchestrator.tags, aws_s3_bucket.checkpoints.tags, aws_launch_template.worker.tags,
+      for tags in [aws_instance.orchestrator.tags, aws_instance.orchestrator.volume_tags, aws_s3_bucket.checkpoints.tags,
+        aws_launch_template.worker.tags, aws_launch_template.worker.tag_specifications[0].tags,
       aws_security_group.workers.tags, aws_iam_role.orchestrator.tags, aws_ebs_volume.orchestrator_data.tags] :
-      tags["spotswarm:orchestrator"] == "spotswarm"
+      tags["spotswarm:deployment"] == "spotswarm" && !contains(keys(tags), "spotswarm:orchestrator") && !contains(keys(tags), "spotswarm:request-id")
     ])
-    error_message = "every resource carries spotswarm:orchestrator=<name>"
+    error_message = "every resource carries spotswarm:deployment=<name>, none a worker's tags (spotswarm:orchestrator, spotswarm:request-id)"
   }
   assert {
     condition     = aws_ebs_volume.orchestrator_data.availability_zone == aws_subnet.public[0].availability_zone && aws_ebs_volume.orchestrator_data.encrypted
@@ -131,8 +132,22 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
     error_message = "instances and fleets may only be created carrying the orchestrator's tag"
   }
   assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyTaggedWorkers"]).Condition.Null["aws:RequestTag/spotswarm:request-id"] == "false"
+    error_message = "instances and fleets may only be created carrying a request id"
+  }
+  assert {
     condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.StringEquals["ec2:ResourceTag/spotswarm:orchestrator"] == "spotswarm"
     error_message = "only instances carrying the orchestrator's tag may be terminated"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.Null["ec2:ResourceTag/spotswarm:request-id"] == "false"
+    error_message = "only instances carrying a request id (launched workers) may be terminated"
+  }
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement :
+      s.Sid == "TerminateOnlyOwnWorkers" if contains(s.Action, "ec2:TerminateInstances")
+    ])
+    error_message = "no other statement allows terminating instances"
   }
   assert {
     condition = alltrue([

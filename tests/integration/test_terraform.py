@@ -1,16 +1,11 @@
 """The Terraform module, offline: formatting, validation, plan tests with a mocked AWS provider, and the
-worker cloud-init template rendering the same in Terraform as in the EC2 launcher.
-
-Terraform and the mirrored AWS provider (/opt/tf-plugins) are part of the toolchain: a missing one
-fails these tests, it does not skip them. Everything runs in a temporary copy (``.terraform`` and state
-never land in the repository).
+worker cloud-init template rendering the same in Terraform as in the EC2 launcher (see
+:mod:`tests.terraform_support` for how Terraform runs here).
 """
 
 from __future__ import annotations
 
 import base64
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,63 +14,32 @@ import yaml
 
 from orchestrator.launchers.ec2_userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
 from tests.helpers import REPO_ROOT
-
-PLUGIN_DIR = Path(os.environ.get("SPOTSWARM_TF_PLUGIN_DIR", "/opt/tf-plugins"))
-
-
-def _terraform() -> str:
-    path = shutil.which("terraform")
-    if path is None:
-        pytest.fail("terraform is not installed (expected Terraform >= 1.9 on PATH)")
-    if not (PLUGIN_DIR / "registry.terraform.io" / "hashicorp" / "aws").is_dir():
-        pytest.fail(f"the AWS provider mirror is missing at {PLUGIN_DIR}")
-    return path
-
-
-def _run(args: list[str], cwd: Path, timeout_s: float = 120) -> str:
-    env = {
-        **os.environ,
-        "CHECKPOINT_DISABLE": "1",  # no version check over the network
-        "TF_IN_AUTOMATION": "1",
-        "TF_CLI_CONFIG_FILE": os.devnull,
-        "TF_DATA_DIR": str(cwd / ".terraform"),
-    }
-    result = subprocess.run(
-        [_terraform(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"terraform {' '.join(args)} failed in {cwd}:\n{output}"
-    return output
+from tests.terraform_support import init, module_workspace, run_terraform
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of terraform/ and deploy/ (the module reads ../deploy), initialised without a backend."""
-    root = tmp_path_factory.mktemp("tf")
-    ignore = shutil.ignore_patterns(".terraform", "*.tfstate*", ".terraform.lock.hcl")
-    shutil.copytree(REPO_ROOT / "terraform", root / "terraform", ignore=ignore)
-    shutil.copytree(REPO_ROOT / "deploy", root / "deploy")
-    module = root / "terraform"
-    _run(["init", "-backend=false", f"-plugin-dir={PLUGIN_DIR}", "-input=false", "-no-color"], module)
-    return module
+    return module_workspace(tmp_path_factory.mktemp("tf"))
 
 
 @pytest.mark.timeout(60)
 def test_terraform_files_are_formatted() -> None:
-    _run(["fmt", "-check", "-recursive", "-diff", "-no-color", str(REPO_ROOT / "terraform")], REPO_ROOT)
+    module = str(REPO_ROOT / "terraform")
+    run_terraform(["fmt", "-check", "-recursive", "-diff", "-no-color", module], REPO_ROOT)
 
 
 @pytest.mark.timeout(120)
 def test_module_and_minimal_example_validate(workspace: Path) -> None:
-    assert "The configuration is valid" in _run(["validate", "-no-color"], workspace)
+    assert "The configuration is valid" in run_terraform(["validate", "-no-color"], workspace)
     example = workspace / "examples" / "minimal"
-    _run(["init", "-backend=false", f"-plugin-dir={PLUGIN_DIR}", "-input=false", "-no-color"], example)
-    assert "The configuration is valid" in _run(["validate", "-no-color"], example)
+    init(example)
+    assert "The configuration is valid" in run_terraform(["validate", "-no-color"], example)
 
 
 @pytest.mark.timeout(180)
 def test_plan_tests_pass_with_mocked_provider(workspace: Path) -> None:
-    output = _run(["test", "-no-color"], workspace, timeout_s=170)
+    output = run_terraform(["test", "-no-color"], workspace, timeout_s=170)
     assert "0 failed" in output and "passed" in output, output
 
 
@@ -92,9 +56,9 @@ def test_worker_template_renders_the_same_in_terraform_and_python(tmp_path: Path
         f'worker_env_b64 = "{env_b64}", docker_gpus = "none" }})\n'
         "}\n"
     )
-    _run(["init", "-input=false", "-no-color"], tmp_path)
-    _run(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
-    rendered = _run(["output", "-raw", "rendered"], tmp_path)
+    run_terraform(["init", "-input=false", "-no-color"], tmp_path)
+    run_terraform(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
+    rendered = run_terraform(["output", "-raw", "rendered"], tmp_path)
     assert rendered == expected
 
 
@@ -109,9 +73,9 @@ def test_orchestrator_cloud_init_renders_valid_cloud_config(tmp_path: Path) -> N
         f'api_port = 8000, dht_port = 31330, env_file_b64 = "{env_b64}" }})\n'
         "}\n"
     )
-    _run(["init", "-input=false", "-no-color"], tmp_path)
-    _run(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
-    rendered = _run(["output", "-raw", "rendered"], tmp_path)
+    run_terraform(["init", "-input=false", "-no-color"], tmp_path)
+    run_terraform(["apply", "-auto-approve", "-input=false", "-no-color"], tmp_path)
+    rendered = run_terraform(["output", "-raw", "rendered"], tmp_path)
 
     assert rendered.startswith("#cloud-config\n")
     config = yaml.safe_load(rendered)
