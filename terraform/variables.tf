@@ -247,7 +247,7 @@ variable "on_demand_fallback_after" {
 }
 
 variable "ecr_repository_arns" {
-  description = "ECR repositories the orchestrator and the workers may pull their images from (empty: images are public or elsewhere)."
+  description = "ECR repositories the orchestrator and the workers may pull their images from (empty: images are public or elsewhere, and workers get no AWS permissions at all)."
   type        = list(string)
   default     = []
 
@@ -271,7 +271,7 @@ variable "checkpoint_bucket_name" {
 }
 
 variable "checkpoint_prefix" {
-  description = "Key prefix of the checkpoints in the bucket; workers may only touch keys under it."
+  description = "Key prefix of the checkpoints in the bucket; the orchestrator may only touch keys under it (workers never touch the bucket)."
   type        = string
   default     = "spotswarm"
 

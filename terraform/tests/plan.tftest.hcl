@@ -181,26 +181,36 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
   }
 }
 
-run "workers_reach_only_their_checkpoint_prefix" {
+run "workers_get_no_aws_permissions" {
+  command = apply
+
+  assert {
+    condition     = length(aws_iam_role_policy.worker) == 0
+    error_message = "without ECR repositories the worker role has no policy: workers never call AWS (checkpoints go through the API)"
+  }
+}
+
+run "workers_may_only_pull_their_image_from_ecr" {
   command = apply
 
   variables {
-    checkpoint_prefix = "team-a/ckpt"
+    ecr_repository_arns = ["arn:aws:ecr:us-east-1:123456789012:repository/spotswarm-worker"]
+    kms_key_arn         = "arn:aws:kms:us-east-1:123456789012:key/0b3d9f4e-0000-4000-8000-000000000000"
   }
 
   assert {
-    condition = alltrue(flatten([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : [
-      for a in s.Action : startswith(a, "s3:")
+    condition = alltrue(flatten([for s in jsondecode(aws_iam_role_policy.worker[0].policy).Statement : [
+      for a in s.Action : startswith(a, "ecr:")
     ]]))
-    error_message = "workers get S3 permissions only (no EC2, no IAM)"
+    error_message = "workers get ECR pulls only: no S3, no KMS, no EC2, no IAM"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : s if s.Sid == "CheckpointObjects"]).Resource == ["arn:aws:s3:::spotswarm-checkpoints-123456789012/team-a/ckpt/*"]
-    error_message = "object access is limited to the checkpoint prefix"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.worker[0].policy).Statement : s if s.Sid == "PullWorkerImage"]).Resource == ["arn:aws:ecr:us-east-1:123456789012:repository/spotswarm-worker"]
+    error_message = "image pulls are limited to the given repositories"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : s if s.Sid == "CheckpointListing"]).Condition.StringLike["s3:prefix"] == ["team-a/ckpt/*"]
-    error_message = "listing is limited to the checkpoint prefix"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "CheckpointObjects"]).Resource == ["arn:aws:s3:::spotswarm-checkpoints-123456789012/spotswarm/*"]
+    error_message = "the orchestrator alone reaches the checkpoint prefix"
   }
 }
 
