@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 PLUGIN_DIR = Path(os.environ.get("SPOTSWARM_TF_PLUGIN_DIR", "/opt/tf-plugins"))
+DEPLOY = REPO_ROOT / "deploy"
+ORCHESTRATOR_CLOUD_INIT = DEPLOY / "cloud-init" / "orchestrator.yaml"
+NGINX_TEMPLATE = DEPLOY / "nginx" / "nginx.conf"
 # The module's required inputs, with values its validations accept; tests add or override others.
 REQUIRED_VARIABLES: dict[str, Any] = {
     "allowed_api_cidrs": ["203.0.113.7/32"],
@@ -88,3 +92,45 @@ def evaluate(module: Path, expression: str, variables: Mapping[str, Any]) -> Any
         args += ["-var", f"{name}={json.dumps(value) if not isinstance(value, str) else value}"]
     output = run_terraform(args, module, stdin=f"jsonencode({expression})\n", timeout_s=150)
     return json.loads(json.loads(output.strip().splitlines()[-1]))
+
+
+def render_template(workdir: Path, template: Path, variables: Mapping[str, Any]) -> str:
+    """``templatefile(template, variables)`` exactly as Terraform renders it (needs no provider)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "variables.json").write_text(json.dumps(dict(variables)))
+    (workdir / "main.tf").write_text(
+        'output "rendered" {\n'
+        f'  value = templatefile("{template}", jsondecode(file("variables.json")))\n'
+        "}\n"
+    )
+    run_terraform(["init", "-input=false", "-no-color"], workdir)
+    run_terraform(["apply", "-auto-approve", "-input=false", "-no-color"], workdir)
+    return run_terraform(["output", "-raw", "rendered"], workdir)
+
+
+def module_default(variable: str) -> Any:
+    """The default of one of the module's variables (a number, string or bool), read from variables.tf."""
+    text = (REPO_ROOT / "terraform" / "variables.tf").read_text()
+    block = re.search(rf'variable "{variable}" {{(.*?)\n}}', text, re.S)
+    assert block, f"terraform/variables.tf has no variable {variable!r}"
+    default = re.search(r"^\s*default\s*=\s*(.+)$", block[1], re.M)
+    assert default, f"variable {variable!r} has no default"
+    return json.loads(default[1])
+
+
+def render_orchestrator_cloud_init(workdir: Path, **overrides: Any) -> str:
+    """The orchestrator's cloud-init as Terraform renders it, with test values (``overrides`` win)."""
+    variables = {
+        "orchestrator_image": "reg.example/o:1",
+        "postgres_image": "postgres:16.9-bookworm",
+        "proxy_image": "nginx:1.28.0-alpine",
+        "certbot_image": "certbot/certbot:v4.0.0",
+        "domain_name": "",
+        "data_volume_id": "vol-0123456789abcdef0",
+        "api_port": 8000,
+        "dht_port": 31330,
+        "nginx_conf_b64": "",
+        "env_file_b64": "",
+        **overrides,
+    }
+    return render_template(workdir, ORCHESTRATOR_CLOUD_INIT, variables)

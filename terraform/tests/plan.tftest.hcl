@@ -119,8 +119,111 @@ run "api_open_only_to_allowed_cidrs_and_dht_only_between_peers" {
     error_message = "workers reach each other's DHT port"
   }
   assert {
-    condition     = aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].from_port == 8000
-    error_message = "the API rule opens the API port"
+    condition = (
+      aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].from_port == 443 &&
+      aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].to_port == 443
+    )
+    error_message = "allowed networks reach HTTPS (nginx), nothing else"
+  }
+  assert {
+    condition = (
+      aws_vpc_security_group_ingress_rule.api_from_workers.from_port == 8000 &&
+      aws_vpc_security_group_ingress_rule.api_from_workers.referenced_security_group_id == aws_security_group.workers.id
+    )
+    error_message = "the plain-HTTP API port is open to the worker security group only"
+  }
+  assert {
+    condition     = length(aws_vpc_security_group_ingress_rule.acme_http_challenge) == 0
+    error_message = "without a domain, port 80 stays closed"
+  }
+}
+
+run "nginx_terminates_tls_in_front_of_an_orchestrator_on_loopback" {
+  command = apply
+
+  assert {
+    condition = alltrue([
+      local.orchestrator_env.SPOTSWARM_HOST == "127.0.0.1",
+      local.orchestrator_env.SPOTSWARM_TLS_PROXY == "true",
+      local.orchestrator_env.SPOTSWARM_PORT == "8001",
+    ])
+    error_message = "the orchestrator listens on loopback only and knows a TLS proxy is in front"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.nginx_conf, "listen 443 ssl;"),
+      strcontains(local.nginx_conf, "listen 8000;"),
+      strcontains(local.nginx_conf, "server 127.0.0.1:8001;"),
+      strcontains(local.nginx_conf, "limit_conn per_client 32;"),
+      strcontains(local.nginx_conf, "client_max_body_size 4294967296;"),
+      !strcontains(local.nginx_conf, "acme-challenge"),
+    ])
+    error_message = "nginx: HTTPS for users, plain HTTP for workers, the per-client limit, no ACME server without a domain"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.orchestrator_user_data, base64encode(local.nginx_conf)),
+      strcontains(local.orchestrator_user_data, "nginx:1.28.0-alpine"),
+      !strcontains(local.orchestrator_user_data, "spotswarm-certbot.timer]"),
+    ])
+    error_message = "the instance boots nginx with that configuration, and no certbot without a domain"
+  }
+  assert {
+    condition     = startswith(output.orchestrator_url, "https://") && !strcontains(output.orchestrator_url, ":8000")
+    error_message = "users are given the HTTPS address"
+  }
+}
+
+run "a_domain_gets_lets_encrypt_over_port_80" {
+  command = apply
+
+  variables {
+    domain_name = "spotswarm.example.com"
+  }
+
+  assert {
+    condition     = output.orchestrator_url == "https://spotswarm.example.com"
+    error_message = "users are given the domain"
+  }
+  assert {
+    condition = (
+      aws_vpc_security_group_ingress_rule.acme_http_challenge[0].from_port == 80 &&
+      aws_vpc_security_group_ingress_rule.acme_http_challenge[0].cidr_ipv4 == "0.0.0.0/0"
+    )
+    error_message = "Let's Encrypt reaches port 80 from anywhere"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.nginx_conf, "listen 80;"),
+      strcontains(local.nginx_conf, "location /.well-known/acme-challenge/"),
+      strcontains(local.orchestrator_user_data, "spotswarm-certbot.timer]"),
+      strcontains(local.orchestrator_user_data, "-d \"$domain\""),
+    ])
+    error_message = "nginx serves the challenge and certbot runs on a timer"
+  }
+}
+
+run "rejects_an_api_open_to_the_internet_without_opting_in" {
+  command = plan
+
+  variables {
+    allowed_api_cidrs = ["0.0.0.0/0"]
+  }
+
+  expect_failures = [var.allowed_api_cidrs]
+}
+
+run "accepts_an_api_open_to_the_internet_when_opted_in" {
+  command = plan
+
+  variables {
+    allowed_api_cidrs       = ["0.0.0.0/0"]
+    allow_api_from_anywhere = true
+  }
+
+  assert {
+    condition     = [for r in values(aws_vpc_security_group_ingress_rule.api_from_allowed) : r.cidr_ipv4] == ["0.0.0.0/0"]
+    error_message = "the opt-in is honoured"
   }
 }
 
