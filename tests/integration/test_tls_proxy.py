@@ -6,7 +6,7 @@ It proves what users and workers get: HTTPS with a self-signed certificate they 
 CLI with ``--ca-cert``, OpenSSL's strict checks), and bounds that keep one client from starving the
 rest. Attackers connect from 127.0.0.2 (still loopback, but another client address to nginx); users
 and workers from 127.0.0.1. The orchestrator runs with 1024 file descriptors, so the closing contrast
-(the same kind of flood sent straight to it) is small and quick.
+(the same kind of flood sent straight to it takes all of them) is small and quick.
 """
 
 from __future__ import annotations
@@ -374,14 +374,18 @@ def test_one_client_gets_429_beyond_its_share_while_others_are_served(front_door
 
 
 @pytest.mark.timeout(120)
-def test_without_the_proxy_the_same_kind_of_flood_starves_the_orchestrator(front_door: FrontDoor) -> None:
-    direct = front_door.orch.url
+def test_without_the_proxy_the_same_kind_of_flood_takes_every_file_descriptor_of_the_orchestrator(
+    front_door: FrontDoor,
+) -> None:
+    """The contrast (last: it leaves the orchestrator damaged). Through the proxy, 3,000 half-open
+    connections left the orchestrator's open files where they were; straight at it, a third of that
+    holds all it may open, and then whatever it needs a descriptor for fails."""
+    pid = front_door.orch.proc.pid
     flood = open_half_requests(front_door.orch.port, ORCHESTRATOR_FILES + 100,
                                b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n")  # fmt: skip
     try:
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"{direct}/readyz", timeout=3)
+        # At the limit, every accept fails and frees nothing; a slot freed now and then is taken at once.
+        wait_until(lambda: open_files(pid) >= ORCHESTRATOR_FILES - 4, 30,
+                   message=f"all {ORCHESTRATOR_FILES} descriptors taken")  # fmt: skip
     finally:
         close_all(flood)
-    wait_until(lambda: httpx.get(f"{direct}/readyz", timeout=3).status_code == 200, 30,
-               message="the orchestrator recovers once the flood is gone")  # fmt: skip
