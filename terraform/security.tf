@@ -41,7 +41,7 @@ resource "aws_vpc_security_group_ingress_rule" "acme_http_challenge" {
   count = local.domain_name == "" ? 0 : 1
 
   security_group_id = aws_security_group.orchestrator.id
-  description       = "Let's Encrypt HTTP-01 challenge (nginx serves only the challenge and a redirect)"
+  description       = "ACME HTTP-01 challenge of Lets Encrypt (nginx serves only the challenge and a redirect)"
   cidr_ipv4         = "0.0.0.0/0"
   ip_protocol       = "tcp"
   from_port         = 80
@@ -81,7 +81,7 @@ resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_workers" {
 
 resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_orchestrator" {
   security_group_id            = aws_security_group.workers.id
-  description                  = "hivemind DHT from the orchestrator's peer"
+  description                  = "hivemind DHT from the orchestrator peer"
   referenced_security_group_id = aws_security_group.orchestrator.id
   ip_protocol                  = "tcp"
   from_port                    = var.worker_dht_port

@@ -193,6 +193,13 @@ run "a_domain_gets_lets_encrypt_over_port_80" {
     error_message = "Let's Encrypt reaches port 80 from anywhere"
   }
   assert {
+    condition = alltrue([for r in concat(values(aws_vpc_security_group_ingress_rule.api_from_allowed), aws_vpc_security_group_ingress_rule.acme_http_challenge, [
+      aws_vpc_security_group_ingress_rule.api_from_workers, aws_vpc_security_group_ingress_rule.dht_from_workers,
+      aws_vpc_security_group_ingress_rule.worker_dht_from_workers, aws_vpc_security_group_ingress_rule.worker_dht_from_orchestrator,
+    ]) : can(regex("^[a-zA-Z0-9. _:/()#,@+=&;{}!$*\\[\\]-]*$", r.description))])
+    error_message = "rule descriptions use only the characters EC2 accepts (no apostrophes)"
+  }
+  assert {
     condition = alltrue([
       strcontains(local.nginx_conf, "listen 80;"),
       strcontains(local.nginx_conf, "location /.well-known/acme-challenge/"),
