@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -166,11 +167,12 @@ async def _start(
     factories: Sequence[ServiceFactory],
     store_factory: Callable[[Settings], CheckpointStore] | None,
 ) -> tuple[AppContext, list[BackgroundService]]:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _private_data_dir(settings.data_dir)
     admin_token, generated = ensure_admin_token(settings)
     if generated:
-        # Printed once, when generated, so the operator can copy it; later starts only name the file.
-        print(f"spotswarm admin token: {admin_token} (saved in {settings.admin_token_path()})", flush=True)
+        # Only where it is: the token itself must not end up in journald or `docker logs`.
+        path = settings.admin_token_path()
+        print(f"spotswarm admin token: generated into {path} (read it with: cat {path})", flush=True)
     elif settings.admin_token is None:
         logger.info("admin token: read from %s", settings.admin_token_path())
     admission = (
@@ -226,6 +228,16 @@ async def _start(
         started.append(service)
     logger.info("orchestrator ready on %s:%d (database: %s)", settings.host, settings.port, db.dialect)
     return ctx, started
+
+
+def _private_data_dir(data_dir: Path) -> None:
+    """Create the data dir owner-only (0700); warn when an existing one is open to other users."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if data_dir.stat().st_mode & 0o077:
+        logger.warning(
+            "data dir %s is readable by other users (run specs, checkpoints, worker logs): chmod 700 it",
+            data_dir,
+        )
 
 
 def _read_swarms(ctx: AppContext) -> None:

@@ -50,7 +50,7 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
     created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
     assert created["join_token"].startswith("ssj_")
     assert created["state"] == "pending" and created["swarm_id"].startswith(created["name"] + "-")
-    with orch.client() as http:
+    with orch.admin() as http:  # the full view: spec args are for the admin token only
         fetched = http.get(f"/api/v1/runs/{created['name']}").json()
     assert "join_token" not in fetched and created["join_token"] not in str(fetched)
     assert fetched["spec"]["module_args"] == {"hidden": 8}
