@@ -196,7 +196,9 @@ async def _start(
     swarm = SwarmProgressCache()
     hub = HeartbeatHub(db, settings, clock, swarm)
     hub.refresh()
-    imports = ImportChecker(settings.import_timeout_s) if settings.check_imports else None
+    imports = (
+        ImportChecker(settings.import_timeout_s, settings.worker_env) if settings.check_imports else None
+    )
     if imports is not None:
         imports.warm_up()
     store = (
