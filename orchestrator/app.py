@@ -38,6 +38,7 @@ from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
 from orchestrator.swarm_auth import SwarmAdmission
 from orchestrator.tokens import hash_token
+from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ def create_app(
         version="0.1.0",
         summary="Elastic PyTorch Lightning training over hivemind on unreliable machines.",
         lifespan=lifespan,
+        docs_url=None,  # served by orchestrator.web.apidocs, without a CDN
+        redoc_url=None,
     )
     _install_error_handlers(app)
     for module in (runs, workers, checkpoints, peers, worker_logs, swarm_auth):
@@ -143,6 +146,7 @@ def create_app(
     app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)
     app.state.metrics = metrics
     app.include_router(web_router)  # the status page: /, /runs/{name}, /static/*
+    app.include_router(docs_router)  # /docs, /redoc and their assets
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
