@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
+from tests.helpers import REPO_ROOT, VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
 from worker.wire import DeregisterReason
@@ -95,6 +95,7 @@ def test_a_shown_spec_creates_the_same_run_again(orch: Orchestrator, tmp_path: P
         ["bash", "-c", ROUND_TRIP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50
     )
     assert done.returncode == 0, done.stderr
+    assert ROUND_TRIP in (REPO_ROOT / "docs/readme/status-page-and-cli.md").read_text()  # the documented line
     original, copy = api_run(orch, "from-spec")["spec"], api_run(orch, "from-spec-2")["spec"]
     assert copy == {**original, "name": "from-spec-2"} and copy["module_args"] == {"hidden": 6}
 
