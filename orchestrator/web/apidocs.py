@@ -14,10 +14,10 @@ from functools import cache
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse
 
-from orchestrator.web.routes import PAGE_HEADERS, StaticFile, page, static_file_of
+from orchestrator.web.routes import PAGE_HEADERS, StaticFile, page, serve_file, static_file_of
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js")
@@ -52,7 +52,5 @@ def redoc_page(request: Request) -> HTMLResponse:
 
 @router.get("/docs/assets/{filename}")
 def asset(request: Request, filename: str) -> Response:
-    item = _assets().get(filename)
-    if item is None:
-        raise HTTPException(status_code=404, detail=f"no asset {filename!r}")
-    return item.response(request.headers.get("if-none-match"))
+    """A file of Swagger UI or ReDoc (ETag-revalidated like the status page's)."""
+    return serve_file(_assets(), filename, request)

@@ -60,6 +60,14 @@ class StaticFile:
         return Response(self.body, media_type=self.media_type, headers=headers)
 
 
+def serve_file(files: dict[str, StaticFile], filename: str, request: Request) -> Response:
+    """``files[filename]`` (304 when the client has it), or 404."""
+    item = files.get(filename)
+    if item is None:
+        raise HTTPException(status_code=404, detail=f"no file {filename!r}")
+    return item.response(request.headers.get("if-none-match"))
+
+
 def static_file_of(path: Path) -> StaticFile:
     body = path.read_bytes()
     media_type = STATIC_TYPES[path.suffix]
@@ -114,7 +122,4 @@ def run_page(request: Request, name: str) -> HTMLResponse:
 @router.get("/static/{filename}")
 def static_file(request: Request, filename: str) -> Response:
     """A file of ``static/``, revalidated by ETag (so an upgraded orchestrator is never served stale)."""
-    item = _static_files().get(filename)
-    if item is None:
-        raise HTTPException(status_code=404, detail=f"no static file {filename!r}")
-    return item.response(request.headers.get("if-none-match"))
+    return serve_file(_static_files(), filename, request)

@@ -24,9 +24,9 @@ import pytest
 from orchestrator import workers
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import wait_until
 from tests.integration.cli_support import HAND_ONLY
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
 from worker.wire import CHECKSUM_HEADER
 
 FREE_FORM = {
@@ -39,12 +39,8 @@ FREE_FORM = {
 
 @pytest.fixture(scope="module")
 def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("exposure")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
-    finally:
-        registry.kill_all()
+    with orchestrator_in(tmp_path_factory.mktemp("exposure"), extra_env=HAND_ONLY) as orch:
+        yield orch
 
 
 @pytest.fixture(scope="module")
