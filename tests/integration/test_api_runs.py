@@ -208,7 +208,8 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("GET", "/api/v1/runs/nope/progress?max_points=0", None, 422, "max_points"),
     ("POST", "/api/v1/workers/register", {"hostname": "x"}, 401, "token"),
     ("POST", "/api/v1/workers/abc/heartbeat", {}, 422, "worker_id"),
-    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 422, "samples"),
+    # the caller is checked before the body: an unknown worker is 404 whatever the body
+    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 404, "not found"),
     ("GET", "/api/v1/runs/nope/checkpoints/latest/download", None, 404, "not found"),
 ]
 
