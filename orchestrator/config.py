@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         default=True,
         description="Serve read-only endpoints without a token (they never return secrets).",
     )
+    worker_env: MaddrList = Field(
+        default_factory=list,
+        description="Comma-separated extra environment variables (NAME or PREFIX*) that local workers and "
+        "the import probe get from the server's environment, besides the default allow-list.",
+    )
     check_imports: bool = Field(
         default=True,
         description="Import each new run's module/datamodule in an isolated process to validate it.",
@@ -189,7 +194,12 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (tests point it at moto).")
 
     @field_validator(
-        "dht_host_maddrs", "dht_announce_maddrs", "ec2_instance_types", "ec2_subnet_ids", mode="before"
+        "dht_host_maddrs",
+        "dht_announce_maddrs",
+        "ec2_instance_types",
+        "ec2_subnet_ids",
+        "worker_env",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:

@@ -19,7 +19,8 @@ The ``processes`` registry kills the server (and its DHT daemon) when the test e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,17 @@ def start_orchestrator(
         raise TimeoutError(f"{exc}\n--- orchestrator log ---\n{proc.log()[-4000:]}") from exc
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
+
+
+@contextmanager
+def orchestrator_in(root: Path, **kwargs: Any) -> Iterator[Orchestrator]:
+    """``start_orchestrator`` on ``root / "data"`` with its own process registry, killed when the block
+    ends: the body of a module-scoped fixture."""
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", **kwargs)
+    finally:
+        registry.kill_all()
 
 
 def run_spec(name: str, **overrides: Any) -> dict[str, Any]:

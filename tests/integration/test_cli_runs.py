@@ -29,7 +29,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 
 def api_run(orch: Orchestrator, name: str) -> dict:
-    with orch.client() as http:
+    with orch.admin() as http:  # the full view, with the spec's args
         return dict(http.get(f"/api/v1/runs/{name}").json())
 
 
@@ -77,6 +77,28 @@ def test_create_from_yaml_file_with_flag_overrides(orch: Orchestrator, tmp_path:
     assert run["workers"]["desired"] == 2
     assert run["spec"]["stop"]["target_epochs"] == 7
     assert run["spec"]["module_args"] == {"hidden": 5} and run["spec"]["datamodule_args"] == {"size": 16}
+
+
+# The round trip of the docs (status-page-and-cli.md), as a shell runs it: jq and the CLI.
+ROUND_TRIP = (
+    "spotswarm runs show from-spec --json | jq .run.spec > spec.json && "
+    "spotswarm runs create -f spec.json --name from-spec-2"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_shown_spec_creates_the_same_run_again(orch: Orchestrator, tmp_path: Path) -> None:
+    args = {"module_args": {"hidden": 6}, "datamodule_args": {"size": 12}}
+    create(orch, "from-spec", stop={"target_epochs": 9}, **args)
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "SPOTSWARM_URL": orch.url}
+    env.update(SPOTSWARM_TOKEN=orch.admin_token, SPOTSWARM_CONFIG=str(tmp_path / "absent.toml"))
+    done = subprocess.run(
+        ["bash", "-c", ROUND_TRIP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert ROUND_TRIP in (REPO_ROOT / "docs/readme/status-page-and-cli.md").read_text()  # the documented line
+    original, copy = api_run(orch, "from-spec")["spec"], api_run(orch, "from-spec-2")["spec"]
+    assert copy == {**original, "name": "from-spec-2"} and copy["module_args"] == {"hidden": 6}
 
 
 @pytest.mark.timeout(60)
