@@ -30,6 +30,20 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Address the HTTP API binds to (0.0.0.0 for all).")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the HTTP API.")
+    tls_proxy: bool = Field(
+        default=False,
+        description="A TLS-terminating reverse proxy is in front (the Terraform module's nginx): plain HTTP "
+        "on a non-loopback host is then intended, and start-up does not warn about it.",
+    )
+    http_limit_concurrency: int = Field(
+        default=2048,
+        ge=16,
+        le=1_000_000,
+        description="Open connections (or requests in progress) beyond which the API answers 503 at once.",
+    )
+    http_keepalive_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection is kept open."
+    )
     data_dir: Path = Field(
         default=Path("data"),
         description="Directory for the SQLite database, DHT identity, admin token and checkpoints.",

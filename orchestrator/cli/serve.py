@@ -82,10 +82,13 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.assembly import build_app
+    from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
 
     settings = build_settings(options)
     _configure_logging(settings)
     keep_new_files_private()
+    warn_if_plain_http(settings)
+    raise_open_files_limit()
     app = build_app(settings)
     config = uvicorn.Config(
         app,
@@ -96,6 +99,7 @@ def serve(**options: Any) -> None:
         log_config=None,  # uvicorn's loggers go through ours (same format, JSON included)
         timeout_graceful_shutdown=10,
         access_log=settings.log_level == "debug",
+        **uvicorn_limits(settings),
     )
     server = uvicorn.Server(config)
     # Everything imported so far (hivemind brings torch) lives as long as the process: out of the

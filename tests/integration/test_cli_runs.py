@@ -4,6 +4,7 @@ resume and logs (also --follow, as a real subprocess that must exit when the run
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +174,18 @@ def test_logs_prints_history_and_follow_exits_when_the_run_ends(orch: Orchestrat
     events = [json.loads(line) for line in out.splitlines()]
     assert events[0]["kind"] == "run.created"
     assert "stopped" in events[-1]["message"], events  # the final event was printed before exiting
+
+
+@pytest.mark.timeout(60)
+def test_the_compose_sections_create_command_works_as_documented(orch: Orchestrator) -> None:
+    """The README's docker compose section: its ``spotswarm runs create`` line, copied as it is."""
+    section = (REPO_ROOT / "docs" / "readme" / "aws.md").read_text().split("### One machine, no AWS", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    [command] = [line for line in block.splitlines() if line.startswith("spotswarm runs create")]
+    args = shlex.split(command, comments=True)
+
+    done = cli(orch, *args[1:])
+
+    assert done.exit_code == 0, done.output
+    assert "ssj_" in done.output and "SPOTSWARM_JOIN_TOKEN=ssj_..." in block
+    assert api_run(orch, "digits-compose")["workers"]["desired"] == 0
