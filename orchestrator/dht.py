@@ -140,7 +140,13 @@ class OrchestratorDHT:
             dht_process.stop_stale_peer(self.pid_path)
         except dht_process.StalePeerRunning as exc:
             raise DHTUnavailable(str(exc)) from exc
-        kwargs: dict[str, Any] = {"host_maddrs": self.host_maddrs, "identity_path": str(self.identity_path)}
+        kwargs: dict[str, Any] = {
+            "host_maddrs": self.host_maddrs,
+            "identity_path": str(self.identity_path),
+            # Workers dial the orchestrator at its announced address; it never needs a router to open
+            # its port (UPnP/NAT-PMP would expose the DHT beyond the network it is meant for).
+            "nat_port_map": False,
+        }
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
         kwargs.update(self.dht_options)

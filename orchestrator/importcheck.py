@@ -2,8 +2,11 @@
 
 :class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
 imported already and forks a child per check, so a check takes a fraction of a second after the first
-(which waits for the probe's own start-up, a few seconds). The probe runs in the server's working
-directory with the server's interpreter, so it sees what the server sees on ``sys.path``.
+(which waits for the probe's own start-up, a few seconds). The probe runs with the server's interpreter
+and the server's working directory first on ``PYTHONPATH``, so it imports what the server (and a local
+worker) would. Importing a module runs its code: the probe gets only the allow-listed environment of
+:mod:`orchestrator.childenv` (not the admin token, the database URL or cloud keys) and works in an
+empty temporary directory, not the data dir. It still runs as the server's user.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, Any
 
+from orchestrator.childenv import child_env
 from orchestrator.errors import InvalidRequest, Unavailable
 from worker.wire import RunSpec
 
@@ -29,11 +36,13 @@ PROBE_EXIT_WAIT_S = 3.0  # a probe told to stop has this long before it is kille
 class ImportChecker:
     """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
 
-    def __init__(self, timeout_s: float = 60.0) -> None:
+    def __init__(self, timeout_s: float = 60.0, pass_env: Sequence[str] = ()) -> None:
         self.timeout_s = timeout_s
+        self._pass_env = tuple(pass_env)
         self._lock = threading.Lock()  # one check (or the warm-up) at a time
-        self._spawn_lock = threading.Lock()  # guards _proc and _closed: no probe starts after close()
+        self._spawn_lock = threading.Lock()  # guards _proc, _workdir, _closed: no probe after close()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
         self._closed = False
 
     def warm_up(self) -> None:
@@ -78,10 +87,13 @@ class ImportChecker:
         with self._spawn_lock:
             if self._closed:
                 raise Unavailable("the import checker is closed (the server is stopping)")
+            self._workdir = self._workdir or tempfile.mkdtemp(prefix="spotswarm-import-probe-")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.import_probe", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                env=self._probe_env(),
+                cwd=self._workdir,
                 start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
             )
             self._proc = proc
@@ -97,6 +109,12 @@ class ImportChecker:
         logger.info("import probe ready (pid %d)", proc.pid)
         return proc
 
+    def _probe_env(self) -> dict[str, str]:
+        """The allow-listed environment, with the server's working directory first on the import path."""
+        env = child_env(os.environ, self._pass_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+        return env
+
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
@@ -108,23 +126,29 @@ class ImportChecker:
 
         Does not wait for a check or the warm-up in progress (they hold the lock for up to
         ``timeout_s``): their reads fail once the probe is gone. A server killed outright leaves no
-        probe either: its stdin reaches end of file and it exits.
+        probe either: it exits with its parent.
         """
         with self._spawn_lock:
             self._closed = True
-            proc = self._proc
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            try:
-                proc.stdin.close()
-            except OSError:  # a check is writing to it right now; the kill below ends both
-                pass
+            proc, workdir = self._proc, self._workdir
+        if proc is not None:
+            _stop(proc)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the probe: closing its stdin ends its loop; killed if it lingers."""
+    if proc.stdin is not None:
         try:
-            proc.wait(timeout=PROBE_EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=PROBE_EXIT_WAIT_S)
+            proc.stdin.close()
+        except OSError:  # a check is writing to it right now; the kill below ends both
+            pass
+    try:
+        proc.wait(timeout=PROBE_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=PROBE_EXIT_WAIT_S)
 
 
 def _read_line(stream: IO[bytes], deadline: float) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +66,7 @@ def _port_free(host: str, port: int) -> bool:
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
     from orchestrator.assembly import build_app
-    from orchestrator.cli.serve import _configure_logging, stop_stale_dht_peer
+    from orchestrator.cli.serve import _configure_logging, keep_new_files_private, stop_stale_dht_peer
     from orchestrator.config import Settings, ensure_admin_token
 
     settings = Settings(
@@ -81,6 +82,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
         log_level="warning",
     )
     _configure_logging(settings)
+    keep_new_files_private()
     stop_stale_dht_peer(settings)  # a crashed demo's peer would hold the DHT port
     for what, number in (("--port", port), ("--dht-port", dht_port)):
         if not _port_free("127.0.0.1", number):
@@ -91,7 +93,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
     )
-    server = _DemoServer(config, settings.stop_grace_s, on_exit=lambda: _stop_run(client))
+    server = _DemoServer(config, settings.shutdown_grace_s, on_exit=lambda: _stop_run(client))
     driver = threading.Thread(
         target=_drive,
         args=(server, client, workers, admin_token, settings.data_dir),
@@ -113,8 +115,8 @@ class _DemoServer(StoppingServer):
     server; a second Ctrl-C kills everything at once, workers included (see orchestrator/cli/stopping.py).
     """
 
-    def __init__(self, config: uvicorn.Config, stop_grace_s: float, on_exit: Callable[[], None]) -> None:
-        super().__init__(config, stop_grace_s, include_workers=True)
+    def __init__(self, config: uvicorn.Config, shutdown_grace_s: float, on_exit: Callable[[], None]) -> None:
+        super().__init__(config, shutdown_grace_s, include_workers=True)
         self.on_exit = on_exit
         self.stopping = False
 
@@ -125,7 +127,7 @@ class _DemoServer(StoppingServer):
             super().handle_exit(sig, frame)
             return
         self.stopping = True
-        self.arm_deadline(STOP_WAIT_S + self.stop_grace_s)
+        self.arm_deadline(STOP_WAIT_S + self.shutdown_grace_s)
         click.echo("\nstopping the demo run (workers leave the swarm; Ctrl-C again to force)...")
         threading.Thread(target=self._stop_then_exit, name="demo-stop", daemon=True).start()
 
@@ -184,12 +186,19 @@ def _banner(base: str, client: httpx.Client, admin_token: str, data_dir: Path) -
         f"  status page : {base}/\n"
         f"  run page    : {base}/runs/{DEMO_RUN}\n"
         f"  API docs    : {base}/docs\n"
-        f"  admin token : {admin_token}  (for the page's scale/stop buttons and the CLI)\n"
+        f"  admin token : {token_shown(admin_token, data_dir / 'admin_token', sys.stdout.isatty())}\n"
         f"  CLI         : SPOTSWARM_URL={base} SPOTSWARM_TOKEN=<admin token> spotswarm runs show {DEMO_RUN}\n"
         f"  peers       : INITIAL_PEERS={','.join(peers)}\n"
         f"  data        : {data_dir}/ (SQLite, checkpoints, worker logs in workers/)\n"
         "Press Ctrl-C to stop.\n"
     )
+
+
+def token_shown(admin_token: str, path: Path, on_terminal: bool) -> str:
+    """The banner's admin-token line: the token itself only on a terminal (someone is looking at it),
+    else where to read it (output sent to a file or a log keeps no secret)."""
+    use = "for the page's scale/stop buttons and the CLI"
+    return f"{admin_token}  ({use})" if on_terminal else f"in {path} ({use}: cat {path})"
 
 
 def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:

@@ -2,7 +2,7 @@
 
 The first SIGTERM or Ctrl-C starts uvicorn's graceful stop (no new connections, open requests get up to
 10 s), then the app's lifespan stops its services, the import probe and the DHT peer. A watchdog bounds
-the whole stop: ``stop_grace_s`` after the signal, whatever still runs of the server is killed and it
+the whole stop: ``shutdown_grace_s`` after the signal, whatever still runs of the server is killed and it
 exits with code 1. A second Ctrl-C does that at once (exit code 130).
 
 "Of the server" means its descendants, except local workers (a process whose environment carries the
@@ -52,11 +52,13 @@ def own_processes(include_workers: bool) -> list[int]:
 
 
 class StoppingServer(uvicorn.Server):
-    """A uvicorn server whose stop is bounded by ``stop_grace_s`` and leaves none of its processes."""
+    """A uvicorn server whose stop is bounded by ``shutdown_grace_s`` and leaves none of its processes."""
 
-    def __init__(self, config: uvicorn.Config, stop_grace_s: float, *, include_workers: bool = False) -> None:
+    def __init__(
+        self, config: uvicorn.Config, shutdown_grace_s: float, *, include_workers: bool = False
+    ) -> None:
         super().__init__(config)
-        self.stop_grace_s = stop_grace_s
+        self.shutdown_grace_s = shutdown_grace_s
         self.include_workers = include_workers
         self._deadline_lock = threading.Lock()
         self._deadline: float | None = None
@@ -65,7 +67,7 @@ class StoppingServer(uvicorn.Server):
         """First SIGTERM/Ctrl-C: graceful stop under the deadline; a second Ctrl-C: force it now."""
         if self.should_exit and sig == signal.SIGINT:
             self.exit_now("a second Ctrl-C", EXIT_INTERRUPTED)
-        self.arm_deadline(self.stop_grace_s)
+        self.arm_deadline(self.shutdown_grace_s)
         super().handle_exit(sig, frame)
 
     def arm_deadline(self, seconds: float) -> None:

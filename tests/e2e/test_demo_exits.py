@@ -33,7 +33,7 @@ from tests.helpers import (
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 240.0  # the server, the import probe, then a worker importing torch, Lightning and hivemind
-STOP_GRACE_S = Settings().stop_grace_s
+SHUTDOWN_GRACE_S = Settings().shutdown_grace_s
 REAP_S = 5.0  # for the kernel to end what was signalled, and torch's shm manager (2 s after its clients)
 MARKER = "SPOTSWARM_TEST_DEMO_EXITS"
 
@@ -42,7 +42,9 @@ def start_demo(processes: ProcessRegistry, data_dir: Path, marker: str) -> tuple
     port = free_port()
     args = ["demo", "--data-dir", str(data_dir), "--port", str(port), "--dht-port", str(free_port())]
     demo = processes.start(
-        "demo", [str(VENV_BIN / "spotswarm"), *args, "--workers", "1"], env={MARKER: marker}
+        "demo",
+        [str(VENV_BIN / "spotswarm"), *args, "--workers", "1"],
+        env={MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER},
     )
     return demo, f"http://127.0.0.1:{port}"
 
@@ -71,7 +73,7 @@ def test_ctrl_c_stops_the_run_then_everything(processes: ProcessRegistry, loop_d
     demo, family = demo_with_a_worker(processes, loop_data_dir, marker)
 
     os.killpg(demo.pid, signal.SIGINT)
-    assert_family_ends(family, MARKER, marker, STOP_WAIT_S + STOP_GRACE_S + REAP_S)
+    assert_family_ends(family, MARKER, marker, STOP_WAIT_S + SHUTDOWN_GRACE_S + REAP_S)
     assert demo.popen.wait(timeout=REAP_S) == 0
     assert demo.log().rstrip().endswith("stopped.")
     worker_logs = " ".join(log.read_text() for log in (loop_data_dir / "workers").glob("*.log"))

@@ -30,14 +30,15 @@ from tests.helpers import (
 )
 from tests.orchestrator_fixture import Orchestrator, start_orchestrator
 
-STOP_GRACE_S = Settings().stop_grace_s  # the default users get
+SHUTDOWN_GRACE_S = Settings().shutdown_grace_s  # the default users get
 REAP_S = 5.0  # for the kernel to end and reap what the stop signalled (not part of the product's grace)
 MARKER = "SPOTSWARM_TEST_EXITS"
 STALE_PEER_SCRIPT = Path(__file__).with_name("stale_dht_peer.py")
 
 
 def start(processes: ProcessRegistry, data_dir: Path, marker: str, **kwargs: object) -> Orchestrator:
-    return start_orchestrator(processes, data_dir, extra_env={MARKER: marker}, **kwargs)  # type: ignore[arg-type]
+    env = {MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER}  # the import probe gets the marker too
+    return start_orchestrator(processes, data_dir, extra_env=env, **kwargs)  # type: ignore[arg-type]
 
 
 def full_family(orch: Orchestrator) -> dict[int, int]:
@@ -79,7 +80,7 @@ def test_stop_leaves_no_process_within_the_grace(
         os.killpg(orch.proc.pid, sig)
     else:
         os.kill(orch.proc.pid, sig)
-    assert_family_ends(family, MARKER, marker, STOP_GRACE_S + REAP_S)
+    assert_family_ends(family, MARKER, marker, SHUTDOWN_GRACE_S + REAP_S)
     assert orch.proc.popen.wait(timeout=REAP_S) == exit_code
     assert "orchestrator stopped" in orch.proc.log()
 
