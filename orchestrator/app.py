@@ -186,6 +186,7 @@ async def _start(
     )
     dht = OrchestratorDHT(
         settings.dht_identity_path(),
+        settings.dht_pid_path(),
         settings.resolved_dht_host_maddrs(),
         settings.dht_announce_maddrs,
         dht_options=admission.dht_options(settings.dht_identity_path()) if admission else None,

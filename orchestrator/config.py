@@ -111,6 +111,14 @@ class Settings(BaseSettings):
     import_timeout_s: float = Field(
         default=60.0, gt=0, le=600, description="Time limit of one import check (includes probe start)."
     )
+    shutdown_grace_s: float = Field(
+        default=25.0,
+        gt=0,
+        le=3600,
+        description="After SIGTERM or Ctrl-C, the server exits within this many seconds: open requests get "
+        "up to 10, then its services and DHT peer stop; what still runs is then killed. Local workers "
+        "keep running.",
+    )
     log_level: str = Field(
         default="info", pattern=r"^(debug|info|warning|error)$", description="Log level of the server."
     )
@@ -221,6 +229,10 @@ class Settings(BaseSettings):
     def dht_identity_path(self) -> Path:
         """Private key of the DHT peer: keeps its peer id (and so its multiaddrs) across restarts."""
         return self.data_dir / "dht_identity.key"
+
+    def dht_pid_path(self) -> Path:
+        """The running DHT peer's PID: the next start stops a peer that a crashed server left behind."""
+        return self.data_dir / "dht.pid"
 
     def resolved_dht_host_maddrs(self) -> list[str]:
         return self.dht_host_maddrs or [f"/ip4/0.0.0.0/tcp/{self.dht_port}"]

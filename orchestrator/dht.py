@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from orchestrator import dht_process
 from orchestrator.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -107,16 +108,22 @@ class SwarmProgressCache:
 
 
 class OrchestratorDHT:
-    """A hivemind DHT peer with a stable identity. ``start`` and every read block: call them off-loop."""
+    """A hivemind DHT peer with a stable identity. ``start`` and every read block: call them off-loop.
+
+    Its process ends with the server, and ``pid_path`` lets the next start stop a peer that a crashed
+    server left behind (:mod:`orchestrator.dht_process`).
+    """
 
     def __init__(
         self,
         identity_path: Path,
+        pid_path: Path,
         host_maddrs: list[str],
         announce_maddrs: list[str],
         dht_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.identity_path = identity_path
+        self.pid_path = pid_path
         self.host_maddrs = host_maddrs
         self.announce_maddrs = announce_maddrs
         self.dht_options = dict(dht_options or {})  # more hivemind.DHT keywords (swarm admission's)
@@ -124,11 +131,15 @@ class OrchestratorDHT:
         self._maddrs: list[str] = []
 
     def start(self) -> None:
-        """Start the peer (forks a process, ~1-3 s). Raises :class:`DHTUnavailable` if it fails."""
-        import hivemind
+        """Start the peer (forks a process, ~1-3 s). Raises :class:`DHTUnavailable` if it fails or if
+        the peer of another orchestrator on the same data dir still runs."""
         from hivemind.dht.crypto import RSASignatureValidator
 
         self.identity_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dht_process.stop_stale_peer(self.pid_path)
+        except dht_process.StalePeerRunning as exc:
+            raise DHTUnavailable(str(exc)) from exc
         kwargs: dict[str, Any] = {
             "host_maddrs": self.host_maddrs,
             "identity_path": str(self.identity_path),
@@ -141,11 +152,12 @@ class OrchestratorDHT:
         kwargs.update(self.dht_options)
         try:
             # The signature validator strips the signatures ProgressTracker adds to its records.
-            self._dht = hivemind.DHT(start=True, record_validators=[RSASignatureValidator()], **kwargs)
+            self._dht = dht_process.start_server_dht(record_validators=[RSASignatureValidator()], **kwargs)
             self._maddrs = [str(m) for m in self._dht.get_visible_maddrs()]
         except (OSError, RuntimeError, ValueError) as exc:
             raise DHTUnavailable(f"the DHT peer did not start on {self.host_maddrs}: {exc}") from exc
-        logger.info("DHT peer up: %s", ", ".join(self._maddrs))
+        dht_process.record_peer(self.pid_path, self._dht.pid)
+        logger.info("DHT peer up (pid %d): %s", self._dht.pid, ", ".join(self._maddrs))
 
     @property
     def visible_maddrs(self) -> list[str]:
@@ -190,7 +202,15 @@ class OrchestratorDHT:
         return self._dht.run_coroutine(coro)
 
     def shutdown(self) -> None:
-        """Stop the peer process; safe to call twice or before start."""
-        if self._dht is not None:
-            self._dht.shutdown()
-            self._dht = None
+        """Stop the peer process, within hivemind's 3 s grace plus :data:`dht_process.KILL_WAIT_S` at
+        worst (then it is killed with its ``p2pd``); safe to call twice or before start."""
+        dht, self._dht = self._dht, None
+        if dht is None:
+            return
+        dht.shutdown()  # asks the peer to leave; after 3 s, SIGTERM (it leaves with its p2pd)
+        dht.join(dht_process.KILL_WAIT_S)
+        if dht.is_alive():
+            logger.error("the DHT peer (pid %d) ignored SIGTERM: killing it", dht.pid)
+            dht_process.stop_process_tree(dht.pid)
+            dht.join(dht_process.KILL_WAIT_S)
+        dht_process.forget_peer(self.pid_path)

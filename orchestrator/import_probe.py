@@ -5,6 +5,9 @@ It imports Lightning once, then answers one JSON request per stdin line
 (``{"ok": bool, "error": str}``). Each request is handled in a forked child, so a user's module is
 imported fresh, and whatever it does at import time (print, exit, crash, hang) cannot touch the server:
 the child's stdout goes to stderr, and a child that outlives ``timeout_s`` is killed.
+
+The probe ends with the server: at end of file on stdin, and as soon as the server (whose PID is the
+first argument) exits, even killed with SIGKILL while the probe still imports Lightning.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import select
 import signal
 import sys
 from typing import Any
+
+from orchestrator.proctree import exit_with_parent
 
 
 def _check(path: str, kind: str) -> str | None:
@@ -64,6 +69,7 @@ def _in_child(path: str, kind: str, timeout_s: float) -> dict[str, Any]:
 
 
 def main() -> None:
+    exit_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by Lightning or user code goes to stderr, not into the protocol
     import lightning.pytorch  # noqa: F401 - imported once here, inherited by every child

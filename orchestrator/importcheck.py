@@ -30,6 +30,8 @@ from worker.wire import RunSpec
 
 logger = logging.getLogger(__name__)
 
+PROBE_EXIT_WAIT_S = 3.0  # a probe told to stop has this long before it is killed
+
 
 class ImportChecker:
     """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
@@ -37,9 +39,11 @@ class ImportChecker:
     def __init__(self, timeout_s: float = 60.0, pass_env: Sequence[str] = ()) -> None:
         self.timeout_s = timeout_s
         self._pass_env = tuple(pass_env)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one check (or the warm-up) at a time
+        self._spawn_lock = threading.Lock()  # guards _proc, _workdir, _closed: no probe after close()
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
+        self._closed = False
 
     def warm_up(self) -> None:
         """Start the probe in the background so the first check does not wait for Lightning's import."""
@@ -50,7 +54,8 @@ class ImportChecker:
             with self._lock:
                 self._ensure_probe(time.monotonic() + self.timeout_s)
         except Unavailable as exc:
-            logger.warning("import probe did not start: %s", exc)
+            if not self._closed:  # closing the checker during its warm-up ends the warm-up too
+                logger.warning("import probe did not start: %s", exc)
 
     def check_spec(self, spec: RunSpec) -> None:
         """Raise :class:`InvalidRequest` naming the field whose class does not import or has the wrong
@@ -71,7 +76,7 @@ class ImportChecker:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
                 reply = _read_line(proc.stdout, deadline)
-            except (OSError, TimeoutError) as exc:
+            except (OSError, ValueError, TimeoutError) as exc:  # ValueError: closed by close()
                 self._kill()
                 raise Unavailable(f"import check of {path} failed: {exc}") from exc
             return None if reply.get("ok") else str(reply.get("error") or "import check failed")
@@ -79,16 +84,19 @@ class ImportChecker:
     def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        self._workdir = self._workdir or tempfile.mkdtemp(prefix="spotswarm-import-probe-")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.import_probe"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=self._probe_env(),
-            cwd=self._workdir,
-            start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
-        )
-        self._proc = proc
+        with self._spawn_lock:
+            if self._closed:
+                raise Unavailable("the import checker is closed (the server is stopping)")
+            self._workdir = self._workdir or tempfile.mkdtemp(prefix="spotswarm-import-probe-")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.import_probe", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=self._probe_env(),
+                cwd=self._workdir,
+                start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
+            )
+            self._proc = proc
         assert proc.stdout is not None
         try:
             hello = _read_line(proc.stdout, deadline)
@@ -114,21 +122,33 @@ class ImportChecker:
             self._proc = None
 
     def close(self) -> None:
-        """Stop the probe (closing its stdin ends it; killed if it lingers)."""
-        with self._lock:
-            if self._workdir is not None:
-                shutil.rmtree(self._workdir, ignore_errors=True)
-                self._workdir = None
-            if self._proc is None:
-                return
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
-            self._proc = None
+        """Stop the probe within seconds (closing its stdin ends it; killed if it lingers).
+
+        Does not wait for a check or the warm-up in progress (they hold the lock for up to
+        ``timeout_s``): their reads fail once the probe is gone. A server killed outright leaves no
+        probe either: it exits with its parent.
+        """
+        with self._spawn_lock:
+            self._closed = True
+            proc, workdir = self._proc, self._workdir
+        if proc is not None:
+            _stop(proc)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the probe: closing its stdin ends its loop; killed if it lingers."""
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:  # a check is writing to it right now; the kill below ends both
+            pass
+    try:
+        proc.wait(timeout=PROBE_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=PROBE_EXIT_WAIT_S)
 
 
 def _read_line(stream: IO[bytes], deadline: float) -> dict[str, Any]:

@@ -116,3 +116,71 @@ class ProcessRegistry:
     def kill_all(self) -> None:
         for proc in self.processes:
             proc.kill()
+
+
+def process_family(pid: int) -> dict[int, int]:
+    """``pid``, its descendants and the members of its process group, each with its start time.
+
+    Taken before a stop, it says afterwards what is still running of that process (see :func:`alive_of`).
+    """
+    from orchestrator.proctree import descendants, proc_start_ticks
+
+    members = {pid, *descendants(pid), *group_members(pid)}
+    family = {member: proc_start_ticks(member) for member in members}
+    return {member: ticks for member, ticks in family.items() if ticks is not None}
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of the process group ``pgid`` (orphans keep their group when init adopts them)."""
+    from orchestrator.proctree import stat_fields
+
+    members = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def alive_of(family: dict[int, int]) -> dict[int, str]:
+    """The processes of a :func:`process_family` snapshot that still run, with their command lines."""
+    from orchestrator.proctree import proc_start_ticks
+
+    return {pid: command_line(pid) for pid, ticks in family.items() if proc_start_ticks(pid) == ticks}
+
+
+def orphans_with_env(name: str, value: str) -> dict[int, str]:
+    """Processes adopted by init (parent PID 1) whose environment holds ``name=value``, by command line."""
+    from orchestrator.proctree import parent_of
+
+    needle = f"{name}={value}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or parent_of(int(entry)) != 1:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found[int(entry)] = command_line(int(entry))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def assert_family_ends(family: dict[int, int], marker_name: str, marker_value: str, within_s: float) -> None:
+    """Wait until no process of a :func:`process_family` snapshot runs (fail after ``within_s``), then check
+    that init adopted no process carrying the test's environment marker ``marker_name=marker_value``."""
+    wait_until(
+        lambda: not alive_of(family),
+        within_s,
+        interval_s=0.1,
+        message=f"every process ends; still running: {alive_of(family)}",
+    )
+    assert orphans_with_env(marker_name, marker_value) == {}

@@ -7,9 +7,12 @@ DataModule -> start the DHT, decide whether to resume from the run's checkpoint 
 spot notice, stop condition reached) finish the batch, save a final checkpoint if this worker is the
 checkpointer, send a last heartbeat, deregister with the reason and exit. A watchdog makes sure the
 worker is gone ``stop_grace_s`` after a stop request (or before a spot deadline) even if a step hangs.
+An orchestrator that answers no heartbeat for ``orchestrator_lost_timeout_s`` is taken for gone: the
+agent leaves the swarm without uploading or deregistering (it cannot) and exits with code 4.
 
-Exit codes (see :mod:`worker.agent_config`): 0 left cleanly, 1 crashed / orchestrator unreachable
-(retryable), 2 bad command line, 3 permanent configuration error (bad token, module does not import).
+Exit codes (see :mod:`worker.agent_config`): 0 left cleanly, 1 crashed / orchestrator unreachable at
+registration (retryable), 2 bad command line, 3 permanent configuration error (bad token, module does
+not import), 4 the orchestrator was gone for ``orchestrator_lost_timeout_s``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ from worker.agent_boot import (
     build_user_objects,
     register,
 )
-from worker.agent_config import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, AgentConfig, parse_config
+from worker.agent_config import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_ORCHESTRATOR_LOST,
+    AgentConfig,
+    parse_config,
+)
 from worker.agent_state import AgentState
 from worker.client import ApiError, OrchestratorClient
 from worker.wire import DeregisterReason
@@ -79,6 +89,7 @@ class Agent:
         self._left = False
         self._finished = threading.Event()
         self._exit_code = EXIT_OK
+        self._orchestrator_lost = False
         self.worker_id: str | None = None
         self._heartbeater: Any = None
         self._checkpointer: Any = None
@@ -156,6 +167,8 @@ class Agent:
             registration.heartbeat_interval_s,
             self.config.worker_dir,
             peers_refresh_s=self.config.peers_refresh_s,
+            lost_timeout_s=self.config.orchestrator_lost_timeout_s,
+            on_lost=self._on_orchestrator_lost,
         )
         self._heartbeater.start()
         self._start_spot_watcher()
@@ -237,17 +250,21 @@ class Agent:
     # -- leaving ---------------------------------------------------------------------------------
 
     def _finish(self, exit_code: int) -> int:
-        """Upload the last checkpoint, send a final heartbeat, deregister, stop the DHT; return the code."""
-        self._exit_code = exit_code
+        """Upload the last checkpoint, send a final heartbeat, deregister, stop the DHT; return the code.
+
+        Without an orchestrator (:meth:`_on_orchestrator_lost`) only the local part is done.
+        """
+        lost = self._orchestrator_lost
+        self._exit_code = exit_code = EXIT_ORCHESTRATOR_LOST if lost else exit_code
         stop = self.state.stop
         remaining_s = max(0.0, self._leave_deadline() - time.monotonic()) if stop else 30.0
         if self._checkpointer is not None:
-            if not self._checkpointer.flush(timeout_s=max(0.0, remaining_s - 3.0)):
+            if not lost and not self._checkpointer.flush(timeout_s=max(0.0, remaining_s - 3.0)):
                 logger.warning("the last checkpoint upload did not finish in time")
             self._checkpointer.close()
         if self._heartbeater is not None:
-            self._heartbeater.halt(final_phase="stopping", timeout_s=2.0)
-        if stop is not None:
+            self._heartbeater.halt(final_phase=None if lost else "stopping", timeout_s=2.0)
+        if stop is not None and not lost:
             self._leave(stop.reason, stop.message)
         if self._spot_watcher is not None:
             self._spot_watcher.stop(timeout_s=1.0)
@@ -310,6 +327,17 @@ class Agent:
         logger.warning("%s; leaving within %.0f s", message, within_s)
         self.state.request_stop(DeregisterReason.interrupted, message, within_s=within_s)
 
+    def _on_orchestrator_lost(self, silent_s: float) -> None:
+        """No heartbeat answered for ``orchestrator_lost_timeout_s``: leave, nobody collects this work."""
+        message = (
+            f"the orchestrator answered no heartbeat for {silent_s:.0f} s "
+            f"(--orchestrator-lost-timeout-s {self.config.orchestrator_lost_timeout_s:g}): leaving the swarm"
+        )
+        logger.error("%s", message)
+        self._orchestrator_lost = True
+        self._exit_code = EXIT_ORCHESTRATOR_LOST  # also what the watchdog exits with
+        self.state.request_stop(DeregisterReason.stopped, message)
+
     def _leave_deadline(self) -> float:
         """When the process must be gone: a spot notice's own deadline, else the stop grace."""
         stop = self.state.stop
@@ -327,7 +355,7 @@ class Agent:
                 continue
             stop = self.state.stop
             logger.error("still running %.0f s after the stop request: leaving now", self.config.stop_grace_s)
-            if stop is not None:
+            if stop is not None and not self._orchestrator_lost:
                 self._leave(stop.reason, stop.message)
             logging.shutdown()
             os._exit(self._exit_code)

@@ -17,6 +17,7 @@ EXIT_OK = 0  # stopped, completed, interrupted: left the run cleanly
 EXIT_FAILED = 1  # training crashed or the orchestrator stayed unreachable: worth another worker
 EXIT_USAGE = 2  # bad command line (argparse's own code)
 EXIT_CONFIG = 3  # permanent: bad join token, user module does not import, unusable run spec
+EXIT_ORCHESTRATOR_LOST = 4  # no answer from the orchestrator for --orchestrator-lost-timeout-s: left
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class AgentConfig:
     peers_refresh_s: float = 60.0
     register_timeout_s: float = 120.0
     stop_grace_s: float = 15.0
+    orchestrator_lost_timeout_s: float = 900.0  # 0: keep training without an orchestrator for ever
     host_maddrs: list[str] = field(default_factory=list)
     announce_maddrs: list[str] = field(default_factory=list)
     accelerator: str = "auto"
@@ -102,6 +104,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "step hangs [SPOTSWARM_STOP_GRACE_S]",
     )
     add(
+        "--orchestrator-lost-timeout-s",
+        type=float,
+        default=float(env("ORCHESTRATOR_LOST_TIMEOUT_S", "900") or 900),
+        help="Leave the swarm and exit (code 4) when no heartbeat got an answer for this many seconds: "
+        "long enough for an orchestrator restart or reboot, short enough not to pay for machines that "
+        "train for nobody; 0 never leaves [SPOTSWARM_ORCHESTRATOR_LOST_TIMEOUT_S]",
+    )
+    add(
         "--host-maddrs",
         default=env("HOST_MADDRS"),
         help="Comma-separated DHT listen multiaddrs [SPOTSWARM_HOST_MADDRS]",
@@ -128,6 +138,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         parser.error("the orchestrator URL is required (--url or SPOTSWARM_URL)")
     if not args.join_token:
         parser.error("the run's join token is required (--join-token or SPOTSWARM_JOIN_TOKEN)")
+    if args.orchestrator_lost_timeout_s < 0:
+        parser.error("--orchestrator-lost-timeout-s must be 0 (never) or more")
     return AgentConfig(
         url=args.url,
         join_token=args.join_token,
@@ -139,6 +151,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         peers_refresh_s=args.peers_refresh_s,
         register_timeout_s=args.register_timeout_s,
         stop_grace_s=args.stop_grace_s,
+        orchestrator_lost_timeout_s=args.orchestrator_lost_timeout_s,
         host_maddrs=_split(args.host_maddrs),
         announce_maddrs=_split(args.announce_maddrs),
         accelerator=args.accelerator,

@@ -8,6 +8,7 @@ swarm and deregister), then the server.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import threading
@@ -20,6 +21,9 @@ from typing import Any
 import click
 import httpx
 import uvicorn
+
+from orchestrator.cli.context import EXIT_INTERRUPTED
+from orchestrator.cli.stopping import StoppingServer
 
 DEMO_RUN = "digits-demo"
 STOP_WAIT_S = 60.0
@@ -62,12 +66,9 @@ def _port_free(host: str, port: int) -> bool:
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
     from orchestrator.assembly import build_app
-    from orchestrator.cli.serve import _configure_logging, keep_new_files_private
+    from orchestrator.cli.serve import _configure_logging, keep_new_files_private, stop_stale_dht_peer
     from orchestrator.config import Settings, ensure_admin_token
 
-    for what, number in (("--port", port), ("--dht-port", dht_port)):
-        if not _port_free("127.0.0.1", number):
-            raise click.ClickException(f"port {number} is in use; pick another with {what}")
     settings = Settings(
         host="127.0.0.1",
         port=port,
@@ -82,13 +83,17 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     )
     _configure_logging(settings)
     keep_new_files_private()
+    stop_stale_dht_peer(settings)  # a crashed demo's peer would hold the DHT port
+    for what, number in (("--port", port), ("--dht-port", dht_port)):
+        if not _port_free("127.0.0.1", number):
+            raise click.ClickException(f"port {number} is in use; pick another with {what}")
     admin_token, _ = ensure_admin_token(settings)
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
     )
-    server = _DemoServer(config, on_exit=lambda: _stop_run(client))
+    server = _DemoServer(config, settings.shutdown_grace_s, on_exit=lambda: _stop_run(client))
     driver = threading.Thread(
         target=_drive,
         args=(server, client, workers, admin_token, settings.data_dir),
@@ -105,19 +110,24 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     click.echo("stopped.")
 
 
-class _DemoServer(uvicorn.Server):
-    """A uvicorn server whose first Ctrl-C stops the demo run (workers leave cleanly), then the server."""
+class _DemoServer(StoppingServer):
+    """The server of the demo: the first Ctrl-C stops the demo run (workers leave cleanly), then the
+    server; a second Ctrl-C kills everything at once, workers included (see orchestrator/cli/stopping.py).
+    """
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
-        super().__init__(config)
+    def __init__(self, config: uvicorn.Config, shutdown_grace_s: float, on_exit: Callable[[], None]) -> None:
+        super().__init__(config, shutdown_grace_s, include_workers=True)
         self.on_exit = on_exit
         self.stopping = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.stopping or not self.started:
-            super().handle_exit(sig, frame)  # a second Ctrl-C: stop now
+        if self.stopping or self.should_exit or not self.started:
+            if sig == signal.SIGINT and self.stopping:
+                self.exit_now("a second Ctrl-C", EXIT_INTERRUPTED)
+            super().handle_exit(sig, frame)
             return
         self.stopping = True
+        self.arm_deadline(STOP_WAIT_S + self.shutdown_grace_s)
         click.echo("\nstopping the demo run (workers leave the swarm; Ctrl-C again to force)...")
         threading.Thread(target=self._stop_then_exit, name="demo-stop", daemon=True).start()
 

@@ -68,6 +68,16 @@ def build_settings(options: dict[str, Any]) -> Settings:
         raise click.UsageError(f"invalid settings: {problems}") from exc
 
 
+def stop_stale_dht_peer(settings: Settings) -> None:
+    """Stop a DHT peer that a crashed server left on this data dir; a one-line error if its server runs."""
+    from orchestrator.dht_process import StalePeerRunning, stop_stale_peer
+
+    try:
+        stop_stale_peer(settings.dht_pid_path())
+    except StalePeerRunning as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
     from worker.logsetup import configure_logging
 
@@ -82,11 +92,14 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.assembly import build_app
+    from orchestrator.cli.context import EXIT_INTERRUPTED
     from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
+    from orchestrator.cli.stopping import StoppingServer
 
     settings = build_settings(options)
     _configure_logging(settings)
     keep_new_files_private()
+    stop_stale_dht_peer(settings)  # the app checks too, but a failing lifespan prints a traceback
     warn_if_plain_http(settings)
     raise_open_files_limit()
     app = build_app(settings)
@@ -101,13 +114,16 @@ def serve(**options: Any) -> None:
         access_log=settings.log_level == "debug",
         **uvicorn_limits(settings),
     )
-    server = uvicorn.Server(config)
+    server = StoppingServer(config, settings.shutdown_grace_s)  # bounded stop: orchestrator/cli/stopping.py
     # Everything imported so far (hivemind brings torch) lives as long as the process: out of the
     # collector's sight, a full collection no longer walks a million objects and stalls every request
     # for a few hundred milliseconds.
     gc.collect()
     gc.freeze()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it stopped on: exit as a shell expects
+        raise SystemExit(EXIT_INTERRUPTED) from None
     if not server.started:
         raise SystemExit(1)
 

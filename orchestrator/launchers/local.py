@@ -32,6 +32,7 @@ from typing import Any
 from orchestrator.childenv import child_env
 from orchestrator.launchers import local_proc as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.proctree import proc_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class LocalLauncher:
             logger.warning("worker %s (run %s): spawn failed: %s", record.request_id, record.run_name, exc)
             return
         record.popen, record.pid = popen, popen.pid
-        record.start_ticks = proc.proc_start_ticks(popen.pid, include_zombies=True)
+        record.start_ticks = proc_start_ticks(popen.pid, include_zombies=True)
         self._persist(record)
         logger.info(
             "worker %s (run %s): started, pid %s, log %s",
@@ -257,14 +258,14 @@ class LocalLauncher:
         for record in self._records.values():
             if record.popen is not None or not record.alive or record.pid is None:
                 continue
-            if proc.proc_start_ticks(record.pid) != record.start_ticks:
+            if proc_start_ticks(record.pid) != record.start_ticks:
                 self._mark_gone(record, proc.read_exit_file(self._exit_path(record)))
 
     def _owns_group(self, record: _Record) -> bool:
         """True if signalling the group ``record.pid`` reaches this worker and nobody else."""
         if record.pid is None:
             return False
-        if record.alive and proc.proc_start_ticks(record.pid, include_zombies=True) == record.start_ticks:
+        if record.alive and proc_start_ticks(record.pid, include_zombies=True) == record.start_ticks:
             return True
         # The leader is gone, so its PID may be reused: trust the group only if its members carry our marker.
         members = proc.processes_with_marker(LAUNCH_MARKER_ENV, record.request_id)
@@ -317,7 +318,7 @@ class LocalLauncher:
         if record.pid is None and record.gone_at is None:
             self._find_interrupted_launch(record)
         self._records[request_id] = record
-        if record.alive and proc.proc_start_ticks(record.pid or 0) != record.start_ticks:
+        if record.alive and proc_start_ticks(record.pid or 0) != record.start_ticks:
             self._mark_gone(record, proc.read_exit_file(self._exit_path(record)))
         if record.alive and record.terminate_requested_at is not None:
             elapsed_s = self._clock() - record.terminate_requested_at
@@ -333,7 +334,7 @@ class LocalLauncher:
         ]
         pid = leaders[0] if leaders else None
         if pid is not None:
-            record.pid, record.start_ticks = pid, proc.proc_start_ticks(pid)
+            record.pid, record.start_ticks = pid, proc_start_ticks(pid)
         else:
             record.gone_at = self._clock()
         self._persist(record)

@@ -1,7 +1,7 @@
-"""Process helpers of the local launcher: identity of a PID across restarts, groups, state files, logs.
+"""Process helpers of the local launcher: process groups, env markers, state files, logs.
 
 Linux only (``/proc``). A PID alone does not identify a process after an orchestrator restart because
-PIDs are reused; the pair (PID, start time in clock ticks since boot) does.
+PIDs are reused; the pair (PID, start time) does: :func:`orchestrator.proctree.proc_start_ticks`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-# The worker's exit-code convention (worker/agent.py follows it): 0 clean exit, 1 training crashed
+# The worker's exit-code convention (worker/agent_config.py EXIT_*): 0 clean exit, 1 training crashed
 # (retryable), 2 bad command line (argparse), 3 permanent configuration error (bad join token, a module
-# that does not import, a bad spec). Codes 128+N mean "killed by signal N".
+# that does not import, a bad spec), 4 left after the orchestrator was unreachable for its timeout
+# (retryable: a replacement may find it back). Codes 128+N mean "killed by signal N".
 # The supervisor shell adds 126 (command not executable) and 127 (command not found): also permanent.
 PERMANENT_EXIT_CODES = frozenset({2, 3, 126, 127})
 
@@ -26,20 +27,6 @@ SUPERVISOR_SCRIPT = (
     'trap : TERM INT HUP; exit_file=$1; shift; "$@"; code=$?; '
     'echo "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"; exit "$code"'
 )
-
-
-def proc_start_ticks(pid: int, include_zombies: bool = False) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if it is gone (or a zombie, by default)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    state, start_ticks = fields[0], fields[19]
-    if state in ("Z", "X") and not include_zombies:
-        return None
-    return int(start_ticks)
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:

@@ -1,0 +1,93 @@
+"""`spotswarm demo` (what `make demo` runs) stops on Ctrl-C and leaves nothing running, workers included.
+
+The demo runs in its own process group, as a terminal's foreground job; Ctrl-C is SIGINT to that group
+(its local workers run in sessions of their own, so the terminal's Ctrl-C does not reach them). Before
+the stop the test takes a snapshot of the demo's family (descendants, workers included, and its process
+group, each PID with its start time); afterwards none of them may run, and no process adopted by init
+(parent PID 1) may carry this test's environment marker. Whatever a failing test leaves, the
+``loop_data_dir`` fixture kills (the demo's workers included).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestrator.cli.demo import DEMO_RUN, STOP_WAIT_S
+from orchestrator.config import Settings
+from tests.helpers import (
+    VENV_BIN,
+    ManagedProcess,
+    ProcessRegistry,
+    assert_family_ends,
+    command_line,
+    free_port,
+    process_family,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 240.0  # the server, the import probe, then a worker importing torch, Lightning and hivemind
+SHUTDOWN_GRACE_S = Settings().shutdown_grace_s
+REAP_S = 5.0  # for the kernel to end what was signalled, and torch's shm manager (2 s after its clients)
+MARKER = "SPOTSWARM_TEST_DEMO_EXITS"
+
+
+def start_demo(processes: ProcessRegistry, data_dir: Path, marker: str) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    args = ["demo", "--data-dir", str(data_dir), "--port", str(port), "--dht-port", str(free_port())]
+    demo = processes.start(
+        "demo",
+        [str(VENV_BIN / "spotswarm"), *args, "--workers", "1"],
+        env={MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER},
+    )
+    return demo, f"http://127.0.0.1:{port}"
+
+
+def running_workers(demo: ManagedProcess, url: str) -> int:
+    if not demo.alive():
+        pytest.fail(f"the demo exited with {demo.popen.returncode}:\n{demo.log()[-3000:]}")
+    run = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}", timeout=10).raise_for_status().json()
+    return int(run["workers"]["running"])
+
+
+def demo_with_a_worker(
+    processes: ProcessRegistry, data_dir: Path, marker: str
+) -> tuple[ManagedProcess, dict[int, int]]:
+    """A demo whose worker runs, and its family (see the module docstring) taken then."""
+    demo, url = start_demo(processes, data_dir, marker)
+    wait_until(lambda: running_workers(demo, url) >= 1, BOOT_S, interval_s=1, message="a demo worker runs")
+    family = process_family(demo.pid)
+    assert [line for line in map(command_line, family) if "worker.agent" in line], family
+    return demo, family
+
+
+@pytest.mark.timeout(480)
+def test_ctrl_c_stops_the_run_then_everything(processes: ProcessRegistry, loop_data_dir: Path) -> None:
+    marker = uuid.uuid4().hex
+    demo, family = demo_with_a_worker(processes, loop_data_dir, marker)
+
+    os.killpg(demo.pid, signal.SIGINT)
+    assert_family_ends(family, MARKER, marker, STOP_WAIT_S + SHUTDOWN_GRACE_S + REAP_S)
+    assert demo.popen.wait(timeout=REAP_S) == 0
+    assert demo.log().rstrip().endswith("stopped.")
+    worker_logs = " ".join(log.read_text() for log in (loop_data_dir / "workers").glob("*.log"))
+    assert "deregistered: stopped (the orchestrator asked this worker to stop)" in worker_logs
+
+
+@pytest.mark.timeout(480)
+def test_a_second_ctrl_c_ends_everything_at_once(processes: ProcessRegistry, loop_data_dir: Path) -> None:
+    marker = uuid.uuid4().hex
+    demo, family = demo_with_a_worker(processes, loop_data_dir, marker)
+
+    os.killpg(demo.pid, signal.SIGINT)
+    wait_until(lambda: "stopping the demo run" in demo.log(), 10, message="the first Ctrl-C is taken")
+    os.killpg(demo.pid, signal.SIGINT)
+    assert_family_ends(family, MARKER, marker, REAP_S)
+    assert demo.popen.wait(timeout=REAP_S) == 130
+    assert "a second Ctrl-C: killed" in demo.log()
