@@ -21,6 +21,7 @@ from orchestrator.dht import OrchestratorDHT, SwarmProgressCache
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
+from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm_auth import SwarmAdmission
 
@@ -42,6 +43,7 @@ class AppContext:
     admin_token_hash: str
     launchers: Mapping[str, Launcher] = field(default_factory=dict)
     swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
+    join_limiter: RateLimiter | None = None  # registrations per join token (None: unlimited)
 
     def orchestrator_peers(self) -> list[str]:
         """The DHT's visible multiaddrs, then announce addresses completed with the peer id."""

@@ -33,7 +33,7 @@ from worker.wire import Heartbeat, HeartbeatReply, RunState, WorkerAction, Worke
 
 logger = logging.getLogger(__name__)
 
-CACHED_WORKER_STATES = (WorkerState.launching.value, WorkerState.running.value, WorkerState.lost.value)
+CACHED_WORKER_STATES = runs.UNENDED_WORKER_STATES
 PROCEED_RUN_STATES = (RunState.pending.value, RunState.running.value)
 
 
@@ -134,9 +134,9 @@ class HeartbeatHub:
                 self._runs.setdefault(run_entry.run_id, run_entry)
         return entry
 
-    def note(self, worker: Worker) -> None:
-        """Put a worker (and its run) just written in this process into the cache at once."""
-        entry = _worker_entry(worker)
+    def entries_of(self, worker: Worker) -> tuple[WorkerEntry, RunEntry]:
+        """The cache entries of a worker (and its run) being written: build them inside the session,
+        hand them to :meth:`note` once it has committed."""
         run = worker.run
         run_entry = RunEntry(
             run.id,
@@ -147,9 +147,14 @@ class HeartbeatHub:
             run.checkpoint_every_epochs,
             self._latest_epoch(run.id),
         )
+        return _worker_entry(worker), run_entry
+
+    def note(self, entries: tuple[WorkerEntry, RunEntry]) -> None:
+        """Put a worker (and its run) just written in this process into the cache at once."""
+        entry, run_entry = entries
         with self._lock:
-            self._workers[worker.id] = entry
-            self._runs[run.id] = run_entry
+            self._workers[entry.worker_id] = entry
+            self._runs[run_entry.run_id] = run_entry
 
     def _latest_epoch(self, run_id: int) -> int | None:
         with self._lock:
@@ -342,6 +347,7 @@ _HEARTBEAT_UPDATE = (
         local_step=bindparam("local_step"),
         swarm_epoch=bindparam("swarm_epoch"),
         samples=bindparam("samples"),
+        launch_token_hash=None,  # the worker used its worker token: its launch token is void from now on
         loss=bindparam("loss"),
         samples_per_s=bindparam("samples_per_s"),
         num_peers=bindparam("num_peers"),

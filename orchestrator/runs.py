@@ -69,6 +69,8 @@ WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 }
 
 ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
+# Worker states that can still change: their tokens still work (an ended worker's grant nothing).
+UNENDED_WORKER_STATES = tuple(s.value for s, after in WORKER_TRANSITIONS.items() if after)
 FINISHED_RUN_STATES = (RunState.stopped, RunState.completed, RunState.failed)
 ACCEPTING_RUN_STATES = (RunState.pending, RunState.running)
 LIVE_STATES = tuple(s.value for s in LIVE_WORKER_STATES)
@@ -130,6 +132,12 @@ def live_workers(
     if silent_before is not None:
         query = query.where(func.coalesce(Worker.last_heartbeat_at, Worker.created_at) < silent_before)
     return session.scalars(query.order_by(Worker.id)).all()
+
+
+def count_live_workers(session: Session, run_id: int) -> int:
+    """How many workers of the run are launching or running."""
+    query = select(func.count()).select_from(Worker)
+    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(LIVE_STATES))) or 0)
 
 
 def run_spec(run: Run) -> RunSpec:
@@ -316,6 +324,15 @@ def resume_run(session: Session, run: Run, now: datetime) -> None:
     if run.state not in (RunState.stopped.value, RunState.failed.value):
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only stopped or failed runs resume")
     set_run_state(session, run, RunState.pending, "resumed", now)
+
+
+def rotate_join_token(session: Session, run: Run, now: datetime) -> str:
+    """A new join token for ``run`` (returned once); the old one stops working at once. Workers that
+    joined keep their worker tokens."""
+    join_token = tokens.new_token(tokens.JOIN_PREFIX)
+    run.join_token_hash, run.updated_at = tokens.hash_token(join_token), now
+    record_event(session, run.id, "run.join_token", "join token rotated: the old one no longer works", now)
+    return join_token
 
 
 def delete_run(session: Session, run: Run) -> list[str]:

@@ -79,6 +79,13 @@ class RunCreated(RunOut):
     join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
 
 
+class JoinToken(BaseModel):
+    """A run's new join token (``POST /runs/{name}/join-token``); the old one no longer works."""
+
+    name: str
+    join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
+
+
 class RunList(BaseModel):
     items: list[RunOut]
     total: int

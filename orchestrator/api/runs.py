@@ -16,6 +16,7 @@ from orchestrator.db.models import Run
 from orchestrator.errors import InvalidRequest, RunExists
 from orchestrator.schemas import (
     EventPage,
+    JoinToken,
     ProgressSeries,
     RunCreated,
     RunList,
@@ -106,6 +107,16 @@ def resume_run(name: str, ctx: Ctx, _: Admin) -> RunOut:
         runs.resume_run(session, run, ctx.clock())
     ctx.hub.refresh()
     return _out(ctx, run)
+
+
+@router.post("/{name}/join-token", summary="Replace the run's join token (admin)")
+def rotate_join_token(name: str, ctx: Ctx, _: Admin) -> JoinToken:
+    """A new join token, shown only this once; the old one stops working at once (registrations and
+    checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
+    with ctx.db.begin() as session:
+        run = runs.get_run(session, name, for_update=True)
+        join_token = runs.rotate_join_token(session, run, ctx.clock())
+    return JoinToken(name=name, join_token=join_token)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")

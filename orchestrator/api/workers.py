@@ -19,14 +19,16 @@ from worker.wire import Deregister, Heartbeat, HeartbeatReply, WorkerRegister, W
 router = APIRouter(prefix="/workers", tags=["workers"])
 
 
-@router.post("/register", summary="Join a run (join token or launch token)")
+@router.post("/register", summary="Join a run (join, launch or worker token)")
 def register(body: WorkerRegister, ctx: Ctx, token: Token) -> WorkerRegistered:
-    """Bind to the launch row of ``request_id`` (or of the launch token), else create a manual worker.
-    401 for an unknown token, 409 when the run is stopping or finished."""
+    """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
+    row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
+    run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
+    ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
     if token is None:
         raise Unauthorized("missing bearer token (the run's join token)")
     with ctx.db.begin() as session:
-        reg = workers.register_worker(session, token, body, ctx.clock())
+        reg = workers.register_worker(session, token, body, ctx.clock(), ctx.join_limiter)
         own = ctx.orchestrator_peers()
         others = [m for m in queries.worker_peers(session, reg.run.id) if m not in own]
         latest = queries.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
@@ -39,7 +41,8 @@ def register(body: WorkerRegister, ctx: Ctx, token: Token) -> WorkerRegistered:
             heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
         )
-    ctx.hub.note(reg.worker)
+        cached = ctx.hub.entries_of(reg.worker)
+    ctx.hub.note(cached)
     return reply
 
 

@@ -102,7 +102,7 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
 
 @pytest.mark.timeout(180)
 def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
-    name, join = create(orch)
+    name, _ = create(orch)
     database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
     try:
         with database.begin() as session:
@@ -110,12 +110,13 @@ def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
             by_request = workers.create_launch_intent(session, run, utc_now(), {"zone": "test-1a"})
             by_token = workers.create_launch_intent(session, run, utc_now())
             ids = (by_request.worker.id, by_request.worker.request_id, by_token.worker.id, by_token.token)
+            first_token = by_request.token
     finally:
         database.close()
-    first = register(orch, join, request_id=ids[1], launcher_handle="pid-1")
+    first = register(orch, first_token, request_id=ids[1], launcher_handle="pid-1")
     second = register(orch, ids[3])  # the launch token alone identifies the row
     assert (first["worker_id"], second["worker_id"]) == (str(ids[0]), str(ids[2]))
-    assert second["worker_token"] == ids[3]
+    assert second["worker_token"].startswith("ssw_") and ids[3].startswith("ssl_")  # a fresh worker token
     with orch.client() as http:
         items = {w["id"]: w for w in http.get(f"/api/v1/runs/{name}/workers").json()["items"]}
     assert items[str(ids[0])]["state"] == "running" and items[str(ids[0])]["launch_details"] == {

@@ -127,16 +127,18 @@ def test_launch_intent_is_written_before_launch_and_binds_registration(db: Datab
     name, join_token = new_run(db)
     with db.begin() as session:
         intent = workers.create_launch_intent(session, runs.get_run(session, name), T0, {"zone": "z1"})
-        request_id, worker_id = intent.worker.request_id, intent.worker.id
+        request_id, worker_id, launch_token = intent.worker.request_id, intent.worker.id, intent.token
     with db.read() as session:  # committed, launching, before any launcher was called
         row = runs.get_worker(session, worker_id)
         assert row.state == "launching" and row.request_id == request_id and row.registered_at is None
-    assert join(db, join_token, request_id=request_id, hostname="h") == worker_id
+    assert join(db, launch_token, request_id=request_id, hostname="h") == worker_id
     with db.read() as session:
         row = runs.get_worker(session, worker_id)
         assert row.state == "running" and row.launch_details == {"zone": "z1"} and not row.manual
         assert runs.get_run(session, name).state == "running"
-    assert join(db, join_token) != worker_id  # no request id: a new, manual worker
+    with pytest.raises(Conflict):  # a join token never binds another worker's row, even a launching one
+        join(db, join_token, request_id=request_id)
+    assert join(db, join_token) != worker_id  # a new, manual worker
 
 
 @pytest.mark.timeout(30)
@@ -158,11 +160,16 @@ def test_registration_is_refused_for_bad_tokens_foreign_requests_and_stopped_run
     name_a, token_a = new_run(db)
     name_b, token_b = new_run(db)
     with db.begin() as session:
+        intent_a = workers.create_launch_intent(session, runs.get_run(session, name_a), T0)
         request_b = workers.create_launch_intent(session, runs.get_run(session, name_b), T0).worker.request_id
     with pytest.raises(Unauthorized):
         join(db, "ssj_wrong")
-    with pytest.raises(Forbidden):
+    with pytest.raises(Unauthorized):
+        join(db, "ssl_wrong")
+    with pytest.raises(Conflict):
         join(db, token_a, request_id=request_b)
+    with pytest.raises(Forbidden):  # a launch token binds only its own row
+        join(db, intent_a.token, request_id=request_b)
     with db.begin() as session:
         runs.stop_run(session, runs.get_run(session, name_a), "test", T0)
     with pytest.raises(RunNotAcceptingWorkers):
