@@ -28,7 +28,7 @@ from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache
+from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
@@ -239,10 +239,7 @@ def _read_swarms(ctx: AppContext) -> None:
     swarms = ctx.hub.active_swarms()
     if not swarms:
         return
-    results = ctx.dht.read_progress(swarms, ctx.settings.dht_timeout_s, ctx.clock)
-    now = ctx.clock()
-    for swarm_id, progress in results.items():
-        ctx.swarm.update(swarm_id, progress, now)
+    refresh_progress(ctx.dht, ctx.swarm, swarms, ctx.settings.dht_timeout_s, ctx.clock)
     ctx.swarm.forget_except(set(swarms))
 
 

@@ -4,9 +4,10 @@ A heartbeat is authenticated and answered from an in-memory table (:class:`Heart
 touching the database: the worker's token digest, state and run (state, checkpointer, checkpoint
 policy) are cached. The heartbeat itself is put in a "latest per worker" buffer. Once per flush
 interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes the whole buffer in one
-transaction (one executemany UPDATE), revives lost workers that spoke again, re-elects checkpointers
-that went silent, stores at most one aggregated progress sample per run every
-``progress_sample_interval_s`` (thinning old ones beyond ``progress_max_points``) and reloads the cache.
+transaction (one executemany UPDATE), revives lost workers that spoke again, records each run's highest
+swarm epoch read from the DHT, re-elects checkpointers that went silent or fell behind, stores at most
+one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
+``progress_max_points``) and reloads the cache.
 A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
 """
 
@@ -57,6 +58,7 @@ class RunEntry:
     checkpointer_id: int | None
     checkpoint_every_epochs: int
     latest_checkpoint_epoch: int | None
+    swarm_epoch: int = 0  # the highest the DHT showed, as recorded in the database
 
 
 @dataclass
@@ -113,6 +115,20 @@ class HeartbeatHub:
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
             )
 
+    def run_entry(self, run_id: int) -> RunEntry | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def swarm_epoch(self, run_id: int) -> int:
+        """The highest swarm epoch of the run the DHT showed (recorded, or read since); 0 if unknown."""
+        with self._lock:
+            run = self._runs.get(run_id)
+        return self._known_epoch(run) if run is not None else 0
+
+    def _known_epoch(self, run: RunEntry) -> int:
+        progress = self._swarm.get(run.swarm_id)
+        return max(run.swarm_epoch, progress.epoch if progress is not None else 0)
+
     def active_swarms(self) -> dict[str, int]:
         """Swarm id -> target batch size of every pending, running or stopping run."""
         with self._lock:
@@ -146,6 +162,7 @@ class HeartbeatHub:
             run.checkpointer_worker_id,
             run.checkpoint_every_epochs,
             self._latest_epoch(run.id),
+            run.swarm_epoch,
         )
         return _worker_entry(worker), run_entry
 
@@ -200,6 +217,7 @@ class HeartbeatHub:
                 with self._db.begin() as session:
                     _write_heartbeats(session, batch)
                     stats.revived = self._revive(session, batch, now)
+                    self._record_swarm_epochs(session)
                     self._elect(session, now)
                     stats.samples = self._sample(session, now)
             except BaseException:
@@ -224,9 +242,20 @@ class HeartbeatHub:
                 revived.append(worker.id)
         return revived
 
+    def _record_swarm_epochs(self, session: Session) -> None:
+        """Write each run's swarm epoch read from the DHT where it passed the recorded one: the stop
+        condition is judged by it, also after a restart (the progress cache lives in memory only)."""
+        with self._lock:
+            higher = {r.run_id: e for r in self._runs.values() if (e := self._known_epoch(r)) > r.swarm_epoch}
+        for run_id, epoch in higher.items():
+            run = session.get(Run, run_id)
+            if run is not None and epoch > run.swarm_epoch:
+                run.swarm_epoch = epoch
+
     def _elect(self, session: Session, now: datetime) -> None:
         """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
-        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker).
+        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker; reported
+        epochs count only up to the swarm epoch the DHT showed).
 
         Silence is not held against anyone during the first heartbeat timeout after start-up: workers
         could not reach a stopped orchestrator.
@@ -235,6 +264,7 @@ class HeartbeatHub:
         fresh_after = now - timedelta(seconds=timeout_s)
         in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         with self._lock:
+            known = {r.run_id: self._known_epoch(r) for r in self._runs.values()}
             lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
             for w in self._workers.values():
                 if (
@@ -243,7 +273,8 @@ class HeartbeatHub:
                     and w.last_seen is not None
                     and w.last_seen >= fresh_after
                 ):
-                    lead[w.run_id] = max(lead.get(w.run_id, 0), w.epoch)
+                    epoch = runs.counted_epoch(w.epoch, known.get(w.run_id, 0))
+                    lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
             need = []
             for entry in self._runs.values():
                 current = self._workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
@@ -252,7 +283,8 @@ class HeartbeatHub:
                     and current.state == WorkerState.running.value
                     and not current.retiring
                     and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
-                    and current.epoch >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
+                    and runs.counted_epoch(current.epoch, known[entry.run_id])
+                    >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
                 )
                 if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
                     need.append(entry.run_id)
@@ -334,6 +366,7 @@ def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntr
             r.checkpointer_worker_id,
             r.checkpoint_every_epochs,
             latest.get(r.id),
+            r.swarm_epoch,
         )
         for r in rows
     }

@@ -11,7 +11,15 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from worker.wire import NO_NUL_PATTERN, CheckpointRef, RunSpec, RunState, StrictModel, WorkerState
+from worker.wire import (
+    NO_NUL_PATTERN,
+    CheckpointRef,
+    RunSpec,
+    RunState,
+    StopCondition,
+    StrictModel,
+    WorkerState,
+)
 
 
 class ScaleRequest(StrictModel):
@@ -24,6 +32,12 @@ class ScaleRequest(StrictModel):
 
 class StopRequest(StrictModel):
     reason: str = Field(default="stopped by admin", max_length=1000, pattern=NO_NUL_PATTERN)
+
+
+class ResumeRequest(StrictModel):
+    stop: StopCondition | None = Field(
+        default=None, description="A new stop condition (replaces the old one); a completed run needs one."
+    )
 
 
 class WorkerCounts(BaseModel):

@@ -179,9 +179,7 @@ def _new_manual_worker(
     worker.manual = True
     session.add(worker)
     session.flush()
-    runs.record_event(
-        session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id
-    )
+    runs.record_event(session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id)
     return worker
 
 

@@ -13,7 +13,7 @@ from orchestrator import checkpoints, queries, runs, workers
 from orchestrator.api.deps import MAX_ID, Ctx, Token, WorkerId
 from orchestrator.context import AppContext
 from orchestrator.errors import NotFound, Unauthorized
-from orchestrator.heartbeats import WorkerEntry
+from orchestrator.heartbeats import CACHED_WORKER_STATES, WorkerEntry
 from worker.wire import Deregister, Heartbeat, HeartbeatReply, WorkerRegister, WorkerRegistered
 
 router = APIRouter(prefix="/workers", tags=["workers"])
@@ -78,8 +78,14 @@ async def deregister(worker_id: WorkerId, body: Deregister, ctx: Ctx, token: Tok
 
 
 def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
-    # The worker's last heartbeat may still be buffered: write it first, so that its final report (the
-    # epoch that met the run's target, say) counts when its leaving settles the run.
+    # A worker that reached its run's target leaves at once: the periodic DHT reader may not have seen
+    # that epoch. Its DHT peer still runs while it deregisters, so read the swarm now when it claims
+    # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
+    # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
+    entry = ctx.hub.cached(worker_id)
+    live = entry is not None and entry.state in CACHED_WORKER_STATES
+    if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
+        ctx.read_swarm_now(entry.run_id)
     ctx.hub.flush()
     with ctx.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
