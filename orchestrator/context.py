@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator.checkpoints import UploadSlots
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.session import Database
@@ -44,6 +45,7 @@ class AppContext:
     launchers: Mapping[str, Launcher] = field(default_factory=dict)
     swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
     join_limiter: RateLimiter | None = None  # registrations per join token (None: unlimited)
+    uploads: UploadSlots = field(default_factory=UploadSlots)  # checkpoint uploads in progress
 
     def read_swarm_now(self, run_id: int) -> None:
         """Read one active run's swarm progress from the DHT now, into the progress cache (blocking, at

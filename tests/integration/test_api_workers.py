@@ -13,6 +13,7 @@ from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
 from worker.wire import CHECKSUM_HEADER
@@ -232,6 +233,7 @@ def upload(
 def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) -> None:
     name, join = create(orch, keep_checkpoints=2)
     worker = register(orch, join)
+    become_checkpointer(orch, worker)  # only the checkpointer uploads
     blobs = {epoch: bytes([epoch]) * (50_000 + epoch) for epoch in (1, 2, 3)}
     for epoch, data in blobs.items():
         response = upload(orch, worker, epoch, data)
@@ -262,6 +264,7 @@ def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) 
 def test_checkpoint_uploads_are_checked(orch: Orchestrator) -> None:
     name, join = create(orch)
     worker = register(orch, join)
+    become_checkpointer(orch, worker)
     assert upload(orch, worker, 1, b"abc", checksum="0" * 64).status_code == 400
     assert upload(orch, worker, 1, b"abc", checksum="not-hex").status_code == 422
     assert upload(orch, worker, 1, b"x" * (CHECKPOINT_MAX_BYTES + 1)).status_code == 413

@@ -23,6 +23,7 @@ from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
+from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from worker.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
@@ -139,7 +140,7 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
     request_id, launch_token = launch_intent(orch, name, {"price_usd_per_hour": PRICE_USD_PER_HOUR})
     worker = join(orch, launch_token, request_id)
     numbers = dict(local_step=9, swarm_epoch=4, samples=256, loss=0.25, samples_per_s=32.0, num_peers=1)
-    worker.beat(**numbers)
+    become_checkpointer(orch, {"worker_id": worker.worker_id, "worker_token": worker.client.token}, **numbers)
     checkpoint = tmp_path / "epoch4.ckpt"
     checkpoint.write_bytes(b"weights" * 100)
     worker.client.upload_checkpoint(worker.worker_id, 4, checkpoint)
