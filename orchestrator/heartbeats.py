@@ -9,6 +9,10 @@ swarm epoch read from the DHT, re-elects checkpointers that went silent or fell 
 one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
 ``progress_max_points``) and reloads the cache.
 A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
+
+The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
+worker's own peer are kept (``worker/peer_addresses.py``): its peer id is the one its swarm token was
+issued for; in a run without swarm admission (no token), any one peer's.
 """
 
 from __future__ import annotations
@@ -19,18 +23,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator import runs
+from orchestrator import progress_samples, runs
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.db.models import Checkpoint, ProgressSample, Run, Worker
+from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.tokens import token_matches
-from worker.wire import Heartbeat, HeartbeatReply, RunState, WorkerAction, WorkerState
+from worker.peer_addresses import announced_addresses
+from worker.wire import (
+    Heartbeat,
+    HeartbeatReply,
+    RunState,
+    WorkerAction,
+    WorkerState,
+    swarm_admission_requested,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +59,7 @@ class WorkerEntry:
     retiring: bool
     last_seen: datetime | None
     epoch: int = 0  # the swarm epoch it last reported
+    peer_id: str | None = None  # the libp2p peer id its swarm token was issued for
 
 
 @dataclass
@@ -59,6 +72,7 @@ class RunEntry:
     checkpoint_every_epochs: int
     latest_checkpoint_epoch: int | None
     swarm_epoch: int = 0  # the highest the DHT showed, as recorded in the database
+    admission: bool = True  # its peers hold swarm tokens (so each worker's peer id is known)
 
 
 @dataclass
@@ -83,6 +97,9 @@ class HeartbeatHub:
         self._runs: dict[int, RunEntry] = {}
         self._last_sample_at: dict[int, datetime] = {}
         self._started_at = clock()
+        # worker id -> (the addresses and peer id last filtered, what was kept): parsing costs ~0.3 ms an
+        # address, and a worker reports the same ones heartbeat after heartbeat
+        self._announced: dict[int, tuple[tuple[tuple[str, ...], str | None], list[str]]] = {}
 
     # -- the hot path (memory only) ----------------------------------------------------------------
 
@@ -98,8 +115,12 @@ class HeartbeatHub:
             raise Forbidden(f"the token does not belong to worker {entry.worker_id}")
 
     def accept(self, entry: WorkerEntry, heartbeat: Heartbeat) -> HeartbeatReply:
-        """Buffer ``heartbeat`` and answer it from the cache."""
+        """Buffer ``heartbeat`` (with only the addresses new workers may be given) and answer it from
+        the cache."""
         now = self._clock()
+        with self._lock:
+            run = self._runs.get(entry.run_id)
+        heartbeat.visible_maddrs = self._announced_addresses(entry, run, heartbeat.visible_maddrs)
         with self._lock:
             run = self._runs.get(entry.run_id)
             ended = entry.state not in CACHED_WORKER_STATES
@@ -114,6 +135,24 @@ class HeartbeatHub:
                 checkpoint_every_epochs=run.checkpoint_every_epochs if run else 5,
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
             )
+
+    def _announced_addresses(self, entry: WorkerEntry, run: RunEntry | None, maddrs: list[str]) -> list[str]:
+        if not maddrs or run is None or (run.admission and entry.peer_id is None):
+            return []
+        key = (tuple(maddrs), entry.peer_id if run.admission else None)
+        cached = self._announced.get(entry.worker_id)
+        if cached is not None and cached[0] == key:
+            return list(cached[1])
+        kept = announced_addresses(maddrs, key[1])
+        self._announced[entry.worker_id] = (key, kept)
+        return list(kept)
+
+    def bind_peer(self, worker_id: int, peer_id: str) -> None:
+        """The worker's swarm token was issued for ``peer_id`` (recorded in the database too)."""
+        with self._lock:
+            entry = self._workers.get(worker_id)
+            if entry is not None:
+                entry.peer_id = peer_id
 
     def run_entry(self, run_id: int) -> RunEntry | None:
         with self._lock:
@@ -143,7 +182,7 @@ class HeartbeatHub:
             if worker is None:
                 return None
             entry = _worker_entry(worker)
-            run_entry = _run_entries(session, [worker.run]).get(worker.run_id)
+            run_entry = _run_entries(session, [worker.run], self._settings.swarm_admission).get(worker.run_id)
         with self._lock:
             self._workers[worker_id] = entry
             if run_entry is not None and run_entry.state in runs.ACTIVE_RUN_STATES:
@@ -163,6 +202,7 @@ class HeartbeatHub:
             run.checkpoint_every_epochs,
             self._latest_epoch(run.id),
             run.swarm_epoch,
+            self._settings.swarm_admission and swarm_admission_requested(run.strategy_options),
         )
         return _worker_entry(worker), run_entry
 
@@ -182,7 +222,7 @@ class HeartbeatHub:
         """Reload runs and workers from the database (their states may have been changed elsewhere)."""
         with self._db.read() as session:
             active = runs.list_active_runs(session)
-            run_entries = _run_entries(session, active)
+            run_entries = _run_entries(session, active, self._settings.swarm_admission)
             # Only the cached columns, as plain rows: loading whole ORM objects (JSON columns and all) of
             # every live worker once a second was the orchestrator's largest CPU cost under load.
             query = select(*_ENTRY_COLUMNS).where(
@@ -190,7 +230,7 @@ class HeartbeatHub:
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
             worker_entries = {
-                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0) for row in rows
+                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7]) for row in rows
             }
         with self._lock:
             for worker_id, entry in worker_entries.items():
@@ -202,6 +242,7 @@ class HeartbeatHub:
                 ):
                     entry.last_seen, entry.epoch = old.last_seen, max(old.epoch, entry.epoch)
             self._workers, self._runs = worker_entries, run_entries
+            self._announced = {k: v for k, v in self._announced.items() if k in worker_entries}
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
 
     # -- the batch writer ---------------------------------------------------------------------------
@@ -306,23 +347,9 @@ class HeartbeatHub:
         if not due:
             return 0
         fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
-        for row in _aggregate(session, due.keys(), fresh_after):
-            swarm = self._swarm.get(due[row.run_id])
-            session.add(
-                ProgressSample(
-                    run_id=row.run_id,
-                    at=now,
-                    swarm_epoch=int(row.epoch or 0),
-                    samples_total=int(row.samples or 0),
-                    loss=float(row.loss) if row.loss is not None else None,
-                    samples_per_s=float(row.speed or 0.0),
-                    live_workers=int(row.live or 0),
-                    dht_epoch=swarm.epoch if swarm else None,
-                    dht_samples=swarm.samples_accumulated if swarm else None,
-                    dht_peers=swarm.num_peers if swarm else None,
-                )
-            )
-            _thin(session, row.run_id, self._settings.progress_max_points)
+        progress_samples.write(
+            session, due, self._swarm, now, fresh_after, self._settings.progress_max_points
+        )
         with self._lock:
             self._last_sample_at.update({run_id: now for run_id in due})
         return len(due)
@@ -337,6 +364,7 @@ _ENTRY_COLUMNS = (
     Worker.retire_requested_at,
     Worker.last_heartbeat_at,
     Worker.swarm_epoch,
+    Worker.peer_id,
 )
 
 
@@ -349,10 +377,11 @@ def _worker_entry(worker: Worker) -> WorkerEntry:
         worker.retire_requested_at is not None,
         worker.last_heartbeat_at,
         worker.swarm_epoch or 0,
+        worker.peer_id,
     )
 
 
-def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntry]:
+def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) -> dict[int, RunEntry]:
     rows = list(run_rows)
     ids = [r.id for r in rows]
     query = select(Checkpoint.run_id, func.max(Checkpoint.epoch)).where(Checkpoint.run_id.in_(ids))
@@ -367,6 +396,7 @@ def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntr
             r.checkpoint_every_epochs,
             latest.get(r.id),
             r.swarm_epoch,
+            admission_on and swarm_admission_requested(r.strategy_options),
         )
         for r in rows
     }
@@ -409,36 +439,3 @@ def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, dateti
         for worker_id, (hb, at) in batch.items()
     ]
     session.connection().execute(_HEARTBEAT_UPDATE, params)
-
-
-def _aggregate(session: Session, run_ids: Iterable[int], fresh_after: datetime) -> list:  # type: ignore[type-arg]
-    fresh = (Worker.state == WorkerState.running.value) & (Worker.last_heartbeat_at >= fresh_after)
-    query = (
-        select(
-            Worker.run_id.label("run_id"),
-            func.max(Worker.swarm_epoch).label("epoch"),
-            func.sum(Worker.samples).label("samples"),
-            func.avg(case((fresh, Worker.loss))).label("loss"),
-            func.sum(case((fresh, Worker.samples_per_s), else_=0.0)).label("speed"),
-            func.sum(case((fresh, 1), else_=0)).label("live"),
-        )
-        .where(Worker.run_id.in_(list(run_ids)))
-        .group_by(Worker.run_id)
-    )
-    return list(session.execute(query))
-
-
-def _thin(session: Session, run_id: int, max_points: int) -> None:
-    """Past ``max_points`` samples, drop every second one of the older half (keeps the whole span)."""
-    count = session.scalar(select(func.count()).where(ProgressSample.run_id == run_id)) or 0
-    if count <= max_points:
-        return
-    older = session.scalars(
-        select(ProgressSample.id)
-        .where(ProgressSample.run_id == run_id)
-        .order_by(ProgressSample.at, ProgressSample.id)
-        .limit(count // 2)
-    ).all()
-    doomed = list(older[1::2])
-    session.execute(delete(ProgressSample).where(ProgressSample.id.in_(doomed)))
-    logger.debug("run %s: thinned %d progress samples", run_id, len(doomed))
