@@ -13,7 +13,7 @@ from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import become_checkpointer
+from tests.integration.worker_support import become_checkpointer, heartbeat, register
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
 from worker.wire import CHECKSUM_HEADER
@@ -48,20 +48,6 @@ def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
         response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return name, response.json()["join_token"]
-
-
-def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
-    with orch.client(token) as http:
-        response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def heartbeat(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
-    with orch.client(worker["worker_token"]) as http:
-        response = http.post(f"/api/v1/workers/{worker['worker_id']}/heartbeat", json=body)
-    assert response.status_code == 200, response.text
-    return dict(response.json())
 
 
 def get_run(orch: Orchestrator, name: str) -> dict[str, Any]:
