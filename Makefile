@@ -1,4 +1,5 @@
-# The two set-up commands of README: `make demo` (the main job) and `make test` (all tests).
+# The two set-up commands of README: `make demo` (the main job) and `make test` (all tests, with the
+# system tools they drive: chromium and nginx).
 # Each builds .venv on first use: torch==2.13.0 first (a CPU build here), then the project and its extras.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv browser clean bench fuzz
+.PHONY: demo test lint venv browser nginx clean bench fuzz
 
 venv: $(STAMP)
 
@@ -22,10 +23,15 @@ $(STAMP): pyproject.toml constraints.txt
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium >/dev/null)
 
+# Debian's nginx for the TLS proxy tests, which run their own nginx process on the deployment's
+# configuration (deploy/nginx/nginx.conf); the package's own service is not needed.
+nginx:
+	@test -x /usr/sbin/nginx || command -v nginx >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null)
+
 demo: venv
 	$(VENV)/bin/spotswarm demo
 
-test: venv browser
+test: venv browser nginx
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -69,6 +69,7 @@ ADMIN_OPS = {
     ("POST", "/api/v1/runs/{name}/stop"),
     ("POST", "/api/v1/runs/{name}/resume"),
     ("POST", "/api/v1/runs/{name}/join-token"),
+    ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
 }
 WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/heartbeat"),

@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -39,6 +40,7 @@ from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
 from orchestrator.swarm_auth import SwarmAdmission
 from orchestrator.tokens import hash_token
+from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
 
 logger = logging.getLogger(__name__)
@@ -140,6 +142,8 @@ def create_app(
         version="0.1.0",
         summary="Elastic PyTorch Lightning training over hivemind on unreliable machines.",
         lifespan=lifespan,
+        docs_url=None,  # served by orchestrator.web.apidocs, without a CDN
+        redoc_url=None,
     )
     _install_error_handlers(app)
     for module in (runs, workers, checkpoints, peers, worker_logs, swarm_auth):
@@ -148,6 +152,7 @@ def create_app(
     app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)
     app.state.metrics = metrics
     app.include_router(web_router)  # the status page: /, /runs/{name}, /static/*
+    app.include_router(docs_router)  # /docs, /redoc and their assets
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
@@ -172,11 +177,12 @@ async def _start(
     factories: Sequence[ServiceFactory],
     store_factory: Callable[[Settings], CheckpointStore] | None,
 ) -> tuple[AppContext, list[BackgroundService]]:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _private_data_dir(settings.data_dir)
     admin_token, generated = ensure_admin_token(settings)
     if generated:
-        # Printed once, when generated, so the operator can copy it; later starts only name the file.
-        print(f"spotswarm admin token: {admin_token} (saved in {settings.admin_token_path()})", flush=True)
+        # Only where it is: the token itself must not end up in journald or `docker logs`.
+        path = settings.admin_token_path()
+        print(f"spotswarm admin token: generated into {path} (read it with: cat {path})", flush=True)
     elif settings.admin_token is None:
         logger.info("admin token: read from %s", settings.admin_token_path())
     admission = (
@@ -200,7 +206,9 @@ async def _start(
     swarm = SwarmProgressCache()
     hub = HeartbeatHub(db, settings, clock, swarm)
     hub.refresh()
-    imports = ImportChecker(settings.import_timeout_s) if settings.check_imports else None
+    imports = (
+        ImportChecker(settings.import_timeout_s, settings.worker_env) if settings.check_imports else None
+    )
     if imports is not None:
         imports.warm_up()
     store = (
@@ -233,6 +241,16 @@ async def _start(
         started.append(service)
     logger.info("orchestrator ready on %s:%d (database: %s)", settings.host, settings.port, db.dialect)
     return ctx, started
+
+
+def _private_data_dir(data_dir: Path) -> None:
+    """Create the data dir owner-only (0700); warn when an existing one is open to other users."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if data_dir.stat().st_mode & 0o077:
+        logger.warning(
+            "data dir %s is readable by other users (run specs, checkpoints, worker logs): chmod 700 it",
+            data_dir,
+        )
 
 
 def _read_swarms(ctx: AppContext) -> None:

@@ -50,7 +50,9 @@ def reconcile_policy(settings: Settings) -> ReconcilePolicy:
 def build_launchers(settings: Settings) -> dict[str, Launcher]:
     """The launchers this orchestrator offers, by name."""
     launchers: dict[str, Launcher] = {
-        "local": LocalLauncher(settings.data_dir, grace_s=settings.retire_grace_s),
+        "local": LocalLauncher(
+            settings.data_dir, grace_s=settings.retire_grace_s, pass_env=settings.worker_env
+        ),
     }
     if settings.ec2_launch_template:
         from orchestrator.launchers.ec2 import Ec2Launcher, Ec2LauncherConfig

@@ -30,6 +30,20 @@ class Settings(BaseSettings):
 
     host: str = Field(default="127.0.0.1", description="Address the HTTP API binds to (0.0.0.0 for all).")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the HTTP API.")
+    tls_proxy: bool = Field(
+        default=False,
+        description="A TLS-terminating reverse proxy is in front (the Terraform module's nginx): plain HTTP "
+        "on a non-loopback host is then intended, and start-up does not warn about it.",
+    )
+    http_limit_concurrency: int = Field(
+        default=2048,
+        ge=16,
+        le=1_000_000,
+        description="Open connections (or requests in progress) beyond which the API answers 503 at once.",
+    )
+    http_keepalive_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection is kept open."
+    )
     data_dir: Path = Field(
         default=Path("data"),
         description="Directory for the SQLite database, DHT identity, admin token and checkpoints.",
@@ -84,6 +98,11 @@ class Settings(BaseSettings):
     public_reads: bool = Field(
         default=True,
         description="Serve read-only endpoints without a token (they never return secrets).",
+    )
+    worker_env: MaddrList = Field(
+        default_factory=list,
+        description="Comma-separated extra environment variables (NAME or PREFIX*) that local workers and "
+        "the import probe get from the server's environment, besides the default allow-list.",
     )
     check_imports: bool = Field(
         default=True,
@@ -189,7 +208,12 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (tests point it at moto).")
 
     @field_validator(
-        "dht_host_maddrs", "dht_announce_maddrs", "ec2_instance_types", "ec2_subnet_ids", mode="before"
+        "dht_host_maddrs",
+        "dht_announce_maddrs",
+        "ec2_instance_types",
+        "ec2_subnet_ids",
+        "worker_env",
+        mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> Any:

@@ -148,7 +148,13 @@ class OrchestratorDHT:
         from hivemind.dht.crypto import RSASignatureValidator
 
         self.identity_path.parent.mkdir(parents=True, exist_ok=True)
-        kwargs: dict[str, Any] = {"host_maddrs": self.host_maddrs, "identity_path": str(self.identity_path)}
+        kwargs: dict[str, Any] = {
+            "host_maddrs": self.host_maddrs,
+            "identity_path": str(self.identity_path),
+            # Workers dial the orchestrator at its announced address; it never needs a router to open
+            # its port (UPnP/NAT-PMP would expose the DHT beyond the network it is meant for).
+            "nat_port_map": False,
+        }
         if self.announce_maddrs:
             kwargs["announce_maddrs"] = self.announce_maddrs
         kwargs.update(self.dht_options)

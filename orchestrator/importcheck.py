@@ -2,21 +2,29 @@
 
 :class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
 imported already and forks a child per check, so a check takes a fraction of a second after the first
-(which waits for the probe's own start-up, a few seconds). The probe runs in the server's working
-directory with the server's interpreter, so it sees what the server sees on ``sys.path``.
+(which waits for the probe's own start-up, a few seconds). The probe runs with the server's interpreter
+and the server's working directory first on ``PYTHONPATH``, so it imports what the server (and a local
+worker) would. Importing a module runs its code: the probe gets only the allow-listed environment of
+:mod:`orchestrator.childenv` (not the admin token, the database URL or cloud keys) and works in an
+empty temporary directory, not the data dir. It still runs as the server's user.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import selectors
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import IO, Any
 
+from orchestrator.childenv import child_env
 from orchestrator.errors import InvalidRequest, Unavailable
 from worker.wire import RunSpec
 
@@ -26,10 +34,12 @@ logger = logging.getLogger(__name__)
 class ImportChecker:
     """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
 
-    def __init__(self, timeout_s: float = 60.0) -> None:
+    def __init__(self, timeout_s: float = 60.0, pass_env: Sequence[str] = ()) -> None:
         self.timeout_s = timeout_s
+        self._pass_env = tuple(pass_env)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
 
     def warm_up(self) -> None:
         """Start the probe in the background so the first check does not wait for Lightning's import."""
@@ -69,10 +79,13 @@ class ImportChecker:
     def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
+        self._workdir = self._workdir or tempfile.mkdtemp(prefix="spotswarm-import-probe-")
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.import_probe"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=self._probe_env(),
+            cwd=self._workdir,
             start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
         )
         self._proc = proc
@@ -88,6 +101,12 @@ class ImportChecker:
         logger.info("import probe ready (pid %d)", proc.pid)
         return proc
 
+    def _probe_env(self) -> dict[str, str]:
+        """The allow-listed environment, with the server's working directory first on the import path."""
+        env = child_env(os.environ, self._pass_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
+        return env
+
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
@@ -97,6 +116,9 @@ class ImportChecker:
     def close(self) -> None:
         """Stop the probe (closing its stdin ends it; killed if it lingers)."""
         with self._lock:
+            if self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
             if self._proc is None:
                 return
             if self._proc.stdin is not None:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from orchestrator import checkpoints, runs
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.dht import SwarmProgressCache
+from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.schemas import (
     EventOut,
     EventPage,
@@ -28,7 +29,7 @@ from orchestrator.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from worker.wire import RunState, WorkerState
+from worker.wire import RunSpec, RunState, WorkerState
 
 T = TypeVar("T")
 MAX_WORKER_PEERS = 16
@@ -93,26 +94,40 @@ def latest_checkpoints(session: Session, run_ids: Sequence[int]) -> dict[int, Ch
     return {c.run_id: c for c in session.scalars(query)}
 
 
+# The spec fields whose values are the user's own (free-form JSON): left out of the public view.
+FREE_FORM_SPEC_FIELDS = ("module_args", "datamodule_args", "strategy_options", "launcher_options")
+
+
+def public_spec(spec: RunSpec) -> RunSpec:
+    """``spec`` without the values of its free-form fields (they may name buckets, hosts or keys)."""
+    return spec.model_copy(update={field: {} for field in FREE_FORM_SPEC_FIELDS})
+
+
 def runs_out(
     session: Session,
     rows: Sequence[Run],
     swarm: SwarmProgressCache,
     now: datetime,
     heartbeat_timeout_s: float,
+    full: bool = True,
 ) -> list[RunOut]:
-    """API views of ``rows`` with their live numbers (three queries for the whole page)."""
+    """API views of ``rows`` with their live numbers (three queries for the whole page); the public
+    view unless ``full``."""
     ids = [r.id for r in rows]
     numbers = run_numbers(session, ids, now - timedelta(seconds=heartbeat_timeout_s))
     latest = latest_checkpoints(session, ids)
-    return [_run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), swarm) for r in rows]
+    return [_run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), swarm, full) for r in rows]
 
 
-def _run_out(run: Run, numbers: RunNumbers, latest: Checkpoint | None, swarm: SwarmProgressCache) -> RunOut:
+def _run_out(
+    run: Run, numbers: RunNumbers, latest: Checkpoint | None, swarm: SwarmProgressCache, full: bool
+) -> RunOut:
     progress = swarm.get(run.swarm_id)
+    spec = runs.run_spec(run)
     return RunOut(
         name=run.name,
         swarm_id=run.swarm_id,
-        spec=runs.run_spec(run),
+        spec=spec if full else public_spec(spec),
         state=RunState(run.state),
         state_reason=run.state_reason,
         created_at=run.created_at,
@@ -136,6 +151,7 @@ def _run_out(run: Run, numbers: RunNumbers, latest: Checkpoint | None, swarm: Sw
         swarm=SwarmProgress.model_validate(progress, from_attributes=True) if progress else None,
         checkpointer_worker_id=str(run.checkpointer_worker_id) if run.checkpointer_worker_id else None,
         latest_checkpoint=checkpoints.to_ref(run, latest) if latest else None,
+        redacted=not full,
     )
 
 
@@ -201,7 +217,11 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
     return ProgressSeries(points=points, stored_points=len(rows))
 
 
-def worker_out(worker: Worker, run: Run) -> WorkerOut:
+def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
+    """The API view of a worker; the public view (launch details that locate nothing) unless ``full``."""
+    details = dict(worker.launch_details)
+    if not full:
+        details = {key: value for key, value in details.items() if key in PUBLIC_DETAILS}
     return WorkerOut(
         id=str(worker.id),
         run=run.name,
@@ -214,7 +234,7 @@ def worker_out(worker: Worker, run: Run) -> WorkerOut:
         retire_requested_at=worker.retire_requested_at,
         hostname=worker.hostname,
         peer_maddrs=list(worker.peer_maddrs),
-        launch_details=dict(worker.launch_details),
+        launch_details=details,
         exit_reason=worker.exit_reason,
         created_at=worker.created_at,
         registered_at=worker.registered_at,
@@ -228,19 +248,21 @@ def worker_out(worker: Worker, run: Run) -> WorkerOut:
         num_peers=worker.num_peers,
         phase=worker.phase,
         checkpointer=run.checkpointer_worker_id == worker.id,
+        redacted=not full,
     )
 
 
 def list_workers(
-    session: Session, run: Run, state: WorkerState | None, limit: int, offset: int
+    session: Session, run: Run, state: WorkerState | None, limit: int, offset: int, full: bool = True
 ) -> tuple[list[WorkerOut], int]:
-    """A page of the run's workers, newest first, and the total matching ``state``."""
+    """A page of the run's workers, newest first, and the total matching ``state`` (public view unless
+    ``full``)."""
     query = select(Worker).where(Worker.run_id == run.id)
     count = select(func.count()).select_from(Worker).where(Worker.run_id == run.id)
     if state is not None:
         query, count = query.where(Worker.state == state.value), count.where(Worker.state == state.value)
     rows = session.scalars(query.order_by(Worker.id.desc()).limit(limit).offset(offset)).all()
-    return [worker_out(w, run) for w in rows], int(session.scalar(count) or 0)
+    return [worker_out(w, run, full) for w in rows], int(session.scalar(count) or 0)
 
 
 def worker_peers(session: Session, run_id: int) -> list[str]:

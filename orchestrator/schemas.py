@@ -2,7 +2,8 @@
 
 What workers send and receive is in ``worker/wire.py`` (shared with the worker package); this module
 holds what only the admin side, the status page and the CLI see. Responses never contain a token hash;
-the only secret ever returned is the join token, once, in :class:`RunCreated`.
+the only secret ever returned is the join token, once, in :class:`RunCreated`. Runs and workers have a
+public view (``redacted``) for callers without the admin token.
 """
 
 from __future__ import annotations
@@ -11,15 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from worker.wire import (
-    NO_NUL_PATTERN,
-    CheckpointRef,
-    RunSpec,
-    RunState,
-    StopCondition,
-    StrictModel,
-    WorkerState,
-)
+from worker.wire import CheckpointRef, PlainText, RunSpec, RunState, StopCondition, StrictModel, WorkerState
 
 
 class ScaleRequest(StrictModel):
@@ -31,7 +24,7 @@ class ScaleRequest(StrictModel):
 
 
 class StopRequest(StrictModel):
-    reason: str = Field(default="stopped by admin", max_length=1000, pattern=NO_NUL_PATTERN)
+    reason: PlainText = Field(default="stopped by admin", max_length=1000)
 
 
 class ResumeRequest(StrictModel):
@@ -87,6 +80,10 @@ class RunOut(BaseModel):
     swarm: SwarmProgress | None = Field(description="Null until the DHT has been read for this run.")
     checkpointer_worker_id: str | None
     latest_checkpoint: CheckpointRef | None
+    redacted: bool = Field(
+        description="True in the public view (no admin token): the spec's free-form values "
+        "(module_args, datamodule_args, strategy_options, launcher_options) are left out, shown as {}."
+    )
 
 
 class RunCreated(RunOut):
@@ -163,6 +160,10 @@ class WorkerOut(BaseModel):
     num_peers: int
     phase: str
     checkpointer: bool
+    redacted: bool = Field(
+        description="True in the public view (no admin token): launch_details keeps only what describes "
+        "the machine and its price, not where it is (IPs, subnets, paths)."
+    )
 
 
 class WorkerList(BaseModel):

@@ -1,7 +1,9 @@
 # Least privilege. The orchestrator may launch instances only from the worker launch template, only
-# with the worker AMI, only tagged spotswarm:orchestrator=<name>, and terminate only instances carrying
-# that tag; it may pass the worker role and nothing else. Workers may read and write their checkpoint
-# prefix. Policies are plain jsonencode() documents so the plan tests can read them.
+# with the worker AMI, only tagged spotswarm:orchestrator=<name> and with a request id, and terminate
+# only instances carrying both (no resource of the module does: main.tf); it may pass the worker role
+# and nothing else. Workers never touch AWS APIs (all their checkpoint traffic goes through the
+# orchestrator's API): they may only pull from ECR, when configured. Policies are plain
+# jsonencode() documents so the plan tests can read them.
 
 locals {
   checkpoint_objects = "${aws_s3_bucket.checkpoints.arn}/${var.checkpoint_prefix}/*"
@@ -49,6 +51,7 @@ locals {
         Resource = ["${local.ec2_arn}:instance/*", "${local.ec2_arn}:fleet/*"]
         Condition = {
           StringEquals = { "aws:RequestTag/${local.tag_orchestrator}" = var.name }
+          Null         = { "aws:RequestTag/${local.tag_request}" = "false" }
         }
       },
       {
@@ -81,6 +84,7 @@ locals {
         Resource = ["${local.ec2_arn}:instance/*"]
         Condition = {
           StringEquals = { "ec2:ResourceTag/${local.tag_orchestrator}" = var.name }
+          Null         = { "ec2:ResourceTag/${local.tag_request}" = "false" }
         }
       },
       {
@@ -128,9 +132,11 @@ locals {
     },
   ]
 
-  worker_policy = jsonencode({
+  # Pulling the worker image from ECR is all a worker may do; without ECR repositories the role has no
+  # policy at all, so the credentials user code can read from the metadata service allow nothing.
+  worker_policy = length(local.ecr_statements) == 0 ? null : jsonencode({
     Version   = "2012-10-17"
-    Statement = concat(local.checkpoint_statements, local.kms_statements, local.ecr_statements)
+    Statement = local.ecr_statements
   })
 }
 
@@ -161,12 +167,13 @@ resource "aws_iam_instance_profile" "orchestrator" {
 
 resource "aws_iam_role" "worker" {
   name_prefix        = "${var.name}-worker-"
-  description        = "spotswarm worker: its checkpoint prefix and nothing else"
+  description        = "spotswarm worker: pulls its image, nothing else"
   assume_role_policy = local.ec2_assume_role
   tags               = local.tags
 }
 
 resource "aws_iam_role_policy" "worker" {
+  count  = local.worker_policy == null ? 0 : 1
   name   = "spotswarm-worker"
   role   = aws_iam_role.worker.id
   policy = local.worker_policy

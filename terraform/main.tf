@@ -7,8 +7,14 @@ data "aws_partition" "current" {}
 data "aws_region" "current" {}
 
 locals {
+  # Two tag keys that never meet. The module's own resources (the orchestrator's instance included)
+  # carry spotswarm:deployment=<name>. Workers carry spotswarm:orchestrator=<name> plus a request id,
+  # both set by the EC2 launcher at launch; the orchestrator may terminate nothing else (iam.tf), so it
+  # can never mistake itself, or anything else of the module, for a worker.
+  tag_deployment   = "spotswarm:deployment"
   tag_orchestrator = "spotswarm:orchestrator"
-  tags             = merge(var.tags, { (local.tag_orchestrator) = var.name })
+  tag_request      = "spotswarm:request-id"
+  tags             = merge(var.tags, { (local.tag_deployment) = var.name })
 
   account_id = data.aws_caller_identity.current.account_id
   partition  = data.aws_partition.current.partition

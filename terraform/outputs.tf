@@ -1,6 +1,21 @@
 output "orchestrator_url" {
-  description = "The orchestrator's API, for `spotswarm --url` (reachable from allowed_api_cidrs)."
-  value       = "http://${aws_instance.orchestrator.public_ip != "" ? aws_instance.orchestrator.public_ip : aws_instance.orchestrator.private_ip}:${var.api_port}"
+  description = "The orchestrator's API and status page over HTTPS, for `spotswarm --url` (reachable from allowed_api_cidrs). Without domain_name its certificate is self-signed: see docs/readme/aws.md for trusting it."
+  value       = "https://${local.domain_name != "" ? local.domain_name : local.orchestrator_address}"
+}
+
+output "orchestrator_public_ip" {
+  description = "Address users reach the orchestrator at (point domain_name's A record here). It changes when the instance is stopped and started or replaced."
+  value       = local.orchestrator_address
+}
+
+output "worker_api_url" {
+  description = "The plain-HTTP API address workers use inside the VPC (SPOTSWARM_PUBLIC_URL on the orchestrator)."
+  value       = "http://${aws_instance.orchestrator.private_ip}:${var.api_port}"
+}
+
+output "tls_fingerprint_command" {
+  description = "Prints the SHA-256 fingerprint of the orchestrator's current TLS certificate, from the instance's console log (compare it with the certificate you saved)."
+  value       = "aws ec2 get-console-output --instance-id ${aws_instance.orchestrator.id} --latest --output text | grep spotswarm-tls"
 }
 
 output "orchestrator_instance_id" {

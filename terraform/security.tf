@@ -1,5 +1,7 @@
-# Who may talk to whom. The API port is open to allowed_api_cidrs and to the workers; the DHT ports only
-# between workers and the orchestrator. No SSH: use Session Manager (enable_ssm_session).
+# Who may talk to whom. HTTPS (443, nginx) is open to allowed_api_cidrs; the plain-HTTP API port (nginx
+# again) and the orchestrator's DHT port only to the workers; the workers' DHT port only between workers
+# and the orchestrator. Port 80 opens to everyone only with domain_name, for Let's Encrypt's HTTP-01
+# challenge (nginx answers nothing else there but a redirect). No SSH: use Session Manager.
 
 resource "aws_security_group" "orchestrator" {
   name_prefix = "${var.name}-orchestrator-"
@@ -27,17 +29,29 @@ resource "aws_vpc_security_group_ingress_rule" "api_from_allowed" {
   for_each = toset(var.allowed_api_cidrs)
 
   security_group_id = aws_security_group.orchestrator.id
-  description       = "HTTP API from an allowed network"
+  description       = "HTTPS API from an allowed network"
   cidr_ipv4         = each.value
   ip_protocol       = "tcp"
-  from_port         = var.api_port
-  to_port           = var.api_port
+  from_port         = local.https_port
+  to_port           = local.https_port
+  tags              = local.tags
+}
+
+resource "aws_vpc_security_group_ingress_rule" "acme_http_challenge" {
+  count = local.domain_name == "" ? 0 : 1
+
+  security_group_id = aws_security_group.orchestrator.id
+  description       = "ACME HTTP-01 challenge of Lets Encrypt (nginx serves only the challenge and a redirect)"
+  cidr_ipv4         = "0.0.0.0/0"
+  ip_protocol       = "tcp"
+  from_port         = 80
+  to_port           = 80
   tags              = local.tags
 }
 
 resource "aws_vpc_security_group_ingress_rule" "api_from_workers" {
   security_group_id            = aws_security_group.orchestrator.id
-  description                  = "HTTP API from workers (register, heartbeat, checkpoints)"
+  description                  = "plain-HTTP API from workers (register, heartbeat, checkpoints)"
   referenced_security_group_id = aws_security_group.workers.id
   ip_protocol                  = "tcp"
   from_port                    = var.api_port
@@ -67,7 +81,7 @@ resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_workers" {
 
 resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_orchestrator" {
   security_group_id            = aws_security_group.workers.id
-  description                  = "hivemind DHT from the orchestrator's peer"
+  description                  = "hivemind DHT from the orchestrator peer"
   referenced_security_group_id = aws_security_group.orchestrator.id
   ip_protocol                  = "tcp"
   from_port                    = var.worker_dht_port

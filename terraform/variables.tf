@@ -2,7 +2,7 @@
 # are required; everything else has a default that works in a fresh account.
 
 variable "name" {
-  description = "Prefix of every resource name, and the value of the spotswarm:orchestrator tag that scopes the orchestrator's EC2 permissions."
+  description = "Prefix of every resource name; the value of the spotswarm:deployment tag on the module's resources and of the spotswarm:orchestrator tag on the workers, which scopes the orchestrator's EC2 permissions."
   type        = string
   default     = "spotswarm"
 
@@ -75,23 +75,56 @@ variable "az_count" {
 }
 
 variable "allowed_api_cidrs" {
-  description = "CIDRs allowed to reach the orchestrator's HTTP API (your office or VPN). Workers always may."
+  description = "CIDRs allowed to reach the orchestrator's API over HTTPS (port 443): your office or VPN. Workers reach it inside the VPC. Ranges wider than /8 (0.0.0.0/0 included) need allow_api_from_anywhere = true."
   type        = list(string)
 
   validation {
     condition     = length(var.allowed_api_cidrs) > 0 && alltrue([for c in var.allowed_api_cidrs : can(cidrhost(c, 0)) && !can(regex(":", c))])
     error_message = "allowed_api_cidrs needs at least one IPv4 CIDR such as 203.0.113.7/32."
   }
+
+  validation {
+    condition     = var.allow_api_from_anywhere || alltrue([for c in var.allowed_api_cidrs : !can(cidrhost(c, 0)) || tonumber(split("/", c)[1]) >= 8])
+    error_message = "allowed_api_cidrs holds a range wider than /8 (such as 0.0.0.0/0): the admin API would be open to much of the internet. Narrow it, or set allow_api_from_anywhere = true if you mean it."
+  }
+}
+
+variable "allow_api_from_anywhere" {
+  description = "Accept allowed_api_cidrs wider than /8, such as 0.0.0.0/0. The API is then protected by its tokens, TLS and nginx's limits alone."
+  type        = bool
+  default     = false
 }
 
 variable "api_port" {
-  description = "TCP port of the orchestrator's HTTP API."
+  description = "TCP port on which workers reach the orchestrator's API inside the VPC (plain HTTP through nginx; only the worker security group may connect). Users use HTTPS on 443."
   type        = number
   default     = 8000
 
   validation {
-    condition     = var.api_port >= 1 && var.api_port <= 65535
-    error_message = "api_port must be a TCP port (1-65535)."
+    condition     = var.api_port >= 1024 && var.api_port <= 65535 && var.api_port != 8001
+    error_message = "api_port must be an unprivileged TCP port (1024-65535) other than 8001 (the orchestrator's own, on 127.0.0.1)."
+  }
+}
+
+variable "domain_name" {
+  description = "DNS name users reach the orchestrator by (you point its A record at the orchestrator_public_ip output). Set: nginx gets a Let's Encrypt certificate for it over HTTP-01, which opens port 80 to everyone for the challenge. Null: a self-signed certificate for the instance's addresses, made at boot (see docs/readme/aws.md)."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.domain_name == null || can(regex("^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z]{2,63}$", var.domain_name))
+    error_message = "domain_name must be a lowercase DNS name such as spotswarm.example.com."
+  }
+}
+
+variable "proxy_max_connections_per_client" {
+  description = "Requests one client address may have in progress at once through nginx; more are refused with 429 at once. Raise it when many users share one address (NAT)."
+  type        = number
+  default     = 32
+
+  validation {
+    condition     = var.proxy_max_connections_per_client >= 4 && var.proxy_max_connections_per_client <= 10000 && floor(var.proxy_max_connections_per_client) == var.proxy_max_connections_per_client
+    error_message = "proxy_max_connections_per_client must be a whole number from 4 to 10000."
   }
 }
 
@@ -173,6 +206,28 @@ variable "postgres_image" {
   }
 }
 
+variable "proxy_image" {
+  description = "nginx image in front of the orchestrator (TLS, per-client limits)."
+  type        = string
+  default     = "nginx:1.28.0-alpine"
+
+  validation {
+    condition     = can(regex("^[a-z0-9./_-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$", var.proxy_image)) && !endswith(var.proxy_image, ":latest")
+    error_message = "proxy_image must carry a fixed tag or digest (not :latest)."
+  }
+}
+
+variable "certbot_image" {
+  description = "certbot image that gets and renews the Let's Encrypt certificate (only with domain_name)."
+  type        = string
+  default     = "certbot/certbot:v4.0.0"
+
+  validation {
+    condition     = can(regex("^[a-z0-9./_-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$", var.certbot_image)) && !endswith(var.certbot_image, ":latest")
+    error_message = "certbot_image must carry a fixed tag or digest (not :latest)."
+  }
+}
+
 variable "enable_ssm_session" {
   description = "Attach AmazonSSMManagedInstanceCore to the orchestrator so you can open a shell with Session Manager (no SSH port is ever opened)."
   type        = bool
@@ -247,7 +302,7 @@ variable "on_demand_fallback_after" {
 }
 
 variable "ecr_repository_arns" {
-  description = "ECR repositories the orchestrator and the workers may pull their images from (empty: images are public or elsewhere)."
+  description = "ECR repositories the orchestrator and the workers may pull their images from (empty: images are public or elsewhere, and workers get no AWS permissions at all)."
   type        = list(string)
   default     = []
 
@@ -271,7 +326,7 @@ variable "checkpoint_bucket_name" {
 }
 
 variable "checkpoint_prefix" {
-  description = "Key prefix of the checkpoints in the bucket; workers may only touch keys under it."
+  description = "Key prefix of the checkpoints in the bucket; the orchestrator may only touch keys under it (workers never touch the bucket)."
   type        = string
   default     = "spotswarm"
 

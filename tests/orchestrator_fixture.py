@@ -19,7 +19,8 @@ The ``processes`` registry kills the server (and its DHT daemon) when the test e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,13 @@ def start_orchestrator(
     dht_port: int | None = None,
     name: str = "orchestrator",
     ready_timeout_s: float = 150.0,
+    command_prefix: Sequence[str] = (),
 ) -> Orchestrator:
     """Start `spotswarm serve` and wait until it is ready; raises TimeoutError with its log otherwise.
 
     Without ``admin_token`` the server generates one into ``data_dir/admin_token`` (and keeps it across
-    restarts on the same data dir); it is read from there.
+    restarts on the same data dir); it is read from there. ``command_prefix`` runs the server under a
+    program that execs it (e.g. ``prlimit --nofile=...``), so the process is still the server's.
     """
     port = port or free_port()
     dht_port = dht_port or free_port()
@@ -110,7 +113,7 @@ def start_orchestrator(
         **({"SPOTSWARM_ADMIN_TOKEN": admin_token} if admin_token else {}),
         **(extra_env or {}),
     }
-    proc = processes.start(name, [str(VENV_BIN / "spotswarm"), "serve"], env=env)
+    proc = processes.start(name, [*command_prefix, str(VENV_BIN / "spotswarm"), "serve"], env=env)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -124,6 +127,17 @@ def start_orchestrator(
         raise TimeoutError(f"{exc}\n--- orchestrator log ---\n{proc.log()[-4000:]}") from exc
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
+
+
+@contextmanager
+def orchestrator_in(root: Path, **kwargs: Any) -> Iterator[Orchestrator]:
+    """``start_orchestrator`` on ``root / "data"`` with its own process registry, killed when the block
+    ends: the body of a module-scoped fixture."""
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(registry, root / "data", **kwargs)
+    finally:
+        registry.kill_all()
 
 
 def run_spec(name: str, **overrides: Any) -> dict[str, Any]:

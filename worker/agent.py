@@ -199,7 +199,7 @@ class Agent:
             trainer = agent_train.build_trainer(
                 registration, self._dht, options.strategy, callback, self.config
             )
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+            agent_train.fit(trainer, module, datamodule, ckpt_path)
         except (TypeError, HivemindStrategyError) as exc:
             if self.state.stop is not None:
                 return self._stopped_despite(exc)

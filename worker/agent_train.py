@@ -187,6 +187,13 @@ DHT_START_ATTEMPTS = 3
 DHT_RETRY_PAUSE_S = 3.0
 
 
+def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None) -> None:
+    """``trainer.fit``, resuming from ``ckpt_path`` when given. The checkpoint came over the network
+    (uploaded by some worker of the run), so it is unpickled with ``weights_only=True`` whatever torch's
+    default: tensors and plain values load (hivemind's optimizer state included), code does not run."""
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+
+
 def start_swarm_dht_retrying(
     initial_peers: list[str],
     dht_options: Mapping[str, Any],

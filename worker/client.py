@@ -31,6 +31,7 @@ from worker.wire import (
     SwarmTokenRequest,
     WorkerRegister,
     WorkerRegistered,
+    without_control_characters,
 )
 
 logger = logging.getLogger(__name__)
@@ -152,8 +153,9 @@ class OrchestratorClient:
         return HeartbeatReply.model_validate(response.json())
 
     def deregister(self, worker_id: str, reason: DeregisterReason, message: str | None = None) -> None:
-        """Leave the run for ``reason``; ``message`` (trimmed to 4000 chars) explains an error."""
-        body = Deregister(reason=reason, message=message[:4000] if message else None)
+        """Leave the run for ``reason``; ``message`` (made one line, at most 4000 chars) says why."""
+        text = without_control_characters(message)[:4000] if message else None
+        body = Deregister(reason=reason, message=text or None)
         self._call("POST", f"/workers/{worker_id}/deregister", json=body.model_dump(mode="json"))
 
     def run_peers(self, run_name: str) -> PeerList:

@@ -11,7 +11,9 @@ same fields, so logs of both sides can be searched alike:
 
 ``run``, ``worker`` and ``event`` come from the record (``logger.info(..., extra=log_fields(run=...))``)
 or, for a process that serves one run (a worker), from :func:`set_log_context`. Fields not known are
-``null`` in JSON and left out of text lines.
+``null`` in JSON and left out of text lines. Text lines escape control characters in messages and
+fields (a newline becomes ``\n``), so logged values cannot start lines of their own; the traceback
+after a message keeps its lines.
 
 hivemind installs its own handler on the ``hivemind`` logger; it is removed so that hivemind's lines go
 through ours in the same format, and hivemind is kept at ``SPOTSWARM_HIVEMIND_LOG_LEVEL`` (default
@@ -26,6 +28,8 @@ import os
 import sys
 from datetime import datetime, timezone
 from typing import IO, Any
+
+from worker.wire import CONTROL_CHARACTER_RE
 
 FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
 HIVEMIND_LEVEL_ENV = "SPOTSWARM_HIVEMIND_LOG_LEVEL"
@@ -88,19 +92,29 @@ _LEVEL_NAMES = {
 }
 
 
+def escape_control_characters(text: str) -> str:
+    """``text`` with each control character written as its escape (``\n``, ``\x1b``, ``\u2028``)."""
+    return CONTROL_CHARACTER_RE.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 class TextFormatter(logging.Formatter):
-    """``time LEVEL [run=.. worker=..] logger: message`` (the brackets only when a run or worker is known)."""
+    """``time LEVEL [run=.. worker=..] logger: message`` (the brackets only when a run or worker is known),
+    one line per record apart from a traceback: control characters in the message and fields are escaped."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(level)s %(ctx)s%(name)s: %(kind)s%(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         parts = [f"{key}={value}" for key in ("run", "worker") if (value := getattr(record, key, None))]
-        record.ctx = f"[{' '.join(parts)}] " if parts else ""
+        record.ctx = escape_control_characters(f"[{' '.join(parts)}] ") if parts else ""
         record.level = level_name(record)
         event = getattr(record, "event", None)
-        record.kind = f"{event}: " if event else ""
+        record.kind = escape_control_characters(f"{event}: ") if event else ""
         return super().format(record)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = escape_control_characters(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):

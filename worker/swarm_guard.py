@@ -10,7 +10,8 @@ they do know is the caller's peer id, which libp2p authenticates for every strea
   averagers a :class:`GuardedP2P`, whose every registered handler first asks :class:`AdmissionGuard`:
   has the calling peer a token for this run, signed by the orchestrator, unexpired, *whose key is the
   caller's peer id*? The guard fetches the caller's token once and remembers the answer until the
-  token expires (refusals for ``refusal_ttl_s``, so a stranger cannot make us call it back in a loop).
+  token expires (refusals for ``refusal_ttl_s``, so a stranger cannot make us call it back in a loop);
+  expired answers are dropped, so new identities cannot grow that memory without bound.
 
 A refused call fails on the caller's side with hivemind's ``P2PHandlerError``; it never reaches the
 averager, so an unknown peer cannot join a group, send parts of an all-reduce or download the model.
@@ -62,6 +63,11 @@ class AdmissionGuard:
         self._admitted: dict[PeerID, float] = {}  # peer -> its token's expiry
         self._refused: dict[PeerID, tuple[float, str]] = {}  # peer -> (until, reason)
         self._checks: dict[PeerID, asyncio.Task[tuple[float | None, str]]] = {}
+        self._next_prune_at = 0.0
+
+    def remembered_peers(self) -> int:
+        """How many callers' answers the guard holds (admitted and refused)."""
+        return len(self._admitted) + len(self._refused)
 
     async def require(self, p2p: P2P, peer: PeerID) -> None:
         """Return if ``peer`` is admitted; raise :class:`PeerNotAdmitted` (with the reason) otherwise."""
@@ -81,8 +87,18 @@ class AdmissionGuard:
             return
         raise PeerNotAdmitted(f"peer {peer} is not admitted to this swarm: {reason}")
 
+    def _forget_expired(self, now: float) -> None:
+        """Drop answers that no longer count (at most once per ``refusal_ttl_s``), so the guard holds the
+        callers of about one token lifetime, not every identity that ever called."""
+        if now < self._next_prune_at:
+            return
+        self._next_prune_at = now + self._refusal_ttl_s
+        self._admitted = {peer: until for peer, until in self._admitted.items() if until > now}
+        self._refused = {peer: refusal for peer, refusal in self._refused.items() if refusal[0] > now}
+
     async def _check(self, p2p: P2P, peer: PeerID) -> tuple[float | None, str]:
         started = time.monotonic()
+        self._forget_expired(self._clock())
         fields, reason = await self._fetch_token(p2p, peer)
         if fields is not None:
             reason = self._verifier.problem_for_peer(fields, peer.to_base58()) or ""

@@ -22,10 +22,11 @@ Endpoints that carry these models (all under ``/api/v1``):
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
@@ -36,6 +37,26 @@ CHECKSUM_HEADER = "X-Checksum-Sha256"
 MAX_INT64 = 2**63 - 1
 MAX_INT32 = 2**31 - 1
 NO_NUL_PATTERN = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
+# Control characters (C0, DEL, C1, line and paragraph separators): in a host name or a message they would
+# start forged lines in logs and terminals, so free text that reaches the log refuses them.
+CONTROL_CHARACTERS = "\x00-\x1f\x7f-\x9f\u2028\u2029"
+CONTROL_CHARACTER_RE = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+def refuse_control_characters(value: str | None) -> str | None:
+    """A field validator: ``value`` unchanged, or ValueError naming the first control character."""
+    found = CONTROL_CHARACTER_RE.search(value) if value else None
+    if found:
+        raise ValueError(f"control character {found.group()!r} at position {found.start()} is not allowed")
+    return value
+
+
+def without_control_characters(text: str) -> str:
+    """``text`` with each run of control characters replaced by one space (a message fit to send)."""
+    return CONTROL_CHARACTER_RE.sub(" ", text).strip()
+
+
+PlainText = Annotated[str, AfterValidator(refuse_control_characters)]
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
@@ -140,10 +161,8 @@ class WorkerRegister(StrictModel):
         pattern=REQUEST_ID_PATTERN,
         description="Set by a launcher: binds the worker to its launch row.",
     )
-    hostname: str = Field(default="", max_length=255, pattern=NO_NUL_PATTERN)
-    launcher_handle: str | None = Field(
-        default=None, max_length=128, pattern=NO_NUL_PATTERN, description="PID or instance id."
-    )
+    hostname: PlainText = Field(default="", max_length=255)
+    launcher_handle: PlainText | None = Field(default=None, max_length=128, description="PID or instance id.")
 
 
 class CheckpointRef(BaseModel):
@@ -208,7 +227,7 @@ class DeregisterReason(str, Enum):
 
 class Deregister(StrictModel):
     reason: DeregisterReason
-    message: str | None = Field(default=None, max_length=4000, pattern=NO_NUL_PATTERN)
+    message: PlainText | None = Field(default=None, max_length=4000)
 
 
 class PeerList(BaseModel):

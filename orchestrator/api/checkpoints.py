@@ -28,7 +28,7 @@ from fastapi.responses import StreamingResponse
 
 from orchestrator import checkpoints, runs
 from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
-from orchestrator.api.workers import authenticated_worker
+from orchestrator.api.workers import CallingWorker
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.errors import (
@@ -59,17 +59,16 @@ ENDED_WORKER_STATES = (WorkerState.exited.value, WorkerState.failed.value, Worke
 )
 async def upload_checkpoint(
     worker_id: WorkerId,
+    entry: CallingWorker,
     epoch: Epoch,
     request: Request,
     ctx: Ctx,
-    token: Token,
     checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
 ) -> CheckpointRef:
     """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
-    entry = await authenticated_worker(ctx, worker_id, token)
     if entry.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()

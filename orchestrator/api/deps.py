@@ -4,16 +4,21 @@ Dependencies are ``async`` (they do no I/O): a sync one would cost a thread hop 
 
 The auth rule, in one place:
 
-- mutating admin endpoints (create, scale, stop, resume, delete runs) need the admin token;
-- worker endpoints need that worker's token (registration: the run's join token or a launch token);
-- read-only endpoints are public when ``public_reads`` is on (the default; they never return secrets),
-  otherwise they need the admin token; a run's peers also accept its join token or a worker token
-  of the run;
+- mutating admin endpoints (create, scale, stop, resume, delete runs, replace a join token) need the
+  admin token;
+- worker endpoints need that worker's token (registration: the run's join token, a launch token or
+  the worker's own token);
+- read-only endpoints are public when ``public_reads`` is on (the default), otherwise they need the
+  admin token; a run's peers also accept its join token or a worker token of the run. Anonymous reads
+  get the public view: free-form values (spec args and options, launch details that locate a machine)
+  are left out, and worker logs need the admin token;
 - checkpoint downloads always need the admin token, the run's join token or the worker token of a
   worker of the run that has not ended (launching, running or lost).
 
 No token: 401. A token that matches nothing: 401. A valid token that does not grant the call (a join
-or worker token on an admin endpoint, another worker's token): 403.
+or worker token on an admin endpoint, another worker's token): 403. Authentication is a dependency of
+each route, so FastAPI runs it before it validates the body: a caller without a valid token learns
+nothing about what a valid body looks like.
 """
 
 from __future__ import annotations
@@ -84,13 +89,36 @@ async def require_admin(ctx: Ctx, token: Token) -> None:
     check_admin(ctx, token)
 
 
-async def require_reader(ctx: Ctx, token: Token) -> None:
+async def require_reader(ctx: Ctx, token: Token) -> bool:
+    """Whether the caller gets the full view (the admin token); raises when reads are private and the
+    caller is not the admin. Any other token on a public read gets the public view."""
     if not ctx.settings.public_reads:
         check_admin(ctx, token)
+        return True
+    return token is not None and tokens.token_matches(token, ctx.admin_token_hash)
+
+
+async def require_registration_token(token: Token) -> str:
+    """The bearer token of a registration, if it is of a kind that can register (a join, launch or
+    worker token)."""
+    if token is None:
+        raise Unauthorized("missing bearer token (the run's join token)")
+    if not token.startswith(tokens.NON_ADMIN_PREFIXES):
+        raise Unauthorized("registration needs the run's join token, a launch token or a worker token")
+    return token
+
+
+async def require_worker_token(token: Token) -> str:
+    if token is None:
+        raise Unauthorized("missing bearer token (the worker token)")
+    return token
 
 
 Admin = Annotated[None, Depends(require_admin)]
-Reader = Annotated[None, Depends(require_reader)]
+# True: the caller holds the admin token and gets the full view; False: the public view.
+Reader = Annotated[bool, Depends(require_reader)]
+RegistrationToken = Annotated[str, Depends(require_registration_token)]
+WorkerToken = Annotated[str, Depends(require_worker_token)]
 
 
 def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | None) -> None:

@@ -61,21 +61,24 @@ def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
 
 @router.get("", summary="List runs")
 def list_runs(
-    ctx: Ctx, _: Reader, limit: Limit = 50, offset: Offset = 0, state: RunState | None = None
+    ctx: Ctx, full: Reader, limit: Limit = 50, offset: Offset = 0, state: RunState | None = None
 ) -> RunList:
     """Runs, newest first, optionally only those in ``state``; ``total`` counts all matches."""
     with ctx.db.read() as session:
         rows, total = queries.list_runs(session, state, limit, offset)
-        items = queries.runs_out(session, rows, ctx.swarm, ctx.clock(), ctx.settings.heartbeat_timeout_s)
+        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
+        items = queries.runs_out(session, rows, ctx.swarm, now, timeout_s, full)
     return RunList(items=items, total=total, limit=limit, offset=offset)
 
 
 @router.get("/{name}", summary="Get a run")
-def get_run(name: str, ctx: Ctx, _: Reader) -> RunOut:
-    """The run with live and desired worker counts, progress reported by workers and read from the DHT."""
+def get_run(name: str, ctx: Ctx, full: Reader) -> RunOut:
+    """The run with live and desired worker counts, progress reported by workers and read from the DHT.
+    Without the admin token: the public view (free-form spec values left out, ``redacted``)."""
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
-        return queries.runs_out(session, [run], ctx.swarm, ctx.clock(), ctx.settings.heartbeat_timeout_s)[0]
+        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
+        return queries.runs_out(session, [run], ctx.swarm, now, timeout_s, full)[0]
 
 
 @router.post("/{name}/scale", summary="Change worker counts (admin)")
@@ -165,9 +168,15 @@ def progress(
 
 @router.get("/{name}/workers", summary="A run's workers")
 def list_workers(
-    name: str, ctx: Ctx, _: Reader, limit: Limit = 100, offset: Offset = 0, state: WorkerState | None = None
+    name: str,
+    ctx: Ctx,
+    full: Reader,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    state: WorkerState | None = None,
 ) -> WorkerList:
+    """Without the admin token: the public view (launch details that locate nothing, ``redacted``)."""
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
-        items, total = queries.list_workers(session, run, state, limit, offset)
+        items, total = queries.list_workers(session, run, state, limit, offset, full)
     return WorkerList(items=items, total=total, limit=limit, offset=offset)

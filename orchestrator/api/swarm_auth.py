@@ -11,8 +11,8 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
 from orchestrator import tokens
-from orchestrator.api.deps import Ctx, Token
-from orchestrator.api.workers import authenticated_worker
+from orchestrator.api.deps import Ctx, Token, WorkerId
+from orchestrator.api.workers import CallingWorker
 from orchestrator.context import AppContext
 from orchestrator.errors import Conflict
 from orchestrator.swarm_auth import SwarmAdmission
@@ -31,10 +31,9 @@ def _admission(ctx: AppContext) -> SwarmAdmission:
 @router.post(
     "/workers/{worker_id}/swarm-token", summary="A swarm token for this worker's peer (worker token)"
 )
-async def swarm_token(worker_id: int, body: SwarmTokenRequest, ctx: Ctx, token: Token) -> SwarmToken:
+async def swarm_token(worker_id: WorkerId, _: CallingWorker, body: SwarmTokenRequest, ctx: Ctx) -> SwarmToken:
     """401/403 for a wrong worker token, 409 when admission is off (here or for the run) or the worker
     has ended, 422 for a key that is not RSA of 2048 bits or more."""
-    await authenticated_worker(ctx, worker_id, token)
     admission = _admission(ctx)
     now = ctx.clock().timestamp()
 

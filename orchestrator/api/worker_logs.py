@@ -1,7 +1,7 @@
 """``GET /api/v1/runs/{name}/workers/{worker_id}/log``: the tail of a worker's log, size-bounded.
 
-Under the read rule (public unless ``--no-public-reads``, then the admin token). ``tail_bytes`` (at most
-1 MiB) bounds the answer; the file is never read whole. 404 for an unknown run or worker or a log not
+Admin token only, even with public reads: a log holds whatever the user's code prints. ``tail_bytes``
+(at most 1 MiB) bounds the answer; the file is never read whole. 404 for an unknown run or worker or a log not
 written yet, 409 for a worker whose log is not kept by the orchestrator (joined by hand, EC2).
 """
 
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from orchestrator import runs
-from orchestrator.api.deps import Ctx, Reader, WorkerId
+from orchestrator.api.deps import Admin, Ctx, WorkerId
 from orchestrator.errors import NotFound
 from orchestrator.worker_logs import DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES, read_tail, worker_log_path
 
@@ -31,12 +31,12 @@ class WorkerLog(BaseModel):
     text: str
 
 
-@router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log")
+@router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log (admin)")
 def worker_log(
     name: str,
     worker_id: WorkerId,
     ctx: Ctx,
-    _: Reader,
+    _: Admin,
     tail_bytes: Annotated[
         int, Query(ge=1, le=MAX_TAIL_BYTES, description="Return at most this many bytes from the end.")
     ] = DEFAULT_TAIL_BYTES,

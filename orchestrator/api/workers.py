@@ -6,11 +6,13 @@ database in batches; only a worker missing from the cache costs a database read.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from orchestrator import checkpoints, queries, runs, workers
-from orchestrator.api.deps import MAX_ID, Ctx, Token, WorkerId
+from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
 from orchestrator.context import AppContext
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats import CACHED_WORKER_STATES, WorkerEntry
@@ -20,13 +22,11 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 
 
 @router.post("/register", summary="Join a run (join, launch or worker token)")
-def register(body: WorkerRegister, ctx: Ctx, token: Token) -> WorkerRegistered:
+def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> WorkerRegistered:
     """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
     row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
     run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
     ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
-    if token is None:
-        raise Unauthorized("missing bearer token (the run's join token)")
     with ctx.db.begin() as session:
         reg = workers.register_worker(session, token, body, ctx.clock(), ctx.join_limiter)
         own = ctx.orchestrator_peers()
@@ -59,20 +59,27 @@ async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | Non
     return entry
 
 
+async def calling_worker(worker_id: WorkerId, ctx: Ctx, token: WorkerToken) -> WorkerEntry:
+    """The route's worker, authenticated by its own token; a dependency, so it runs before the body
+    is validated (no token: 401 whatever the body)."""
+    return await authenticated_worker(ctx, worker_id, token)
+
+
+CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
+
+
 @router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
-async def heartbeat(worker_id: WorkerId, body: Heartbeat, ctx: Ctx, token: Token) -> HeartbeatReply:
+async def heartbeat(worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, ctx: Ctx) -> HeartbeatReply:
     """The reply says continue or stop, whether this worker is the run's checkpointer and the
     checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
-    entry = await authenticated_worker(ctx, worker_id, token)
     return ctx.hub.accept(entry, body)
 
 
 @router.post(
     "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
 )
-async def deregister(worker_id: WorkerId, body: Deregister, ctx: Ctx, token: Token) -> Response:
+async def deregister(worker_id: WorkerId, _: CallingWorker, body: Deregister, ctx: Ctx) -> Response:
     """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
-    await authenticated_worker(ctx, worker_id, token)
     await run_in_threadpool(_deregister, ctx, worker_id, body)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -4,10 +4,12 @@ The CLI is a client like any other: it never imports the server, only :mod:`orch
 :mod:`worker.wire` for nothing more than names. Every failure becomes a :class:`CliError` carrying a
 one-line message and the process exit code (see ``EXIT_*``); the command layer prints it and exits.
 
-Connection settings, first found wins: ``--url``/``--token`` flags, ``SPOTSWARM_URL``/``SPOTSWARM_TOKEN``
-environment variables, then the TOML config file (``$SPOTSWARM_CONFIG``, else
-``$XDG_CONFIG_HOME/spotswarm/config.toml``, else ``~/.config/spotswarm/config.toml``) with keys ``url``
-and ``token``.
+Connection settings, first found wins: ``--url``/``--token``/``--ca-cert`` flags,
+``SPOTSWARM_URL``/``SPOTSWARM_TOKEN``/``SPOTSWARM_CA_CERT`` environment variables, then the TOML config
+file (``$SPOTSWARM_CONFIG``, else ``$XDG_CONFIG_HOME/spotswarm/config.toml``, else
+``~/.config/spotswarm/config.toml``) with keys ``url``, ``token`` and ``ca_cert``. ``ca_cert`` is a PEM
+file of certificates to trust for ``https://`` URLs instead of the usual authorities (an orchestrator
+with a self-signed certificate).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import ssl
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +62,7 @@ class Connection:
     url: str
     token: str | None
     timeout_s: float = 10.0
+    ca_cert: str | None = None  # PEM file of the certificates to trust (None: the usual authorities)
 
 
 def config_path() -> Path:
@@ -78,7 +82,7 @@ def _read_config(path: Path) -> dict[str, Any]:
         data = tomllib.loads(text) if tomllib is not None else _flat_toml(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
         raise CliError(f"cannot read config file {path}: {exc}") from exc
-    for key in ("url", "token"):
+    for key in ("url", "token", "ca_cert"):
         if key in data and not isinstance(data[key], str):
             raise CliError(f"config file {path}: '{key}' must be a string")
     return data
@@ -98,14 +102,31 @@ def _flat_toml(text: str) -> dict[str, Any]:
     return data
 
 
-def resolve_connection(url: str | None, token: str | None, timeout_s: float = 10.0) -> Connection:
+def resolve_connection(
+    url: str | None, token: str | None, timeout_s: float = 10.0, ca_cert: str | None = None
+) -> Connection:
     """Combine flags, environment and config file (first found wins); raises :class:`CliError`."""
     config = _read_config(config_path())
     final_url = url or os.environ.get("SPOTSWARM_URL") or config.get("url") or DEFAULT_URL
     final_token = token or os.environ.get("SPOTSWARM_TOKEN") or config.get("token") or None
+    final_ca = ca_cert or os.environ.get("SPOTSWARM_CA_CERT") or config.get("ca_cert") or None
     if not final_url.startswith(("http://", "https://")):
         raise CliError(f"orchestrator URL {final_url!r} must start with http:// or https://", EXIT_USAGE)
-    return Connection(final_url.rstrip("/"), final_token, timeout_s)
+    if final_ca is not None:
+        final_ca = str(Path(final_ca).expanduser())
+        if not Path(final_ca).is_file():
+            raise CliError(f"CA certificate file {final_ca} does not exist", EXIT_USAGE)
+    return Connection(final_url.rstrip("/"), final_token, timeout_s, final_ca)
+
+
+def _tls_verification(ca_cert: str | None) -> ssl.SSLContext | bool:
+    """What httpx checks server certificates against: ``ca_cert`` alone, or the usual authorities."""
+    if ca_cert is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_cert)
+    except (ssl.SSLError, OSError) as exc:
+        raise CliError(f"cannot use {ca_cert} as CA certificate: {exc}", EXIT_USAGE) from exc
 
 
 def _detail(response: httpx.Response) -> str:
@@ -134,6 +155,7 @@ class ApiClient:
             headers=headers,
             timeout=connection.timeout_s,
             transport=transport,
+            verify=_tls_verification(connection.ca_cert),
         )
 
     def close(self) -> None:
@@ -263,6 +285,10 @@ class ApiClient:
     def _unreachable(self, exc: httpx.TransportError) -> CliError:
         kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
         reason = str(exc) or type(exc).__name__
+        if "CERTIFICATE_VERIFY_FAILED" in reason:
+            hint = "pass its certificate with --ca-cert (or SPOTSWARM_CA_CERT)"
+            problem = f"its TLS certificate is not trusted ({reason})"
+            return CliError(f"orchestrator at {self.connection.url}: {problem}; {hint}", EXIT_UNREACHABLE)
         return CliError(f"orchestrator at {self.connection.url} {kind}: {reason}", EXIT_UNREACHABLE)
 
     def _check(self, response: httpx.Response) -> None:

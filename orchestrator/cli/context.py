@@ -36,7 +36,7 @@ def fail(message: str, exit_code: int) -> None:
 
 
 def api_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--url``, ``--token``, ``--timeout`` and ``--json``; call ``func(ctx, **params)``."""
+    """Add ``--url``, ``--token``, ``--ca-cert``, ``--timeout`` and ``--json``; call ``func(ctx, **kw)``."""
 
     @click.option(
         "--url",
@@ -44,6 +44,12 @@ def api_command(func: Callable[..., Any]) -> Callable[..., Any]:
         help="Orchestrator URL. Default: $SPOTSWARM_URL, config 'url', http://127.0.0.1:8000.",
     )
     @click.option("--token", metavar="TOKEN", help="Admin token. Default: $SPOTSWARM_TOKEN, config 'token'.")
+    @click.option(
+        "--ca-cert",
+        metavar="PEM",
+        help="Trust this certificate (an orchestrator's self-signed one) for https:// URLs. "
+        "Default: $SPOTSWARM_CA_CERT, config 'ca_cert', else the usual authorities.",
+    )
     @click.option(
         "--timeout",
         "timeout_s",
@@ -54,9 +60,16 @@ def api_command(func: Callable[..., Any]) -> Callable[..., Any]:
     )
     @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON (for scripts).")
     @functools.wraps(func)
-    def wrapper(url: str | None, token: str | None, timeout_s: float, as_json: bool, **params: Any) -> None:
+    def wrapper(
+        url: str | None,
+        token: str | None,
+        ca_cert: str | None,
+        timeout_s: float,
+        as_json: bool,
+        **params: Any,
+    ) -> None:
         try:
-            connection = resolve_connection(url, token, timeout_s)
+            connection = resolve_connection(url, token, timeout_s, ca_cert)
             with ApiClient(connection) as api:
                 func(ApiContext(api, as_json), **params)
         except CliError as exc:

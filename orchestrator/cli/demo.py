@@ -9,6 +9,7 @@ swarm and deregister), then the server.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +62,7 @@ def _port_free(host: str, port: int) -> bool:
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
     from orchestrator.assembly import build_app
-    from orchestrator.cli.serve import _configure_logging
+    from orchestrator.cli.serve import _configure_logging, keep_new_files_private
     from orchestrator.config import Settings, ensure_admin_token
 
     for what, number in (("--port", port), ("--dht-port", dht_port)):
@@ -80,6 +81,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
         log_level="warning",
     )
     _configure_logging(settings)
+    keep_new_files_private()
     admin_token, _ = ensure_admin_token(settings)
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
@@ -174,12 +176,19 @@ def _banner(base: str, client: httpx.Client, admin_token: str, data_dir: Path) -
         f"  status page : {base}/\n"
         f"  run page    : {base}/runs/{DEMO_RUN}\n"
         f"  API docs    : {base}/docs\n"
-        f"  admin token : {admin_token}  (for the page's scale/stop buttons and the CLI)\n"
+        f"  admin token : {token_shown(admin_token, data_dir / 'admin_token', sys.stdout.isatty())}\n"
         f"  CLI         : SPOTSWARM_URL={base} SPOTSWARM_TOKEN=<admin token> spotswarm runs show {DEMO_RUN}\n"
         f"  peers       : INITIAL_PEERS={','.join(peers)}\n"
         f"  data        : {data_dir}/ (SQLite, checkpoints, worker logs in workers/)\n"
         "Press Ctrl-C to stop.\n"
     )
+
+
+def token_shown(admin_token: str, path: Path, on_terminal: bool) -> str:
+    """The banner's admin-token line: the token itself only on a terminal (someone is looking at it),
+    else where to read it (output sent to a file or a log keeps no secret)."""
+    use = "for the page's scale/stop buttons and the CLI"
+    return f"{admin_token}  ({use})" if on_terminal else f"in {path} ({use}: cat {path})"
 
 
 def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:

@@ -9,6 +9,7 @@ Heavy imports (FastAPI, hivemind) happen inside the commands, so ``spotswarm --h
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
@@ -19,6 +20,14 @@ from pydantic import SecretStr, ValidationError
 from orchestrator.config import ENV_PREFIX, Settings
 
 _BOOL, _INT, _FLOAT = "bool", "int", "float"
+# Files and directories the server creates (database, checkpoints, uploads, worker logs) are its user's
+# only; local workers inherit it.
+PRIVATE_UMASK = 0o077
+
+
+def keep_new_files_private() -> None:
+    """Set this process's umask to :data:`PRIVATE_UMASK` (run specs and weights are nobody else's)."""
+    os.umask(PRIVATE_UMASK)
 
 
 def _kind(annotation: Any) -> str:
@@ -73,9 +82,13 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.assembly import build_app
+    from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
 
     settings = build_settings(options)
     _configure_logging(settings)
+    keep_new_files_private()
+    warn_if_plain_http(settings)
+    raise_open_files_limit()
     app = build_app(settings)
     config = uvicorn.Config(
         app,
@@ -86,6 +99,7 @@ def serve(**options: Any) -> None:
         log_config=None,  # uvicorn's loggers go through ours (same format, JSON included)
         timeout_graceful_shutdown=10,
         access_log=settings.log_level == "debug",
+        **uvicorn_limits(settings),
     )
     server = uvicorn.Server(config)
     # Everything imported so far (hivemind brings torch) lives as long as the process: out of the
@@ -114,6 +128,7 @@ def upgrade(database_url: str | None, data_dir: Path | None) -> None:
 
     settings = build_settings({"database_url": database_url, "data_dir": data_dir})
     _configure_logging(settings, hivemind=False)
+    keep_new_files_private()
     database = Database(settings.resolved_database_url())
     try:
         database.upgrade()

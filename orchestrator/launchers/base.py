@@ -43,6 +43,25 @@ class Instance:
     details: Mapping[str, Any] = field(default_factory=dict)  # instance type, zone, price, exit code...
 
 
+# Keys of ``Instance.details`` that anonymous readers see (with public reads): what kind of machine a
+# worker runs on and what it costs, never where it is or how to reach it (IPs, subnets, file paths).
+PUBLIC_DETAILS = frozenset(
+    {
+        "instance_type",
+        "availability_zone",
+        "market",
+        "state",
+        "interrupted",
+        "launch_time",
+        "launched_at",
+        "price_usd_per_hour",
+        "price_per_hour",
+        "exit_code",
+        "terminating",
+    }
+)
+
+
 @dataclass(frozen=True)
 class LaunchFailure:
     """A launch that failed or a worker that died at start-up, reported by polling."""

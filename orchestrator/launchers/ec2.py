@@ -11,8 +11,10 @@ How a launch goes (see :mod:`orchestrator.launchers.ec2_fleet` for the request i
    ``on_demand_fallback_after`` consecutive spot failures of the run the same call tries on-demand.
 
 Every instance carries ``spotswarm:orchestrator``, ``spotswarm:run``, ``spotswarm:request-id`` and
-``Name``; :meth:`Ec2Launcher.describe` finds them by the first tag, so a restarted orchestrator adopts
-its workers, and :meth:`Ec2Launcher.reconcile_orphans` ends the ones nobody knows.
+``Name``; :meth:`Ec2Launcher.describe` finds them by the first two tags, so a restarted orchestrator
+adopts its workers, and :meth:`Ec2Launcher.reconcile_orphans` ends the ones nobody knows. An instance
+without a request id was not launched by this launcher (the orchestrator's own machine, or one made by
+hand): it is never listed, so never terminated. The Terraform module's IAM policy says the same.
 """
 
 from __future__ import annotations
@@ -54,10 +56,6 @@ log = logging.getLogger(__name__)
 ALIVE_STATES = frozenset({"pending", "running"})
 GONE_STATES = frozenset({"shutting-down", "terminated"})
 SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"
-# The request id given to an instance of ours that lacks the request-id tag (made by hand, or tags
-# edited): it names the instance itself, so it can be terminated like an orphan. Never a real request id
-# (those are run names and hex digits, without a colon).
-UNTAGGED_PREFIX = "untagged:"
 _ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
 LAUNCH_VISIBILITY_LAG_S = 120.0
@@ -282,16 +280,19 @@ class Ec2Launcher:
         log.info("terminated %s: %s", what, ids)
 
     def _instances(self, request_id: str | None = None) -> Iterator[Instance]:
-        filters = [{"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.config.orchestrator_id]}]
-        if request_id is not None and request_id.startswith(UNTAGGED_PREFIX):
-            filters.append({"Name": "instance-id", "Values": [request_id.removeprefix(UNTAGGED_PREFIX)]})
-        elif request_id is not None:
-            filters.append({"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]})
+        """This orchestrator's workers (of ``request_id``): its tag *and* a request id, never less."""
+        filters = [
+            {"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.config.orchestrator_id]},
+            {"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]}
+            if request_id is not None
+            else {"Name": "tag-key", "Values": [TAG_REQUEST]},
+        ]
         paginator = self._client.get_paginator("describe_instances")
         for page in paginator.paginate(Filters=filters):
             for reservation in page.get("Reservations", []):
                 for raw in reservation.get("Instances", []):
-                    yield self._to_instance(raw)
+                    if any(t["Key"] == TAG_REQUEST and t["Value"] for t in raw.get("Tags", [])):
+                        yield self._to_instance(raw)
 
     def _to_instance(self, raw: dict[str, Any]) -> Instance:
         tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
@@ -317,7 +318,7 @@ class Ec2Launcher:
             "price_usd_per_hour": price,
         }
         return Instance(
-            request_id=tags.get(TAG_REQUEST) or UNTAGGED_PREFIX + raw["InstanceId"],
+            request_id=tags[TAG_REQUEST],
             handle=raw["InstanceId"],
             run_name=tags.get(TAG_RUN, ""),
             alive=state in ALIVE_STATES,

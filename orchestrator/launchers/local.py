@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator.childenv import child_env
 from orchestrator.launchers import local_proc as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
 
@@ -81,7 +82,9 @@ class LocalLauncher:
     directory (default: this process's, so that workers import user modules as the orchestrator's
     import check does). ``grace_s`` is how long a worker has between SIGTERM and SIGKILL.
     ``keep_gone_s`` is how long a finished worker stays listed (and its request id stays reserved)
-    after its exit was reported by :meth:`poll_errors`.
+    after its exit was reported by :meth:`poll_errors`. A worker's environment is the request's env
+    over an allow-list of this process's (:mod:`orchestrator.childenv`, plus the names in ``pass_env``),
+    never the whole: the server's may hold the admin token, the database password and cloud keys.
     """
 
     name = "local"
@@ -95,8 +98,10 @@ class LocalLauncher:
         grace_s: float = 20.0,
         keep_gone_s: float = 24 * 3600.0,
         clock: Callable[[], float] = time.time,
+        pass_env: Sequence[str] = (),
     ) -> None:
         self._command = list(command) if command else default_worker_command()
+        self._pass_env = tuple(pass_env)
         self._cwd = Path(cwd) if cwd else Path.cwd()
         self._grace_s = grace_s
         self._keep_gone_s = keep_gone_s
@@ -187,12 +192,15 @@ class LocalLauncher:
 
     def _spawn(self, record: _Record, request_env: Mapping[str, str]) -> None:
         worker_dir = self._workers_dir / record.request_id
-        worker_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "SPOTSWARM_WORKER_DIR": str(worker_dir), **request_env}
+        worker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner-only, whatever the umask
+        env = child_env(os.environ, self._pass_env)
+        env.update({"SPOTSWARM_WORKER_DIR": str(worker_dir), **request_env})
         env.update({"PYTHONUNBUFFERED": "1", LAUNCH_MARKER_ENV: record.request_id})
         args = ["sh", "-c", proc.SUPERVISOR_SCRIPT, "spotswarm-supervisor", str(self._exit_path(record))]
         try:
-            with open(record.log_path, "ab") as log:
+            with os.fdopen(
+                os.open(record.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"
+            ) as log:
                 popen = subprocess.Popen(
                     args + self._command,
                     stdin=subprocess.DEVNULL,

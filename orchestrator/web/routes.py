@@ -47,9 +47,31 @@ router = APIRouter(include_in_schema=False)
 
 @dataclass(frozen=True)
 class StaticFile:
+    """A file served from memory, revalidated by ETag (an upgraded orchestrator is never served stale)."""
+
     body: bytes
     media_type: str
     etag: str
+
+    def response(self, if_none_match: str | None) -> Response:
+        headers = {"ETag": self.etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        if if_none_match == self.etag:
+            return Response(status_code=304, headers=headers)
+        return Response(self.body, media_type=self.media_type, headers=headers)
+
+
+def serve_file(files: dict[str, StaticFile], filename: str, request: Request) -> Response:
+    """``files[filename]`` (304 when the client has it), or 404."""
+    item = files.get(filename)
+    if item is None:
+        raise HTTPException(status_code=404, detail=f"no file {filename!r}")
+    return item.response(request.headers.get("if-none-match"))
+
+
+def static_file_of(path: Path) -> StaticFile:
+    body = path.read_bytes()
+    media_type = STATIC_TYPES[path.suffix]
+    return StaticFile(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
 
 
 @cache
@@ -65,27 +87,28 @@ def _fragment(name: str) -> str:
 @cache
 def _static_files() -> dict[str, StaticFile]:
     """Every servable static file by name (a fixed set read once: no path ever reaches the disk)."""
-    files = {}
-    for path in sorted(STATIC_DIR.iterdir()):
-        media_type = STATIC_TYPES.get(path.suffix)
-        if media_type and path.is_file():
-            body = path.read_bytes()
-            files[path.name] = StaticFile(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
-    return files
+    return {
+        path.name: static_file_of(path)
+        for path in sorted(STATIC_DIR.iterdir())
+        if path.suffix in STATIC_TYPES and path.is_file()
+    }
 
 
-def _page(request: Request, template: str, **values: str) -> HTMLResponse:
+def page(
+    request: Request, template: str, headers: dict[str, str] | None = None, **values: str
+) -> HTMLResponse:
+    """A page of ``templates/`` with ``values`` HTML-escaped, sent with the strict headers by default."""
     root = html.escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
     escaped = {key: html.escape(value, quote=True) for key, value in values.items()}
     # the admin-token panel and the error line are shared by both pages (a fixed fragment: not escaped)
     body = _template(template).substitute(root=root, token_panel=_fragment("_token_panel.html"), **escaped)
-    return HTMLResponse(body, headers=PAGE_HEADERS)
+    return HTMLResponse(body, headers=headers or PAGE_HEADERS)
 
 
 @router.get("/", response_class=HTMLResponse)
 def overview_page(request: Request) -> HTMLResponse:
     """All runs with their live numbers."""
-    return _page(request, "overview.html")
+    return page(request, "overview.html")
 
 
 @router.get("/runs/{name}", response_class=HTMLResponse)
@@ -93,16 +116,10 @@ def run_page(request: Request, name: str) -> HTMLResponse:
     """One run: charts, workers, checkpoints, events, peers, and the scale/stop buttons."""
     if not re.fullmatch(RUN_NAME_PATTERN, name):
         raise HTTPException(status_code=404, detail=f"no run named {name!r}")
-    return _page(request, "run.html", run_name=name)
+    return page(request, "run.html", run_name=name)
 
 
 @router.get("/static/{filename}")
 def static_file(request: Request, filename: str) -> Response:
     """A file of ``static/``, revalidated by ETag (so an upgraded orchestrator is never served stale)."""
-    item = _static_files().get(filename)
-    if item is None:
-        raise HTTPException(status_code=404, detail=f"no static file {filename!r}")
-    headers = {"ETag": item.etag, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
-    if request.headers.get("if-none-match") == item.etag:
-        return Response(status_code=304, headers=headers)
-    return Response(item.body, media_type=item.media_type, headers=headers)
+    return serve_file(_static_files(), filename, request)

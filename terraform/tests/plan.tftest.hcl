@@ -70,11 +70,12 @@ run "new_vpc_spans_zones_and_tags_everything" {
   }
   assert {
     condition = alltrue([
-      for tags in [aws_instance.orchestrator.tags, aws_s3_bucket.checkpoints.tags, aws_launch_template.worker.tags,
+      for tags in [aws_instance.orchestrator.tags, aws_instance.orchestrator.volume_tags, aws_s3_bucket.checkpoints.tags,
+        aws_launch_template.worker.tags, aws_launch_template.worker.tag_specifications[0].tags,
       aws_security_group.workers.tags, aws_iam_role.orchestrator.tags, aws_ebs_volume.orchestrator_data.tags] :
-      tags["spotswarm:orchestrator"] == "spotswarm"
+      tags["spotswarm:deployment"] == "spotswarm" && !contains(keys(tags), "spotswarm:orchestrator") && !contains(keys(tags), "spotswarm:request-id")
     ])
-    error_message = "every resource carries spotswarm:orchestrator=<name>"
+    error_message = "every resource carries spotswarm:deployment=<name>, none a worker's tags (spotswarm:orchestrator, spotswarm:request-id)"
   }
   assert {
     condition     = aws_ebs_volume.orchestrator_data.availability_zone == aws_subnet.public[0].availability_zone && aws_ebs_volume.orchestrator_data.encrypted
@@ -118,8 +119,118 @@ run "api_open_only_to_allowed_cidrs_and_dht_only_between_peers" {
     error_message = "workers reach each other's DHT port"
   }
   assert {
-    condition     = aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].from_port == 8000
-    error_message = "the API rule opens the API port"
+    condition = (
+      aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].from_port == 443 &&
+      aws_vpc_security_group_ingress_rule.api_from_allowed["203.0.113.7/32"].to_port == 443
+    )
+    error_message = "allowed networks reach HTTPS (nginx), nothing else"
+  }
+  assert {
+    condition = (
+      aws_vpc_security_group_ingress_rule.api_from_workers.from_port == 8000 &&
+      aws_vpc_security_group_ingress_rule.api_from_workers.referenced_security_group_id == aws_security_group.workers.id
+    )
+    error_message = "the plain-HTTP API port is open to the worker security group only"
+  }
+  assert {
+    condition     = length(aws_vpc_security_group_ingress_rule.acme_http_challenge) == 0
+    error_message = "without a domain, port 80 stays closed"
+  }
+}
+
+run "nginx_terminates_tls_in_front_of_an_orchestrator_on_loopback" {
+  command = apply
+
+  assert {
+    condition = alltrue([
+      local.orchestrator_env.SPOTSWARM_HOST == "127.0.0.1",
+      local.orchestrator_env.SPOTSWARM_TLS_PROXY == "true",
+      local.orchestrator_env.SPOTSWARM_PORT == "8001",
+    ])
+    error_message = "the orchestrator listens on loopback only and knows a TLS proxy is in front"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.nginx_conf, "listen 443 ssl;"),
+      strcontains(local.nginx_conf, "listen 8000;"),
+      strcontains(local.nginx_conf, "server 127.0.0.1:8001;"),
+      strcontains(local.nginx_conf, "limit_conn per_client 32;"),
+      strcontains(local.nginx_conf, "client_max_body_size 4294967296;"),
+      !strcontains(local.nginx_conf, "acme-challenge"),
+    ])
+    error_message = "nginx: HTTPS for users, plain HTTP for workers, the per-client limit, no ACME server without a domain"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.orchestrator_user_data, base64encode(local.nginx_conf)),
+      strcontains(local.orchestrator_user_data, "nginx:1.28.0-alpine"),
+      !strcontains(local.orchestrator_user_data, "spotswarm-certbot.timer]"),
+    ])
+    error_message = "the instance boots nginx with that configuration, and no certbot without a domain"
+  }
+  assert {
+    condition     = startswith(output.orchestrator_url, "https://") && !strcontains(output.orchestrator_url, ":8000")
+    error_message = "users are given the HTTPS address"
+  }
+}
+
+run "a_domain_gets_lets_encrypt_over_port_80" {
+  command = apply
+
+  variables {
+    domain_name = "spotswarm.example.com"
+  }
+
+  assert {
+    condition     = output.orchestrator_url == "https://spotswarm.example.com"
+    error_message = "users are given the domain"
+  }
+  assert {
+    condition = (
+      aws_vpc_security_group_ingress_rule.acme_http_challenge[0].from_port == 80 &&
+      aws_vpc_security_group_ingress_rule.acme_http_challenge[0].cidr_ipv4 == "0.0.0.0/0"
+    )
+    error_message = "Let's Encrypt reaches port 80 from anywhere"
+  }
+  assert {
+    condition = alltrue([for r in concat(values(aws_vpc_security_group_ingress_rule.api_from_allowed), aws_vpc_security_group_ingress_rule.acme_http_challenge, [
+      aws_vpc_security_group_ingress_rule.api_from_workers, aws_vpc_security_group_ingress_rule.dht_from_workers,
+      aws_vpc_security_group_ingress_rule.worker_dht_from_workers, aws_vpc_security_group_ingress_rule.worker_dht_from_orchestrator,
+    ]) : can(regex("^[a-zA-Z0-9. _:/()#,@+=&;{}!$*\\[\\]-]*$", r.description))])
+    error_message = "rule descriptions use only the characters EC2 accepts (no apostrophes)"
+  }
+  assert {
+    condition = alltrue([
+      strcontains(local.nginx_conf, "listen 80;"),
+      strcontains(local.nginx_conf, "location /.well-known/acme-challenge/"),
+      strcontains(local.orchestrator_user_data, "spotswarm-certbot.timer]"),
+      strcontains(local.orchestrator_user_data, "-d \"$domain\""),
+    ])
+    error_message = "nginx serves the challenge and certbot runs on a timer"
+  }
+}
+
+run "rejects_an_api_open_to_the_internet_without_opting_in" {
+  command = plan
+
+  variables {
+    allowed_api_cidrs = ["0.0.0.0/0"]
+  }
+
+  expect_failures = [var.allowed_api_cidrs]
+}
+
+run "accepts_an_api_open_to_the_internet_when_opted_in" {
+  command = plan
+
+  variables {
+    allowed_api_cidrs       = ["0.0.0.0/0"]
+    allow_api_from_anywhere = true
+  }
+
+  assert {
+    condition     = [for r in values(aws_vpc_security_group_ingress_rule.api_from_allowed) : r.cidr_ipv4] == ["0.0.0.0/0"]
+    error_message = "the opt-in is honoured"
   }
 }
 
@@ -131,8 +242,22 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
     error_message = "instances and fleets may only be created carrying the orchestrator's tag"
   }
   assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyTaggedWorkers"]).Condition.Null["aws:RequestTag/spotswarm:request-id"] == "false"
+    error_message = "instances and fleets may only be created carrying a request id"
+  }
+  assert {
     condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.StringEquals["ec2:ResourceTag/spotswarm:orchestrator"] == "spotswarm"
     error_message = "only instances carrying the orchestrator's tag may be terminated"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.Null["ec2:ResourceTag/spotswarm:request-id"] == "false"
+    error_message = "only instances carrying a request id (launched workers) may be terminated"
+  }
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement :
+      s.Sid == "TerminateOnlyOwnWorkers" if contains(s.Action, "ec2:TerminateInstances")
+    ])
+    error_message = "no other statement allows terminating instances"
   }
   assert {
     condition = alltrue([
@@ -166,26 +291,36 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
   }
 }
 
-run "workers_reach_only_their_checkpoint_prefix" {
+run "workers_get_no_aws_permissions" {
+  command = apply
+
+  assert {
+    condition     = length(aws_iam_role_policy.worker) == 0
+    error_message = "without ECR repositories the worker role has no policy: workers never call AWS (checkpoints go through the API)"
+  }
+}
+
+run "workers_may_only_pull_their_image_from_ecr" {
   command = apply
 
   variables {
-    checkpoint_prefix = "team-a/ckpt"
+    ecr_repository_arns = ["arn:aws:ecr:us-east-1:123456789012:repository/spotswarm-worker"]
+    kms_key_arn         = "arn:aws:kms:us-east-1:123456789012:key/0b3d9f4e-0000-4000-8000-000000000000"
   }
 
   assert {
-    condition = alltrue(flatten([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : [
-      for a in s.Action : startswith(a, "s3:")
+    condition = alltrue(flatten([for s in jsondecode(aws_iam_role_policy.worker[0].policy).Statement : [
+      for a in s.Action : startswith(a, "ecr:")
     ]]))
-    error_message = "workers get S3 permissions only (no EC2, no IAM)"
+    error_message = "workers get ECR pulls only: no S3, no KMS, no EC2, no IAM"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : s if s.Sid == "CheckpointObjects"]).Resource == ["arn:aws:s3:::spotswarm-checkpoints-123456789012/team-a/ckpt/*"]
-    error_message = "object access is limited to the checkpoint prefix"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.worker[0].policy).Statement : s if s.Sid == "PullWorkerImage"]).Resource == ["arn:aws:ecr:us-east-1:123456789012:repository/spotswarm-worker"]
+    error_message = "image pulls are limited to the given repositories"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.worker.policy).Statement : s if s.Sid == "CheckpointListing"]).Condition.StringLike["s3:prefix"] == ["team-a/ckpt/*"]
-    error_message = "listing is limited to the checkpoint prefix"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "CheckpointObjects"]).Resource == ["arn:aws:s3:::spotswarm-checkpoints-123456789012/spotswarm/*"]
+    error_message = "the orchestrator alone reaches the checkpoint prefix"
   }
 }
 

@@ -92,7 +92,7 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
     assert not undocumented, undocumented
 
     worker = reader.running()[0]
-    with orch.client() as http:
+    with orch.admin() as http:  # logs need the admin token
         tail = http.get(f"/api/v1/runs/{RUN}/workers/{worker['id']}/log", params={"tail_bytes": 65536}).json()
     lines = [json.loads(line) for line in tail["text"].splitlines() if line.startswith("{")]
     assert any(line["run"] == RUN and line["worker"] == worker["id"] for line in lines), tail["text"][-2000:]

@@ -17,9 +17,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Request, expect
 
 from tests.browser import open_browser
 from tests.e2e.runs_support import digits_run, start_loop_orchestrator
@@ -159,6 +160,100 @@ def test_page_shows_a_live_run_and_its_controls_work(
         assert not browser.problems, browser.problems
         stored = json.dumps(page.evaluate("Object.assign({}, localStorage)"))
         assert orch.admin_token in stored  # the token survives reloads in this browser only
+
+
+# -- where the admin token goes ------------------------------------------------------------------------
+
+
+class Recorder:
+    """The API requests a page makes: method, path and whether they carry the Authorization header."""
+
+    def __init__(self, page: Page) -> None:
+        self.calls: list[tuple[str, str, bool]] = []
+        page.on("request", self._record)
+
+    def _record(self, request: Request) -> None:
+        path = urlsplit(request.url).path
+        if path.startswith("/api/"):
+            self.calls.append((request.method, path, "authorization" in request.headers))
+
+    def since(self, start: int) -> list[tuple[str, str, bool]]:
+        return self.calls[start:]
+
+    def polls_since(self, page: Page, start: int, path_end: str) -> int:
+        """How many GETs of a path ending in ``path_end`` the page made since ``start`` (lets Playwright
+        deliver pending request events first: the sync API delivers them only inside its own calls)."""
+        page.wait_for_timeout(100)
+        return sum(method == "GET" and path.endswith(path_end) for method, path, _ in self.since(start))
+
+
+def paste_token(page: Page, token: str) -> None:
+    page.click("#token-button")
+    page.fill("#token-input", token)
+    page.click("#token-form button[type=submit]")
+
+
+@pytest.mark.timeout(90)
+def test_polls_go_without_the_admin_token_admin_calls_with_it(
+    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater]
+) -> None:
+    args = {"module_args": {"secret_path": "s3://team-bucket/private"}}
+    with orch.admin() as http:
+        assert http.post("/api/v1/runs", json=run_spec("token-rule", **args)).status_code == 201
+    with open_browser() as browser:
+        page = browser.page
+        calls = Recorder(page)
+        page.goto(orch.url + "/runs/token-rule")
+        expect(page.locator("#spec-note")).to_contain_text("admin token only")
+        assert "s3://team-bucket" not in page.locator("#spec").inner_text()
+
+        pasted_at = len(calls.calls)
+        paste_token(page, orch.admin_token)
+        expect(page.locator("#spec")).to_contain_text("s3://team-bucket/private")  # the full view
+        wait_until(
+            lambda: calls.polls_since(page, pasted_at, "/workers") >= 3,
+            30,
+            message="the page polled a few times with the token stored",
+        )
+        page.fill("#scale-input", "1")
+        page.click("#scale-button")
+        expect(page.locator("#control-message")).to_have_text("desired workers set to 1")
+
+        after = calls.since(pasted_at)
+        with_token = [(method, path) for method, path, auth in after if auth]
+        # one read of the full run when the token was pasted, and the scale call: nothing else
+        assert with_token == [("GET", "/api/v1/runs/token-rule"), ("POST", "/api/v1/runs/token-rule/scale")]
+        polled = {path for method, path, auth in after if method == "GET" and not auth}
+        assert {
+            "/api/v1/runs/token-rule",
+            "/api/v1/runs/token-rule/workers",
+            "/api/v1/runs/token-rule/events",
+        } <= polled
+        assert not browser.problems, browser.problems
+
+
+@pytest.mark.timeout(120)
+def test_without_public_reads_the_page_reads_with_the_token(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    orch = start_orchestrator(
+        processes, tmp_path / "private", extra_env={**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false"}
+    )
+    with orch.admin() as http:
+        assert http.post("/api/v1/runs", json=run_spec("private-run")).status_code == 201
+    with open_browser(expected_statuses=(401,)) as browser:
+        page = browser.page
+        calls = Recorder(page)
+        page.goto(orch.url + "/runs/private-run")
+        expect(page.locator("#error")).to_contain_text("401")
+        paste_token(page, orch.admin_token)
+        expect(page.locator("#run-state")).to_have_text("pending")
+        expect(page.locator("#error")).to_be_hidden()
+        refused = [i for i, (_, _, auth) in enumerate(calls.calls) if not auth]
+        # after the first anonymous 401 with the token stored, every read carries it
+        last = refused[-1]
+        assert all(auth for _, _, auth in calls.calls[last + 1 :]) and len(calls.calls) > last + 3
+        assert not browser.problems, browser.problems
 
 
 # -- a real run: the reconcile loop, the local launcher, training workers ------------------------------

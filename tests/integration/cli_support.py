@@ -24,7 +24,13 @@ from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegis
 # Orchestrator settings for tests whose workers are joined by hand: no reconcile loop (it would launch
 # real workers for these runs) and no import probe (it has its own tests).
 HAND_ONLY = {"SPOTSWARM_RECONCILE": "false", "SPOTSWARM_CHECK_IMPORTS": "false"}
-SCRUBBED_ENV = ("SPOTSWARM_URL", "SPOTSWARM_TOKEN", "SPOTSWARM_CONFIG", "XDG_CONFIG_HOME")
+SCRUBBED_ENV = (
+    "SPOTSWARM_URL",
+    "SPOTSWARM_TOKEN",
+    "SPOTSWARM_CA_CERT",
+    "SPOTSWARM_CONFIG",
+    "XDG_CONFIG_HOME",
+)
 
 
 def cli(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,12 +28,41 @@ def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
         db_url = cluster.create_database(f"api_runs_{root.name.replace('-', '_')}")
     registry = ProcessRegistry(root)
+    user_code = root / "usercode"  # a user's module on the server's import path (see the import test)
+    user_code.mkdir()
+    (user_code / "probe_spy.py").write_text(PROBE_SPY)
+    env = {**NO_RECONCILE, "SPOTSWARM_MAX_BODY_BYTES": "65536", "PYTHONPATH": str(user_code)}
     try:
-        yield start_orchestrator(
-            registry, root / "data", db_url, extra_env={**NO_RECONCILE, "SPOTSWARM_MAX_BODY_BYTES": "65536"}
-        )
+        yield start_orchestrator(registry, root / "data", db_url, extra_env=env, admin_token=ADMIN_TOKEN)
     finally:
         registry.kill_all()
+
+
+ADMIN_TOKEN = "ssa_set-by-the-operator-in-the-environment"
+# Imported by the import check: records the environment and working directory it ran with.
+PROBE_SPY = """
+import json, os, pathlib
+seen = {"env": dict(os.environ), "cwd": os.getcwd()}
+pathlib.Path(__file__).with_name("seen.json").write_text(json.dumps(seen))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_import_check_runs_user_code_without_the_servers_secrets_outside_the_data_dir(
+    orch: Orchestrator,
+) -> None:
+    seen_file = orch.data_dir.parent / "usercode" / "seen.json"
+    with orch.admin() as http:
+        answer = http.post("/api/v1/runs", json=run_spec(new_name(), module="probe_spy:NoSuchModule"))
+    assert answer.status_code == 422 and "no attribute 'NoSuchModule'" in answer.text, answer.text
+    seen = json.loads(seen_file.read_text())
+    assert orch.admin_token == ADMIN_TOKEN and ADMIN_TOKEN not in json.dumps(seen)
+    assert not {name for name in seen["env"] if name in SERVER_ONLY}, sorted(seen["env"])
+    assert not Path(seen["cwd"]).resolve().is_relative_to(orch.data_dir.resolve()), seen["cwd"]
+    assert Path(seen["cwd"]).resolve() != Path.cwd().resolve()
+
+
+SERVER_ONLY = {"SPOTSWARM_ADMIN_TOKEN", "SPOTSWARM_DATABASE_URL", "SPOTSWARM_DATA_DIR", "SPOTSWARM_PORT"}
 
 
 def new_name(prefix: str = "run") -> str:
@@ -50,7 +81,7 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
     created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
     assert created["join_token"].startswith("ssj_")
     assert created["state"] == "pending" and created["swarm_id"].startswith(created["name"] + "-")
-    with orch.client() as http:
+    with orch.admin() as http:  # the full view: spec args are for the admin token only
         fetched = http.get(f"/api/v1/runs/{created['name']}").json()
     assert "join_token" not in fetched and created["join_token"] not in str(fetched)
     assert fetched["spec"]["module_args"] == {"hidden": 8}
@@ -177,7 +208,8 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("GET", "/api/v1/runs/nope/progress?max_points=0", None, 422, "max_points"),
     ("POST", "/api/v1/workers/register", {"hostname": "x"}, 401, "token"),
     ("POST", "/api/v1/workers/abc/heartbeat", {}, 422, "worker_id"),
-    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 422, "samples"),
+    # the caller is checked before the body: an unknown worker is 404 whatever the body
+    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 404, "not found"),
     ("GET", "/api/v1/runs/nope/checkpoints/latest/download", None, 404, "not found"),
 ]
 

@@ -103,7 +103,7 @@ def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
     second = register(orch, ids[3])  # the launch token alone identifies the row
     assert (first["worker_id"], second["worker_id"]) == (str(ids[0]), str(ids[2]))
     assert second["worker_token"].startswith("ssw_") and ids[3].startswith("ssl_")  # a fresh worker token
-    with orch.client() as http:
+    with orch.admin() as http:  # the full view: launch details beyond the public keys
         items = {w["id"]: w for w in http.get(f"/api/v1/runs/{name}/workers").json()["items"]}
     assert items[str(ids[0])]["state"] == "running" and items[str(ids[0])]["launch_details"] == {
         "zone": "test-1a"

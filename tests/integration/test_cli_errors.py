@@ -129,3 +129,16 @@ def test_url_and_token_come_from_flags_env_or_config_file(orch: Orchestrator, tm
     broken = spotswarm("runs", "list", env={"SPOTSWARM_CONFIG": str(config)})
     assert broken.returncode == EXIT_ERROR
     assert_one_line_error(broken.stderr, "config file")
+
+
+@pytest.mark.timeout(30)
+def test_a_missing_or_unreadable_ca_certificate_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    url = f"https://127.0.0.1:{free_port()}"
+    missing = spotswarm("runs", "list", "--url", url, "--ca-cert", str(tmp_path / "nope.pem"))
+    assert missing.returncode == 2
+    assert_one_line_error(missing.stderr, "CA certificate file", "does not exist")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    broken = spotswarm("runs", "list", "--url", url, env={"SPOTSWARM_CA_CERT": str(garbage)})
+    assert broken.returncode == 2
+    assert_one_line_error(broken.stderr, f"cannot use {garbage} as CA certificate")

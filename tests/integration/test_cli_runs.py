@@ -4,6 +4,7 @@ resume and logs (also --follow, as a real subprocess that must exit when the run
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
+from tests.helpers import REPO_ROOT, VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
 from worker.wire import DeregisterReason
@@ -28,7 +29,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 
 def api_run(orch: Orchestrator, name: str) -> dict:
-    with orch.client() as http:
+    with orch.admin() as http:  # the full view, with the spec's args
         return dict(http.get(f"/api/v1/runs/{name}").json())
 
 
@@ -76,6 +77,28 @@ def test_create_from_yaml_file_with_flag_overrides(orch: Orchestrator, tmp_path:
     assert run["workers"]["desired"] == 2
     assert run["spec"]["stop"]["target_epochs"] == 7
     assert run["spec"]["module_args"] == {"hidden": 5} and run["spec"]["datamodule_args"] == {"size": 16}
+
+
+# The round trip of the docs (status-page-and-cli.md), as a shell runs it: jq and the CLI.
+ROUND_TRIP = (
+    "spotswarm runs show from-spec --json | jq .run.spec > spec.json && "
+    "spotswarm runs create -f spec.json --name from-spec-2"
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_shown_spec_creates_the_same_run_again(orch: Orchestrator, tmp_path: Path) -> None:
+    args = {"module_args": {"hidden": 6}, "datamodule_args": {"size": 12}}
+    create(orch, "from-spec", stop={"target_epochs": 9}, **args)
+    env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "SPOTSWARM_URL": orch.url}
+    env.update(SPOTSWARM_TOKEN=orch.admin_token, SPOTSWARM_CONFIG=str(tmp_path / "absent.toml"))
+    done = subprocess.run(
+        ["bash", "-c", ROUND_TRIP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert ROUND_TRIP in (REPO_ROOT / "docs/readme/status-page-and-cli.md").read_text()  # the documented line
+    original, copy = api_run(orch, "from-spec")["spec"], api_run(orch, "from-spec-2")["spec"]
+    assert copy == {**original, "name": "from-spec-2"} and copy["module_args"] == {"hidden": 6}
 
 
 @pytest.mark.timeout(60)
@@ -151,3 +174,18 @@ def test_logs_prints_history_and_follow_exits_when_the_run_ends(orch: Orchestrat
     events = [json.loads(line) for line in out.splitlines()]
     assert events[0]["kind"] == "run.created"
     assert "stopped" in events[-1]["message"], events  # the final event was printed before exiting
+
+
+@pytest.mark.timeout(60)
+def test_the_compose_sections_create_command_works_as_documented(orch: Orchestrator) -> None:
+    """The README's docker compose section: its ``spotswarm runs create`` line, copied as it is."""
+    section = (REPO_ROOT / "docs" / "readme" / "aws.md").read_text().split("### One machine, no AWS", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    [command] = [line for line in block.splitlines() if line.startswith("spotswarm runs create")]
+    args = shlex.split(command, comments=True)
+
+    done = cli(orch, *args[1:])
+
+    assert done.exit_code == 0, done.output
+    assert "ssj_" in done.output and "SPOTSWARM_JOIN_TOKEN=ssj_..." in block
+    assert api_run(orch, "digits-compose")["workers"]["desired"] == 0

@@ -11,20 +11,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_NOT_FOUND
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import wait_until
 from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
 from worker.wire import DeregisterReason
 
 
 @pytest.fixture(scope="module")
 def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("cli-workers")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
-    finally:
-        registry.kill_all()
+    with orchestrator_in(tmp_path_factory.mktemp("cli-workers"), extra_env=HAND_ONLY) as orch:
+        yield orch
 
 
 @pytest.fixture(scope="module")

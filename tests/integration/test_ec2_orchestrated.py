@@ -13,6 +13,7 @@ request id read back from the instance's user data, as the agent on that instanc
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import partial
@@ -29,6 +30,7 @@ from tests.aws_fixture import FakeAws
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.ec2_capacity import CapacityProxy
 from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.terraform_support import evaluate, module_workspace
 
 aws = aws_fixture.aws  # the moto server fixtures, used by name below
 moto_endpoint = aws_fixture.moto_endpoint
@@ -141,6 +143,17 @@ def ec2(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             processes.kill_all()
 
 
+@pytest.fixture(scope="module")
+def deployment_tags(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The tags the Terraform module puts on the orchestrator's own instance, for a deployment whose
+    orchestrator has this module's ``ORCH_ID`` (the module sets SPOTSWARM_EC2_ORCHESTRATOR_ID = name)."""
+    module = module_workspace(tmp_path_factory.mktemp("tf-tags"))
+    expression = "{id = local.orchestrator_env.SPOTSWARM_EC2_ORCHESTRATOR_ID, tags = %s}"
+    found = evaluate(module, expression % "local.orchestrator_instance_tags", {"name": ORCH_ID})
+    assert found["id"] == ORCH_ID
+    return dict(found["tags"])
+
+
 def orchestrator_env(endpoint: str, tmp_path: Path, subnets: list[str]) -> dict[str, str]:
     """``spotswarm serve`` with the reconcile loop on a short tick and the ec2 launcher on the fake cloud."""
     missing = str(tmp_path / "no-aws-config")
@@ -199,6 +212,15 @@ def workers(ec2: Ec2Orchestrator, run: str) -> list[dict[str, Any]]:
 
 def events(ec2: Ec2Orchestrator, run: str) -> list[dict[str, Any]]:
     return list(read(ec2, f"/runs/{run}/events?limit=1000")["items"])
+
+
+def reconcile_ticks(ec2: Ec2Orchestrator) -> int:
+    """Reconcile ticks so far, as Prometheus would scrape them."""
+    with ec2.orch.client() as http:
+        text = http.get("/metrics").raise_for_status().text
+    match = re.search(r"^spotswarm_reconcile_ticks_total (\S+)$", text, re.M)
+    assert match, "the reconcile tick counter is exported"
+    return int(float(match[1]))
 
 
 def identities(ec2: Ec2Orchestrator, run: str) -> list[tuple[str, str, str, str]]:
@@ -416,34 +438,52 @@ def test_without_capacity_launches_back_off_fail_the_run_and_resume_later(ec2: E
     stop_run(ec2, "spot-dry")
 
 
+def start_instance(ec2: Ec2Orchestrator, instance_tags: dict[str, str]) -> str:
+    """An instance started outside the launcher (by hand, or by Terraform) with exactly these tags."""
+    reservation = ec2.cloud.ec2.run_instances(
+        ImageId="ami-12345678",
+        InstanceType=TYPES[0],
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=ec2.cloud.subnets[0],
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in instance_tags.items()]}
+        ],
+    )
+    return str(reservation["Instances"][0]["InstanceId"])
+
+
+@pytest.mark.timeout(300)
+def test_the_deployments_own_instance_outlives_many_reconcile_ticks_beside_a_run(
+    ec2: Ec2Orchestrator, deployment_tags: dict[str, str]
+) -> None:
+    own = start_instance(ec2, deployment_tags)  # the orchestrator's machine, as Terraform tags it
+    create_ec2_run(ec2, "spot-beside", desired=1)
+    launched(ec2, "spot-beside", 1)
+
+    ticks = reconcile_ticks(ec2)
+    wait_until(lambda: reconcile_ticks(ec2) >= ticks + 20, WAIT_S, message="20 more reconcile ticks")
+    stop_run(ec2, "spot-beside")  # terminating the run's workers leaves it alone too
+
+    assert ec2.cloud.state(own) == "running"
+    assert own not in ec2.orch.proc.log(), "never even considered an orphan"
+    ec2.cloud.ec2.terminate_instances(InstanceIds=[own])
+
+
 @pytest.mark.timeout(240)
 def test_after_a_restart_known_instances_are_adopted_and_orphans_terminated(ec2: Ec2Orchestrator) -> None:
     create_ec2_run(ec2, "spot-restart", desired=2)
     known = {raw["InstanceId"] for raw in launched(ec2, "spot-restart", 2)}
     workers_before = identities(ec2, "spot-restart")
     orphans: list[str] = []
+    foreign: list[str] = []
+    ours = {"spotswarm:orchestrator": ORCH_ID, "spotswarm:run": "spot-restart"}
 
     def launch_orphans() -> None:
-        """While the orchestrator is down: instances with its tag and a request id it never made, or none."""
-        for request_tags in ([{"Key": "spotswarm:request-id", "Value": "spot-restart-000000000000"}], []):
-            reservation = ec2.cloud.ec2.run_instances(
-                ImageId="ami-12345678",
-                InstanceType=TYPES[0],
-                MinCount=1,
-                MaxCount=1,
-                SubnetId=ec2.cloud.subnets[0],
-                TagSpecifications=[
-                    {
-                        "ResourceType": "instance",
-                        "Tags": [
-                            {"Key": "spotswarm:orchestrator", "Value": ORCH_ID},
-                            {"Key": "spotswarm:run", "Value": "spot-restart"},
-                            *request_tags,
-                        ],
-                    }
-                ],
-            )
-            orphans.append(reservation["Instances"][0]["InstanceId"])
+        """While the orchestrator is down: an instance with its tags and a request id it never made, and
+        one with its tags but no request id (not launched by it: made by hand)."""
+        orphans.append(start_instance(ec2, {**ours, "spotswarm:request-id": "spot-restart-000000000000"}))
+        foreign.append(start_instance(ec2, {"spotswarm:orchestrator": ORCH_ID}))
 
     calls_before = len(ec2.capacity.markets_asked())
     ec2.restart(before_start=launch_orphans)
@@ -451,8 +491,12 @@ def test_after_a_restart_known_instances_are_adopted_and_orphans_terminated(ec2:
     wait_until(
         lambda: {ec2.cloud.state(i) for i in orphans} <= {"shutting-down", "terminated"},
         WAIT_S,
-        message="both orphans terminated",
+        message="the orphan terminated",
     )
+    ticks = reconcile_ticks(ec2)
+    wait_until(lambda: reconcile_ticks(ec2) >= ticks + 5, WAIT_S, message="5 more reconcile ticks")
+    assert [ec2.cloud.state(i) for i in foreign] == ["running"], "no request id: never terminated"
+    ec2.cloud.ec2.terminate_instances(InstanceIds=foreign)
     assert {raw["InstanceId"] for raw in launched(ec2, "spot-restart", 2)} == known
     assert {ec2.cloud.state(i) for i in known} == {"running"}
     assert identities(ec2, "spot-restart") == workers_before, (

@@ -220,3 +220,39 @@ def test_a_reused_pid_is_not_mistaken_for_a_worker(tmp_path: Path, fake_command:
     finally:
         os.killpg(stranger.pid, signal.SIGKILL)
         stranger.wait()
+
+
+@pytest.mark.timeout(30)
+def test_workers_get_an_allow_listed_environment_without_the_servers_secrets(
+    tmp_path: Path, fake_command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = {
+        "SPOTSWARM_ADMIN_TOKEN": "ssa_not-for-workers",
+        "SPOTSWARM_DATABASE_URL": "postgresql+psycopg://spotswarm:db-password@db/spotswarm",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "10",  # a server setting: none of a worker's business
+    }
+    kept = {
+        "CUDA_VISIBLE_DEVICES": "1",
+        "LC_ALL": "C.UTF-8",
+        "SPOTSWARM_LOG_FORMAT": "json",  # a worker setting
+        "DATASET_TOKEN": "named-by-the-admin",  # passed because the launcher was told to
+    }
+    for name, value in {**secrets, **kept}.items():
+        monkeypatch.setenv(name, value)
+    launcher = LocalLauncher(tmp_path / "data", fake_command, grace_s=2.0, pass_env=["DATASET_*"])
+    worker_dir = tmp_path / "data" / "workers" / "req-env"
+    try:
+        launcher.launch(request("req-env", "sleep"))
+        pids = wait_until(lambda: started_pids(worker_dir), 10, message="fake worker wrote its pid")
+        raw = Path(f"/proc/{pids[0]}/environ").read_bytes().decode()
+        environ = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    finally:
+        launcher.terminate("req-env")
+    assert not set(secrets) & set(environ), sorted(set(secrets) & set(environ))
+    assert {name: environ.get(name) for name in kept} == kept
+    assert environ["PATH"] == os.environ["PATH"] and environ["SPOTSWARM_REQUEST_ID"] == "req-env"
+    assert environ["SPOTSWARM_WORKER_DIR"] == str(worker_dir)
+    log = tmp_path / "data" / "workers" / "req-env.log"
+    assert (worker_dir.stat().st_mode & 0o777, log.stat().st_mode & 0o777) == (0o700, 0o600)  # owner-only

@@ -160,3 +160,35 @@ def test_flags_win_over_the_environment_and_missing_values_are_usage_errors(tmp_
     with pytest.raises(SystemExit) as exit_info:
         parse_config([], {"SPOTSWARM_URL": "http://env"})
     assert exit_info.value.code == 2
+
+
+class _RunsCodeWhenUnpickled:
+    """What a hostile checkpoint holds: unpickling it calls ``open(marker, "w")``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_crafted_checkpoint_is_refused_and_runs_no_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+
+    import torch
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from worker import agent_train
+
+    # torch < 2.6 unpickled everything by default; this variable restores that default on newer torch
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    marker = tmp_path / "code-ran"
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save({"state_dict": {}, "payload": _RunsCodeWhenUnpickled(marker)}, crafted)
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        agent_train.fit(trainer, BoringModel(), None, str(crafted))
+    assert not marker.exists()

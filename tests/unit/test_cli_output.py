@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -110,3 +111,12 @@ def test_config_fallback_parser_reads_flat_strings() -> None:
     assert _flat_toml('# c\nurl = "http://h:1"\n\ntoken="t#1"\n') == {"url": "http://h:1", "token": "t#1"}
     with pytest.raises(ValueError):
         _flat_toml("url = http://unquoted\n")
+
+
+def test_the_demo_shows_the_admin_token_on_a_terminal_only() -> None:
+    from orchestrator.cli.demo import token_shown
+
+    path = Path("data/demo/admin_token")
+    assert token_shown("ssa_secret", path, on_terminal=True).startswith("ssa_secret  (")
+    redirected = token_shown("ssa_secret", path, on_terminal=False)
+    assert "ssa_secret" not in redirected and "cat data/demo/admin_token" in redirected

@@ -95,6 +95,16 @@ def test_compose_runs_postgres_orchestrator_and_two_cpu_workers() -> None:
     assert set(_compose()["volumes"]) >= {"postgres-data", "orchestrator-data"}
 
 
+def test_compose_refuses_to_start_without_a_database_password() -> None:
+    text = (REPO_ROOT / "docker-compose.yml").read_text()
+    uses = re.findall(r"\$\{POSTGRES_PASSWORD([^}]*)\}", text)
+    assert len(uses) == 2, "the database and the orchestrator's URL"
+    assert all(use.startswith(":?") for use in uses), f"no default password: {uses}"
+    services = _compose()["services"]
+    assert "${POSTGRES_PASSWORD:?" in services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert ":${POSTGRES_PASSWORD:?" in services["orchestrator"]["environment"]["SPOTSWARM_DATABASE_URL"]
+
+
 def test_compose_images_are_pinned() -> None:
     for name, service in _compose()["services"].items():
         image = service["image"]

@@ -83,6 +83,24 @@ def test_text_is_the_default_and_the_env_variable_picks_json(
         configure_logging("INFO", "xml", hivemind=False, lightning=False)
 
 
+def test_text_lines_escape_control_characters_so_values_cannot_forge_lines(restore_logging: None) -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "text", stream=out, hivemind=False, lightning=False)
+    forged = "gpu-1\n2026-11-23 14:40:00,000 WARNING orchestrator.runs: run.deleted FORGED"
+    logging.getLogger("orchestrator.workers").info("joined from %s", forged, extra=log_fields(run="r\rx"))
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("worker.agent").exception("failed \x1b[31m\u2028")
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith(
+        "[run=r\\rx] orchestrator.workers: joined from gpu-1\\n2026-11-23 14:40:00,000 "
+        "WARNING orchestrator.runs: run.deleted FORGED"
+    ), lines
+    assert lines[1].endswith("worker.agent: failed \\x1b[31m\\u2028"), lines
+    assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "RuntimeError: boom"
+
+
 def test_hivemind_and_lightning_log_once_through_our_handler(restore_logging: None) -> None:
     out = io.StringIO()
     configure_logging("INFO", "json", stream=out)

@@ -1,4 +1,5 @@
-// Shared by both pages: the JSON API client (with the admin token from localStorage), the token panel,
+// Shared by both pages: the JSON API client (the admin token from localStorage goes only with admin
+// calls, see api()), the token panel,
 // the error banner, number/time formatting, ETA and cost (same rules as orchestrator/cli/output.py),
 // a DOM builder that never parses HTML, and a poller that pauses while the tab is hidden.
 
@@ -30,19 +31,37 @@ function detailOf(body, fallback) {
   return fallback;
 }
 
-/** Call the API; resolves to the JSON body, rejects with ApiError (status 0: no answer). */
-export async function api(path, { method = "GET", body } = {}) {
+// Set once the orchestrator refused an anonymous read (it runs with --no-public-reads): from then on
+// reads carry the token too, since none works without it.
+let readsNeedToken = false;
+
+async function send(path, method, body, token) {
   const headers = { Accept: "application/json" };
-  const token = getToken();
   if (token) headers.Authorization = "Bearer " + token;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  let response;
   try {
-    response = await fetch(API + path, {
+    return await fetch(API + path, {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store",
     });
   } catch (err) {
     throw new ApiError(0, "orchestrator unreachable");
+  }
+}
+
+/**
+ * Call the API; resolves to the JSON body, rejects with ApiError (status 0: no answer).
+ * The admin token is sent only when the call needs it: admin calls ({ admin: true }: scale, stop,
+ * resume, the full view of a run) and, on an orchestrator without public reads, reads (learnt from the
+ * first 401, then retried with the token). Polled reads go without it, so it crosses the network only
+ * when the user acts.
+ */
+export async function api(path, { method = "GET", body, admin = false } = {}) {
+  const token = getToken();
+  const withToken = Boolean(token) && (admin || readsNeedToken);
+  let response = await send(path, method, body, withToken ? token : "");
+  if (response.status === 401 && token && !withToken && method === "GET") {
+    readsNeedToken = true;
+    response = await send(path, method, body, token);
   }
   const text = await response.text();
   let data = null;

@@ -1,6 +1,7 @@
-// One run's page. Polls the JSON API (run, workers and events every 2 s; the progress series, checkpoints
-// and peers less often), redraws the charts and tables in place, and sends scale/stop/resume with the
-// admin token the user pasted (localStorage; never part of the page).
+// One run's page. Polls the JSON API without the admin token (run, workers and events every 2 s; the
+// progress series, checkpoints and peers less often), redraws the charts and tables in place, and sends
+// scale/stop/resume, downloads and the one read of the run's full spec with the admin token the user
+// pasted (localStorage; never part of the page).
 
 import { drawLineChart } from "./charts.js";
 import {
@@ -19,7 +20,7 @@ const MAX_WORKER_HISTORY = 2000; // per-worker points kept in memory (since the 
 
 const state = { run: null, workers: [], progress: null, eventsAfter: 0, history: new Map() };
 const status = freshness();
-const token = setupTokenPanel(() => refreshAll());
+const token = setupTokenPanel(() => { refreshAll(); refreshSpec(); });
 
 // -- run, tiles and controls ---------------------------------------------------------------------------
 
@@ -72,7 +73,7 @@ async function act(path, body, done) {
     return;
   }
   try {
-    const run = await api(path, { method: "POST", body });
+    const run = await api(path, { method: "POST", body, admin: true });
     state.run = run;
     renderRun(run);
     say(done(run));
@@ -95,6 +96,21 @@ document.getElementById("stop-button").addEventListener("click", () => {
 document.getElementById("resume-button").addEventListener("click", () => {
   act(`${RUN_PATH}/resume`, undefined, (run) => `run is ${run.state}`);
 });
+
+// -- the spec: its free-form values (args, options) only in the admin view ----------------------------
+
+/** Read once (and again when the token changes), with the token when one is set: the spec never polls. */
+async function refreshSpec() {
+  try {
+    const run = await api(RUN_PATH, { admin: true });
+    setText("spec", JSON.stringify(run.spec, null, 2));
+    setText("spec-note", run.redacted
+      ? "module_args, datamodule_args, strategy_options and launcher_options are shown to the admin token only"
+      : "");
+  } catch (err) {
+    setText("spec-note", err instanceof ApiError ? err.message : String(err));
+  }
+}
 
 // -- workers -------------------------------------------------------------------------------------------
 
@@ -287,6 +303,8 @@ const polls = [
   poll(refreshRun, FAST_MS), poll(refreshWorkers, FAST_MS), poll(refreshEvents, FAST_MS),
   poll(refreshProgress, PROGRESS_MS), checkpointsPoll, poll(refreshPeers, SLOW_MS),
 ];
+
+refreshSpec();
 
 function refreshAll() {
   for (const p of polls) p.now();

@@ -61,8 +61,18 @@ module "spotswarm" {
 }
 
 output "orchestrator_url" {
-  description = "Pass to `spotswarm --url`."
+  description = "Pass to `spotswarm --url` (HTTPS; trust its self-signed certificate with --ca-cert)."
   value       = module.spotswarm.orchestrator_url
+}
+
+output "orchestrator_instance_id" {
+  description = "For `aws ssm start-session --target` (admin token, certificate)."
+  value       = module.spotswarm.orchestrator_instance_id
+}
+
+output "tls_fingerprint_command" {
+  description = "Prints the orchestrator certificate's SHA-256 fingerprint from the instance's console log."
+  value       = module.spotswarm.tls_fingerprint_command
 }
 
 output "launcher_options" {

@@ -1,0 +1,212 @@
+"""What a caller without the admin token can see and do, against a real `spotswarm serve` in its default
+configuration (public reads on, admin token generated into the data dir).
+
+- anonymous reads leave out the free-form values of runs and workers (spec args and options, launch
+  details that locate a machine) and worker logs; the admin token gets them;
+- every authenticated route answers 401 to a call without a token before it looks at the body;
+- host names, launcher handles, messages and reasons with control characters are refused (422), so
+  they cannot forge lines in the server's log;
+- the generated admin token is never written to the server's output, only the file that holds it;
+- the data dir and what the server writes into it are private to its user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import workers
+from orchestrator.db.models import Worker
+from orchestrator.db.session import Database
+from tests.helpers import wait_until
+from tests.integration.cli_support import HAND_ONLY
+from tests.integration.worker_support import become_checkpointer
+from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from worker.wire import CHECKSUM_HEADER
+
+FREE_FORM = {
+    "module_args": {"api_key": "sk-not-for-anonymous-eyes"},
+    "datamodule_args": {"bucket": "s3://private-bucket/data"},
+    "strategy_options": {"matchmaking_time": 2.0},
+    "launcher_options": {"instance_types": ["g5.xlarge"]},
+}
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    with orchestrator_in(tmp_path_factory.mktemp("exposure"), extra_env=HAND_ONLY) as orch:
+        yield orch
+
+
+@pytest.fixture(scope="module")
+def worker(orch: Orchestrator) -> dict[str, Any]:
+    """A run with free-form values and one worker joined by hand (id, token, run name, join token)."""
+    with orch.admin() as http:
+        created = http.post("/api/v1/runs", json=run_spec("exposed", **FREE_FORM))
+        assert created.status_code == 201, created.text
+    join = created.json()["join_token"]
+    with orch.client(join) as http:
+        registered = http.post("/api/v1/workers/register", json={"hostname": "box-1"})
+        assert registered.status_code == 200, registered.text
+    return {**registered.json(), "run": "exposed", "join_token": join}
+
+
+# -- anonymous reads -----------------------------------------------------------------------------------
+
+
+def test_anonymous_reads_leave_out_free_form_values_the_admin_gets_them(
+    orch: Orchestrator, worker: dict[str, Any]
+) -> None:
+    with orch.client() as anonymous, orch.admin() as admin:
+        for path in ("/api/v1/runs/exposed", "/api/v1/runs"):
+            public = anonymous.get(path).json()
+            public_run = public if "spec" in public else public["items"][0]
+            assert public_run["redacted"] is True
+            assert all(public_run["spec"][key] == {} for key in FREE_FORM), public_run["spec"]
+            assert "sk-not-for" not in anonymous.get(path).text
+            full = admin.get(path).json()
+            full_run = full if "spec" in full else full["items"][0]
+            assert full_run["redacted"] is False
+            assert {key: full_run["spec"][key] for key in FREE_FORM} == FREE_FORM
+        log = f"/api/v1/runs/exposed/workers/{worker['worker_id']}/log"
+        refused = anonymous.get(log)
+        assert refused.status_code == 401, refused.text
+        assert admin.get(log).status_code == 409  # allowed; a worker joined by hand keeps its log itself
+
+
+def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
+    orch: Orchestrator, worker: dict[str, Any]
+) -> None:
+    details = {
+        "instance_type": "g5.xlarge",
+        "availability_zone": "us-east-1a",
+        "market": "spot",
+        "price_usd_per_hour": 0.42,
+        "private_ip": "10.0.3.7",
+        "public_ip": "54.1.2.3",
+        "subnet_id": "subnet-0abc",
+        "log_path": "/srv/spotswarm/workers/req.log",
+    }
+    db = Database(f"sqlite:///{(orch.data_dir / 'spotswarm.db').resolve()}")
+    try:  # what a launcher reports about its instance, written as the reconciler writes it
+        with db.begin() as session:
+            row = session.get(Worker, int(worker["worker_id"]))
+            assert row is not None
+            workers.set_launch_details(row, "i-0123456789", details)
+    finally:
+        db.close()
+    path = f"/api/v1/runs/{worker['run']}/workers"
+    with orch.client() as anonymous, orch.admin() as admin:
+        public = anonymous.get(path).json()["items"][0]
+        full = admin.get(path).json()["items"][0]
+    assert public["redacted"] is True and full["redacted"] is False
+    assert public["launch_details"] == {
+        "instance_type": "g5.xlarge",
+        "availability_zone": "us-east-1a",
+        "market": "spot",
+        "price_usd_per_hour": 0.42,
+    }
+    assert full["launch_details"] == details
+
+
+# -- the token before the body -------------------------------------------------------------------------
+
+PUBLIC_GETS = re.compile(r"^/(healthz|readyz|metrics|api/v1/(swarm-auth|peers|runs(/\{name\}(/[a-z]+)?)?))$")
+
+
+def _authenticated_operations(orch: Orchestrator) -> list[tuple[str, str, bool]]:
+    """(method, path template, has a body) of every operation that needs a token, from the schema."""
+    with orch.client() as http:
+        schema = http.get("/openapi.json").json()
+    found = []
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if method == "get" and PUBLIC_GETS.match(path):
+                continue
+            found.append((method.upper(), path, "requestBody" in operation))
+    return found
+
+
+def test_every_authenticated_route_checks_the_token_before_the_body(
+    orch: Orchestrator, worker: dict[str, Any]
+) -> None:
+    operations = _authenticated_operations(orch)
+    assert len(operations) >= 12, operations  # the schema lists them all (not a silently empty loop)
+    values = {"name": worker["run"], "worker_id": worker["worker_id"], "epoch": "1"}
+    wrong = {}
+    for token in (None, "garbage"):
+        with orch.client(token) as http:
+            for method, template, has_body in operations:
+                path = template.format(**values)
+                body = {"content": b'{"bogus": [1, 2]}', "headers": {"Content-Type": "application/json"}}
+                response = http.request(method, path, **(body if has_body else {}))
+                # a token that is not this worker's own is refused by the worker's check: 403
+                expected = 403 if token and template.startswith("/api/v1/workers/{worker_id}") else 401
+                if response.status_code != expected:
+                    wrong[f"{token} {method} {template}"] = (response.status_code, response.text[:200])
+    assert not wrong, wrong
+
+
+# -- control characters ---------------------------------------------------------------------------------
+
+FORGED = "\n2026-11-23 14:40:00,000 WARNING [run=exposed worker=-] orchestrator.runs: run.deleted FORGED"
+
+
+CONTROLLED = [FORGED, "gpu-1\rFORGED", "red\x1b[31mFORGED", "tab\tFORGED", "ls\u2028FORGED"]
+
+
+@pytest.mark.parametrize("bad", CONTROLLED)
+def test_control_characters_are_refused_where_they_would_reach_the_log(
+    orch: Orchestrator, worker: dict[str, Any], bad: str
+) -> None:
+    with orch.client(worker["join_token"]) as http:
+        for body in ({"hostname": bad}, {"hostname": "ok", "launcher_handle": bad}):
+            refused = http.post("/api/v1/workers/register", json=body)
+            assert refused.status_code == 422 and "control character" in refused.text, refused.text
+    with orch.client(worker["worker_token"]) as http:
+        path = f"/api/v1/workers/{worker['worker_id']}/deregister"
+        refused = http.post(path, json={"reason": "error", "message": bad})
+        assert refused.status_code == 422 and "control character" in refused.text, refused.text
+    with orch.admin() as http:
+        refused = http.post("/api/v1/runs/exposed/stop", json={"reason": bad})
+        assert refused.status_code == 422 and "control character" in refused.text, refused.text
+        assert http.get("/api/v1/runs/exposed").json()["state"] != "stopping"
+    assert "FORGED" not in orch.proc.log()
+
+
+# -- the admin token and the data dir --------------------------------------------------------------------
+
+
+def test_the_generated_admin_token_is_not_in_the_server_output(orch: Orchestrator) -> None:
+    output = orch.proc.log()
+    assert orch.admin_token not in output
+    assert str(orch.data_dir / "admin_token") in output  # where to read it
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_data_dir_and_its_files_are_private(orch: Orchestrator, worker: dict[str, Any]) -> None:
+    blob = b"weights" * 100
+    become_checkpointer(orch, worker)  # only the run's checkpointer uploads
+    with orch.client(worker["worker_token"]) as http:
+        uploaded = http.put(
+            f"/api/v1/workers/{worker['worker_id']}/checkpoints/3",
+            content=blob,
+            headers={CHECKSUM_HEADER: hashlib.sha256(blob).hexdigest()},
+        )
+    assert uploaded.status_code == 201, uploaded.text
+    data = orch.data_dir
+    checkpoints = [p for p in (data / "checkpoints").rglob("*") if p.is_file()]
+    assert checkpoints
+    wait_until(lambda: (data / "spotswarm.db").exists(), 10)
+    paths = [data, data / "spotswarm.db", data / "checkpoints", data / "tmp", data / "workers", *checkpoints]
+    open_to_others = {str(p): oct(_mode(p)) for p in paths if _mode(p) & 0o077}
+    assert not open_to_others, open_to_others
