@@ -167,7 +167,7 @@ def _new_manual_worker(
     """A row for a worker joined with the join token; :class:`TooManyRequests` past the token's rate,
     :class:`Conflict` when the run already has ``max_workers`` live workers."""
     if limiter is not None:
-        limiter.take(f"join:{run.id}")
+        limiter.take(f"join:{run.id}", "registrations with this join token")
     live = runs.count_live_workers(session, run.id)
     if live >= run.max_workers:
         raise Conflict(

@@ -13,7 +13,7 @@ from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import become_checkpointer, heartbeat, register
+from tests.integration.worker_support import become_checkpointer, heartbeat, register, swarm_token_peer_id
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
 from worker.wire import CHECKSUM_HEADER
@@ -62,6 +62,8 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
     assert worker["swarm_id"].startswith(name) and worker["run"]["name"] == name
     assert worker["initial_peers"] == orch.peers() and worker["heartbeat_interval_s"] == 1
     assert worker["resume_checkpoint"] is None
+    # its DHT peer's address, with the peer id its swarm token was issued for (any other is dropped)
+    maddr = f"/ip4/127.0.0.1/tcp/4242/p2p/{swarm_token_peer_id(orch, worker)}"
     reply = heartbeat(
         orch,
         worker,
@@ -71,7 +73,7 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
         loss=0.5,
         samples_per_s=40.0,
         num_peers=1,
-        visible_maddrs=["/ip4/127.0.0.1/tcp/4242/p2p/QmWorker"],
+        visible_maddrs=[maddr],
     )
     assert reply["action"] == "continue" and reply["checkpoint_every_epochs"] == 5
     run = wait_until(lambda: (r := get_run(orch, name))["reported"]["samples_total"] == 320 and r, 10)
@@ -82,7 +84,7 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
         peers = http.get(f"/api/v1/runs/{name}/peers").json()
     assert listed["total"] == 1 and listed["items"][0]["manual"] and listed["items"][0]["hostname"] == "gpu-1"
     assert "token" not in str(listed).lower()
-    assert peers["worker_peers"] == ["/ip4/127.0.0.1/tcp/4242/p2p/QmWorker"]
+    assert peers["worker_peers"] == [maddr]
     assert peers["initial_peers"] == orch.peers() + peers["worker_peers"]
 
 

@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import heartbeat, register
+from tests.integration.worker_support import heartbeat, new_public_key, register, swarm_token_peer_id
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.swarm_token import openssh_public_key, peer_id_of
+from worker.swarm_token import peer_id_of
 
 _names = itertools.count()
 HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'
@@ -41,20 +40,6 @@ def create(orch: Orchestrator, **overrides: Any) -> dict[str, Any]:
         response = http.post("/api/v1/runs", json=run_spec(f"pl-{next(_names)}", **overrides))
     assert response.status_code == 201, response.text
     return dict(response.json())
-
-
-def new_public_key() -> str:
-    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
-
-
-def swarm_token_peer_id(orch: Orchestrator, worker: dict[str, Any]) -> str:
-    """Ask for the worker's swarm token (as its agent does before starting its DHT); its peer id."""
-    with orch.client(worker["worker_token"]) as http:
-        answer = http.post(
-            f"/api/v1/workers/{worker['worker_id']}/swarm-token", json={"public_key": new_public_key()}
-        )
-    assert answer.status_code == 200, answer.text
-    return str(answer.json()["peer_id"])
 
 
 def worker_peers(orch: Orchestrator, name: str) -> list[str]:

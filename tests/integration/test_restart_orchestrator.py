@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from worker.wire import CHECKSUM_HEADER
 
@@ -42,9 +41,13 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
     with first.client(join) as http:
         worker = http.post("/api/v1/workers/register", json={"hostname": "h1"}).json()
     auth = {"Authorization": f"Bearer {worker['worker_token']}"}
-    become_checkpointer(first, worker, samples=100, swarm_epoch=4, loss=0.25)  # only it uploads
     with first.client() as http:
         base = f"/api/v1/workers/{worker['worker_id']}"
+        http.post(f"{base}/heartbeat", json={"samples": 100, "swarm_epoch": 4, "loss": 0.25}, headers=auth)
+        # only the run's checkpointer uploads (one heartbeat: the snapshots below compare its write)
+        wait_until(
+            lambda: snapshot(first, "keep-2")["run"]["checkpointer_worker_id"] == worker["worker_id"], 10
+        )
         data = b"state" * 100
         headers = {**auth, CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
         assert http.put(f"{base}/checkpoints/4", content=data, headers=headers).status_code == 201

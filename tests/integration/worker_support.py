@@ -1,12 +1,16 @@
 """Helpers of the tests that act as workers over the real API: register, heartbeat, become the
-checkpointer, and count reconcile ticks (to wait for the loop to have judged a run several times)."""
+checkpointer, get a swarm token (whose peer id the worker's announced addresses must carry), and count
+reconcile ticks (to wait for the loop to have judged a run several times)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from tests.helpers import wait_until
 from tests.orchestrator_fixture import Orchestrator
+from worker.swarm_token import openssh_public_key
 
 
 def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
@@ -34,6 +38,21 @@ def become_checkpointer(
         timeout_s,
         message=f"worker {worker['worker_id']} is the checkpointer",
     )
+
+
+def new_public_key() -> str:
+    """A fresh RSA-2048 public key, OpenSSH format (a peer's identity)."""
+    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
+
+
+def swarm_token_peer_id(orch: Orchestrator, worker: dict[str, Any]) -> str:
+    """Ask for the worker's swarm token (as its agent does before starting its DHT); its peer id."""
+    with orch.client(worker["worker_token"]) as http:
+        answer = http.post(
+            f"/api/v1/workers/{worker['worker_id']}/swarm-token", json={"public_key": new_public_key()}
+        )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["peer_id"])
 
 
 def reconcile_ticks(orch: Orchestrator) -> float:
