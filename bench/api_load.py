@@ -50,6 +50,11 @@ PRODUCTION_ENV = {  # undo the fast time scales of tests/orchestrator_fixture.py
 }
 
 
+# Thousands of hand-joined workers register with one join token here: lift its rate limit (for an
+# orchestrator given with --url, start it with these, or registrations wait out the 429s' Retry-After).
+JOIN_AT_ONCE = {"SPOTSWARM_JOIN_BURST": "100000", "SPOTSWARM_JOIN_RATE_PER_S": "10000"}
+
+
 @contextmanager
 def own_orchestrator(db: str, reconcile: bool, heartbeat_timeout_s: float) -> Iterator[tuple[str, str, int]]:
     """(url, admin token, server pid) of a fresh `spotswarm serve` on SQLite or a private PostgreSQL."""
@@ -67,6 +72,7 @@ def own_orchestrator(db: str, reconcile: bool, heartbeat_timeout_s: float) -> It
                 db_url = cluster.create_database("load")
             env = {
                 **PRODUCTION_ENV,
+                **JOIN_AT_ONCE,
                 "SPOTSWARM_RECONCILE": "true" if reconcile else "false",
                 "SPOTSWARM_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
             }
@@ -102,7 +108,7 @@ async def register(url: str, admin_token: str, count: int, concurrency: int = 16
 
         async def one(index: int) -> tuple[str, str]:
             async with gate:
-                for attempt in range(5):  # as workers do: a 503 or a dropped connection is retried
+                for attempt in range(5):  # as workers do: a 503, 429 or dropped connection is retried
                     try:
                         reply = await http.post(
                             "/api/v1/workers/register", json={"hostname": f"sim-{index}"}, headers=join
@@ -110,16 +116,17 @@ async def register(url: str, admin_token: str, count: int, concurrency: int = 16
                     except httpx.TransportError:
                         retried.append(index)
                         continue
-                    if reply.status_code != 503:
+                    if reply.status_code not in (429, 503):
                         break
                     retried.append(index)
-                    await asyncio.sleep(0.5 * 2**attempt)
+                    retry_after_s = float(reply.headers.get("Retry-After", "0"))
+                    await asyncio.sleep(max(retry_after_s, 0.5 * 2**attempt))
                 reply.raise_for_status()
                 return reply.json()["worker_id"], reply.json()["worker_token"]
 
         registered = list(await asyncio.gather(*(one(i) for i in range(count))))
     if retried:
-        print(f"registration: {len(retried)} request(s) retried (503 or connection lost)", flush=True)
+        print(f"registration: {len(retried)} request(s) retried (503, 429 or connection lost)", flush=True)
     return registered
 
 

@@ -68,6 +68,7 @@ ADMIN_OPS = {
     ("POST", "/api/v1/runs/{name}/scale"),
     ("POST", "/api/v1/runs/{name}/stop"),
     ("POST", "/api/v1/runs/{name}/resume"),
+    ("POST", "/api/v1/runs/{name}/join-token"),
     ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
 }
 WORKER_OPS = {
@@ -87,7 +88,11 @@ OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth
 # Any other operation follows the read rule (public reads, or the admin token): a new endpoint that
 # gives more away fails here until it is classified above.
 # Destructive operations go last so that the world stays useful for the others as long as possible.
-LAST = [("POST", "/api/v1/workers/{worker_id}/deregister"), ("DELETE", "/api/v1/runs/{name}")]
+LAST = [
+    ("POST", "/api/v1/runs/{name}/join-token"),
+    ("POST", "/api/v1/workers/{worker_id}/deregister"),
+    ("DELETE", "/api/v1/runs/{name}"),
+]
 
 
 @dataclass
@@ -152,8 +157,15 @@ def build_world(url: str, admin_token: str, public_reads: bool, prefix: str = "f
             response.raise_for_status()
             world.workers.append((response.json()["worker_id"], response.json()["worker_token"], key))
         worker_id, token, _ = world.workers[0]
+        auth = {"Authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + 30  # only the run's checkpointer uploads: wait for the election
+        beat = f"/api/v1/workers/{worker_id}/heartbeat"
+        while not http.post(beat, json={}, headers=auth).json()["checkpointer"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker {worker_id} never became its run's checkpointer")
+            time.sleep(0.2)
         data = b"a checkpoint the fuzzer must never damage"
-        headers = {"Authorization": f"Bearer {token}", "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
+        headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
         http.put(
             f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers
         ).raise_for_status()

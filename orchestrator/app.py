@@ -10,6 +10,7 @@ stop in reverse order; the flusher writes what it holds before the database clos
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,12 +29,13 @@ from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache
+from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
 from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
+from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
 from orchestrator.swarm_auth import SwarmAdmission
@@ -55,6 +57,8 @@ ERROR_STATUS: dict[type[Exception], int] = {
     errors.InvalidRequest: 422,
     errors.PayloadTooLarge: 413,
     errors.Unavailable: 503,
+    errors.InsufficientStorage: 507,
+    errors.TooManyRequests: 429,
     DHTUnavailable: 503,
     OperationalError: 503,
 }
@@ -71,6 +75,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: Exception) -> JSONResponse:
         status = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, errors.TooManyRequests):
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
         detail = str(exc) if isinstance(exc, errors.ServiceError) else _generic_detail(exc)
         if isinstance(exc, CheckpointNotFound):
             detail = "checkpoint file missing from the store"
@@ -221,6 +227,7 @@ async def _start(
         admin_token_hash=hash_token(admin_token),
         launchers=dict(launchers),
         swarm_admission=admission,
+        join_limiter=RateLimiter(settings.join_rate_per_s, settings.join_burst),
     )
     services: list[BackgroundService] = [
         PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
@@ -251,10 +258,7 @@ def _read_swarms(ctx: AppContext) -> None:
     swarms = ctx.hub.active_swarms()
     if not swarms:
         return
-    results = ctx.dht.read_progress(swarms, ctx.settings.dht_timeout_s, ctx.clock)
-    now = ctx.clock()
-    for swarm_id, progress in results.items():
-        ctx.swarm.update(swarm_id, progress, now)
+    refresh_progress(ctx.dht, ctx.swarm, swarms, ctx.settings.dht_timeout_s, ctx.clock)
     ctx.swarm.forget_except(set(swarms))
 
 

@@ -1,13 +1,17 @@
-"""Checkpoint records: what the store holds for each run, newest epoch first, the last K kept.
+"""Checkpoint records: what the store holds for each run, newest epoch first, the last K kept; and who
+may upload one.
 
-The API streams an upload to a temporary file, verifies it, puts it in the CheckpointStore and then
-calls :func:`record_checkpoint`; the keys it returns are deleted from the store after the commit
-(a crash in between leaves an orphan file, never a row without its file).
+The API checks :func:`check_upload` and takes the worker's :class:`UploadSlots` slot, streams the
+upload to a temporary file, verifies it, puts it in the CheckpointStore and then calls
+:func:`record_checkpoint`; the keys it returns are deleted from the store after the commit (a crash in
+between leaves an orphan file, never a row without its file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 
 from sqlalchemy import delete, select
@@ -47,6 +51,49 @@ def get_checkpoint(session: Session, run: Run, epoch: int | None) -> Checkpoint:
         what = "no checkpoint" if epoch is None else f"no checkpoint at epoch {epoch}"
         raise NotFound(f"run {run.name!r} has {what}")
     return checkpoint
+
+
+def check_upload(run: Run, worker_id: int, epoch: int, dht_epoch: int | None = None) -> None:
+    """Raise :class:`Conflict` unless ``worker_id`` may upload ``run``'s checkpoint of ``epoch`` now.
+
+    Only the run's checkpointer uploads (in a stopping run, the one it had when the stop began, for its
+    final checkpoint), and only epochs up to ``checkpoint_every_epochs`` past the swarm's epoch as the
+    orchestrator knows it (:func:`orchestrator.runs.swarm_progress`; ``dht_epoch`` just read): any other
+    worker, or made-up epochs far ahead, would prune the run's real checkpoints and make the heartbeat
+    replies' ``latest_checkpoint_epoch`` keep the real checkpointer from uploading again.
+    """
+    if run.state not in {s.value for s in runs.ACTIVE_RUN_STATES}:
+        raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
+    if run.checkpointer_worker_id != worker_id:
+        raise Conflict(f"worker {worker_id} is not the run's checkpointer: only the checkpointer uploads")
+    swarm_epoch, _ = runs.swarm_progress(run, dht_epoch)
+    if epoch > swarm_epoch + run.checkpoint_every_epochs:
+        raise Conflict(
+            f"epoch {epoch} is ahead of the swarm (epoch {swarm_epoch} as read from the DHT, checkpoints "
+            f"every {run.checkpoint_every_epochs} epochs)"
+        )
+
+
+class UploadSlots:
+    """Which workers are uploading right now (this process): one upload per worker at a time, so that a
+    worker cannot stream many checkpoints at once into the orchestrator's disk."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+
+    @contextmanager
+    def hold(self, worker_id: int) -> Iterator[None]:
+        """Hold the worker's slot while uploading; :class:`Conflict` when it is taken."""
+        with self._lock:
+            if worker_id in self._busy:
+                raise Conflict(f"worker {worker_id} is already uploading a checkpoint: one at a time")
+            self._busy.add(worker_id)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(worker_id)
 
 
 def existing_upload(session: Session, run: Run, epoch: int, sha256: str) -> Checkpoint | None:

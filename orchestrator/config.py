@@ -134,6 +134,20 @@ class Settings(BaseSettings):
         description="Admit only registered workers to runs' swarms (signed peer tokens); a run opts out "
         "with strategy_options swarm_admission=false. See docs/readme/security.md.",
     )
+    join_rate_per_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10_000,
+        description="Registrations per second a run's join token may make on average (429 beyond).",
+    )
+    join_burst: int = Field(
+        default=20, ge=1, le=100_000, description="Registrations a run's join token may make at once."
+    )
+    checkpoint_min_free_bytes: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="Free disk space the upload temp dir must keep after a checkpoint upload (507 below).",
+    )
     swarm_token_ttl_s: float = Field(
         default=600.0, ge=10, le=86400, description="Lifetime of a swarm token; workers renew at half-life."
     )

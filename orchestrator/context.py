@@ -14,13 +14,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from orchestrator.checkpoints import UploadSlots
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.session import Database
-from orchestrator.dht import OrchestratorDHT, SwarmProgressCache
+from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
+from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm_auth import SwarmAdmission
 
@@ -42,6 +44,23 @@ class AppContext:
     admin_token_hash: str
     launchers: Mapping[str, Launcher] = field(default_factory=dict)
     swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
+    join_limiter: RateLimiter | None = None  # registrations per join token (None: unlimited)
+    uploads: UploadSlots = field(default_factory=UploadSlots)  # checkpoint uploads in progress
+
+    def read_swarm_now(self, run_id: int) -> None:
+        """Read one active run's swarm progress from the DHT now, into the progress cache (blocking, at
+        most ``dht_timeout_s``; call it off the event loop). Used where a worker claims an epoch the
+        periodic reader has not seen yet, while the worker's own DHT peer may still hold the record:
+        as it leaves, or as it uploads a checkpoint. A DHT that does not answer is logged, not raised.
+        """
+        run = self.hub.run_entry(run_id)
+        if run is None:
+            return
+        swarms = {run.swarm_id: run.target_batch_size}
+        try:
+            refresh_progress(self.dht, self.swarm, swarms, self.settings.dht_timeout_s, self.clock)
+        except DHTUnavailable as exc:
+            logger.warning("swarm %s: could not read its progress now: %s", run.swarm_id, exc)
 
     def orchestrator_peers(self) -> list[str]:
         """The DHT's visible multiaddrs, then announce addresses completed with the peer id."""

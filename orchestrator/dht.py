@@ -101,10 +101,26 @@ class SwarmProgressCache:
                     old, samples_accumulated=0, num_peers=0, num_clients=0, samples_per_s=0.0, read_at=read_at
                 )
 
+    def forget(self, swarm_id: str) -> None:
+        """Drop what was read of one swarm (a resumed run counts its epochs from its checkpoint)."""
+        with self._lock:
+            self._items.pop(swarm_id, None)
+
     def forget_except(self, swarm_ids: set[str]) -> None:
         with self._lock:
             for key in set(self._items) - swarm_ids:
                 del self._items[key]
+
+
+def refresh_progress(
+    dht: OrchestratorDHT, cache: SwarmProgressCache, swarms: Mapping[str, int], timeout_s: float, now: Clock
+) -> None:
+    """Read the progress of ``swarms`` (swarm id -> target batch size) into ``cache``; blocks for at most
+    ``timeout_s``. Raises :class:`DHTUnavailable` when the peer is not running."""
+    results = dht.read_progress(swarms, timeout_s, now)
+    read_at = now()
+    for swarm_id, progress in results.items():
+        cache.update(swarm_id, progress, read_at)
 
 
 class OrchestratorDHT:
@@ -129,6 +145,9 @@ class OrchestratorDHT:
         self.dht_options = dict(dht_options or {})  # more hivemind.DHT keywords (swarm admission's)
         self._dht: Any = None
         self._maddrs: list[str] = []
+        # hivemind.DHT sends each call down one pipe without a lock: calls from several threads (the
+        # progress reader, a leaving worker's request, the admission sync) must not interleave.
+        self._send_lock = threading.Lock()
 
     def start(self) -> None:
         """Start the peer (forks a process, ~1-3 s). Raises :class:`DHTUnavailable` if it fails or if
@@ -177,7 +196,10 @@ class OrchestratorDHT:
         """
         if not self.alive():
             raise DHTUnavailable("the DHT peer is not running")
-        futures = {sid: self._dht.get(progress_key(sid), latest=True, return_future=True) for sid in swarms}
+        with self._send_lock:
+            futures = {
+                sid: self._dht.get(progress_key(sid), latest=True, return_future=True) for sid in swarms
+            }
         deadline = time.monotonic() + timeout_s
         results: dict[str, SwarmProgress | None] = {}
         for swarm_id, future in futures.items():
@@ -199,7 +221,9 @@ class OrchestratorDHT:
         ``run_coroutine``; ``coro`` must be picklable). Raises :class:`DHTUnavailable` when not running."""
         if not self.alive():
             raise DHTUnavailable("the DHT peer is not running")
-        return self._dht.run_coroutine(coro)
+        with self._send_lock:
+            future = self._dht.run_coroutine(coro, return_future=True)
+        return future.result()
 
     def shutdown(self) -> None:
         """Stop the peer process, within hivemind's 3 s grace plus :data:`dht_process.KILL_WAIT_S` at

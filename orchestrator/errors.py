@@ -53,3 +53,15 @@ class Forbidden(ServiceError):
 
 class Unavailable(ServiceError):
     """A dependency (database, DHT, import probe) cannot answer right now; retry later."""
+
+
+class InsufficientStorage(Unavailable):
+    """Too little free disk space to accept the upload now; retry later."""
+
+
+class TooManyRequests(ServiceError):
+    """The caller went over a rate limit; ``retry_after_s`` says when to try again."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -4,10 +4,15 @@ A heartbeat is authenticated and answered from an in-memory table (:class:`Heart
 touching the database: the worker's token digest, state and run (state, checkpointer, checkpoint
 policy) are cached. The heartbeat itself is put in a "latest per worker" buffer. Once per flush
 interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes the whole buffer in one
-transaction (one executemany UPDATE), revives lost workers that spoke again, re-elects checkpointers
-that went silent, stores at most one aggregated progress sample per run every
-``progress_sample_interval_s`` (thinning old ones beyond ``progress_max_points``) and reloads the cache.
+transaction (one executemany UPDATE), revives lost workers that spoke again, records each run's highest
+swarm epoch read from the DHT, re-elects checkpointers that went silent or fell behind, stores at most
+one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
+``progress_max_points``) and reloads the cache.
 A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
+
+The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
+worker's own peer are kept (``worker/peer_addresses.py``): its peer id is the one its swarm token was
+issued for; in a run without swarm admission (no token), any one peer's.
 """
 
 from __future__ import annotations
@@ -18,22 +23,30 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator import runs
+from orchestrator import progress_samples, runs
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.db.models import Checkpoint, ProgressSample, Run, Worker
+from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.tokens import token_matches
-from worker.wire import Heartbeat, HeartbeatReply, RunState, WorkerAction, WorkerState
+from worker.peer_addresses import announced_addresses
+from worker.wire import (
+    Heartbeat,
+    HeartbeatReply,
+    RunState,
+    WorkerAction,
+    WorkerState,
+    swarm_admission_requested,
+)
 
 logger = logging.getLogger(__name__)
 
-CACHED_WORKER_STATES = (WorkerState.launching.value, WorkerState.running.value, WorkerState.lost.value)
+CACHED_WORKER_STATES = runs.UNENDED_WORKER_STATES
 PROCEED_RUN_STATES = (RunState.pending.value, RunState.running.value)
 
 
@@ -46,6 +59,7 @@ class WorkerEntry:
     retiring: bool
     last_seen: datetime | None
     epoch: int = 0  # the swarm epoch it last reported
+    peer_id: str | None = None  # the libp2p peer id its swarm token was issued for
 
 
 @dataclass
@@ -57,6 +71,8 @@ class RunEntry:
     checkpointer_id: int | None
     checkpoint_every_epochs: int
     latest_checkpoint_epoch: int | None
+    swarm_epoch: int = 0  # the highest the DHT showed, as recorded in the database
+    admission: bool = True  # its peers hold swarm tokens (so each worker's peer id is known)
 
 
 @dataclass
@@ -81,6 +97,9 @@ class HeartbeatHub:
         self._runs: dict[int, RunEntry] = {}
         self._last_sample_at: dict[int, datetime] = {}
         self._started_at = clock()
+        # worker id -> (the addresses and peer id last filtered, what was kept): parsing costs ~0.3 ms an
+        # address, and a worker reports the same ones heartbeat after heartbeat
+        self._announced: dict[int, tuple[tuple[tuple[str, ...], str | None], list[str]]] = {}
 
     # -- the hot path (memory only) ----------------------------------------------------------------
 
@@ -96,8 +115,12 @@ class HeartbeatHub:
             raise Forbidden(f"the token does not belong to worker {entry.worker_id}")
 
     def accept(self, entry: WorkerEntry, heartbeat: Heartbeat) -> HeartbeatReply:
-        """Buffer ``heartbeat`` and answer it from the cache."""
+        """Buffer ``heartbeat`` (with only the addresses new workers may be given) and answer it from
+        the cache."""
         now = self._clock()
+        with self._lock:
+            run = self._runs.get(entry.run_id)
+        heartbeat.visible_maddrs = self._announced_addresses(entry, run, heartbeat.visible_maddrs)
         with self._lock:
             run = self._runs.get(entry.run_id)
             ended = entry.state not in CACHED_WORKER_STATES
@@ -113,6 +136,38 @@ class HeartbeatHub:
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
             )
 
+    def _announced_addresses(self, entry: WorkerEntry, run: RunEntry | None, maddrs: list[str]) -> list[str]:
+        if not maddrs or run is None or (run.admission and entry.peer_id is None):
+            return []
+        key = (tuple(maddrs), entry.peer_id if run.admission else None)
+        cached = self._announced.get(entry.worker_id)
+        if cached is not None and cached[0] == key:
+            return list(cached[1])
+        kept = announced_addresses(maddrs, key[1])
+        self._announced[entry.worker_id] = (key, kept)
+        return list(kept)
+
+    def bind_peer(self, worker_id: int, peer_id: str) -> None:
+        """The worker's swarm token was issued for ``peer_id`` (recorded in the database too)."""
+        with self._lock:
+            entry = self._workers.get(worker_id)
+            if entry is not None:
+                entry.peer_id = peer_id
+
+    def run_entry(self, run_id: int) -> RunEntry | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def swarm_epoch(self, run_id: int) -> int:
+        """The highest swarm epoch of the run the DHT showed (recorded, or read since); 0 if unknown."""
+        with self._lock:
+            run = self._runs.get(run_id)
+        return self._known_epoch(run) if run is not None else 0
+
+    def _known_epoch(self, run: RunEntry) -> int:
+        progress = self._swarm.get(run.swarm_id)
+        return max(run.swarm_epoch, progress.epoch if progress is not None else 0)
+
     def active_swarms(self) -> dict[str, int]:
         """Swarm id -> target batch size of every pending, running or stopping run."""
         with self._lock:
@@ -127,16 +182,16 @@ class HeartbeatHub:
             if worker is None:
                 return None
             entry = _worker_entry(worker)
-            run_entry = _run_entries(session, [worker.run]).get(worker.run_id)
+            run_entry = _run_entries(session, [worker.run], self._settings.swarm_admission).get(worker.run_id)
         with self._lock:
             self._workers[worker_id] = entry
             if run_entry is not None and run_entry.state in runs.ACTIVE_RUN_STATES:
                 self._runs.setdefault(run_entry.run_id, run_entry)
         return entry
 
-    def note(self, worker: Worker) -> None:
-        """Put a worker (and its run) just written in this process into the cache at once."""
-        entry = _worker_entry(worker)
+    def entries_of(self, worker: Worker) -> tuple[WorkerEntry, RunEntry]:
+        """The cache entries of a worker (and its run) being written: build them inside the session,
+        hand them to :meth:`note` once it has committed."""
         run = worker.run
         run_entry = RunEntry(
             run.id,
@@ -146,10 +201,17 @@ class HeartbeatHub:
             run.checkpointer_worker_id,
             run.checkpoint_every_epochs,
             self._latest_epoch(run.id),
+            run.swarm_epoch,
+            self._settings.swarm_admission and swarm_admission_requested(run.strategy_options),
         )
+        return _worker_entry(worker), run_entry
+
+    def note(self, entries: tuple[WorkerEntry, RunEntry]) -> None:
+        """Put a worker (and its run) just written in this process into the cache at once."""
+        entry, run_entry = entries
         with self._lock:
-            self._workers[worker.id] = entry
-            self._runs[run.id] = run_entry
+            self._workers[entry.worker_id] = entry
+            self._runs[run_entry.run_id] = run_entry
 
     def _latest_epoch(self, run_id: int) -> int | None:
         with self._lock:
@@ -160,7 +222,7 @@ class HeartbeatHub:
         """Reload runs and workers from the database (their states may have been changed elsewhere)."""
         with self._db.read() as session:
             active = runs.list_active_runs(session)
-            run_entries = _run_entries(session, active)
+            run_entries = _run_entries(session, active, self._settings.swarm_admission)
             # Only the cached columns, as plain rows: loading whole ORM objects (JSON columns and all) of
             # every live worker once a second was the orchestrator's largest CPU cost under load.
             query = select(*_ENTRY_COLUMNS).where(
@@ -168,7 +230,7 @@ class HeartbeatHub:
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
             worker_entries = {
-                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0) for row in rows
+                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7]) for row in rows
             }
         with self._lock:
             for worker_id, entry in worker_entries.items():
@@ -180,6 +242,7 @@ class HeartbeatHub:
                 ):
                     entry.last_seen, entry.epoch = old.last_seen, max(old.epoch, entry.epoch)
             self._workers, self._runs = worker_entries, run_entries
+            self._announced = {k: v for k, v in self._announced.items() if k in worker_entries}
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
 
     # -- the batch writer ---------------------------------------------------------------------------
@@ -195,6 +258,7 @@ class HeartbeatHub:
                 with self._db.begin() as session:
                     _write_heartbeats(session, batch)
                     stats.revived = self._revive(session, batch, now)
+                    self._record_swarm_epochs(session)
                     self._elect(session, now)
                     stats.samples = self._sample(session, now)
             except BaseException:
@@ -219,9 +283,20 @@ class HeartbeatHub:
                 revived.append(worker.id)
         return revived
 
+    def _record_swarm_epochs(self, session: Session) -> None:
+        """Write each run's swarm epoch read from the DHT where it passed the recorded one: the stop
+        condition is judged by it, also after a restart (the progress cache lives in memory only)."""
+        with self._lock:
+            higher = {r.run_id: e for r in self._runs.values() if (e := self._known_epoch(r)) > r.swarm_epoch}
+        for run_id, epoch in higher.items():
+            run = session.get(Run, run_id)
+            if run is not None and epoch > run.swarm_epoch:
+                run.swarm_epoch = epoch
+
     def _elect(self, session: Session, now: datetime) -> None:
         """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
-        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker).
+        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker; reported
+        epochs count only up to the swarm epoch the DHT showed).
 
         Silence is not held against anyone during the first heartbeat timeout after start-up: workers
         could not reach a stopped orchestrator.
@@ -230,6 +305,7 @@ class HeartbeatHub:
         fresh_after = now - timedelta(seconds=timeout_s)
         in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         with self._lock:
+            known = {r.run_id: self._known_epoch(r) for r in self._runs.values()}
             lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
             for w in self._workers.values():
                 if (
@@ -238,7 +314,8 @@ class HeartbeatHub:
                     and w.last_seen is not None
                     and w.last_seen >= fresh_after
                 ):
-                    lead[w.run_id] = max(lead.get(w.run_id, 0), w.epoch)
+                    epoch = runs.counted_epoch(w.epoch, known.get(w.run_id, 0))
+                    lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
             need = []
             for entry in self._runs.values():
                 current = self._workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
@@ -247,7 +324,8 @@ class HeartbeatHub:
                     and current.state == WorkerState.running.value
                     and not current.retiring
                     and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
-                    and current.epoch >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
+                    and runs.counted_epoch(current.epoch, known[entry.run_id])
+                    >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
                 )
                 if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
                     need.append(entry.run_id)
@@ -269,23 +347,9 @@ class HeartbeatHub:
         if not due:
             return 0
         fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
-        for row in _aggregate(session, due.keys(), fresh_after):
-            swarm = self._swarm.get(due[row.run_id])
-            session.add(
-                ProgressSample(
-                    run_id=row.run_id,
-                    at=now,
-                    swarm_epoch=int(row.epoch or 0),
-                    samples_total=int(row.samples or 0),
-                    loss=float(row.loss) if row.loss is not None else None,
-                    samples_per_s=float(row.speed or 0.0),
-                    live_workers=int(row.live or 0),
-                    dht_epoch=swarm.epoch if swarm else None,
-                    dht_samples=swarm.samples_accumulated if swarm else None,
-                    dht_peers=swarm.num_peers if swarm else None,
-                )
-            )
-            _thin(session, row.run_id, self._settings.progress_max_points)
+        progress_samples.write(
+            session, due, self._swarm, now, fresh_after, self._settings.progress_max_points
+        )
         with self._lock:
             self._last_sample_at.update({run_id: now for run_id in due})
         return len(due)
@@ -300,6 +364,7 @@ _ENTRY_COLUMNS = (
     Worker.retire_requested_at,
     Worker.last_heartbeat_at,
     Worker.swarm_epoch,
+    Worker.peer_id,
 )
 
 
@@ -312,10 +377,11 @@ def _worker_entry(worker: Worker) -> WorkerEntry:
         worker.retire_requested_at is not None,
         worker.last_heartbeat_at,
         worker.swarm_epoch or 0,
+        worker.peer_id,
     )
 
 
-def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntry]:
+def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) -> dict[int, RunEntry]:
     rows = list(run_rows)
     ids = [r.id for r in rows]
     query = select(Checkpoint.run_id, func.max(Checkpoint.epoch)).where(Checkpoint.run_id.in_(ids))
@@ -329,6 +395,8 @@ def _run_entries(session: Session, run_rows: Iterable[Run]) -> dict[int, RunEntr
             r.checkpointer_worker_id,
             r.checkpoint_every_epochs,
             latest.get(r.id),
+            r.swarm_epoch,
+            admission_on and swarm_admission_requested(r.strategy_options),
         )
         for r in rows
     }
@@ -342,6 +410,7 @@ _HEARTBEAT_UPDATE = (
         local_step=bindparam("local_step"),
         swarm_epoch=bindparam("swarm_epoch"),
         samples=bindparam("samples"),
+        launch_token_hash=None,  # the worker used its worker token: its launch token is void from now on
         loss=bindparam("loss"),
         samples_per_s=bindparam("samples_per_s"),
         num_peers=bindparam("num_peers"),
@@ -370,36 +439,3 @@ def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, dateti
         for worker_id, (hb, at) in batch.items()
     ]
     session.connection().execute(_HEARTBEAT_UPDATE, params)
-
-
-def _aggregate(session: Session, run_ids: Iterable[int], fresh_after: datetime) -> list:  # type: ignore[type-arg]
-    fresh = (Worker.state == WorkerState.running.value) & (Worker.last_heartbeat_at >= fresh_after)
-    query = (
-        select(
-            Worker.run_id.label("run_id"),
-            func.max(Worker.swarm_epoch).label("epoch"),
-            func.sum(Worker.samples).label("samples"),
-            func.avg(case((fresh, Worker.loss))).label("loss"),
-            func.sum(case((fresh, Worker.samples_per_s), else_=0.0)).label("speed"),
-            func.sum(case((fresh, 1), else_=0)).label("live"),
-        )
-        .where(Worker.run_id.in_(list(run_ids)))
-        .group_by(Worker.run_id)
-    )
-    return list(session.execute(query))
-
-
-def _thin(session: Session, run_id: int, max_points: int) -> None:
-    """Past ``max_points`` samples, drop every second one of the older half (keeps the whole span)."""
-    count = session.scalar(select(func.count()).where(ProgressSample.run_id == run_id)) or 0
-    if count <= max_points:
-        return
-    older = session.scalars(
-        select(ProgressSample.id)
-        .where(ProgressSample.run_id == run_id)
-        .order_by(ProgressSample.at, ProgressSample.id)
-        .limit(count // 2)
-    ).all()
-    doomed = list(older[1::2])
-    session.execute(delete(ProgressSample).where(ProgressSample.id.in_(doomed)))
-    logger.debug("run %s: thinned %d progress samples", run_id, len(doomed))

@@ -115,7 +115,8 @@ ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
 
 
 def stop_condition_reached(run: RunView) -> bool:
-    """True when the swarm reached the run's target epochs or samples."""
+    """True when the swarm reached the run's target epochs or samples (``RunView.swarm_epoch`` and
+    ``swarm_samples`` come from ``runs.swarm_progress``: what the DHT showed, not what workers said)."""
     return run.stop.reached(run.swarm_epoch, run.swarm_samples)
 
 

@@ -45,7 +45,7 @@ from orchestrator.reconcile_policy import (
     WorkerView,
     plan_run,
 )
-from worker.wire import RunState, StopCondition, WorkerState
+from worker.wire import RunState, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -198,15 +198,14 @@ class Reconciler:
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
     def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
-        reported_epoch, reported_samples = runs.reported_totals(session, run.id)
-        dht_epoch = self.swarm_epoch(run.swarm_id) or 0
+        epoch, samples = runs.swarm_progress(run, self.swarm_epoch(run.swarm_id))
         return RunView(
             name=run.name,
             state=RunState(run.state),
             desired_workers=run.desired_workers,
-            stop=StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples),
-            swarm_epoch=max(reported_epoch, dht_epoch),
-            swarm_samples=reported_samples,
+            stop=runs.stop_condition(run),
+            swarm_epoch=epoch,
+            swarm_samples=samples,
             consecutive_start_failures=run.consecutive_start_failures,
             last_start_failure_at=_ts(run.last_start_failure_at),
             stop_requested_at=_ts(run.stop_requested_at),

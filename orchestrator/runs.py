@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
-from orchestrator.errors import IllegalTransition, InvalidRequest, NotFound, RunExists
+from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
 from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
 from worker.logsetup import log_fields
 from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
@@ -31,16 +31,16 @@ RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)
 
 # Allowed run transitions. A run is created ``pending`` and becomes ``running`` when its first worker
 # registers. ``stopping`` waits for workers to leave (the reconciler, or the last worker leaving, ends
-# it in ``stopped``, or ``completed`` when the stop condition was reached). ``stopped`` and ``failed``
-# runs can be resumed (back to ``pending``); ``completed`` is final. A transition to the current state
-# is a no-op, not an error.
+# it in ``stopped``, or ``completed`` when the stop condition was reached). Every finished run can be
+# resumed (back to ``pending``; a completed one with a target it has not reached yet). A transition to
+# the current state is a no-op, not an error.
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.pending: frozenset({RunState.running, RunState.stopping, RunState.failed}),
     RunState.running: frozenset({RunState.stopping, RunState.completed, RunState.failed}),
     RunState.stopping: frozenset({RunState.stopped, RunState.completed, RunState.failed}),
     RunState.stopped: frozenset({RunState.pending}),
     RunState.failed: frozenset({RunState.pending}),
-    RunState.completed: frozenset(),
+    RunState.completed: frozenset({RunState.pending}),
 }
 
 # Allowed worker transitions. ``launching`` is the intent written before the launcher is called;
@@ -69,6 +69,8 @@ WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 }
 
 ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
+# Worker states that can still change: their tokens still work (an ended worker's grant nothing).
+UNENDED_WORKER_STATES = tuple(s.value for s, after in WORKER_TRANSITIONS.items() if after)
 FINISHED_RUN_STATES = (RunState.stopped, RunState.completed, RunState.failed)
 ACCEPTING_RUN_STATES = (RunState.pending, RunState.running)
 LIVE_STATES = tuple(s.value for s in LIVE_WORKER_STATES)
@@ -132,6 +134,34 @@ def live_workers(
     return session.scalars(query.order_by(Worker.id)).all()
 
 
+def count_live_workers(session: Session, run_id: int) -> int:
+    """How many workers of the run are launching or running."""
+    query = select(func.count()).select_from(Worker)
+    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(LIVE_STATES))) or 0)
+
+
+def stop_condition(run: Run) -> StopCondition:
+    return StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples)
+
+
+def swarm_progress(run: Run, dht_epoch: int | None = None) -> tuple[int, int]:
+    """(epoch, samples) of the run's swarm as the orchestrator knows it, for the stop condition and the
+    epochs of checkpoint uploads: the highest epoch its DHT reader saw (``run.swarm_epoch``, or
+    ``dht_epoch`` just read), and that many epochs' worth of samples.
+
+    What workers report about themselves in heartbeats never counts here: a worker token, or a join
+    token that makes one, would end a run with one made-up number. (A peer admitted to the swarm can
+    still publish a false epoch in the DHT; hivemind's own peers follow it too.)
+    """
+    epoch = max(run.swarm_epoch, dht_epoch or 0)
+    return epoch, epoch * run.target_batch_size
+
+
+def counted_epoch(reported: int, swarm_epoch: int) -> int:
+    """A worker's reported epoch as far as it counts (checkpointer election): up to the swarm's."""
+    return min(reported, swarm_epoch)
+
+
 def run_spec(run: Run) -> RunSpec:
     """The run's spec as the wire model (with its current worker counts)."""
     return RunSpec(
@@ -146,7 +176,7 @@ def run_spec(run: Run) -> RunSpec:
         min_workers=run.min_workers,
         max_workers=run.max_workers,
         desired_workers=run.desired_workers,
-        stop=StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples),
+        stop=stop_condition(run),
         checkpoint_every_epochs=run.checkpoint_every_epochs,
         keep_checkpoints=run.keep_checkpoints,
         launcher=run.launcher,
@@ -211,23 +241,15 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
 def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
     """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped.
 
-    The target counts as met when the run went to ``stopping`` because of it (the reconcile loop judged
-    by the DHT's epoch too) or when the workers' reports show it (a run stopped by hand at its target).
+    The target counts as met when the run went to ``stopping`` because of it (the reconcile loop) or
+    when the swarm epoch the DHT showed meets it (a run stopped by hand at its target, or whose last
+    epoch was read as its last worker left: see :func:`swarm_progress`).
     """
     if run.state != RunState.stopping.value or live_workers(session, run.id):
         return
-    epoch, samples = reported_totals(session, run.id)
-    target = StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples)
-    reached = run.state_reason == STOP_CONDITION_REACHED or target.reached(epoch, samples)
+    reached = run.state_reason == STOP_CONDITION_REACHED or stop_condition(run).reached(*swarm_progress(run))
     final = RunState.completed if reached else RunState.stopped
     set_run_state(session, run, final, "all workers have left", now)
-
-
-def reported_totals(session: Session, run_id: int) -> tuple[int, int]:
-    """(highest swarm epoch any worker reported, samples contributed by all workers) of a run."""
-    query = select(func.coalesce(func.max(Worker.swarm_epoch), 0), func.coalesce(func.sum(Worker.samples), 0))
-    epoch, samples = session.execute(query.where(Worker.run_id == run_id)).one()
-    return int(epoch), int(samples)
 
 
 # -- run operations (the admin API) -----------------------------------------------------------------
@@ -254,6 +276,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         desired_workers=spec.desired_workers,
         target_epochs=spec.stop.target_epochs,
         target_samples=spec.stop.target_samples,
+        swarm_epoch=0,
         checkpoint_every_epochs=spec.checkpoint_every_epochs,
         keep_checkpoints=spec.keep_checkpoints,
         launcher=spec.launcher,
@@ -311,11 +334,36 @@ def stop_run(session: Session, run: Run, reason: str, now: datetime) -> None:
     settle_stopping_run(session, run, now)
 
 
-def resume_run(session: Session, run: Run, now: datetime) -> None:
-    """Put a stopped or failed run back to pending; raises :class:`IllegalTransition` otherwise."""
-    if run.state not in (RunState.stopped.value, RunState.failed.value):
-        raise IllegalTransition(f"run {run.name!r} is {run.state}; only stopped or failed runs resume")
-    set_run_state(session, run, RunState.pending, "resumed", now)
+def resume_run(session: Session, run: Run, now: datetime, stop: StopCondition | None = None) -> None:
+    """Put a stopped, failed or completed run back to pending, with ``stop`` as its new stop condition
+    when given. Its workers start again from its latest checkpoint, so the swarm epoch it counts from
+    is that checkpoint's.
+
+    Raises :class:`IllegalTransition` unless the run has finished, and :class:`Conflict` when the run
+    would meet its stop condition at once (a completed run resumed without a higher target).
+    """
+    if run.state not in {s.value for s in FINISHED_RUN_STATES}:
+        raise IllegalTransition(f"run {run.name!r} is {run.state}; only finished runs resume")
+    if stop is not None:
+        run.target_epochs, run.target_samples = stop.target_epochs, stop.target_samples
+    latest = session.scalar(select(func.max(Checkpoint.epoch)).where(Checkpoint.run_id == run.id)) or 0
+    run.swarm_epoch = int(latest)
+    if stop_condition(run).reached(*swarm_progress(run)):
+        raise Conflict(
+            f"run {run.name!r} reached its stop condition already (its latest checkpoint is of epoch "
+            f"{latest}): resume it with a higher target"
+        )
+    targets = f" (stop at {stop.model_dump(exclude_none=True) or 'nothing'})" if stop is not None else ""
+    set_run_state(session, run, RunState.pending, f"resumed{targets}", now)
+
+
+def rotate_join_token(session: Session, run: Run, now: datetime) -> str:
+    """A new join token for ``run`` (returned once); the old one stops working at once. Workers that
+    joined keep their worker tokens."""
+    join_token = tokens.new_token(tokens.JOIN_PREFIX)
+    run.join_token_hash, run.updated_at = tokens.hash_token(join_token), now
+    record_event(session, run.id, "run.join_token", "join token rotated: the old one no longer works", now)
+    return join_token
 
 
 def delete_run(session: Session, run: Run) -> list[str]:
@@ -338,9 +386,13 @@ def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_time
 
     The current one keeps the role while it runs with a fresh heartbeat, is not retiring and keeps up
     (its swarm epoch within ``checkpoint_every_epochs`` of the most advanced candidate's: a worker
-    still joining, or stuck, would otherwise keep the run from ever checkpointing); otherwise the
-    longest-registered such worker takes over (an event records the hand-over).
+    still joining, or stuck, would otherwise keep the run from ever checkpointing; reported epochs
+    count only up to the swarm's, so claiming to be ahead takes nobody's role); otherwise the
+    longest-registered such worker takes over (an event records the hand-over). A stopping run keeps
+    the checkpointer it had when the stop began: that worker uploads the final checkpoint.
     """
+    if run.state == RunState.stopping.value:
+        return run.checkpointer_worker_id
     fresh_after = now - timedelta(seconds=heartbeat_timeout_s)
     query = (
         select(Worker)
@@ -354,8 +406,9 @@ def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_time
     )
     candidates = list(session.scalars(query).all())
     if candidates:
-        lead = max(w.swarm_epoch for w in candidates)
-        candidates = [w for w in candidates if w.swarm_epoch >= lead - run.checkpoint_every_epochs]
+        epochs = {w.id: counted_epoch(w.swarm_epoch, run.swarm_epoch) for w in candidates}
+        lead = max(epochs.values())
+        candidates = [w for w in candidates if epochs[w.id] >= lead - run.checkpoint_every_epochs]
     if run.checkpointer_worker_id in {w.id for w in candidates}:
         return run.checkpointer_worker_id
     chosen = candidates[0].id if candidates else None

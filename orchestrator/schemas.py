@@ -12,7 +12,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from worker.wire import CheckpointRef, PlainText, RunSpec, RunState, StrictModel, WorkerState
+from worker.wire import CheckpointRef, PlainText, RunSpec, RunState, StopCondition, StrictModel, WorkerState
 
 
 class ScaleRequest(StrictModel):
@@ -25,6 +25,12 @@ class ScaleRequest(StrictModel):
 
 class StopRequest(StrictModel):
     reason: PlainText = Field(default="stopped by admin", max_length=1000)
+
+
+class ResumeRequest(StrictModel):
+    stop: StopCondition | None = Field(
+        default=None, description="A new stop condition (replaces the old one); a completed run needs one."
+    )
 
 
 class WorkerCounts(BaseModel):
@@ -81,6 +87,13 @@ class RunOut(BaseModel):
 
 
 class RunCreated(RunOut):
+    join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
+
+
+class JoinToken(BaseModel):
+    """A run's new join token (``POST /runs/{name}/join-token``); the old one no longer works."""
+
+    name: str
     join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
 
 

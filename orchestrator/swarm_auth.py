@@ -137,7 +137,8 @@ class SwarmAdmission:
     def grant_for_worker(
         self, session: Session, worker_id: int, body: SwarmTokenRequest, now: float
     ) -> SwarmToken:
-        """A token for a registered, not ended worker of an active run that uses admission.
+        """A token for a registered, not ended worker of an active run that uses admission; the token's
+        peer id is recorded as the worker's (its heartbeats may announce addresses of that peer only).
 
         Raises :class:`NotFound`, :class:`Conflict` (run opted out, worker not registered or ended),
         :class:`RunNotAcceptingWorkers` (run finished) or :class:`InvalidRequest` (unusable key).
@@ -157,6 +158,7 @@ class SwarmAdmission:
             token = self.authority.grant(run.swarm_id, f"worker-{worker.id}", body.public_key, now)
         except SwarmTokenError as exc:
             raise InvalidRequest(f"unusable public key: {exc}") from exc
+        worker.peer_id = token.peer_id
         logger.debug("swarm token for worker %d (peer %s) of run %s", worker.id, token.peer_id, run.name)
         return token
 

@@ -1,8 +1,9 @@
 """Bearer tokens: made here, stored only as SHA-256 digests, compared in constant time.
 
 Each kind carries a prefix so a token's role shows at a glance (and in logs, which never print one):
-``ssa_`` admin, ``ssj_`` a run's join token, ``ssw_`` a worker token (also issued as a launch token
-with a launch intent, so a launched worker can register without the run's join token).
+``ssa_`` admin, ``ssj_`` a run's join token, ``ssl_`` a launch token (issued with a launch intent, so a
+launched worker can register without the run's join token; void once the worker has used the worker
+token its registration returned), ``ssw_`` a worker token.
 Tokens have 256 bits of entropy, so an unsalted SHA-256 is enough to make the stored digest useless.
 """
 
@@ -13,7 +14,9 @@ import hmac
 import secrets
 
 JOIN_PREFIX = "ssj_"
+LAUNCH_PREFIX = "ssl_"
 WORKER_PREFIX = "ssw_"
+NON_ADMIN_PREFIXES = (JOIN_PREFIX, LAUNCH_PREFIX, WORKER_PREFIX)
 
 
 def new_token(prefix: str) -> str:

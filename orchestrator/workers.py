@@ -6,6 +6,17 @@ intent.worker.request_id, run.name, env={... "SPOTSWARM_TOKEN": intent.token ...
 lets the worker register without the run's join token (which is never stored in clear). After a
 restart, a ``launching`` row whose launch never happened gets a new token from
 :func:`reissue_launch_token`.
+
+Who binds which row at registration:
+
+- a **launch token** binds its own row and gets a fresh worker token. It stays usable (each use issues
+  a new worker token: the earlier reply may have been lost) until the worker has used its worker token
+  once: the heartbeat writer voids it (``heartbeats.py``). It may sit in EC2 user data for the
+  instance's life; from then on it grants nothing.
+- a **worker token** re-binds its own row and keeps itself (an agent restarted with its cached
+  registration, a lost worker come back).
+- a **join token** always makes a new, manual row (never someone else's: request ids are public), at
+  most up to the run's ``max_workers`` live workers, at the rate the caller's limiter allows.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from sqlalchemy.orm import Session
 from orchestrator import runs, tokens
 from orchestrator.db.models import Run, Worker
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
+from orchestrator.ratelimit import RateLimiter
 from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
 
 DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
@@ -82,9 +94,9 @@ def create_launch_intent(
     """
     if run.state not in (RunState.pending.value, RunState.running.value):
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
-    token = tokens.new_token(tokens.WORKER_PREFIX)
+    token = tokens.new_token(tokens.LAUNCH_PREFIX)
     worker = _new_worker(run, new_request_id(run), run.launcher, WorkerState.launching, now)
-    worker.token_hash = tokens.hash_token(token)
+    worker.launch_token_hash = tokens.hash_token(token)
     worker.launch_details = dict(launch_details or {})
     session.add(worker)
     session.flush()
@@ -99,8 +111,8 @@ def reissue_launch_token(session: Session, worker: Worker) -> str:
     """
     if worker.state != WorkerState.launching.value:
         raise Conflict(f"worker {worker.id} is {worker.state}; only launching workers get a new token")
-    token = tokens.new_token(tokens.WORKER_PREFIX)
-    worker.token_hash = tokens.hash_token(token)
+    token = tokens.new_token(tokens.LAUNCH_PREFIX)
+    worker.launch_token_hash = tokens.hash_token(token)
     return token
 
 
@@ -119,47 +131,73 @@ def record_start_failure(session: Session, run: Run, reason: str, now: datetime)
 
 
 def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple[Run, Worker | None, str]:
-    """Which run (and worker row, if any) a registration token designates, and the worker's token."""
+    """Which run (and own worker row, if any) a registration token designates, and the worker token
+    to hand back. See the module docstring for what each kind of token may bind."""
     digest = tokens.hash_token(token)
     if token.startswith(tokens.JOIN_PREFIX):
         run = session.scalar(select(Run).where(Run.join_token_hash == digest))
         if run is None:
             raise Unauthorized("unknown join token")
-        worker = None
-        if body.request_id:
-            worker = session.scalar(select(Worker).where(Worker.request_id == body.request_id))
-            if worker is not None and worker.run_id != run.id:
-                raise Forbidden(f"request id {body.request_id!r} belongs to another run")
-        return run, worker, tokens.new_token(tokens.WORKER_PREFIX)
-    if token.startswith(tokens.WORKER_PREFIX):
+        if body.request_id and session.scalar(select(Worker.id).where(Worker.request_id == body.request_id)):
+            raise Conflict(
+                f"request id {body.request_id!r} is taken: a join token always joins as a new worker "
+                "(leave request_id out)"
+            )
+        return run, None, tokens.new_token(tokens.WORKER_PREFIX)
+    if token.startswith(tokens.LAUNCH_PREFIX):
+        worker = session.scalar(select(Worker).where(Worker.launch_token_hash == digest))
+        if worker is None:
+            raise Unauthorized("unknown launch token (it is void once its worker has used its worker token)")
+        fresh = tokens.new_token(tokens.WORKER_PREFIX)  # the launch token's use is never its worker token
+    elif token.startswith(tokens.WORKER_PREFIX):
         worker = session.scalar(select(Worker).where(Worker.token_hash == digest))
         if worker is None:
-            raise Unauthorized("unknown launch token")
-        if body.request_id and body.request_id != worker.request_id:
-            raise Forbidden("the request id does not match the launch token")
-        return worker.run, worker, token
-    raise Unauthorized("registration needs the run's join token or a launch token")
+            raise Unauthorized("unknown worker token")
+        fresh = token
+    else:
+        raise Unauthorized("registration needs the run's join token, a launch token or a worker token")
+    if body.request_id and body.request_id != worker.request_id:
+        raise Forbidden("the request id does not match the token")
+    return worker.run, worker, fresh
 
 
-def register_worker(session: Session, token: str, body: WorkerRegister, now: datetime) -> Registration:
-    """Bind a booting worker to its launch row (by request id or launch token) or create a manual row.
+def _new_manual_worker(
+    session: Session, run: Run, body: WorkerRegister, now: datetime, limiter: RateLimiter | None
+) -> Worker:
+    """A row for a worker joined with the join token; :class:`TooManyRequests` past the token's rate,
+    :class:`Conflict` when the run already has ``max_workers`` live workers."""
+    if limiter is not None:
+        limiter.take(f"join:{run.id}", "registrations with this join token")
+    live = runs.count_live_workers(session, run.id)
+    if live >= run.max_workers:
+        raise Conflict(
+            f"run {run.name!r} has {live} live workers, its max_workers: no room for another one "
+            "(the admin can raise it with scale --max)"
+        )
+    request_id = body.request_id or f"manual-{new_request_id(run)}"[:64]
+    worker = _new_worker(run, request_id, "manual", WorkerState.running, now)
+    worker.manual = True
+    session.add(worker)
+    session.flush()
+    runs.record_event(session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id)
+    return worker
 
-    A worker that registers again (a lost reply, a lost worker come back) keeps its row. The run goes
-    from pending to running. Raises :class:`Unauthorized`, :class:`Forbidden`,
-    :class:`RunNotAcceptingWorkers` (run stopping or finished) or :class:`Conflict` (worker ended).
+
+def register_worker(
+    session: Session, token: str, body: WorkerRegister, now: datetime, limiter: RateLimiter | None = None
+) -> Registration:
+    """Bind a booting worker to its own row (launch or worker token) or create a manual row (join token).
+
+    A worker that registers again (a lost reply, a restarted agent, a lost worker come back) keeps its
+    row. The run goes from pending to running. Raises :class:`Unauthorized`, :class:`Forbidden`,
+    :class:`RunNotAcceptingWorkers` (run stopping or finished), :class:`Conflict` (worker ended, request
+    id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
     """
     run, worker, worker_token = _resolve_caller(session, token, body)
     if run.state not in (RunState.pending.value, RunState.running.value):
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
     if worker is None:
-        request_id = body.request_id or f"manual-{new_request_id(run)}"[:64]
-        worker = _new_worker(run, request_id, "manual", WorkerState.running, now)
-        worker.manual = True
-        session.add(worker)
-        session.flush()
-        runs.record_event(
-            session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id
-        )
+        worker = _new_manual_worker(session, run, body, now, limiter)
     elif not runs.WORKER_TRANSITIONS[WorkerState(worker.state)]:
         raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
     else:
@@ -183,11 +221,14 @@ def deregister_worker(
 ) -> None:
     """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
 
-    Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition` otherwise.
+    A launched worker that fails before contributing a sample counts as a start-up failure (the
+    reconciler backs off and, after enough in a row, fails the run); a worker joined by hand does not:
+    the join token's holder would fail the run at will. Leaving twice is harmless when the state is the
+    same; raises :class:`IllegalTransition` otherwise.
     """
     new = DEREGISTER_STATES[reason]
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
-    if reason == DeregisterReason.error and worker.samples == 0:
+    if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({reason.value})", now)
 

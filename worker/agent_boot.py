@@ -104,6 +104,8 @@ def register(
 ) -> Boot:
     """Register with the orchestrator, retrying for ``config.register_timeout_s`` while it is unreachable.
 
+    A launch token works until the worker has used the worker token its registration returned: a
+    restarted agent whose launch token is refused registers again with the worker token it cached.
     Raises :class:`RunNotAccepting` when the run is stopping or finished, :class:`PermanentError` when
     the orchestrator refuses otherwise (bad join token), :class:`OrchestratorUnavailable` when it stays
     unreachable and no registration is cached.
@@ -112,10 +114,16 @@ def register(
         request_id=config.request_id, hostname=socket.gethostname()[:255], launcher_handle=str(os.getpgrp())
     )
     deadline = clock() + config.register_timeout_s
+    token = config.join_token
     while True:
         try:
-            registration = client.register(config.join_token, body)
+            registration = client.register(token, body)
         except Unauthorized as exc:
+            cached = load_registration(config.worker_dir, config) if token == config.join_token else None
+            if cached is not None:
+                logger.info("join token refused (%s); registering with the cached worker token", exc)
+                token = cached.worker_token
+                continue
             raise PermanentError(f"the orchestrator rejected the join token ({exc})") from exc
         except Conflict as exc:
             raise RunNotAccepting(f"the run takes no new workers ({exc})") from exc

@@ -1,8 +1,9 @@
 """The worker's small HTTP client of the orchestrator API (``/api/v1``, models from :mod:`worker.wire`).
 
-Transient failures (connection errors, time-outs, HTTP 5xx) are retried with exponential backoff and
-surface as :class:`Unreachable` once the retries are spent. A 4xx answer is never retried: it raises
-the matching :class:`ApiError` subclass at once, with the server's ``detail`` as message.
+Transient failures (connection errors, time-outs, HTTP 5xx, and 429 no sooner than its ``Retry-After``)
+are retried with exponential backoff and surface as :class:`Unreachable` once the retries are spent.
+Any other 4xx answer is never retried: it raises the matching :class:`ApiError` subclass at once, with
+the server's ``detail`` as message.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Rejected(ApiError):
 
 
 class Unreachable(ApiError):
-    """No usable answer after the retries: connection refused, time-outs or HTTP 5xx."""
+    """No usable answer after the retries: connection refused, time-outs, HTTP 5xx or 429."""
 
 
 class ChecksumMismatch(ApiError):
@@ -264,8 +265,8 @@ class OrchestratorClient:
             return
         if read:
             response.read()
-        if response.status_code >= 500:
-            raise _Transient(response.status_code, _detail(response))
+        if response.status_code >= 500 or response.status_code == 429:  # 429: a rate limit, retried later
+            raise _Transient(response.status_code, _detail(response), _retry_after_s(response))
         error = _STATUS_ERRORS.get(response.status_code, Rejected)
         raise error(f"{response.status_code}: {_detail(response)}", response.status_code)
 
@@ -274,6 +275,8 @@ class OrchestratorClient:
         if attempt >= self.retries:
             raise Unreachable(f"{method} {self.base_url}{self._url(path)} failed: {exc}", status) from exc
         delay_s = min(self._max_backoff_s, self._backoff_s * 2**attempt) * random.uniform(0.8, 1.2)
+        if isinstance(exc, _Transient):
+            delay_s = max(delay_s, exc.retry_after_s)
         logger.warning(
             "%s %s failed (%s); retry %d/%d in %.1f s", method, path, exc, attempt + 1, self.retries, delay_s
         )
@@ -281,8 +284,17 @@ class OrchestratorClient:
 
 
 class _Transient(Exception):
-    """An HTTP 5xx answer: worth another try."""
+    """An HTTP 5xx or 429 answer: worth another try (not before ``retry_after_s``)."""
 
-    def __init__(self, status_code: int, detail: str) -> None:
+    def __init__(self, status_code: int, detail: str, retry_after_s: float = 0.0) -> None:
         super().__init__(f"HTTP {status_code}: {detail}")
         self.status_code = status_code
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """The ``Retry-After`` header in seconds (0 when absent or not a number of seconds)."""
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "0")))
+    except ValueError:
+        return 0.0

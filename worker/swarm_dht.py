@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import hivemind
 
 from worker.logsetup import install_filter
+from worker.peer_addresses import usable_initial_peers
 
 if TYPE_CHECKING:
     from worker.swarm_auth import SwarmAuthorizer
@@ -58,7 +59,9 @@ def start_dht(
 ) -> hivemind.DHT:
     """Start a DHT peer and wait until it is ready (and has joined ``initial_peers`` if any).
 
-    ``host_maddrs`` defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
+    Initial peers p2pd would refuse (an address that does not parse, or names no peer id) are dropped
+    with a warning: one bad address would otherwise stop the peer from starting at all. ``host_maddrs``
+    defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
     (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
     ``authorizer``: take part in a swarm with admission (``worker/swarm_guard.py``: DHT calls signed and
     checked, averaging guarded); the peer then uses the authorizer's identity.
@@ -75,11 +78,12 @@ def start_dht(
         kwargs["announce_maddrs"] = list(announce_maddrs)
     if identity_path is not None:
         kwargs["identity_path"] = identity_path
+    peers = usable_initial_peers(initial_peers)
     if authorizer is not None:
         from worker.swarm_guard import AdmissionDHT
 
-        return AdmissionDHT(list(initial_peers), authorizer=authorizer, **kwargs)
-    return hivemind.DHT(initial_peers=list(initial_peers), start=True, **kwargs)
+        return AdmissionDHT(peers, authorizer=authorizer, **kwargs)
+    return hivemind.DHT(initial_peers=peers, start=True, **kwargs)
 
 
 def _is_loopback(maddr: str) -> bool:

@@ -7,7 +7,7 @@ only, so importing it pulls in neither torch nor hivemind.
 Endpoints that carry these models (all under ``/api/v1``):
 
 ==========================================  ================  =======================================
-``POST /workers/register``                  join token        :class:`WorkerRegister` ->
+``POST /workers/register``                  join or launch    :class:`WorkerRegister` ->
                                                               :class:`WorkerRegistered`
 ``POST /workers/{worker_id}/heartbeat``     worker token      :class:`Heartbeat` -> :class:`HeartbeatReply`
 ``POST /workers/{worker_id}/deregister``    worker token      :class:`Deregister` -> 204

@@ -1,8 +1,12 @@
 """Checkpoints: upload by a worker, list, and download (streamed).
 
-An upload is streamed to a temporary file under ``<data_dir>/tmp`` while its size is capped and its
-SHA-256 computed; only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run keeps
-its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is recorded.
+Before any byte of an upload is read, the worker must be the run's checkpointer, the epoch no more than
+``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
+another checkpoint, and the temp dir's disk must have room for it plus ``checkpoint_min_free_bytes``.
+The upload is then streamed to a temporary file under ``<data_dir>/tmp`` while its size is capped and
+its SHA-256 computed; only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
+keeps its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is
+recorded.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Annotated, BinaryIO
@@ -26,7 +31,13 @@ from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
 from orchestrator.api.workers import CallingWorker
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
-from orchestrator.errors import ChecksumMismatch, Conflict, InvalidRequest, PayloadTooLarge
+from orchestrator.errors import (
+    ChecksumMismatch,
+    Conflict,
+    InsufficientStorage,
+    InvalidRequest,
+    PayloadTooLarge,
+)
 from orchestrator.heartbeats import WorkerEntry
 from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import checkpoint_key
@@ -55,14 +66,60 @@ async def upload_checkpoint(
     checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
 ) -> CheckpointRef:
     """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
-    409 when the epoch is stored with other bytes (the same bytes again: the stored one is returned)."""
+    409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
+    ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
+    other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
     if entry.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
         raise InvalidRequest(f"header {CHECKSUM_HEADER} must be the hex SHA-256 of the body")
+    with ctx.uploads.hold(worker_id):
+        declared = request.headers.get("content-length", "")
+        size = int(declared) if declared.isdigit() else ctx.settings.checkpoint_max_bytes
+        await run_in_threadpool(_admit, ctx, entry, epoch, size)
+        return await _receive_and_store(ctx, entry, epoch, request, sha256)
+
+
+def _admit(ctx: AppContext, entry: WorkerEntry, epoch: int, size_bytes: int) -> None:
+    """Raise unless the worker may upload ``size_bytes`` for ``epoch`` now (see the module docstring)."""
+    run = _run_of(ctx, entry)
+    try:
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
+    except Conflict:
+        if run.checkpointer_worker_id != entry.worker_id:
+            raise
+        # The checkpointer's own DHT peer may hold an epoch the periodic reader has not seen yet.
+        ctx.read_swarm_now(run.id)
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
     tmp_dir = ctx.settings.data_dir / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
+    needed = size_bytes + ctx.settings.checkpoint_min_free_bytes
+    free = shutil.disk_usage(tmp_dir).free
+    if free < needed:
+        raise InsufficientStorage(
+            f"only {free} bytes free for uploads, {needed} needed (the checkpoint and "
+            f"{ctx.settings.checkpoint_min_free_bytes} kept free); retry later"
+        )
+
+
+def _run_of(ctx: AppContext, entry: WorkerEntry) -> Run:
+    with ctx.db.read() as session:
+        run = session.get(Run, entry.run_id)
+    if run is None:
+        raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
+    return run
+
+
+def _dht_epoch(ctx: AppContext, run: Run) -> int | None:
+    progress = ctx.swarm.get(run.swarm_id)
+    return progress.epoch if progress is not None else None
+
+
+async def _receive_and_store(
+    ctx: AppContext, entry: WorkerEntry, epoch: int, request: Request, sha256: str
+) -> CheckpointRef:
+    tmp_dir = ctx.settings.data_dir / "tmp"
     fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=tmp_dir)
     tmp_path = Path(tmp_name)
     try:

@@ -4,13 +4,16 @@ Dependencies are ``async`` (they do no I/O): a sync one would cost a thread hop 
 
 The auth rule, in one place:
 
-- mutating admin endpoints (create, scale, stop, resume, delete runs) need the admin token;
-- worker endpoints need that worker's token (registration: the run's join token or a launch token);
+- mutating admin endpoints (create, scale, stop, resume, delete runs, replace a join token) need the
+  admin token;
+- worker endpoints need that worker's token (registration: the run's join token, a launch token or
+  the worker's own token);
 - read-only endpoints are public when ``public_reads`` is on (the default), otherwise they need the
   admin token; a run's peers also accept its join token or a worker token of the run. Anonymous reads
   get the public view: free-form values (spec args and options, launch details that locate a machine)
   are left out, and worker logs need the admin token;
-- checkpoint downloads always need the admin token, the run's join token or a worker token of the run.
+- checkpoint downloads always need the admin token, the run's join token or the worker token of a
+  worker of the run that has not ended (launching, running or lost).
 
 No token: 401. A token that matches nothing: 401. A valid token that does not grant the call (a join
 or worker token on an admin endpoint, another worker's token): 403. Authentication is a dependency of
@@ -27,7 +30,7 @@ from fastapi import Path as PathParam
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator import tokens
+from orchestrator import runs, tokens
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
 from orchestrator.errors import Forbidden, Unauthorized
@@ -50,8 +53,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         (409, "Conflicts with the current state"),
         (413, "Body too large"),
         (422, "Invalid input"),
+        (429, "Too many requests (a join token's registrations); retry after Retry-After seconds"),
         (500, "Unexpected server error (logged; never a traceback)"),
         (503, "Database or DHT unavailable; retry"),
+        (507, "Too little free disk space for a checkpoint upload; retry"),
     )
 }
 
@@ -75,7 +80,7 @@ def check_admin(ctx: AppContext, token: str | None) -> None:
         raise Unauthorized("missing bearer token (admin token required)")
     if tokens.token_matches(token, ctx.admin_token_hash):
         return
-    if token.startswith((tokens.JOIN_PREFIX, tokens.WORKER_PREFIX)):
+    if token.startswith(tokens.NON_ADMIN_PREFIXES):
         raise Forbidden("this endpoint needs the admin token")
     raise Unauthorized("invalid token")
 
@@ -94,11 +99,12 @@ async def require_reader(ctx: Ctx, token: Token) -> bool:
 
 
 async def require_registration_token(token: Token) -> str:
-    """The bearer token of a registration, if it is of a kind that can register (join or launch token)."""
+    """The bearer token of a registration, if it is of a kind that can register (a join, launch or
+    worker token)."""
     if token is None:
         raise Unauthorized("missing bearer token (the run's join token)")
-    if not token.startswith((tokens.JOIN_PREFIX, tokens.WORKER_PREFIX)):
-        raise Unauthorized("registration needs the run's join token or a launch token")
+    if not token.startswith(tokens.NON_ADMIN_PREFIXES):
+        raise Unauthorized("registration needs the run's join token, a launch token or a worker token")
     return token
 
 
@@ -116,17 +122,23 @@ WorkerToken = Annotated[str, Depends(require_worker_token)]
 
 
 def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | None) -> None:
-    """Raise unless ``token`` is the admin token, ``run``'s join token or a token of one of its workers."""
+    """Raise unless ``token`` is the admin token, ``run``'s join token or the token of one of its workers
+    that has not ended."""
     if token is None:
         raise Unauthorized("missing bearer token")
     if tokens.token_matches(token, ctx.admin_token_hash) or tokens.token_matches(token, run.join_token_hash):
         return
     if token.startswith(tokens.WORKER_PREFIX):
-        owner = session.scalar(select(Worker.run_id).where(Worker.token_hash == tokens.hash_token(token)))
-        if owner == run.id:
-            return
-        if owner is not None:
+        digest = tokens.hash_token(token)
+        owner = session.execute(
+            select(Worker.id, Worker.run_id, Worker.state).where(Worker.token_hash == digest)
+        ).first()
+        if owner is not None and owner.run_id != run.id:
             raise Forbidden(f"this worker token does not belong to run {run.name!r}")
+        if owner is not None and owner.state not in runs.UNENDED_WORKER_STATES:
+            raise Forbidden(f"worker {owner.id} has ended ({owner.state}); its token no longer grants access")
+        if owner is not None:
+            return
     if token.startswith(tokens.JOIN_PREFIX):
         if session.scalar(select(Run.id).where(Run.join_token_hash == tokens.hash_token(token))) is not None:
             raise Forbidden(f"this join token does not belong to run {run.name!r}")

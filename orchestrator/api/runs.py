@@ -16,7 +16,9 @@ from orchestrator.db.models import Run
 from orchestrator.errors import InvalidRequest, RunExists
 from orchestrator.schemas import (
     EventPage,
+    JoinToken,
     ProgressSeries,
+    ResumeRequest,
     RunCreated,
     RunList,
     RunOut,
@@ -101,14 +103,27 @@ def stop_run(name: str, ctx: Ctx, _: Admin, body: StopRequest | None = None) -> 
     return _out(ctx, run)
 
 
-@router.post("/{name}/resume", summary="Resume a stopped or failed run (admin)")
-def resume_run(name: str, ctx: Ctx, _: Admin) -> RunOut:
-    """Back to pending (the reconciler launches workers again); 409 from any other state."""
+@router.post("/{name}/resume", summary="Resume a stopped, failed or completed run (admin)")
+def resume_run(name: str, ctx: Ctx, _: Admin, body: ResumeRequest | None = None) -> RunOut:
+    """Back to pending (the reconciler launches workers again, from the latest checkpoint), with a new
+    stop condition when ``stop`` is given. 409 unless the run has finished, and for a run that would
+    meet its stop condition at once (a completed run needs a higher target)."""
     with ctx.db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
-        runs.resume_run(session, run, ctx.clock())
+        runs.resume_run(session, run, ctx.clock(), body.stop if body else None)
+    ctx.swarm.forget(run.swarm_id)  # the swarm counts again from the checkpoint's epoch
     ctx.hub.refresh()
     return _out(ctx, run)
+
+
+@router.post("/{name}/join-token", summary="Replace the run's join token (admin)")
+def rotate_join_token(name: str, ctx: Ctx, _: Admin) -> JoinToken:
+    """A new join token, shown only this once; the old one stops working at once (registrations and
+    checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
+    with ctx.db.begin() as session:
+        run = runs.get_run(session, name, for_update=True)
+        join_token = runs.rotate_join_token(session, run, ctx.clock())
+    return JoinToken(name=name, join_token=join_token)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")

@@ -38,10 +38,12 @@ async def swarm_token(worker_id: WorkerId, _: CallingWorker, body: SwarmTokenReq
     now = ctx.clock().timestamp()
 
     def grant() -> SwarmToken:
-        with ctx.db.read() as session:
+        with ctx.db.begin() as session:
             return admission.grant_for_worker(session, worker_id, body, now)
 
-    return await run_in_threadpool(grant)
+    granted = await run_in_threadpool(grant)
+    ctx.hub.bind_peer(worker_id, granted.peer_id)
+    return granted
 
 
 @router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")

@@ -15,18 +15,20 @@ from orchestrator import checkpoints, queries, runs, workers
 from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
 from orchestrator.context import AppContext
 from orchestrator.errors import NotFound, Unauthorized
-from orchestrator.heartbeats import WorkerEntry
+from orchestrator.heartbeats import CACHED_WORKER_STATES, WorkerEntry
 from worker.wire import Deregister, Heartbeat, HeartbeatReply, WorkerRegister, WorkerRegistered
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
 
-@router.post("/register", summary="Join a run (join token or launch token)")
+@router.post("/register", summary="Join a run (join, launch or worker token)")
 def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> WorkerRegistered:
-    """Bind to the launch row of ``request_id`` (or of the launch token), else create a manual worker.
-    401 for an unknown token, 409 when the run is stopping or finished."""
+    """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
+    row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
+    run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
+    ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
     with ctx.db.begin() as session:
-        reg = workers.register_worker(session, token, body, ctx.clock())
+        reg = workers.register_worker(session, token, body, ctx.clock(), ctx.join_limiter)
         own = ctx.orchestrator_peers()
         others = [m for m in queries.worker_peers(session, reg.run.id) if m not in own]
         latest = queries.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
@@ -39,7 +41,8 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> Worker
             heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
         )
-    ctx.hub.note(reg.worker)
+        cached = ctx.hub.entries_of(reg.worker)
+    ctx.hub.note(cached)
     return reply
 
 
@@ -82,8 +85,14 @@ async def deregister(worker_id: WorkerId, _: CallingWorker, body: Deregister, ct
 
 
 def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
-    # The worker's last heartbeat may still be buffered: write it first, so that its final report (the
-    # epoch that met the run's target, say) counts when its leaving settles the run.
+    # A worker that reached its run's target leaves at once: the periodic DHT reader may not have seen
+    # that epoch. Its DHT peer still runs while it deregisters, so read the swarm now when it claims
+    # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
+    # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
+    entry = ctx.hub.cached(worker_id)
+    live = entry is not None and entry.state in CACHED_WORKER_STATES
+    if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
+        ctx.read_swarm_now(entry.run_id)
     ctx.hub.flush()
     with ctx.db.begin() as session:
         worker = runs.get_worker(session, worker_id)

@@ -184,8 +184,12 @@ class ApiClient:
     def stop_run(self, name: str, reason: str | None = None) -> dict[str, Any]:
         return self._json("POST", f"/runs/{name}/stop", json={"reason": reason} if reason else {})
 
-    def resume_run(self, name: str) -> dict[str, Any]:
-        return self._json("POST", f"/runs/{name}/resume")
+    def resume_run(self, name: str, stop: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"stop": stop} if stop is not None else None
+        return self._json("POST", f"/runs/{name}/resume", json=body)
+
+    def rotate_join_token(self, name: str) -> dict[str, Any]:
+        return self._json("POST", f"/runs/{name}/join-token")
 
     def events(self, name: str, after_id: int = 0, limit: int = 500) -> dict[str, Any]:
         return self._json("GET", f"/runs/{name}/events", params={"after_id": after_id, "limit": limit})

@@ -1,4 +1,5 @@
-"""``spotswarm runs ...``: create, list, show, scale, stop, resume and follow the events of runs."""
+"""``spotswarm runs ...``: create, list, show, scale, stop, resume and follow the events of runs, and
+replace a run's join token."""
 
 from __future__ import annotations
 
@@ -272,9 +273,31 @@ def stop(ctx: ApiContext, name: str, reason: str | None) -> None:
 @runs.command("resume")
 @api_command
 @click.argument("name")
-def resume(ctx: ApiContext, name: str) -> None:
-    """Resume a stopped or failed run from its latest checkpoint."""
-    _echo_counts(ctx, ctx.api.resume_run(name), "resumed")
+@click.option("--target-epochs", type=click.IntRange(1), help="New stop condition: this many swarm epochs.")
+@click.option("--target-samples", type=click.IntRange(1), help="New stop condition: this many samples.")
+def resume(ctx: ApiContext, name: str, target_epochs: int | None, target_samples: int | None) -> None:
+    """Resume a stopped, failed or completed run from its latest checkpoint.
+
+    A completed run needs a stop condition it has not reached yet: give a higher target (either target
+    flag replaces the run's whole stop condition).
+    """
+    stop = None
+    if target_epochs is not None or target_samples is not None:
+        stop = {"target_epochs": target_epochs, "target_samples": target_samples}
+    _echo_counts(ctx, ctx.api.resume_run(name, stop), "resumed")
+
+
+@runs.command("rotate-join-token")
+@api_command
+@click.argument("name")
+def rotate_join_token(ctx: ApiContext, name: str) -> None:
+    """Replace the run's join token: the old one stops working at once; running workers keep going."""
+    rotated = ctx.api.rotate_join_token(name)
+    if ctx.as_json:
+        echo_json(rotated)
+        return
+    click.echo(f"new join token of run {name} (shown only now; the old one no longer works):")
+    click.echo(rotated["join_token"])
 
 
 # -- logs ------------------------------------------------------------------------------------------

@@ -98,6 +98,9 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
     checkpointer_worker_id: Mapped[int | None] = mapped_column(Integer)  # no FK: avoids a cycle
+    # The highest swarm epoch the orchestrator's DHT reader saw: what the stop condition and the epochs
+    # of checkpoint uploads are judged by (workers' own reports never count for either).
+    swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop_requested_at: Mapped[datetime | None]
     consecutive_start_failures: Mapped[int] = mapped_column(Integer, default=0)
     last_start_failure_at: Mapped[datetime | None]
@@ -126,7 +129,10 @@ class Worker(Base):
     state: Mapped[str] = mapped_column(String(16))
     state_reason: Mapped[str] = mapped_column(Text, default="")
     retire_requested_at: Mapped[datetime | None]  # asked to leave (scale-down): heartbeats answer stop
-    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # the worker token
+    # A launched worker's one-time registration token; void once the worker has used its worker token.
+    launch_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    peer_id: Mapped[str | None] = mapped_column(String(128))  # its swarm token's libp2p peer id
     hostname: Mapped[str] = mapped_column(String(255), default="")
     peer_maddrs: Mapped[list[str]]
     launch_details: Mapped[dict[str, Any]]

@@ -16,6 +16,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from orchestrator.cli import main
+from tests.helpers import wait_until
 from tests.orchestrator_fixture import Orchestrator
 from worker.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
@@ -80,6 +81,8 @@ class HandWorker:
         return self.client.heartbeat(self.worker_id, body)
 
     def upload(self, epoch: int, path: Path) -> None:
+        """Upload as the run's checkpointer (only it may): heartbeats until the orchestrator names it."""
+        wait_until(lambda: self.beat().checkpointer, 15, message=f"worker {self.worker_id} checkpoints")
         self.client.upload_checkpoint(self.worker_id, epoch, path)
 
     def leave(self, reason: DeregisterReason, message: str | None = None) -> None:

@@ -26,6 +26,7 @@ from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from tests.helpers import wait_until
 from tests.integration.cli_support import HAND_ONLY
+from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
 from worker.wire import CHECKSUM_HEADER
 
@@ -194,6 +195,7 @@ def _mode(path: Path) -> int:
 
 def test_the_data_dir_and_its_files_are_private(orch: Orchestrator, worker: dict[str, Any]) -> None:
     blob = b"weights" * 100
+    become_checkpointer(orch, worker)  # only the run's checkpointer uploads
     with orch.client(worker["worker_token"]) as http:
         uploaded = http.put(
             f"/api/v1/workers/{worker['worker_id']}/checkpoints/3",

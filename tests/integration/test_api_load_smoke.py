@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.api_load import JOIN_AT_ONCE
 from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
 from tests.orchestrator_fixture import run_spec, start_orchestrator
 
 ENV = {
+    **JOIN_AT_ONCE,
     "SPOTSWARM_CHECK_IMPORTS": "false",
     "SPOTSWARM_RECONCILE": "true",
     "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",

@@ -1,6 +1,7 @@
-"""Checkpoint uploads under attack: truncated, oversize, wrong checksum, wrong worker or run, and concurrent
-uploads of the same and of different epochs. Each is refused cleanly (or serialized), leaves no temporary
-file behind, and the run's good checkpoint still downloads with its recorded SHA-256 afterwards."""
+"""Checkpoint uploads under attack: truncated, oversize, wrong checksum, wrong worker or run, a worker that
+is not the checkpointer, epochs far ahead of the swarm, concurrent uploads, a nearly full disk. Each is
+refused cleanly, leaves no temporary file behind, and the run's good checkpoint still downloads with its
+recorded SHA-256 afterwards. Only the run's checkpointer uploads, one checkpoint at a time."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.worker_support import become_checkpointer, heartbeat
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from worker.wire import CHECKSUM_HEADER
 
 MAX_BYTES = 4 << 20
+EVERY = 20  # checkpoint_every_epochs: with no swarm epoch read from a DHT here, uploads go up to epoch 20
+ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(MAX_BYTES)}
 _runs = itertools.count()
 
 
@@ -28,13 +33,8 @@ _runs = itertools.count()
 def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("ckpt-abuse")
     registry = ProcessRegistry(root)
-    env = {
-        **NO_RECONCILE,
-        "SPOTSWARM_CHECK_IMPORTS": "false",
-        "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(MAX_BYTES),
-    }
     try:
-        yield start_orchestrator(registry, root / "data", extra_env=env)
+        yield start_orchestrator(registry, root / "data", extra_env=ENV)
     finally:
         registry.kill_all()
 
@@ -47,10 +47,14 @@ class Worker:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
+    def reply(self) -> dict[str, str]:
+        """As a registration reply (for the worker_support helpers)."""
+        return {"worker_id": self.id, "worker_token": self.token}
+
 
 @dataclass
 class Run:
-    """A run with two workers and one good checkpoint (epoch 1, uploaded by ``a``)."""
+    """A run with two workers and one good checkpoint (epoch 1, uploaded by ``a``, its checkpointer)."""
 
     orch: Orchestrator
     name: str
@@ -69,6 +73,10 @@ class Run:
         with self.orch.admin() as http:
             items = http.get(f"/api/v1/runs/{self.name}/checkpoints").json()["items"]
         return [item["epoch"] for item in items]
+
+    def checkpointer_is_a(self) -> None:
+        """``a`` heartbeats until it holds the role (it is older than ``b``, which never heartbeats)."""
+        become_checkpointer(self.orch, self.a.reply())
 
     def assert_good_intact(self) -> None:
         """The good checkpoint downloads whole, with the checksum recorded for it and no other one."""
@@ -100,9 +108,11 @@ def upload(
 def run(orch: Orchestrator) -> Run:
     name = f"abuse-{next(_runs)}"
     with orch.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec(name, keep_checkpoints=3)).json()["join_token"]
+        spec = run_spec(name, keep_checkpoints=3, checkpoint_every_epochs=EVERY)
+        join = http.post("/api/v1/runs", json=spec).json()["join_token"]
     good = os.urandom(1 << 20)
     created = Run(orch, name, join, register(orch, join), register(orch, join), good)
+    created.checkpointer_is_a()
     assert upload(orch, created.a, 1, good).status_code == 201
     return created
 
@@ -132,6 +142,7 @@ def send_truncated(orch: Orchestrator, worker: Worker, epoch: int, declared: int
 
 @pytest.mark.timeout(180)
 def test_truncated_uploads_store_nothing(orch: Orchestrator, run: Run) -> None:
+    run.checkpointer_is_a()
     blob = os.urandom(2 << 20)
     send_truncated(orch, run.a, 2, len(blob), blob[: len(blob) // 3])
     answer = upload(orch, run.a, 2, blob[: len(blob) // 2], checksum=sha(blob))  # a cut file, honest length
@@ -143,6 +154,7 @@ def test_truncated_uploads_store_nothing(orch: Orchestrator, run: Run) -> None:
 
 @pytest.mark.timeout(180)
 def test_oversize_uploads_are_413_declared_or_streamed(orch: Orchestrator, run: Run) -> None:
+    run.checkpointer_is_a()
     big = os.urandom(MAX_BYTES + 1)
     assert upload(orch, run.a, 2, big).status_code == 413
 
@@ -162,6 +174,7 @@ def test_oversize_uploads_are_413_declared_or_streamed(orch: Orchestrator, run: 
 
 @pytest.mark.timeout(180)
 def test_bad_checksums_are_refused(orch: Orchestrator, run: Run) -> None:
+    run.checkpointer_is_a()
     blob = os.urandom(100_000)
     assert upload(orch, run.a, 2, blob, checksum=sha(blob[1:])).status_code == 400
     assert upload(orch, run.a, 2, blob, checksum="not-hex").status_code == 422
@@ -193,7 +206,8 @@ def test_other_workers_runs_and_tokens_cannot_upload(orch: Orchestrator, run: Ru
             assert answer.status_code == 403, (what, answer.status_code, answer.text)
         answer = http.put(path, content=blob, headers={CHECKSUM_HEADER: sha(blob)})
         assert answer.status_code == 401
-    # The stranger's own upload lands in its own run, never in this one.
+    # The stranger's own upload lands in its own run (where it is the checkpointer), never in this one.
+    become_checkpointer(orch, stranger.reply())
     assert upload(orch, stranger, 1, blob).status_code == 201
     with orch.client(run.b.token) as http:
         assert (
@@ -204,10 +218,13 @@ def test_other_workers_runs_and_tokens_cannot_upload(orch: Orchestrator, run: Ru
 
 
 @pytest.mark.timeout(240)
-def test_concurrent_uploads_of_one_epoch_keep_one_whole_checkpoint(orch: Orchestrator, run: Run) -> None:
-    """Two workers race with different bytes for the same epoch: one wins, the other gets 409, and the
-    stored file is the winner's (before the fix the loser's bytes could overwrite the winner's file)."""
+def test_two_workers_racing_for_one_epoch_store_only_the_checkpointers_bytes(
+    orch: Orchestrator, run: Run
+) -> None:
+    """Both workers send different bytes for the same epoch at once: the checkpointer's are stored, the
+    other worker gets 409 whichever arrives first (before, either could win, or both be mixed up)."""
     for epoch in range(2, 8):
+        run.checkpointer_is_a()
         blobs = {run.a.id: os.urandom(3 << 20), run.b.id: os.urandom(3 << 20)}
         barrier = threading.Barrier(2)
 
@@ -222,10 +239,9 @@ def test_concurrent_uploads_of_one_epoch_keep_one_whole_checkpoint(orch: Orchest
 
         with ThreadPoolExecutor(2) as pool:
             codes = dict(zip((run.a.id, run.b.id), pool.map(race, (run.a, run.b)), strict=True))
-        assert sorted(codes.values()) == [201, 409], codes
-        winner = next(worker_id for worker_id, code in codes.items() if code == 201)
+        assert codes == {run.a.id: 201, run.b.id: 409}, codes
         data, recorded = run.download(epoch)
-        assert data == blobs[winner] and recorded == sha(data), f"epoch {epoch}: stored bytes damaged"
+        assert data == blobs[run.a.id] and recorded == sha(data), f"epoch {epoch}: stored bytes damaged"
     assert_clean_kept(run, [7, 6, 5])
 
 
@@ -247,15 +263,100 @@ def assert_clean_kept(run: Run, expected: list[int]) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_concurrent_uploads_of_different_epochs_are_all_recorded_then_pruned(
-    orch: Orchestrator, run: Run
-) -> None:
+def test_uploads_of_successive_epochs_are_recorded_then_pruned(orch: Orchestrator, run: Run) -> None:
     blobs = {epoch: os.urandom(1 << 20) for epoch in range(10, 16)}
-    workers = itertools.cycle([run.a, run.b])
-    jobs = [(next(workers), epoch) for epoch in blobs]
-    with ThreadPoolExecutor(len(jobs)) as pool:
-        codes = list(pool.map(lambda job: upload(orch, job[0], job[1], blobs[job[1]]).status_code, jobs))
-    assert codes == [201] * len(jobs)
+    for epoch, blob in blobs.items():
+        run.checkpointer_is_a()
+        assert upload(orch, run.a, epoch, blob).status_code == 201
     assert_clean_kept(run, [15, 14, 13])
     for epoch in (15, 14, 13):
         assert run.download(epoch)[0] == blobs[epoch]
+
+
+@pytest.mark.timeout(180)
+def test_only_the_checkpointer_uploads(orch: Orchestrator, run: Run) -> None:
+    """Before, any worker of the run could upload: its checkpoints then pruned the real ones."""
+    heartbeat(orch, run.b.reply())
+    answer = upload(orch, run.b, 2, os.urandom(10_000))
+    assert answer.status_code == 409 and "not the run's checkpointer" in answer.json()["detail"], answer.text
+    assert_clean(run, [1])
+
+
+@pytest.mark.timeout(180)
+def test_uploads_far_ahead_of_the_swarm_are_refused(orch: Orchestrator, run: Run) -> None:
+    """Before, three tiny uploads at epochs near 10^12 pruned every real checkpoint, and the heartbeat
+    replies' latest_checkpoint_epoch of 10^12 kept the real checkpointer from ever uploading again."""
+    run.checkpointer_is_a()
+    for epoch in (10**12, 10**12 - 1, 10**12 - 2, EVERY + 1):
+        answer = upload(orch, run.a, epoch, f"junk {epoch}".encode())
+        assert answer.status_code == 409 and "ahead of the swarm" in answer.json()["detail"], answer.text
+    assert_clean(run, [1])
+    assert heartbeat(orch, run.a.reply())["latest_checkpoint_epoch"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_uploads_one_checkpoint_at_a_time(orch: Orchestrator, run: Run) -> None:
+    """Before, one worker could stream any number of uploads at once into the orchestrator's disk."""
+    run.checkpointer_is_a()
+    first_blob = os.urandom(2 << 20)
+    release = threading.Event()
+
+    def slow() -> Iterator[bytes]:
+        yield first_blob[: 1 << 20]
+        release.wait(60)
+        yield first_blob[1 << 20 :]
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(lambda: upload_stream(orch, run.a, 2, slow(), sha(first_blob)).status_code)
+        tmp = orch.data_dir / "tmp"
+        wait_until(lambda: tmp.exists() and any(tmp.iterdir()), 30, message="the first upload streams")
+        second = upload(orch, run.a, 3, os.urandom(10_000))
+        release.set()
+        assert second.status_code == 409 and "already uploading" in second.json()["detail"], second.text
+        assert first.result(timeout=60) == 201
+    assert_clean(run, [2, 1])
+    assert upload(orch, run.a, 3, b"next one").status_code == 201  # the next upload goes through
+
+
+def upload_stream(
+    orch: Orchestrator, worker: Worker, epoch: int, chunks: Iterator[bytes], checksum: str
+) -> httpx.Response:
+    headers = {**worker.auth(), CHECKSUM_HEADER: checksum}
+    with orch.client(timeout_s=90) as http:
+        return http.put(f"/api/v1/workers/{worker.id}/checkpoints/{epoch}", content=chunks, headers=headers)
+
+
+@pytest.mark.timeout(180)
+def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
+    orch: Orchestrator, run: Run
+) -> None:
+    """The worker that held the role when the stop began keeps it until it leaves; no other worker
+    takes it over while the run stops."""
+    run.checkpointer_is_a()
+    heartbeat(orch, run.b.reply())
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{run.name}/stop").json()["state"] == "stopping"
+    final = os.urandom(50_000)
+    assert upload(orch, run.b, 3, os.urandom(10_000)).status_code == 409
+    assert upload(orch, run.a, 3, final).status_code == 201
+    assert run.download("latest")[0] == final
+
+
+@pytest.mark.timeout(240)
+def test_uploads_are_refused_while_the_disk_is_nearly_full(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    """Free space is checked before the body is read: 507, nothing written (the reserve here is larger
+    than any disk, so the real free space of the temp dir is always short of it)."""
+    orch = start_orchestrator(
+        processes, tmp_path / "data", extra_env={**ENV, "SPOTSWARM_CHECKPOINT_MIN_FREE_BYTES": str(10**18)}
+    )
+    with orch.admin() as http:
+        join = http.post("/api/v1/runs", json=run_spec("full-disk")).json()["join_token"]
+    worker = register(orch, join)
+    become_checkpointer(orch, worker.reply())
+    answer = upload(orch, worker, 1, os.urandom(100_000))
+    assert answer.status_code == 507 and "free" in answer.json()["detail"], answer.text
+    assert no_temporary_files(orch)
+    with orch.admin() as http:
+        assert http.get("/api/v1/runs/full-disk/checkpoints").json()["items"] == []

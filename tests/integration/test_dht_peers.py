@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from tests.helpers import ProcessRegistry, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from worker.swarm_dht import start_dht
 
 pytestmark = pytest.mark.swarm
 
@@ -82,3 +84,25 @@ def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestra
             tracker.shutdown(timeout=5)
         for dht in dhts:
             dht.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_drops_unusable_initial_peers_and_joins_through_the_rest(
+    orch: Orchestrator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """p2pd refuses to start when any bootstrap address does not parse: before, one bad address in the
+    run's peer list made every new worker fail. Now the bad ones are dropped with a warning."""
+    bad = ['/ip4/1.2.3.4/tcp/1"><img src=x>', "garbage", "/ip4/1.2.3.4/tcp/1"]
+    with caplog.at_level(logging.WARNING, logger="worker.peer_addresses"):
+        dht = start_dht(initial_peers=[*bad, *orch.peers()], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        other = plain_peer(orch.peers(), client_mode=True)
+        try:
+            assert dht.store("spotswarm-bad-peers", "joined", get_dht_time() + 60)
+            assert wait_until(lambda: other.get("spotswarm-bad-peers", latest=True), 30).value == "joined"
+        finally:
+            other.shutdown()
+    finally:
+        dht.shutdown()
+    dropped = [r.getMessage() for r in caplog.records if "initial peer" in r.getMessage()]
+    assert len(dropped) == len(bad) and all(any(b in m for m in dropped) for b in bad), dropped

@@ -309,7 +309,7 @@ def test_ec2_run_launches_tagged_spot_instances_that_carry_their_worker_config(e
         env = ec2.cloud.worker_env(instance_id)
         assert env["SPOTSWARM_URL"] == PUBLIC_URL
         assert env["SPOTSWARM_REQUEST_ID"] == row["request_id"]
-        assert env["SPOTSWARM_JOIN_TOKEN"].startswith("ssw_"), "a per-worker launch token, not the run's"
+        assert env["SPOTSWARM_JOIN_TOKEN"].startswith("ssl_"), "a per-worker launch token, not the run's"
         assert env["SPOTSWARM_METADATA_URL"] == "http://169.254.169.254"
     assert len({tags(raw)["spotswarm:request-id"] for raw in instances}) == 2
 

@@ -4,6 +4,7 @@ run events as structured log lines."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import base58
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +23,7 @@ from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
+from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from worker.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
@@ -57,13 +60,14 @@ def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
     return name, response.json()["join_token"]
 
 
-def launch_intent(orch: Orchestrator, name: str, details: dict[str, Any] | None = None) -> str:
-    """A ``launching`` row of the run's launcher (local), as the reconcile loop writes it; its request id."""
+def launch_intent(orch: Orchestrator, name: str, details: dict[str, Any] | None = None) -> tuple[str, str]:
+    """A ``launching`` row of the run's launcher (local), as the reconcile loop writes it: its request id
+    and launch token."""
     database = Database(f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
     try:
         with database.begin() as session:
             intent = workers.create_launch_intent(session, runs.get_run(session, name), utc_now(), details)
-            return intent.worker.request_id
+            return intent.worker.request_id, intent.token
     finally:
         database.close()
 
@@ -133,10 +137,10 @@ def scrape_until(orch: Orchestrator, ready: Callable[[Samples], bool], timeout_s
 @pytest.mark.timeout(180)
 def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_path: Path) -> None:
     name, join_token = create(orch, desired_workers=1)
-    request_id = launch_intent(orch, name, {"price_usd_per_hour": PRICE_USD_PER_HOUR})
-    worker = join(orch, join_token, request_id)
+    request_id, launch_token = launch_intent(orch, name, {"price_usd_per_hour": PRICE_USD_PER_HOUR})
+    worker = join(orch, launch_token, request_id)
     numbers = dict(local_step=9, swarm_epoch=4, samples=256, loss=0.25, samples_per_s=32.0, num_peers=1)
-    worker.beat(**numbers)
+    become_checkpointer(orch, {"worker_id": worker.worker_id, "worker_token": worker.client.token}, **numbers)
     checkpoint = tmp_path / "epoch4.ckpt"
     checkpoint.write_bytes(b"weights" * 100)
     worker.client.upload_checkpoint(worker.worker_id, 4, checkpoint)
@@ -186,12 +190,15 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
 
 
 def maddrs(index: int) -> list[str]:
-    return [f"/ip4/10.0.0.{index}/tcp/{4000 + port}/p2p/QmWorker{index}" for port in range(3)]
+    """Three addresses of worker ``index``'s peer (a well-formed peer id: a SHA-256 multihash)."""
+    peer_id = base58.b58encode(bytes([0x12, 0x20]) + hashlib.sha256(str(index).encode()).digest()).decode()
+    return [f"/ip4/10.0.0.{index}/tcp/{4000 + port}/p2p/{peer_id}" for port in range(3)]
 
 
 @pytest.mark.timeout(120)
 def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(orch: Orchestrator) -> None:
-    name, join_token = create(orch)
+    # without swarm admission: the addresses' peer ids need not be those of swarm tokens
+    name, join_token = create(orch, max_workers=10, strategy_options={"swarm_admission": False})
     pool = [join(orch, join_token) for _ in range(10)]
     for index, client in enumerate(pool):  # heartbeats in order: the last one is the freshest
         client.beat(visible_maddrs=maddrs(index))
@@ -220,8 +227,8 @@ def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(orch: 
 @pytest.mark.timeout(120)
 def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator) -> None:
     name, join_token = create(orch)
-    request_id = launch_intent(orch, name)
-    worker = join(orch, join_token, request_id)
+    request_id, launch_token = launch_intent(orch, name)
+    worker = join(orch, launch_token, request_id)
     log = orch.data_dir / "workers" / f"{request_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("".join(f"line {i:05d} of the worker's log\n" for i in range(5000)))
@@ -244,7 +251,8 @@ def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator
         manual = join(orch, join_token)
         refused = http.get(f"/api/v1/runs/{name}/workers/{manual.worker_id}/log")
         assert refused.status_code == 409 and "by hand" in refused.json()["detail"]
-        silent = join(orch, other_join, launch_intent(orch, other_name))
+        other_request, other_launch = launch_intent(orch, other_name)
+        silent = join(orch, other_launch, other_request)
         missing = http.get(f"/api/v1/runs/{other_name}/workers/{silent.worker_id}/log")
         assert missing.status_code == 404 and "no log" in missing.json()["detail"]
     with httpx.Client(base_url=orch.url) as anonymous:

@@ -44,6 +44,10 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
     with first.client() as http:
         base = f"/api/v1/workers/{worker['worker_id']}"
         http.post(f"{base}/heartbeat", json={"samples": 100, "swarm_epoch": 4, "loss": 0.25}, headers=auth)
+        # only the run's checkpointer uploads (one heartbeat: the snapshots below compare its write)
+        wait_until(
+            lambda: snapshot(first, "keep-2")["run"]["checkpointer_worker_id"] == worker["worker_id"], 10
+        )
         data = b"state" * 100
         headers = {**auth, CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
         assert http.put(f"{base}/checkpoints/4", content=data, headers=headers).status_code == 201

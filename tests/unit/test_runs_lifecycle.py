@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator import runs, workers
+from orchestrator import checkpoints, runs, workers
 from orchestrator.db.models import Event, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.errors import (
@@ -104,9 +104,9 @@ def test_worker_transitions_follow_the_table(db: Database, old: WorkerState, new
                 runs.set_worker_state(session, worker, new, "test", T0)
 
 
-def test_finished_runs_and_ended_workers_are_final_or_resumable_only() -> None:
-    assert runs.RUN_TRANSITIONS[RunState.completed] == frozenset()
-    assert runs.RUN_TRANSITIONS[RunState.stopped] == {RunState.pending}
+def test_finished_runs_resume_and_ended_workers_are_final() -> None:
+    for state in runs.FINISHED_RUN_STATES:
+        assert runs.RUN_TRANSITIONS[state] == {RunState.pending}
     for state in (WorkerState.interrupted, WorkerState.exited, WorkerState.failed):
         assert runs.WORKER_TRANSITIONS[state] == frozenset()
 
@@ -127,16 +127,18 @@ def test_launch_intent_is_written_before_launch_and_binds_registration(db: Datab
     name, join_token = new_run(db)
     with db.begin() as session:
         intent = workers.create_launch_intent(session, runs.get_run(session, name), T0, {"zone": "z1"})
-        request_id, worker_id = intent.worker.request_id, intent.worker.id
+        request_id, worker_id, launch_token = intent.worker.request_id, intent.worker.id, intent.token
     with db.read() as session:  # committed, launching, before any launcher was called
         row = runs.get_worker(session, worker_id)
         assert row.state == "launching" and row.request_id == request_id and row.registered_at is None
-    assert join(db, join_token, request_id=request_id, hostname="h") == worker_id
+    assert join(db, launch_token, request_id=request_id, hostname="h") == worker_id
     with db.read() as session:
         row = runs.get_worker(session, worker_id)
         assert row.state == "running" and row.launch_details == {"zone": "z1"} and not row.manual
         assert runs.get_run(session, name).state == "running"
-    assert join(db, join_token) != worker_id  # no request id: a new, manual worker
+    with pytest.raises(Conflict):  # a join token never binds another worker's row, even a launching one
+        join(db, join_token, request_id=request_id)
+    assert join(db, join_token) != worker_id  # a new, manual worker
 
 
 @pytest.mark.timeout(30)
@@ -158,11 +160,16 @@ def test_registration_is_refused_for_bad_tokens_foreign_requests_and_stopped_run
     name_a, token_a = new_run(db)
     name_b, token_b = new_run(db)
     with db.begin() as session:
+        intent_a = workers.create_launch_intent(session, runs.get_run(session, name_a), T0)
         request_b = workers.create_launch_intent(session, runs.get_run(session, name_b), T0).worker.request_id
     with pytest.raises(Unauthorized):
         join(db, "ssj_wrong")
-    with pytest.raises(Forbidden):
+    with pytest.raises(Unauthorized):
+        join(db, "ssl_wrong")
+    with pytest.raises(Conflict):
         join(db, token_a, request_id=request_b)
+    with pytest.raises(Forbidden):  # a launch token binds only its own row
+        join(db, intent_a.token, request_id=request_b)
     with db.begin() as session:
         runs.stop_run(session, runs.get_run(session, name_a), "test", T0)
     with pytest.raises(RunNotAcceptingWorkers):
@@ -170,23 +177,49 @@ def test_registration_is_refused_for_bad_tokens_foreign_requests_and_stopped_run
 
 
 @pytest.mark.timeout(30)
-def test_stop_waits_for_live_workers_and_the_last_one_leaving_ends_the_run(db: Database) -> None:
+@pytest.mark.parametrize(("swarm_epoch", "final"), [(1, "stopped"), (2, "completed")])
+def test_stop_waits_for_live_workers_and_the_last_one_leaving_ends_the_run(
+    db: Database, swarm_epoch: int, final: str
+) -> None:
+    """The target counts as met by the swarm epoch the DHT showed (2 epochs of 64 samples >= 100), never
+    by the samples workers report (110 here either way)."""
     name, token = new_run(db, stop={"target_samples": 100})
     ids = [join(db, token), join(db, token)]
     with db.begin() as session:
         run = runs.get_run(session, name)
+        run.swarm_epoch = swarm_epoch
         runs.stop_run(session, run, "test", T0)
         assert run.state == "stopping" and run.stop_requested_at == T0
     for worker_id, samples in zip(ids, (30, 80), strict=True):
         with db.begin() as session:
             worker = runs.get_worker(session, worker_id)
-            worker.samples = samples
+            worker.samples, worker.swarm_epoch = samples, 1000
             workers.deregister_worker(session, worker, DeregisterReason.completed, None, T0)
     with db.read() as session:
         run = runs.get_run(session, name)
-        assert run.state == "completed" and run.finished_at == T0  # 110 samples >= target 100
+        assert run.state == final and run.finished_at == T0
         kinds = session.scalars(select(Event.kind).where(Event.run_id == run.id)).all()
     assert kinds.count("worker.state") == 2 and kinds.count("run.state") >= 3
+
+
+@pytest.mark.timeout(30)
+def test_a_completed_run_resumes_from_its_checkpoint_with_a_target_it_has_not_reached(db: Database) -> None:
+    name, _ = new_run(db, stop={"target_epochs": 5})
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        run.state, run.swarm_epoch = RunState.completed.value, 7
+        checkpoints.record_checkpoint(
+            session, run, epoch=5, key="k", size_bytes=1, sha256="0" * 64, worker_id=None, now=T0
+        )
+    with db.begin() as session, pytest.raises(Conflict, match="higher target"):
+        runs.resume_run(session, runs.get_run(session, name), T0)
+    with db.begin() as session, pytest.raises(Conflict):
+        runs.resume_run(session, runs.get_run(session, name), T0, StopCondition(target_samples=5 * 64))
+    with db.begin() as session:
+        run = runs.get_run(session, name)
+        runs.resume_run(session, run, T0, StopCondition(target_epochs=10))
+        # the swarm starts again from the checkpoint: its epochs count from there
+        assert (run.state, run.target_epochs, run.target_samples, run.swarm_epoch) == ("pending", 10, None, 5)
 
 
 @pytest.mark.timeout(30)

@@ -107,3 +107,15 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_mismatch(tmp_path:
     with pytest.raises(ChecksumMismatch):
         client.download_checkpoint("/runs/demo/checkpoints/latest/download", tmp_path / "b.ckpt", "0" * 64)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]
+
+
+def test_a_rate_limited_request_is_retried_after_retry_after() -> None:
+    """429 (a join token's registrations past its rate) is retried, no sooner than the server says."""
+    reply = {"action": "continue", "checkpointer": False, "checkpoint_every_epochs": 5}
+    server = FakeServer(
+        httpx.Response(429, json={"detail": "too many registrations"}, headers={"Retry-After": "7"}),
+        httpx.Response(200, json=reply),
+    )
+    sleeps: list[float] = []
+    make_client(server, sleeps).heartbeat("w1", Heartbeat())
+    assert len(server.requests) == 2 and sleeps and sleeps[0] >= 7

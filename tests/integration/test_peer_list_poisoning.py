@@ -1,0 +1,96 @@
+"""Peer-list poisoning: the addresses workers report in heartbeats become every new worker's initial peers.
+
+One malformed address made p2pd refuse to start in every later worker (a run that can only fail); a
+well-formed address of someone else's peer is an eclipse. The orchestrator keeps only dialable addresses
+(``/ip4|ip6|dns*/<host>/tcp/<port>/p2p/<id>``) whose peer id is the one the worker's swarm token was
+issued for; in a run without swarm admission there is no such id, and the form alone is checked.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.worker_support import heartbeat, new_public_key, register, swarm_token_peer_id
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from worker.swarm_token import peer_id_of
+
+_names = itertools.count()
+HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("peer-list")
+    registry = ProcessRegistry(root)
+    try:
+        yield start_orchestrator(
+            registry, root / "data", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+        )
+    finally:
+        registry.kill_all()
+
+
+def create(orch: Orchestrator, **overrides: Any) -> dict[str, Any]:
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(f"pl-{next(_names)}", **overrides))
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def worker_peers(orch: Orchestrator, name: str) -> list[str]:
+    with orch.client() as http:
+        return list(http.get(f"/api/v1/runs/{name}/peers").json()["worker_peers"])
+
+
+@pytest.mark.timeout(120)
+def test_only_dialable_addresses_of_the_workers_own_peer_reach_new_workers(orch: Orchestrator) -> None:
+    run = create(orch)
+    worker = register(orch, run["join_token"])
+    own = swarm_token_peer_id(orch, worker)
+    foreign = peer_id_of(new_public_key())
+    good = [f"/ip4/10.1.2.3/tcp/4000/p2p/{own}", f"/dns4/worker-7.internal/tcp/4000/p2p/{own}"]
+    bad = [
+        HTML,
+        "garbage",
+        f"/ip4/10.1.2.3/tcp/4000/p2p/{foreign}",  # someone else's peer: an eclipse
+        f"/ip4/10.1.2.3/udp/4000/p2p/{own}",  # not TCP
+        "/ip4/10.1.2.3/tcp/4000",  # no peer id
+        f"/ip4/10.1.2.3/tcp/99999/p2p/{own}",  # no such port
+    ]
+    heartbeat(orch, worker, visible_maddrs=bad[:3] + good + bad[3:])
+    wait_until(lambda: worker_peers(orch, run["name"]), 10, message="the heartbeat is written")
+    assert worker_peers(orch, run["name"]) == good
+    newcomer = register(orch, run["join_token"])
+    assert newcomer["initial_peers"] == orch.peers() + good
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_without_a_swarm_token_announces_no_address(orch: Orchestrator) -> None:
+    run = create(orch)
+    worker = register(orch, run["join_token"])
+    stranger = peer_id_of(new_public_key())
+    heartbeat(orch, worker, visible_maddrs=[f"/ip4/10.1.2.3/tcp/4000/p2p/{stranger}"], samples=5)
+    with orch.client() as http:
+        wait_until(
+            lambda: http.get(f"/api/v1/runs/{run['name']}").json()["reported"]["samples_total"] == 5,
+            10,
+            message="the heartbeat is written",
+        )
+    assert worker_peers(orch, run["name"]) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_swarm_admission_keeps_only_well_formed_addresses(orch: Orchestrator) -> None:
+    """No swarm token, so no peer id to check against: any peer may join such a swarm anyway, so
+    announcing one is no more than joining; malformed addresses are still dropped."""
+    run = create(orch, strategy_options={"swarm_admission": False})
+    worker = register(orch, run["join_token"])
+    anyone = f"/ip4/10.1.2.3/tcp/4000/p2p/{peer_id_of(new_public_key())}"
+    heartbeat(orch, worker, visible_maddrs=[HTML, anyone, "garbage"])
+    wait_until(lambda: worker_peers(orch, run["name"]), 10, message="the heartbeat is written")
+    assert worker_peers(orch, run["name"]) == [anyone]

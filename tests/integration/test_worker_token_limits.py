@@ -1,0 +1,235 @@
+"""What a join token, a launch token and a worker token may do, against a real `spotswarm serve`.
+
+A worker token lives on a worker machine, readable by the user's code; a join token is handed to
+whoever starts workers by hand. Each test is an attack that worked before: taking over another
+worker's row, failing a run with fake start-up failures, registering without limit, keeping an ended
+worker's token or a launch token alive, and the join token's rotation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import runs, workers
+from orchestrator.clock import utc_now
+from orchestrator.db.session import Database
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.cli_support import cli
+from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from worker.agent_boot import register as agent_register
+from worker.agent_config import AgentConfig
+from worker.client import OrchestratorClient
+from worker.wire import CHECKSUM_HEADER
+
+_names = itertools.count()
+JOIN_BURST = 6
+
+
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("token-limits")
+    registry = ProcessRegistry(root)
+    env = {
+        **NO_RECONCILE,
+        "SPOTSWARM_CHECK_IMPORTS": "false",
+        "SPOTSWARM_JOIN_BURST": str(JOIN_BURST),
+        "SPOTSWARM_JOIN_RATE_PER_S": "0.2",
+    }
+    try:
+        yield start_orchestrator(registry, root / "data", extra_env=env)
+    finally:
+        registry.kill_all()
+
+
+def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
+    name = f"tl-{next(_names)}"
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+    assert response.status_code == 201, response.text
+    return name, response.json()["join_token"]
+
+
+def post_register(orch: Orchestrator, token: str, **body: Any) -> Any:
+    with orch.client(token) as http:
+        return http.post("/api/v1/workers/register", json={"hostname": "box", **body})
+
+
+def launch_intent(orch: Orchestrator, name: str) -> tuple[int, str, str]:
+    """Write a launching row as the reconcile loop does: (worker id, request id, launch token)."""
+    database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
+    try:
+        with database.begin() as session:
+            intent = workers.create_launch_intent(session, runs.get_run(session, name), utc_now())
+            return intent.worker.id, intent.worker.request_id, intent.token
+    finally:
+        database.close()
+
+
+def worker_row(orch: Orchestrator, name: str, worker_id: str | int) -> dict[str, Any]:
+    with orch.client() as http:
+        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+    return next(w for w in items if w["id"] == str(worker_id))
+
+
+@pytest.mark.timeout(120)
+def test_a_join_token_cannot_rebind_a_running_workers_row(orch: Orchestrator) -> None:
+    """Request ids are public: before, this answered 500 after committing a new token, locking the
+    real worker out (its next heartbeat got 403) with the row showing the attacker's hostname."""
+    name, join = create(orch)
+    victim = register(orch, join, hostname="victim")
+    request_id = worker_row(orch, name, victim["worker_id"])["request_id"]
+    answer = post_register(orch, join, request_id=request_id, hostname="attacker")
+    assert answer.status_code == 409, answer.text
+    assert "join token always joins as a new worker" in answer.json()["detail"]
+    assert heartbeat(orch, victim)["action"] == "continue"
+    assert worker_row(orch, name, victim["worker_id"])["hostname"] == "victim"
+
+
+@pytest.mark.timeout(120)
+def test_a_join_token_cannot_take_a_launching_workers_row(orch: Orchestrator) -> None:
+    """Before, the join token got the launched worker's row (and a worker token) and the real launched
+    worker was refused ("unknown launch token") and exited."""
+    name, join = create(orch)
+    worker_id, request_id, launch_token = launch_intent(orch, name)
+    answer = post_register(orch, join, request_id=request_id, hostname="attacker")
+    assert answer.status_code == 409, answer.text
+    real = register(orch, launch_token, request_id=request_id, hostname="launched")
+    assert real["worker_id"] == str(worker_id)
+    assert worker_row(orch, name, worker_id)["hostname"] == "launched"
+
+
+@pytest.mark.timeout(120)
+def test_a_launch_token_becomes_void_once_the_worker_uses_its_worker_token(orch: Orchestrator) -> None:
+    """The launch token sits in EC2 user data (and the local launcher's environment) for the worker's
+    whole life: before, it was the worker token itself. Now registration issues a fresh worker token; a
+    registration retried after a lost reply still works until the worker has heartbeated once."""
+    name, _ = create(orch)
+    worker_id, request_id, launch_token = launch_intent(orch, name)
+    first = register(orch, launch_token)
+    assert first["worker_id"] == str(worker_id) and first["worker_token"] != launch_token
+    retried = register(orch, launch_token)  # the first reply was lost: the worker asks again
+    assert retried["worker_id"] == str(worker_id) and retried["worker_token"] != first["worker_token"]
+    with orch.client(first["worker_token"]) as http:  # the reply that never arrived grants nothing
+        assert http.post(f"/api/v1/workers/{worker_id}/heartbeat", json={}).status_code == 403
+    with orch.client(launch_token) as http:
+        assert http.post(f"/api/v1/workers/{worker_id}/heartbeat", json={}).status_code == 403
+    assert heartbeat(orch, retried, samples=7)["action"] == "continue"  # the worker token is in use now
+    wait_until(lambda: worker_row(orch, name, worker_id)["samples"] == 7, 10, message="heartbeat written")
+    answer = post_register(orch, launch_token)  # so the launch token died with the heartbeat's write
+    assert answer.status_code == 401 and "unknown launch token" in answer.json()["detail"], answer.text
+    again = register(orch, retried["worker_token"], request_id=request_id)  # a restarted agent
+    assert again["worker_id"] == str(worker_id) and again["worker_token"] == retried["worker_token"]
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_launched_agent_rejoins_with_its_cached_worker_token(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    """The agent's start-up: the launch token from its environment is void after the first heartbeat,
+    so a restarted agent registers again with the worker token it cached and keeps its row."""
+    name, _ = create(orch)
+    worker_id, request_id, launch_token = launch_intent(orch, name)
+    config = AgentConfig(orch.url, launch_token, tmp_path / "agent", request_id=request_id)
+    config.worker_dir.mkdir()
+    with OrchestratorClient(orch.url, retries=0) as client:
+        boot = agent_register(client, config)
+        assert boot.registration.worker_id == str(worker_id) and not boot.from_cache
+        worker = {"worker_id": boot.registration.worker_id, "worker_token": boot.registration.worker_token}
+        heartbeat(orch, worker, samples=3)
+        wait_until(lambda: worker_row(orch, name, worker_id)["samples"] == 3, 10, message="heartbeat written")
+        assert post_register(orch, launch_token).status_code == 401
+        restarted = agent_register(client, config)
+    assert not restarted.from_cache and restarted.registration.worker_id == str(worker_id)
+    assert restarted.registration.worker_token == boot.registration.worker_token
+    assert heartbeat(orch, worker)["action"] == "continue"
+
+
+@pytest.mark.timeout(120)
+def test_an_ended_workers_token_no_longer_downloads_checkpoints(orch: Orchestrator) -> None:
+    """Before, a worker that had left still downloaded the run's model weights with its token."""
+    name, join = create(orch)
+    worker = register(orch, join)
+    become_checkpointer(orch, worker)
+    data = b"weights-v1"
+    with orch.client(worker["worker_token"]) as http:
+        headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
+        assert http.put(f"/api/v1/workers/{worker['worker_id']}/checkpoints/1", content=data, headers=headers)
+        downloads = f"/api/v1/runs/{name}/checkpoints/latest/download"
+        assert http.get(downloads).content == data
+        left = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+        assert left.status_code == 204
+        answer = http.get(downloads)
+    assert answer.status_code == 403 and "has ended" in answer.json()["detail"], answer.text
+
+
+@pytest.mark.timeout(120)
+def test_join_tokens_respect_max_workers(orch: Orchestrator) -> None:
+    """Before, 30 registrations with one join token of a run with max_workers 2 made 30 live workers."""
+    name, join = create(orch, max_workers=2, desired_workers=1)
+    first, _ = register(orch, join), register(orch, join)
+    answer = post_register(orch, join)
+    assert answer.status_code == 409 and "max_workers" in answer.json()["detail"], answer.text
+    with orch.client(first["worker_token"]) as http:
+        http.post(f"/api/v1/workers/{first['worker_id']}/deregister", json={"reason": "stopped"})
+    register(orch, join)  # a place is free again
+
+
+@pytest.mark.timeout(120)
+def test_registrations_per_join_token_are_rate_limited(orch: Orchestrator) -> None:
+    _, join = create(orch, max_workers=100)
+    _, other_join = create(orch, max_workers=100)
+    for _ in range(JOIN_BURST):
+        register(orch, join)
+    answer = post_register(orch, join)
+    assert answer.status_code == 429, answer.text
+    assert int(answer.headers["Retry-After"]) >= 1 and "retry" in answer.json()["detail"]
+    register(orch, other_join)  # another run's join token has its own budget
+
+
+@pytest.mark.timeout(120)
+def test_rotating_the_join_token_voids_the_old_one_and_keeps_live_workers(orch: Orchestrator) -> None:
+    name, old_join = create(orch)
+    worker = register(orch, old_join)
+    result = cli(orch, "runs", "rotate-join-token", name)
+    assert result.exit_code == 0, result.output
+    new_join = result.output.strip().splitlines()[-1].split()[-1]
+    assert new_join.startswith("ssj_") and new_join != old_join
+    assert post_register(orch, old_join).status_code == 401
+    with orch.client(old_join) as http:
+        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
+    assert heartbeat(orch, worker)["action"] == "continue"  # live workers keep their worker tokens
+    register(orch, new_join)
+    with orch.client(worker["worker_token"]) as http:  # only the admin rotates
+        assert http.post(f"/api/v1/runs/{name}/join-token").status_code == 403
+    with orch.admin() as http:
+        rotated = http.post(f"/api/v1/runs/{name}/join-token")
+    assert rotated.status_code == 200 and rotated.json()["join_token"] not in (old_join, new_join)
+
+
+@pytest.mark.timeout(240)
+def test_hand_joined_workers_that_fail_do_not_fail_the_run(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    """Before, six deregistrations with reason "error" from workers joined with the join token counted
+    as start-up failures and the reconcile loop failed the run within seconds."""
+    env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_RECONCILE_INTERVAL_S": "0.3"}
+    orch = start_orchestrator(processes, tmp_path / "data", extra_env=env)
+    name, join = create(orch, desired_workers=0, min_workers=0, max_workers=10)
+    for _ in range(6):
+        worker = register(orch, join)
+        with orch.client(worker["worker_token"]) as http:
+            body = {"reason": "error", "message": "made up"}
+            assert (
+                http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body).status_code == 204
+            )
+    wait_ticks(orch, 5)
+    with orch.client() as http:
+        run = http.get(f"/api/v1/runs/{name}").json()
+    assert run["state"] == "running", run["state_reason"]

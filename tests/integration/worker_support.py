@@ -1,0 +1,69 @@
+"""Helpers of the tests that act as workers over the real API: register, heartbeat, become the
+checkpointer, get a swarm token (whose peer id the worker's announced addresses must carry), and count
+reconcile ticks (to wait for the loop to have judged a run several times)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.helpers import wait_until
+from tests.orchestrator_fixture import Orchestrator
+from worker.swarm_token import openssh_public_key
+
+
+def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
+    """Register with ``token`` (join, launch or worker token); asserts a 200 and returns the reply."""
+    with orch.client(token) as http:
+        response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def heartbeat(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
+    """One heartbeat of ``worker`` (a registration reply); asserts a 200 and returns the reply."""
+    with orch.client(worker["worker_token"]) as http:
+        response = http.post(f"/api/v1/workers/{worker['worker_id']}/heartbeat", json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def become_checkpointer(
+    orch: Orchestrator, worker: dict[str, Any], timeout_s: float = 15, **body: Any
+) -> None:
+    """Heartbeat until the orchestrator names ``worker`` the run's checkpointer (only it may upload)."""
+    wait_until(
+        lambda: heartbeat(orch, worker, **body)["checkpointer"],
+        timeout_s,
+        message=f"worker {worker['worker_id']} is the checkpointer",
+    )
+
+
+def new_public_key() -> str:
+    """A fresh RSA-2048 public key, OpenSSH format (a peer's identity)."""
+    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
+
+
+def swarm_token_peer_id(orch: Orchestrator, worker: dict[str, Any]) -> str:
+    """Ask for the worker's swarm token (as its agent does before starting its DHT); its peer id."""
+    with orch.client(worker["worker_token"]) as http:
+        answer = http.post(
+            f"/api/v1/workers/{worker['worker_id']}/swarm-token", json={"public_key": new_public_key()}
+        )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["peer_id"])
+
+
+def reconcile_ticks(orch: Orchestrator) -> float:
+    """How many ticks the reconcile loop has made (from ``/metrics``)."""
+    with orch.client() as http:
+        text = http.get("/metrics").text
+    line = next(line for line in text.splitlines() if line.startswith("spotswarm_reconcile_ticks_total"))
+    return float(line.split()[-1])
+
+
+def wait_ticks(orch: Orchestrator, ticks: int, timeout_s: float = 60) -> None:
+    """Wait until the reconcile loop has ticked ``ticks`` more times."""
+    start = reconcile_ticks(orch)
+    wait_until(lambda: reconcile_ticks(orch) >= start + ticks, timeout_s, message=f"{ticks} reconcile ticks")
