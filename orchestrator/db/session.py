@@ -8,7 +8,9 @@ busy timeout, so the API threads and the heartbeat flusher can write concurrentl
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -25,17 +27,34 @@ logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 WRITE_OPTION = "spotswarm_write"
+# PostgreSQL advisory lock held while migrating (any fixed 64-bit number no other lock of ours uses).
+MIGRATION_LOCK_KEY = 0x5350_4F54_4D49_4752
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin (see _sqlite_begin).
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    _switch_to_wal(cursor)
+    cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    # Switching a new file to WAL needs its exclusive lock. Two processes opening the file at once (two
+    # orchestrators starting together) both hold a shared lock and want it; SQLite answers one of them
+    # "database is locked" at once, without the busy timeout, to avoid a deadlock. That one retries.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_begin(connection: Connection) -> None:
@@ -72,9 +91,18 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` over ``engine``'s database. Raises on a failed migration."""
+    """Apply migrations up to ``revision`` over ``engine``'s database. Raises on a failed migration.
+
+    Orchestrators that share a database (the HA set-up) start together and each migrates at start-up:
+    the migration holds a database-wide lock for its transaction (PostgreSQL: an advisory lock; SQLite:
+    the write lock, taken up front), so the first one migrates and the others find the schema at head.
+    """
     config = alembic_config()
-    with engine.begin() as connection:
+    sqlite = engine.dialect.name == "sqlite"
+    locked = engine.execution_options(**{WRITE_OPTION: True}) if sqlite else engine
+    with locked.begin() as connection:
+        if not sqlite:
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 

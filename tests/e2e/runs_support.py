@@ -70,6 +70,13 @@ class RunReader:
     def run(self) -> dict[str, Any]:
         return self._get("")  # type: ignore[no-any-return]
 
+    def worker_log(self, worker_id: str | int) -> str:
+        """The tail of a worker's log (an admin read, as `spotswarm runs logs NAME --worker ID` does)."""
+        with self.orch.admin() as http:
+            response = http.get(f"/api/v1/runs/{self.name}/workers/{worker_id}/log")
+            response.raise_for_status()
+            return str(response.json()["text"])
+
     def workers(self) -> list[dict[str, Any]]:
         return list(self._get("/workers?limit=500")["items"])
 

@@ -204,6 +204,5 @@ def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
         return rows[0] if rows and rows[0]["swarm_epoch"] > checkpoint["epoch"] else {}
 
     second = wait_until(resumed, 180, interval_s=1, message="the replacement trains past the checkpoint")
-    log = Path(second["launch_details"]["log_path"]).read_text(errors="replace")
-    assert "resuming from the run's checkpoint" in log
+    assert "resuming from the run's checkpoint" in reader.worker_log(second["id"])
     assert reader.run()["state"] == "running"
