@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import site
 import subprocess
@@ -65,12 +66,28 @@ class Installer:
     name: str
     executable: str
 
-    def install_command(self, python: Path, requirements: Path, constraints: Path) -> list[str]:
-        files = ["-r", str(requirements), "-c", str(constraints)]
+    def install_command(self, python: Path, requirements: Sequence[str], constraints: Path) -> list[str]:
+        """The command line; the requirement lines become arguments (see :func:`install_arguments`)."""
+        args = [*install_arguments(requirements), "-c", str(constraints)]
         if self.name == "uv":
-            return [self.executable, "pip", "install", "--python", str(python), *files]
+            return [self.executable, "pip", "install", "--python", str(python), *args]
         quiet = ["--disable-pip-version-check", "--no-input"]
-        return [str(python), "-m", "pip", "install", *quiet, *files]
+        return [str(python), "-m", "pip", "install", *quiet, *args]
+
+
+def install_arguments(requirements: Sequence[str]) -> list[str]:
+    """Requirements-file lines as installer arguments: an option line (``-r file``, ``--find-links dir``)
+    is split like a shell would, a requirement (``x>=1; python_version>'3.8'``) stays one argument,
+    comments go. Given on the command line, relative paths are the working directory's (the package's)
+    for pip and uv alike; in a file, uv would take them relative to that file."""
+    args: list[str] = []
+    for line in requirements:
+        text = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if text.startswith("-"):
+            args.extend(shlex.split(text))
+        elif text:
+            args.append(text)
+    return args
 
 
 def find_installer(choice: str = "auto") -> Installer:
@@ -200,10 +217,9 @@ def _install(
     environ: Mapping[str, str],
     timeout_s: float,
 ) -> None:
-    req_file, constraints = env_dir / "spotswarm-requirements.txt", env_dir / "spotswarm-constraints.txt"
-    req_file.write_text("".join(f"{line}\n" for line in requirements))
+    constraints = env_dir / "spotswarm-constraints.txt"
     constraints.write_text("".join(f"{pin}\n" for pin in _pins()))
-    command = installer.install_command(env_dir / "bin" / "python", req_file, constraints)
+    command = installer.install_command(env_dir / "bin" / "python", requirements, constraints)
     log_path = env_dir / "install.log"
     env = {k: v for k, v in environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     try:
