@@ -62,12 +62,18 @@ def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> s
         signature = inspect.signature(target)
     except (TypeError, ValueError):  # no signature to read (some extension types): the worker finds out
         return None
+    params = signature.parameters
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = f"(it takes: {', '.join(n for n, p in params.items() if p.kind in kinds) or 'nothing'})"
+    arguments = call_arguments(target, args, batch_size)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [repr(name) for name in arguments if name not in params or params[name].kind not in kinds]
+        if unknown:
+            return f"{target.__name__} takes no argument {', '.join(unknown)} {takes}"
     try:
-        signature.bind(**call_arguments(target, args, batch_size))
+        signature.bind(**arguments)
     except TypeError as exc:
-        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        takes = [name for name, p in signature.parameters.items() if p.kind in kinds]
-        return f"{target.__name__} does not take them: {exc} (it takes: {', '.join(takes) or 'nothing'})"
+        return f"{target.__name__}: {exc} {takes}"
     return None
 
 
