@@ -18,7 +18,9 @@ def build_wheel(
     info = f"{name}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     files[f"{info}/METADATA"] = metadata + "".join(f"Requires-Dist: {r}\n" for r in requires)
-    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     dest_dir.mkdir(parents=True, exist_ok=True)
     path = dest_dir / f"{name}-{version}-py3-none-any.whl"
     record = []

@@ -41,12 +41,13 @@ MODEL = textwrap.dedent(
         def __init__(self, hidden: int = 8, lr: float = 0.05) -> None:
             super().__init__()
             self.save_hyperparameters()
-            self.net = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+            layers = [torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)]
+            self.net = torch.nn.Sequential(*layers)
 
         def setup(self, stage: str) -> None:
             marks = pathlib.Path(os.environ["MARK_DIR"])
             seen = {"version": VERSION, "cwd": os.getcwd(), "req": byoreq.VALUE,
-                    "secret": os.environ.get("USER_TOKEN") == "%s"}
+                    "secret": os.environ.get("USER_TOKEN") == "SECRET"}
             (marks / f"{os.getpid()}.json").write_text(json.dumps(seen))
 
         def training_step(self, batch, batch_idx):
@@ -70,8 +71,7 @@ MODEL = textwrap.dedent(
             y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
             return DataLoader(TensorDataset(x, y), batch_size=self.batch_size, shuffle=True)
     """
-    % SECRET
-)
+).replace("SECRET", SECRET)
 READY_RE = re.compile(r"run code ready in ([0-9.]+) s: package (\w+) \((\w+)\), requirements .* \((\w+)\)")
 
 
@@ -105,7 +105,16 @@ def test_a_project_outside_the_repository_trains_with_its_own_requirement_and_re
     marks, cache = tmp_path / "marks", tmp_path / "worker-cache"
     marks.mkdir()
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env={"SPOTSWARM_CACHE_DIR": str(cache)})
-    args = ["runs", "create", "--name", "byo", "--workdir", str(project), "--requirements-file", "requirements.txt"]
+    args = [
+        "runs",
+        "create",
+        "--name",
+        "byo",
+        "--workdir",
+        str(project),
+        "--requirements-file",
+        "requirements.txt",
+    ]
     args += ["--module", "mypkg.model:TeacherMLP", "--datamodule", "mypkg.model:TeacherData"]
     args += ["--module-arg", "hidden=16", "--target-batch-size", "64", "--batch-size", "16"]
     args += ["--workers", "1", "--min-workers", "0", "--max-workers", "2"]

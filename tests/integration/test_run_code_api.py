@@ -166,22 +166,24 @@ def test_a_module_the_server_cannot_import_suggests_shipping_it_with_workdir(
     orch: Orchestrator, project: Path, tmp_path: Path
 ) -> None:
     _, sha = packed(project, tmp_path)
-    result = cli(orch, "runs", "create", "--name", f"code-{next(_names)}", "--module", "byopkg.model:Net",
-                 "--datamodule", "byopkg.model:Data", "--target-batch-size", "8", "--batch-size", "4")  # fmt: skip
+    classes = ["--module", "byopkg.model:Net", "--datamodule", "byopkg.model:Data"]
+    sizes = ["--target-batch-size", "8", "--batch-size", "4", "--workers", "0", "--min-workers", "0"]
+    result = cli(orch, "runs", "create", "--name", f"code-{next(_names)}", *classes, *sizes)
     assert result.exit_code == 1
     assert "ModuleNotFoundError: No module named 'byopkg'" in result.output
     assert "the orchestrator imports from its working directory" in result.output
     assert "spotswarm runs create --workdir DIR" in result.output
 
-    shipped = cli(orch, "runs", "create", "--name", f"code-{next(_names)}", "--workdir", str(project),
-                  "--module", "byopkg.model:Net", "--datamodule", "byopkg.model:Data",
-                  "--target-batch-size", "8", "--batch-size", "4", "--workers", "0", "--min-workers", "0")  # fmt: skip
+    shipped = cli(
+        orch, "runs", "create", "--name", f"code-{next(_names)}", "--workdir", str(project), *classes, *sizes
+    )
     assert shipped.exit_code == 0, shipped.output
     assert f"package {sha[:12]}" in shipped.output
 
-    misplaced = cli(orch, "runs", "create", "--name", f"code-{next(_names)}", "--workdir", str(project / "byopkg"),
-                    "--module", "byopkg.model:Net", "--datamodule", "byopkg.model:Data",
-                    "--target-batch-size", "8", "--batch-size", "4")  # fmt: skip
+    inner = str(project / "byopkg")  # the package itself, not the project holding it
+    misplaced = cli(
+        orch, "runs", "create", "--name", f"code-{next(_names)}", "--workdir", inner, *classes, *sizes
+    )
     assert misplaced.exit_code == 1 and "at the top of the workdir" in misplaced.output
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT
 from tests.wheels import build_wheel
 from worker.runtime_env import InstallFailed, ensure_requirements_env, find_installer, requirements_key
 
@@ -50,7 +52,10 @@ def test_requirements_install_beside_the_workers_own_packages_once(tmp_path: Pat
     assert not (site_dir / "torch").exists() and not (site_dir / "lightning").exists()
     assert importlib.util.find_spec(name) is None  # not in the worker's own environment
     seen = subprocess.run(
-        [sys.executable, "-c", CHECK.format(name=name), str(site_dir)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", CHECK.format(name=name), str(site_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert seen.startswith(f"{name} 0.1.0 |") and str(Path(sys.prefix)) in seen.split("|")[1]
     assert ensure() == (site_dir, True)
@@ -58,7 +63,11 @@ def test_requirements_install_beside_the_workers_own_packages_once(tmp_path: Pat
 
 def test_the_environment_key_follows_the_package_only_where_lines_can_refer_to_it() -> None:
     plain = ["einops>=0.7", "numpy; python_version >= '3.8'", "rich[jupyter]==13.0"]
-    assert requirements_key(plain, "a" * 64) == requirements_key(plain, "b" * 64) == requirements_key(plain, None)
+    assert (
+        requirements_key(plain, "a" * 64)
+        == requirements_key(plain, "b" * 64)
+        == requirements_key(plain, None)
+    )
     for line in ("-r requirements.txt", "./wheels/x.whl", "x @ file:///tmp/x.whl", "--find-links wheels"):
         assert requirements_key([line], "a" * 64) != requirements_key([line], "b" * 64), line
 
@@ -76,3 +85,21 @@ def test_a_requirement_that_cannot_install_fails_with_the_installers_words(tmp_p
             timeout_s=60,
         )
     assert not any((tmp_path / "cache" / "envs").glob("*.ready"))
+
+
+@pytest.mark.timeout(240)
+def test_the_bench_compares_cold_and_cached_with_uv_and_pip(tmp_path: Path) -> None:
+    """bench/runtime_env.py in miniature: offline, on a wheel made here that needs the worker's torch."""
+    build_wheel(tmp_path / "wheels", "benchdep", "0.1.0", requires=["torch"])
+    requirements = ["--no-index", f"--find-links={tmp_path / 'wheels'}", "benchdep"]
+    done = subprocess.run(
+        [sys.executable, "bench/runtime_env.py", *(f"--requirement={line}" for line in requirements)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^uv +[0-9.]+ +[0-9.]+ +[0-9]+x$", done.stdout, re.M), done.stdout
+    assert re.search(r"^pip +[0-9.]+ +[0-9.]+ +[0-9]+x$", done.stdout, re.M), done.stdout
+    assert "cold install, pip / uv:" in done.stdout and "load average" in done.stdout
