@@ -214,6 +214,8 @@ def test_secret_values_never_come_back_and_a_round_trip_must_give_them_again(
                   "--secret-env", "API_KEY=value-never-shown", "--json")  # fmt: skip
     assert created.exit_code == 0, created.output
     shown = cli(orch, "runs", "show", name, "--json")
+    table = cli(orch, "runs", "show", name)
+    assert "env          DATA_URL, API_KEY (secret)" in table.output, table.output
     assert "value-never-shown" not in created.output + shown.output
     with orch.client() as http:
         public = http.get(f"/api/v1/runs/{name}").json()["spec"]
