@@ -62,7 +62,7 @@ def get_package(sha256: Sha256, ctx: Ctx, _: Admin) -> PackageRef:
     "/packages/{sha256}",
     summary="Upload a code package (admin)",
     responses={201: {"description": "Stored now"}},
-    openapi_extra={"requestBody": {"content": {"application/gzip": {"schema": {"type": "string"}}}}},
+    openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
 )
 async def put_package(sha256: Sha256, request: Request, response: Response, ctx: Ctx, _: Admin) -> PackageRef:
     """Raw body = the package. 201 when stored now, 200 when these bytes were stored already; 400 when the

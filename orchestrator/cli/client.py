@@ -193,7 +193,7 @@ class ApiClient:
         except CliError as exc:
             if exc.exit_code != EXIT_NOT_FOUND:
                 raise
-        headers = {"Content-Type": "application/gzip", "Content-Length": str(archive.stat().st_size)}
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(archive.stat().st_size)}
         with archive.open("rb") as handle:
             chunks = iter(lambda: handle.read(CHUNK_BYTES), b"")
             self._json("PUT", f"/packages/{sha256}", content=chunks, headers=headers)
