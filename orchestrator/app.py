@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
-from orchestrator.api import checkpoints, health, peers, runs, swarm_auth, worker_logs, workers
+from orchestrator.api import checkpoints, health, packages, peers, runs, swarm_auth, worker_logs, workers
 from orchestrator.api import metrics as metrics_api
 from orchestrator.api.deps import ERROR_RESPONSES
 from orchestrator.bodylimit import BodyLimitMiddleware
@@ -32,7 +32,7 @@ from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
-from orchestrator.importcheck import ImportChecker
+from orchestrator.importcheck import ImportChecker, RuntimeLimits
 from orchestrator.launchers.base import Launcher
 from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
 from orchestrator.ratelimit import RateLimiter
@@ -146,7 +146,7 @@ def create_app(
         redoc_url=None,
     )
     _install_error_handlers(app)
-    for module in (runs, workers, checkpoints, peers, worker_logs, swarm_auth):
+    for module in (runs, workers, checkpoints, packages, peers, worker_logs, swarm_auth):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)
@@ -156,8 +156,10 @@ def create_app(
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
-        upload_max_bytes=settings.checkpoint_max_bytes,
-        upload_path_re=rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$",
+        upload_limits=[
+            (rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$", settings.checkpoint_max_bytes),
+            (rf"^{API_PREFIX}/packages/[^/]+$", settings.package_max_bytes),
+        ],
     )
     app.add_middleware(HeartbeatFastPath, hub_of=lambda: _hub(app), max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: 413s are timed too
@@ -207,9 +209,10 @@ async def _start(
     swarm = SwarmProgressCache()
     hub = HeartbeatHub(db, settings, clock, swarm)
     hub.refresh()
-    imports = (
-        ImportChecker(settings.import_timeout_s, settings.worker_env) if settings.check_imports else None
-    )
+    limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
+    imports = None
+    if settings.check_imports:
+        imports = ImportChecker(settings.import_timeout_s, settings.worker_env, limits)
     if imports is not None:
         imports.warm_up()
     store = (

@@ -1,7 +1,8 @@
 """An ASGI middleware that caps request bodies: 413 before a byte is read when Content-Length is too
 big, and :class:`BodyTooLarge` (mapped to 413) once a chunked body passes the cap while being read.
 
-Checkpoint uploads (paths matching ``upload_path_re``) get their own, larger cap. The error is an
+Uploads (checkpoints, code packages: paths matching one of ``upload_limits``) get their own, larger
+caps. The error is an
 ``HTTPException`` so that FastAPI's body parsing passes it through instead of turning it into a 400.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,17 +24,22 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, upload_max_bytes: int, upload_path_re: str) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, upload_limits: Sequence[tuple[str, int]] = ()
+    ) -> None:
+        """``upload_limits``: (path regex, cap in bytes) pairs; the first matching path's cap applies."""
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.upload_max_bytes = upload_max_bytes
-        self._upload_path = re.compile(upload_path_re)
+        self._uploads = [(re.compile(pattern), cap) for pattern, cap in upload_limits]
+
+    def limit_of(self, path: str) -> int:
+        return next((cap for pattern, cap in self._uploads if pattern.match(path)), self.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.upload_max_bytes if self._upload_path.match(scope["path"]) else self.max_body_bytes
+        limit = self.limit_of(scope["path"])
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await _reject(send, f"request body of {declared} bytes exceeds the limit of {limit} bytes")

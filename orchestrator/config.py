@@ -92,6 +92,25 @@ class Settings(BaseSettings):
     checkpoint_max_bytes: int = Field(
         default=4 << 30, ge=1024, description="Largest checkpoint upload accepted."
     )
+    package_max_bytes: int = Field(
+        default=1 << 30,
+        ge=1024,
+        description="Largest run code package (runs create --workdir) accepted: its upload and the bytes it "
+        "unpacks to.",
+    )
+    install_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        le=86400,
+        description="Time limit of installing a new run's requirements for its import check (on top of "
+        "--import-timeout-s).",
+    )
+    installer: str = Field(
+        default="auto",
+        pattern=r"^(auto|uv|pip)$",
+        description="What installs a run's requirements for the import check: auto (uv when installed, "
+        "else pip), uv or pip. Workers read their own SPOTSWARM_INSTALLER (local ones inherit the variable).",
+    )
     checkpoint_dir: Path | None = Field(
         default=None, description="Directory of the local checkpoint store. Default: <data_dir>/checkpoints."
     )

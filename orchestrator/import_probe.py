@@ -1,10 +1,12 @@
 """The import probe: ``python -m orchestrator.import_probe``, driven by :mod:`orchestrator.importcheck`.
 
 It imports Lightning once, then answers one JSON request per stdin line
-(``{"path": "pkg.mod:Class", "kind": "module" | "datamodule"}``) with one JSON line
-(``{"ok": bool, "error": str}``). Each request is handled in a forked child, so a user's module is
-imported fresh, and whatever it does at import time (print, exit, crash, hang) cannot touch the server:
-the child's stdout goes to stderr, and a child that outlives ``timeout_s`` is killed.
+(``{"path": "pkg.mod:Class", "kind": "module" | "datamodule"}``, optionally with ``args`` to bind,
+``batch_size``, the run's ``package_dir`` and ``site_dir`` and its ``env``) with one JSON line
+(``{"ok": bool, "error": str, "stage": "import" | "class" | "args"}``). Each request is handled in a
+forked child, so a user's module is imported fresh, and whatever it does at import time (print, exit,
+crash, hang) cannot touch the server: the child's stdout goes to stderr, and a child that outlives
+``timeout_s`` is killed. The child works in the run's package directory when it has one.
 
 The probe ends with the server: at end of file on stdin, and as soon as the server (whose PID is the
 first argument) exits, even killed with SIGKILL while the probe still imports Lightning.
@@ -19,37 +21,76 @@ import os
 import select
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from orchestrator.proctree import exit_with_parent
+from worker.agent_boot import call_arguments
+from worker.runtime_env import activate
 
 
-def _check(path: str, kind: str) -> str | None:
-    """None when ``path`` names a subclass of the Lightning base for ``kind``, else the reason."""
+def _check(request: dict[str, Any]) -> tuple[str, str] | None:
+    """None when the request's ``path`` names a subclass of the Lightning base for its ``kind`` that takes
+    its ``args``, else (stage, reason)."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
+    path, kind = str(request["path"]), str(request["kind"])
     base = LightningModule if kind == "module" else LightningDataModule
+    package_dir, site_dir = request.get("package_dir"), request.get("site_dir")
+    activate(Path(package_dir) if package_dir else None, Path(site_dir) if site_dir else None)
+    os.environ.update(request.get("env") or {})
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # noqa: BLE001 - the child reports anything the user's module raises
-        return f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        return "import", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
     target = getattr(module, attr, None)
     if target is None:
-        return f"module {module_name!r} has no attribute {attr!r}"
+        return "class", f"module {module_name!r} has no attribute {attr!r}"
     if not inspect.isclass(target) or not issubclass(target, base):
-        return f"{path} is not a {base.__name__} subclass"
+        return "class", f"{path} is not a {base.__name__} subclass"
+    if request.get("args") is not None:
+        error = _bind_error(target, dict(request["args"]), request.get("batch_size"))
+        if error:
+            return "args", error
     return None
 
 
-def _in_child(path: str, kind: str, timeout_s: float) -> dict[str, Any]:
+def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> str | None:
+    """Why ``target(**args)`` (as the agent calls it) would fail on its signature, or None."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (some extension types): the worker finds out
+        return None
+    params = signature.parameters
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = f"(it takes: {', '.join(n for n, p in params.items() if p.kind in kinds) or 'nothing'})"
+    arguments = call_arguments(target, args, batch_size)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [repr(name) for name in arguments if name not in params or params[name].kind not in kinds]
+        if unknown:
+            return f"{target.__name__} takes no argument {', '.join(unknown)} {takes}"
+    try:
+        signature.bind(**arguments)
+    except TypeError as exc:
+        return f"{target.__name__}: {exc} {takes}"
+    return None
+
+
+def _failed(error: str) -> dict[str, Any]:
+    return {"ok": False, "error": error, "stage": "import"}
+
+
+def _in_child(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    path = request["path"]
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: import, report, leave without running any cleanup of the parent's
         os.close(read_fd)
         os.dup2(2, 1)
-        error = _check(path, kind)
-        os.write(write_fd, json.dumps({"ok": error is None, "error": error or ""}).encode())
+        failed = _check(request)
+        stage, error = failed or ("", "")
+        os.write(write_fd, json.dumps({"ok": failed is None, "error": error, "stage": stage}).encode())
         os._exit(0)
     os.close(write_fd)
     ready, _, _ = select.select([read_fd], [], [], timeout_s)
@@ -57,14 +98,14 @@ def _in_child(path: str, kind: str, timeout_s: float) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(read_fd)
-        return {"ok": False, "error": f"importing {path} took longer than {timeout_s:.0f} s"}
+        return _failed(f"importing {path} took longer than {timeout_s:.0f} s")
     chunks = []
     while chunk := os.read(read_fd, 65536):
         chunks.append(chunk)
     os.close(read_fd)
     _, status = os.waitpid(pid, 0)
     if not chunks:
-        return {"ok": False, "error": f"importing {path} ended the process (status {status})"}
+        return _failed(f"importing {path} ended the process (status {status})")
     return json.loads(b"".join(chunks))
 
 
@@ -77,7 +118,7 @@ def main() -> None:
     protocol.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
-        reply = _in_child(str(request["path"]), str(request["kind"]), float(request.get("timeout_s", 30)))
+        reply = _in_child(request, float(request.get("timeout_s", 30)))
         protocol.write(json.dumps(reply) + "\n")
 
 

@@ -1,12 +1,17 @@
-"""Validates a run's ``module`` and ``datamodule`` import paths without importing user code in the server.
+"""Validates a run's ``module`` and ``datamodule`` without importing user code in the server: each imports,
+is a LightningModule / LightningDataModule subclass and takes its arguments (``module_args``,
+``datamodule_args`` and the ``batch_size`` the agent adds), as the worker will build it.
 
 :class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
 imported already and forks a child per check, so a check takes a fraction of a second after the first
-(which waits for the probe's own start-up, a few seconds). The probe runs with the server's interpreter
-and the server's working directory first on ``PYTHONPATH``, so it imports what the server (and a local
-worker) would. Importing a module runs its code: the probe gets only the allow-listed environment of
-:mod:`orchestrator.childenv` (not the admin token, the database URL or cloud keys) and works in an
-empty temporary directory, not the data dir. It still runs as the server's user.
+(which waits for the probe's own start-up, a few seconds). A run with a code package (``workdir``) is
+checked against that package, with its requirements installed, as a worker prepares them
+(:mod:`worker.runtime_env`), in the checker's own temporary cache; a run without one against the
+server's interpreter and working directory (first on the probe's ``PYTHONPATH``), which is what a local
+worker imports. Importing a module runs its code: the probe and the installer get only the allow-listed
+environment of :mod:`orchestrator.childenv` (not the admin token, the database URL or cloud keys) plus
+the run's own variables, and work in that temporary directory, not the data dir. They still run as the
+server's user.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.childenv import child_env
 from orchestrator.errors import InvalidRequest, Unavailable
+from worker.runtime_env import InstallFailed, Runtime, find_installer, prepare_runtime, redact
+from worker.runtime_package import UnsafePackage
 from worker.wire import RunSpec
 
 logger = logging.getLogger(__name__)
@@ -36,11 +45,18 @@ PROBE_EXIT_WAIT_S = 3.0  # a probe told to stop has this long before it is kille
 class ImportChecker:
     """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
 
-    def __init__(self, timeout_s: float = 60.0, pass_env: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 60.0,
+        pass_env: Sequence[str] = (),
+        runtime: RuntimeLimits | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
         self._pass_env = tuple(pass_env)
+        self._runtime = runtime or RuntimeLimits()
         self._lock = threading.Lock()  # one check (or the warm-up) at a time
         self._spawn_lock = threading.Lock()  # guards _proc, _workdir, _closed: no probe after close()
+        self._temp_lock = threading.Lock()  # one temporary directory, made on first use
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
         self._closed = False
@@ -57,21 +73,68 @@ class ImportChecker:
             if not self._closed:  # closing the checker during its warm-up ends the warm-up too
                 logger.warning("import probe did not start: %s", exc)
 
-    def check_spec(self, spec: RunSpec) -> None:
-        """Raise :class:`InvalidRequest` naming the field whose class does not import or has the wrong
-        base; :class:`Unavailable` when the probe itself cannot run."""
-        for field, kind in (("module", "module"), ("datamodule", "datamodule")):
-            error = self.check(getattr(spec, field), kind)
-            if error:
-                raise InvalidRequest(f"{field}: {error}")
+    def check_spec(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None = None) -> None:
+        """Raise :class:`InvalidRequest` naming the field that fails: the package (``fetch_package(dest)``
+        writes it) or its requirements, a class that does not import or has the wrong base, arguments its
+        constructor does not take; :class:`Unavailable` when the probe itself cannot run."""
+        runtime = self._prepare(spec, fetch_package)
+        where = {
+            "package_dir": str(runtime.package_dir) if runtime.package_dir else None,
+            "site_dir": str(runtime.site_dir) if runtime.site_dir else None,
+            "env": {**spec.env, **{k: v for k, v in spec.secret_env.items() if v is not None}},
+        }
+        for field, kind, args, batch_size in (
+            ("module", "module", spec.module_args, None),
+            ("datamodule", "datamodule", spec.datamodule_args, spec.batch_size),
+        ):
+            request = {"path": getattr(spec, field), "kind": kind, "args": args, "batch_size": batch_size}
+            reply = self.probe({**request, **where})
+            if not reply.get("ok"):
+                stage = reply.get("stage")
+                named = f"{field}_args" if stage == "args" else field
+                error = str(reply.get("error") or "import check failed")
+                hint = _import_hint(spec) if "ModuleNotFoundError" in error else ""
+                raise InvalidRequest(f"{named}: {error}{hint}")
+
+    def _prepare(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None) -> Runtime:
+        """The run's package and requirements in this checker's own cache (not the workers')."""
+        if spec.workdir is None and not spec.requirements:
+            return Runtime(None, None)
+        if spec.workdir is not None and fetch_package is None:
+            raise InvalidRequest("workdir: the package cannot be read")
+        secrets = [v for v in spec.secret_env.values() if v]
+        environ = {**self._probe_env(), **spec.env, **{k: v for k, v in spec.secret_env.items() if v}}
+        try:
+            return prepare_runtime(
+                spec.workdir,
+                spec.requirements,
+                cache_dir=Path(self._temp_dir()) / "cache",
+                fetch=fetch_package or _no_package,
+                installer=find_installer(self._runtime.installer),
+                environ=environ,
+                timeout_s=self._runtime.install_timeout_s,
+                max_unpacked_bytes=self._runtime.max_unpacked_bytes,
+            )
+        except UnsafePackage as exc:
+            raise InvalidRequest(f"workdir: {exc}") from exc
+        except InstallFailed as exc:
+            raise InvalidRequest(f"requirements: {redact(str(exc), secrets)}") from exc
+        except TimeoutError as exc:
+            raise Unavailable(f"preparing the run's environment: {exc}") from exc
 
     def check(self, path: str, kind: str) -> str | None:
         """None when ``path`` is a LightningModule (``kind="module"``) or LightningDataModule subclass."""
+        reply = self.probe({"path": path, "kind": kind})
+        return None if reply.get("ok") else str(reply.get("error") or "import check failed")
+
+    def probe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The probe's answer to ``request`` (see :mod:`orchestrator.import_probe`)."""
+        path = request["path"]
         with self._lock:
             deadline = time.monotonic() + self.timeout_s
             proc = self._ensure_probe(deadline)
             assert proc.stdin is not None and proc.stdout is not None
-            request = {"path": path, "kind": kind, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
+            request = {**request, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
@@ -79,7 +142,7 @@ class ImportChecker:
             except (OSError, ValueError, TimeoutError) as exc:  # ValueError: closed by close()
                 self._kill()
                 raise Unavailable(f"import check of {path} failed: {exc}") from exc
-            return None if reply.get("ok") else str(reply.get("error") or "import check failed")
+            return reply
 
     def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -87,13 +150,12 @@ class ImportChecker:
         with self._spawn_lock:
             if self._closed:
                 raise Unavailable("the import checker is closed (the server is stopping)")
-            self._workdir = self._workdir or tempfile.mkdtemp(prefix="spotswarm-import-probe-")
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.import_probe", str(os.getpid())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=self._probe_env(),
-                cwd=self._workdir,
+                cwd=self._temp_dir(),
                 start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
             )
             self._proc = proc
@@ -108,6 +170,14 @@ class ImportChecker:
             raise Unavailable(f"the import probe said {hello!r}")
         logger.info("import probe ready (pid %d)", proc.pid)
         return proc
+
+    def _temp_dir(self) -> str:
+        """The probe's own directory: its working directory and the cache of runs' packages and
+        requirements it checks (removed by :meth:`close`)."""
+        with self._temp_lock:
+            if self._workdir is None:
+                self._workdir = tempfile.mkdtemp(prefix="spotswarm-import-probe-")
+            return self._workdir
 
     def _probe_env(self) -> dict[str, str]:
         """The allow-listed environment, with the server's working directory first on the import path."""
@@ -135,6 +205,32 @@ class ImportChecker:
             _stop(proc)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class RuntimeLimits:
+    """How the checker prepares a run's package and requirements (the server's settings)."""
+
+    installer: str = "auto"
+    install_timeout_s: float = 900.0
+    max_unpacked_bytes: int = 1 << 30
+
+
+def _no_package(dest: Path) -> None:
+    raise UnsafePackage("the run names no package")
+
+
+def _import_hint(spec: RunSpec) -> str:
+    """Where a module that was not found was looked for, and what to do."""
+    if spec.workdir is not None:
+        return (
+            f" (imported from the run's package {spec.workdir[:12]}: is the module's top-level package at "
+            "the top of the workdir, and not left out by .gitignore or .spotswarmignore?)"
+        )
+    return (
+        f" (the orchestrator imports from its working directory {os.getcwd()} with {sys.executable}; "
+        "ship your project with the run: spotswarm runs create --workdir DIR)"
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -194,6 +194,9 @@ class CountedLauncher:
         # The loop repeats terminate() until a worker is gone: count each request id once (bounded memory).
         self._terminated: OrderedDict[str, None] = OrderedDict()
 
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        self.inner.validate_options(options)
+
     def launch(self, request: LaunchRequest) -> str:
         try:
             handle = self.inner.launch(request)

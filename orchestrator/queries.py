@@ -95,12 +95,21 @@ def latest_checkpoints(session: Session, run_ids: Sequence[int]) -> dict[int, Ch
 
 
 # The spec fields whose values are the user's own (free-form JSON): left out of the public view.
-FREE_FORM_SPEC_FIELDS = ("module_args", "datamodule_args", "strategy_options", "launcher_options")
+FREE_FORM_SPEC_FIELDS = (
+    "module_args",
+    "datamodule_args",
+    "strategy_options",
+    "launcher_options",
+    "env",
+    "secret_env",
+    "requirements",
+)
 
 
 def public_spec(spec: RunSpec) -> RunSpec:
-    """``spec`` without the values of its free-form fields (they may name buckets, hosts or keys)."""
-    return spec.model_copy(update={field: {} for field in FREE_FORM_SPEC_FIELDS})
+    """``spec`` without the values of its free-form fields (they may name buckets, hosts, private package
+    indexes or keys)."""
+    return spec.model_copy(update={field: type(getattr(spec, field))() for field in FREE_FORM_SPEC_FIELDS})
 
 
 def runs_out(

@@ -23,6 +23,7 @@ from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
 from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
+from orchestrator.storage.base import package_key
 from worker.logsetup import log_fields
 from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 
@@ -163,7 +164,8 @@ def counted_epoch(reported: int, swarm_epoch: int) -> int:
 
 
 def run_spec(run: Run) -> RunSpec:
-    """The run's spec as the wire model (with its current worker counts)."""
+    """The run's spec as the wire model (with its current worker counts); secret values are None (only
+    registrations carry them: :func:`secret_values`)."""
     return RunSpec(
         name=run.name,
         module=run.module,
@@ -181,7 +183,16 @@ def run_spec(run: Run) -> RunSpec:
         keep_checkpoints=run.keep_checkpoints,
         launcher=run.launcher,
         launcher_options=run.launcher_options,
+        workdir=run.workdir,
+        requirements=run.requirements,
+        env=run.env,
+        secret_env=dict.fromkeys(run.secret_env),
     )
+
+
+def secret_values(run: Run) -> dict[str, str]:
+    """The run's secret environment variables with their values (for its workers only)."""
+    return {str(name): str(value) for name, value in run.secret_env.items()}
 
 
 # -- state changes ----------------------------------------------------------------------------------
@@ -256,7 +267,9 @@ def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
 
 
 def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str]:
-    """Insert a pending run; returns it and its join token (shown once). Raises :class:`RunExists`."""
+    """Insert a pending run; returns it and its join token (shown once). Raises :class:`RunExists`, and
+    :class:`InvalidRequest` for a secret without a value (:func:`require_secret_values`)."""
+    require_secret_values(spec)
     if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
         raise RunExists(f"a run named {spec.name!r} exists already")
     join_token = tokens.new_token(tokens.JOIN_PREFIX)
@@ -281,6 +294,10 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         keep_checkpoints=spec.keep_checkpoints,
         launcher=spec.launcher,
         launcher_options=spec.launcher_options,
+        workdir=spec.workdir,
+        requirements=list(spec.requirements),
+        env=dict(spec.env),
+        secret_env=dict(spec.secret_env),
         state=RunState.pending.value,
         state_reason="created",
         consecutive_start_failures=0,
@@ -294,6 +311,17 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         raise RunExists(f"a run named {spec.name!r} exists already") from exc
     record_event(session, run.id, "run.created", f"swarm {run.swarm_id}, {spec.desired_workers} workers", now)
     return run, join_token
+
+
+def require_secret_values(spec: RunSpec) -> None:
+    """Raise :class:`InvalidRequest` for a ``secret_env`` name without a value: a spec read back from the
+    API (reads never return secret values) must be given them again."""
+    missing = spec.missing_secrets()
+    if missing:
+        raise InvalidRequest(
+            f"secret_env: no value for {', '.join(missing)} (reads never return secret values): give "
+            f"them again, e.g. spotswarm runs create ... --secret-env {missing[0]} (from your environment)"
+        )
 
 
 def scale_run(
@@ -367,13 +395,18 @@ def rotate_join_token(session: Session, run: Run, now: datetime) -> str:
 
 
 def delete_run(session: Session, run: Run) -> list[str]:
-    """Delete a finished run and everything it owns; returns the checkpoint keys to remove from storage.
+    """Delete a finished run and everything it owns; returns the storage keys to remove: its checkpoints,
+    and its code package when no other run names it.
 
     Raises :class:`IllegalTransition` unless the run is stopped, completed or failed.
     """
     if run.state not in {s.value for s in FINISHED_RUN_STATES}:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; stop it before deleting it")
     keys = list(session.scalars(select(Checkpoint.key).where(Checkpoint.run_id == run.id)))
+    if run.workdir is not None:
+        shared = select(Run.id).where(Run.workdir == run.workdir, Run.id != run.id).limit(1)
+        if session.scalar(shared) is None:
+            keys.append(package_key(run.workdir))
     session.delete(run)
     return keys
 

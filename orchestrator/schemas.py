@@ -82,7 +82,8 @@ class RunOut(BaseModel):
     latest_checkpoint: CheckpointRef | None
     redacted: bool = Field(
         description="True in the public view (no admin token): the spec's free-form values "
-        "(module_args, datamodule_args, strategy_options, launcher_options) are left out, shown as {}."
+        "(module_args, datamodule_args, strategy_options, launcher_options, env, secret_env, requirements) "
+        "are left out, shown empty. The admin view shows secret_env's names with null values."
     )
 
 
@@ -171,6 +172,13 @@ class WorkerList(BaseModel):
     total: int
     limit: int
     offset: int
+
+
+class PackageRef(BaseModel):
+    """A stored code package (``PUT /packages/{sha256}``); a run names it by ``sha256`` (spec ``workdir``)."""
+
+    sha256: str
+    size_bytes: int
 
 
 class CheckpointList(BaseModel):

@@ -34,8 +34,10 @@ from worker.agent_boot import (
     Boot,
     OrchestratorUnavailable,
     PermanentError,
+    RunCodeUnavailable,
     RunNotAccepting,
     build_user_objects,
+    prepare_run_code,
     register,
 )
 from worker.agent_config import (
@@ -119,11 +121,16 @@ class Agent:
         # busy machine, and a silent worker would be declared lost while it is only starting.
         self._start_threads(boot)
         try:
+            prepare_run_code(self.config, boot.registration)
             module, datamodule = build_user_objects(boot.registration.run)
         except PermanentError as exc:
             logger.error("%s", exc)
             self.state.request_stop(DeregisterReason.error, str(exc))
             return self._finish(EXIT_CONFIG)
+        except RunCodeUnavailable as exc:
+            logger.error("%s", exc)
+            self.state.request_stop(DeregisterReason.error, str(exc))
+            return self._finish(EXIT_FAILED)
         return self._finish(self._train(boot, module, datamodule))
 
     def _pause(self, seconds: float) -> None:

@@ -1,4 +1,5 @@
-"""The agent's start-up: register (or fall back to the cached registration), cache peers, build user objects.
+"""The agent's start-up: register (or fall back to the cached registration), cache peers, make the run's
+code ready (package, requirements, environment variables), build user objects.
 
 Files kept in the worker directory:
 
@@ -23,15 +24,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker import runtime_env
 from worker.agent_config import AgentConfig
-from worker.client import Conflict, NotFound, OrchestratorClient, Rejected, Unauthorized, Unreachable
+from worker.client import (
+    ApiError,
+    Conflict,
+    NotFound,
+    OrchestratorClient,
+    Rejected,
+    Unauthorized,
+    Unreachable,
+)
 from worker.files import write_json
+from worker.runtime_package import UnsafePackage
 from worker.wire import RunSpec, WorkerRegister, WorkerRegistered
 
 logger = logging.getLogger(__name__)
 
 REGISTRATION_FILE = "registration.json"
 PEERS_FILE = "peers.json"
+# The orchestrator checked the package against its own limit at upload: this only bounds a worker's disk.
+MAX_UNPACKED_BYTES = 64 << 30
 
 
 class PermanentError(Exception):
@@ -44,6 +57,10 @@ class RunNotAccepting(PermanentError):
 
 class OrchestratorUnavailable(Exception):
     """The orchestrator stayed unreachable and nothing usable is cached (exit code 1)."""
+
+
+class RunCodeUnavailable(Exception):
+    """The run's package or requirements could not be made ready; another worker may succeed (exit 1)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,57 @@ def _boot_from_cache(config: AgentConfig, error: Unreachable) -> Boot:
     return Boot(cached, peers, from_cache=True)
 
 
+def prepare_run_code(config: AgentConfig, registration: WorkerRegistered) -> None:
+    """Set the run's environment variables, make its package and requirements ready (cached per machine)
+    and put them first on the import path, before any of the run's code is imported.
+
+    Raises :class:`PermanentError` when the orchestrator refuses the package (none stored, not this
+    run's), :class:`RunCodeUnavailable` for anything another attempt could get past (a download that
+    failed, an installer error); messages never hold the run's secret values.
+    """
+    spec = registration.run
+    os.environ.update(spec.env)
+    os.environ.update(registration.secret_env)
+    if spec.workdir is None and not spec.requirements:
+        return
+    started = time.monotonic()
+    secrets = list(registration.secret_env.values())
+    with OrchestratorClient(config.url, registration.worker_token, timeout_s=300.0) as client:
+        try:
+            runtime = runtime_env.prepare_runtime(
+                spec.workdir,
+                spec.requirements,
+                cache_dir=config.cache_dir,
+                fetch=lambda dest: client.download_package(spec.name, dest, spec.workdir or ""),
+                installer=runtime_env.find_installer(config.installer),
+                environ=dict(os.environ),
+                timeout_s=config.install_timeout_s,
+                max_unpacked_bytes=MAX_UNPACKED_BYTES,
+            )
+        except (NotFound, Rejected, Unauthorized) as exc:
+            raise PermanentError(f"cannot get the run's package: {exc}") from exc
+        except (ApiError, UnsafePackage, runtime_env.InstallFailed, TimeoutError, OSError) as exc:
+            message = runtime_env.redact(f"{type(exc).__name__}: {exc}", secrets)
+            raise RunCodeUnavailable(f"cannot prepare the run's code: {message}") from exc
+    runtime_env.activate(runtime.package_dir, runtime.site_dir)
+    logger.info(
+        "run code ready in %.2f s: package %s, requirements %s",
+        time.monotonic() - started,
+        _what(spec.workdir[:12] if spec.workdir else None, runtime.package_cached, "downloaded"),
+        _what(_lines(spec.requirements), runtime.env_cached, "installed"),
+    )
+
+
+def _lines(requirements: list[str]) -> str | None:
+    return f"{len(requirements)} line(s)" if requirements else None
+
+
+def _what(name: str | None, cached: bool, made: str) -> str:
+    if name is None:
+        return "none"
+    return f"{name} ({'cached' if cached else made})"
+
+
 def import_object(path: str) -> Any:
     """The object named by ``package.module:Name``; raises ImportError/AttributeError as Python does.
 
@@ -174,25 +242,30 @@ def build_user_objects(spec: RunSpec) -> tuple[Any, Any]:
     """Instantiate the run's LightningModule and DataModule with their arguments.
 
     The data module gets ``batch_size=spec.batch_size`` when it takes that argument and the spec does
-    not set it. Any failure (the user's code may raise anything) becomes a :class:`PermanentError`
-    whose message names the import path and the exception in one line.
+    not set it (:func:`call_arguments`). Any failure (the user's code may raise anything) becomes a
+    :class:`PermanentError` whose message names the import path and the exception in one line.
     """
-    datamodule_args = dict(spec.datamodule_args)
     built = []
-    for path, args in ((spec.module, spec.module_args), (spec.datamodule, datamodule_args)):
+    for path, args, batch_size in (
+        (spec.module, spec.module_args, None),
+        (spec.datamodule, spec.datamodule_args, spec.batch_size),
+    ):
         try:
             factory = import_object(path)
-            if path == spec.datamodule and "batch_size" not in args and _takes_batch_size(factory):
-                args = {**args, "batch_size": spec.batch_size}
-            built.append(factory(**args))
+            built.append(factory(**call_arguments(factory, args, batch_size)))
         except Exception as exc:  # noqa: BLE001 - user code: any failure is reported, none is hidden
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise PermanentError(f"cannot build {path}: {type(exc).__name__}: {first_line}") from exc
     return built[0], built[1]
 
 
-def _takes_batch_size(factory: Any) -> bool:
+def call_arguments(factory: Any, args: dict[str, Any], batch_size: int | None) -> dict[str, Any]:
+    """The keywords ``factory`` is built with: ``args``, plus ``batch_size`` (the spec's per-worker batch
+    size, for the datamodule) when the factory takes that argument and ``args`` does not set it."""
+    if batch_size is None or "batch_size" in args:
+        return dict(args)
     try:
-        return "batch_size" in inspect.signature(factory).parameters
+        takes = "batch_size" in inspect.signature(factory).parameters
     except (TypeError, ValueError):
-        return False
+        takes = False
+    return {**args, "batch_size": batch_size} if takes else dict(args)

@@ -38,6 +38,15 @@ class AgentConfig:
     host_maddrs: list[str] = field(default_factory=list)
     announce_maddrs: list[str] = field(default_factory=list)
     accelerator: str = "auto"
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir({}))
+    installer: str = "auto"
+    install_timeout_s: float = 900.0
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_CACHE_HOME/spotswarm``, else ``~/.cache/spotswarm``: shared by the workers of a machine."""
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "spotswarm"
 
 
 def _split(value: str | None) -> list[str]:
@@ -126,6 +135,25 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         default=env("ACCELERATOR", "auto"),
         help="Lightning accelerator [SPOTSWARM_ACCELERATOR]",
     )
+    add(
+        "--cache-dir",
+        default=env("CACHE_DIR") or str(default_cache_dir(environ)),
+        help="Where runs' code packages and requirements environments are kept, by digest, for the next "
+        "worker of the machine (default: $XDG_CACHE_HOME/spotswarm or ~/.cache/spotswarm) "
+        "[SPOTSWARM_CACHE_DIR]",
+    )
+    add(
+        "--installer",
+        choices=("auto", "uv", "pip"),
+        default=env("INSTALLER", "auto"),
+        help="What installs a run's requirements: uv when installed (auto), uv, or pip [SPOTSWARM_INSTALLER]",
+    )
+    add(
+        "--install-timeout-s",
+        type=float,
+        default=float(env("INSTALL_TIMEOUT_S", "900") or 900),
+        help="Time limit of installing a run's requirements [SPOTSWARM_INSTALL_TIMEOUT_S]",
+    )
     return parser
 
 
@@ -140,6 +168,8 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         parser.error("the run's join token is required (--join-token or SPOTSWARM_JOIN_TOKEN)")
     if args.orchestrator_lost_timeout_s < 0:
         parser.error("--orchestrator-lost-timeout-s must be 0 (never) or more")
+    if args.install_timeout_s <= 0:
+        parser.error("--install-timeout-s must be more than 0")
     return AgentConfig(
         url=args.url,
         join_token=args.join_token,
@@ -155,4 +185,7 @@ def parse_config(argv: Sequence[str] | None = None, environ: Mapping[str, str] |
         host_maddrs=_split(args.host_maddrs),
         announce_maddrs=_split(args.announce_maddrs),
         accelerator=args.accelerator,
+        cache_dir=Path(args.cache_dir).expanduser().resolve(),
+        installer=args.installer,
+        install_timeout_s=args.install_timeout_s,
     )

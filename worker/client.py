@@ -193,8 +193,12 @@ class OrchestratorClient:
         )
         return response.json() if response.content else {}
 
+    def download_package(self, run_name: str, dest: Path, sha256: str) -> Path:
+        """Download the run's code package to ``dest`` (atomically); its SHA-256 must be ``sha256``."""
+        return self.download_checkpoint(f"/runs/{run_name}/package", dest, sha256)
+
     def download_checkpoint(self, download_path: str, dest: Path, sha256: str | None = None) -> Path:
-        """Download a checkpoint to ``dest`` (atomically) and verify it.
+        """Download a checkpoint (or any file of the API) to ``dest`` (atomically) and verify it.
 
         ``download_path`` is an API path such as ``/runs/<name>/checkpoints/latest/download`` (with or
         without the ``/api/v1`` prefix). The expected SHA-256 is ``sha256`` or else the response's
@@ -214,7 +218,7 @@ class OrchestratorClient:
                 self._wait_or_give_up(attempt, "GET", download_path, exc)
         if expected and actual != expected.lower():
             partial.unlink(missing_ok=True)
-            raise ChecksumMismatch(f"checkpoint {download_path}: sha256 {actual}, expected {expected}")
+            raise ChecksumMismatch(f"download {download_path}: sha256 {actual}, expected {expected}")
         os.replace(partial, dest)
         return dest
 

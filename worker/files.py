@@ -1,11 +1,14 @@
-"""Small files the worker keeps in its directory, written so a crash never leaves half a file, and a wait for
-a file another process writes."""
+"""Small files the worker keeps in its directory, written so a crash never leaves half a file, a wait for
+a file another process writes, and a lock that processes sharing a cache directory take turns on."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +35,28 @@ def wait_for_file(path: Path, timeout_s: float, poll_s: float = 0.05) -> Path:
             raise TimeoutError(f"{path} did not appear within {timeout_s:g} s")
         time.sleep(poll_s)
     return path
+
+
+@contextmanager
+def locked(path: Path, timeout_s: float, poll_s: float = 0.1) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block.
+
+    Processes that share a cache (workers of one machine, the import check) take turns on the same
+    entry this way; the kernel drops the lock of a process that dies. Raises TimeoutError after
+    ``timeout_s`` without the lock.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} stayed locked for {timeout_s:g} s") from None
+                time.sleep(poll_s)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor drops the lock

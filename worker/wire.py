@@ -13,6 +13,7 @@ Endpoints that carry these models (all under ``/api/v1``):
 ``POST /workers/{worker_id}/deregister``    worker token      :class:`Deregister` -> 204
 ``PUT  /workers/{worker_id}/checkpoints/{epoch}``  worker token  raw bytes, header ``X-Checksum-Sha256``
 ``GET  /runs/{name}/checkpoints/latest/download``  worker/run/admin token   raw bytes
+``GET  /runs/{name}/package``               worker/run/admin token  the run's code package (raw bytes)
 ``GET  /runs/{name}/peers``                 none              :class:`PeerList`
 ``POST /workers/{worker_id}/swarm-token``  worker token      :class:`SwarmTokenRequest` -> :class:`SwarmToken`
 ``GET  /swarm-auth``                        none              :class:`SwarmAuthInfo`
@@ -57,6 +58,17 @@ def without_control_characters(text: str) -> str:
 
 
 PlainText = Annotated[str, AfterValidator(refuse_control_characters)]
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A run's environment variables: names a shell accepts; none the agent or the interpreter reads at start-up
+# (setting them once the worker runs would silently do nothing, or change the agent itself).
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIXES = ("SPOTSWARM_", "PYTHON", "LD_")
+MAX_ENV_VARS = 256
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+EnvValue = Annotated[str, Field(max_length=32768, pattern=NO_NUL_PATTERN)]
+RequirementLine = Annotated[
+    str, Field(min_length=1, max_length=1000), AfterValidator(refuse_control_characters)
+]
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
@@ -131,6 +143,28 @@ class RunSpec(StrictModel):
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
     launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
     launcher_options: dict[str, Any] = Field(default_factory=dict)
+    # The run's code and environment (docs/readme/your-code.md).
+    workdir: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 of the run's code package (`spotswarm runs create --workdir DIR` uploads it to "
+        "PUT /packages/{sha256}): every worker imports the module from these very bytes.",
+    )
+    requirements: list[RequirementLine] = Field(
+        default_factory=list,
+        max_length=500,
+        description="Lines of a requirements file, installed on each worker into the run's environment "
+        "(layered on the worker's own); relative paths, like `-r requirements.txt`, are the package's.",
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS, description="Environment variables of the run's code."
+    )
+    secret_env: dict[EnvName, EnvValue | None] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARS,
+        description="Environment variables with secret values: given at creation, never returned (reads "
+        "show null), handed only to the run's workers when they register.",
+    )
 
     @field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")
     @classmethod
@@ -140,6 +174,32 @@ class RunSpec(StrictModel):
         except ValueError as exc:
             raise ValueError(f"not plain JSON: {exc}") from exc
         return value
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _no_reserved_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(name for name in value if name.upper().startswith(RESERVED_ENV_PREFIXES))
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)}: names starting with {', '.join(RESERVED_ENV_PREFIXES)} are the "
+                "agent's or read by the interpreter at start-up, before the run's variables are set"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _env_names_once(self) -> RunSpec:
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{', '.join(both)}: in both env and secret_env; keep each name in one")
+        return self
+
+    def missing_secrets(self) -> list[str]:
+        """Names in ``secret_env`` without a value (a spec read back from the API: reads hide values)."""
+        return sorted(name for name, value in self.secret_env.items() if value is None)
+
+    def without_secret_values(self) -> RunSpec:
+        """This spec with every ``secret_env`` value replaced by None (what reads and logs may show)."""
+        return self.model_copy(update={"secret_env": dict.fromkeys(self.secret_env)})
 
     @model_validator(mode="after")
     def _counts_are_ordered(self) -> RunSpec:
@@ -186,6 +246,11 @@ class WorkerRegistered(BaseModel):
     heartbeat_interval_s: float
     resume_checkpoint: CheckpointRef | None = Field(
         default=None, description="Latest checkpoint, to load when no live peer can hand over state."
+    )
+    secret_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Values of the run's secret_env (``run.secret_env`` holds the names only), set in the "
+        "worker's environment before the run's code is imported.",
     )
 
 

@@ -3,41 +3,31 @@
 Before any byte of an upload is read, the worker must be the run's checkpointer, the epoch no more than
 ``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
 another checkpoint, and the temp dir's disk must have room for it plus ``checkpoint_min_free_bytes``.
-The upload is then streamed to a temporary file under ``<data_dir>/tmp`` while its size is capped and
-its SHA-256 computed; only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
+The upload is then received as :mod:`orchestrator.api.uploads` does (size capped, SHA-256 computed);
+only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
 keeps its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is
 recorded.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, Header, Request, status
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator import checkpoints, runs
+from orchestrator.api import uploads
 from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
 from orchestrator.api.workers import CallingWorker
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
-from orchestrator.errors import (
-    ChecksumMismatch,
-    Conflict,
-    InsufficientStorage,
-    InvalidRequest,
-    PayloadTooLarge,
-)
+from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats import WorkerEntry
 from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import checkpoint_key
@@ -75,8 +65,7 @@ async def upload_checkpoint(
     if not SHA256_RE.match(sha256):
         raise InvalidRequest(f"header {CHECKSUM_HEADER} must be the hex SHA-256 of the body")
     with ctx.uploads.hold(worker_id):
-        declared = request.headers.get("content-length", "")
-        size = int(declared) if declared.isdigit() else ctx.settings.checkpoint_max_bytes
+        size = uploads.declared_size(request, ctx.settings.checkpoint_max_bytes)
         await run_in_threadpool(_admit, ctx, entry, epoch, size)
         return await _receive_and_store(ctx, entry, epoch, request, sha256)
 
@@ -92,15 +81,7 @@ def _admit(ctx: AppContext, entry: WorkerEntry, epoch: int, size_bytes: int) -> 
         # The checkpointer's own DHT peer may hold an epoch the periodic reader has not seen yet.
         ctx.read_swarm_now(run.id)
         checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
-    tmp_dir = ctx.settings.data_dir / "tmp"
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    needed = size_bytes + ctx.settings.checkpoint_min_free_bytes
-    free = shutil.disk_usage(tmp_dir).free
-    if free < needed:
-        raise InsufficientStorage(
-            f"only {free} bytes free for uploads, {needed} needed (the checkpoint and "
-            f"{ctx.settings.checkpoint_min_free_bytes} kept free); retry later"
-        )
+    uploads.check_free_space(ctx.settings, size_bytes)
 
 
 def _run_of(ctx: AppContext, entry: WorkerEntry) -> Run:
@@ -119,29 +100,9 @@ def _dht_epoch(ctx: AppContext, run: Run) -> int | None:
 async def _receive_and_store(
     ctx: AppContext, entry: WorkerEntry, epoch: int, request: Request, sha256: str
 ) -> CheckpointRef:
-    tmp_dir = ctx.settings.data_dir / "tmp"
-    fd, tmp_name = tempfile.mkstemp(prefix="upload-", suffix=".part", dir=tmp_dir)
-    tmp_path = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            size, actual = await _receive(request, handle, ctx.settings.checkpoint_max_bytes)
-        if actual != sha256:
-            raise ChecksumMismatch(f"body sha256 is {actual}, header says {sha256}")
-        return await run_in_threadpool(_store_and_record, ctx, entry, epoch, tmp_path, sha256, size)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-
-
-async def _receive(request: Request, handle: BinaryIO, max_bytes: int) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"checkpoint larger than {max_bytes} bytes")
-        digest.update(chunk)
-        await anyio.to_thread.run_sync(handle.write, chunk)
-    return size, digest.hexdigest()
+    max_bytes = ctx.settings.checkpoint_max_bytes
+    async with uploads.received(request, ctx.settings, max_bytes, sha256, "checkpoint") as upload:
+        return await run_in_threadpool(_store_and_record, ctx, entry, epoch, upload.path, sha256, upload.size)
 
 
 def _store_and_record(

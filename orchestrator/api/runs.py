@@ -4,6 +4,7 @@ progress series and workers."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
@@ -14,6 +15,7 @@ from orchestrator.api.deps import MAX_ID, Admin, Ctx, Reader
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.errors import InvalidRequest, RunExists
+from orchestrator.launchers.base import LauncherConfigError
 from orchestrator.schemas import (
     EventPage,
     JoinToken,
@@ -26,7 +28,7 @@ from orchestrator.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.storage.base import CheckpointNotFound
+from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
 from worker.wire import RunSpec, RunState, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -44,19 +46,48 @@ def _out(ctx: AppContext, run: Run) -> RunOut:
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
 def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
-    """Validate the spec (import paths in an isolated process), insert a pending run and return it with
-    its join token, shown only this once. 409 if the name is taken, 422 for a bad spec."""
+    """Validate the spec (launcher options; the package named by ``workdir`` is stored; its requirements
+    install and its classes import and take their arguments, in an isolated process), insert a pending
+    run and return it with its join token, shown only this once. 409 if the name is taken, 422 for a bad
+    spec."""
     with ctx.db.read() as session:
         if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
             raise RunExists(f"a run named {spec.name!r} exists already")
-    if ctx.launchers and spec.launcher not in ctx.launchers:
-        raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(ctx.launchers)}")
+    runs.require_secret_values(spec)
+    _check_launcher(ctx, spec)
+    fetch = None
+    if spec.workdir is not None:
+        key = package_key(spec.workdir)
+        try:
+            ctx.store.size(key)
+        except CheckpointNotFound as exc:
+            raise InvalidRequest(
+                f"workdir: no package {spec.workdir} is stored; upload it first (PUT /api/v1/packages/"
+                "{sha256}: spotswarm runs create --workdir DIR does both)"
+            ) from exc
+
+        def fetch(dest: Path) -> None:
+            copy_to_file(ctx.store, key, dest)
+
     if ctx.imports is not None:
-        ctx.imports.check_spec(spec)
+        ctx.imports.check_spec(spec, fetch)
     with ctx.db.begin() as session:
         run, join_token = runs.create_run(session, spec, ctx.clock())
     ctx.hub.refresh()
     return RunCreated(**_out(ctx, run).model_dump(), join_token=join_token)
+
+
+def _check_launcher(ctx: AppContext, spec: RunSpec) -> None:
+    """422 for a launcher this orchestrator lacks, or options it would refuse at every launch."""
+    if not ctx.launchers:
+        return
+    launcher = ctx.launchers.get(spec.launcher)
+    if launcher is None:
+        raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(ctx.launchers)}")
+    try:
+        launcher.validate_options(spec.launcher_options)
+    except LauncherConfigError as exc:
+        raise InvalidRequest(f"launcher_options: {exc}") from exc
 
 
 @router.get("", summary="List runs")

@@ -40,6 +40,7 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> Worker
             initial_peers=own + others,
             heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
+            secret_env=runs.secret_values(reg.run),
         )
         cached = ctx.hub.entries_of(reg.worker)
     ctx.hub.note(cached)

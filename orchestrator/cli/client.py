@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - Python 3.10: the config file only hold
 API_PREFIX = "/api/v1"
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_BYTES = 1 << 20
+CREATE_WITH_CODE_TIMEOUT_S = 1200.0  # the orchestrator's install_timeout_s (900) and import check (60)
 
 EXIT_ERROR = 1  # the server refused the request (4xx other than below, 5xx), or a local failure
 EXIT_USAGE = 2  # bad flags or arguments (click's own code)
@@ -176,7 +177,27 @@ class ApiClient:
         return self._json("GET", f"/runs/{name}")
 
     def create_run(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", "/runs", json=spec)
+        """POST the spec. With requirements, the orchestrator installs them for its import check first:
+        the answer may take minutes, so the wait is at least :data:`CREATE_WITH_CODE_TIMEOUT_S`."""
+        timeout_s = self.connection.timeout_s
+        if spec.get("requirements") or spec.get("workdir"):
+            timeout_s = max(timeout_s, CREATE_WITH_CODE_TIMEOUT_S)
+        return self._json("POST", "/runs", json=spec, timeout=timeout_s)
+
+    def ensure_package(self, archive: Path, sha256: str) -> bool:
+        """Upload the code package at ``archive`` unless the orchestrator stores it already; True if
+        it was uploaded now."""
+        try:
+            self._json("GET", f"/packages/{sha256}")
+            return False
+        except CliError as exc:
+            if exc.exit_code != EXIT_NOT_FOUND:
+                raise
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(archive.stat().st_size)}
+        with archive.open("rb") as handle:
+            chunks = iter(lambda: handle.read(CHUNK_BYTES), b"")
+            self._json("PUT", f"/packages/{sha256}", content=chunks, headers=headers)
+        return True
 
     def scale_run(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._json("POST", f"/runs/{name}/scale", json=body)

@@ -28,6 +28,7 @@ from orchestrator.cli.output import (
     run_cost_usd,
     text_chart,
 )
+from orchestrator.cli.run_code import apply_code_flags, code_options
 
 CHART_WIDTH = 60
 
@@ -128,9 +129,13 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
 @click.option("--datamodule-arg", multiple=True, metavar="KEY=VALUE", help="Datamodule keyword (repeatable).")
 @click.option("--strategy-option", multiple=True, metavar="KEY=VALUE", help="HivemindStrategy keyword.")
 @click.option("--launcher-option", multiple=True, metavar="KEY=VALUE", help="Launcher option.")
+@code_options
 def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
     """Create a run from flags and/or a spec file (flags win). Prints the join token once."""
-    created = ctx.api.create_run(build_spec(file, flags))
+    spec = build_spec(file, flags)
+    spec_dir = Path(file).parent if file and file != "-" else Path.cwd()
+    apply_code_flags(spec, flags, spec_dir, ctx.api, lambda line: click.echo(line, err=ctx.as_json))
+    created = ctx.api.create_run(spec)
     if ctx.as_json:
         echo_json(created)
         return
@@ -203,7 +208,19 @@ def _show_lines(run: dict[str, Any], workers: list[dict[str, Any]], now: datetim
         ("module", spec["module"]),
         ("datamodule", spec["datamodule"]),
         ("launcher", spec.get("launcher", "-")),
+        *_code_lines(spec),
     ]
+    return lines
+
+
+def _code_lines(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's package, requirements and environment names (secret values are never sent)."""
+    lines = [("workdir", f"package {spec['workdir'][:12]}" if spec.get("workdir") else "-")]
+    if spec.get("requirements"):
+        lines.append(("requirements", "; ".join(spec["requirements"])))
+    names = [*sorted(spec.get("env") or {}), *(f"{n} (secret)" for n in sorted(spec.get("secret_env") or {}))]
+    if names:
+        lines.append(("env", ", ".join(names)))
     return lines
 
 

@@ -94,6 +94,12 @@ class Run(Base):
     keep_checkpoints: Mapped[int] = mapped_column(Integer)
     launcher: Mapped[str] = mapped_column(String(32))
     launcher_options: Mapped[dict[str, Any]]
+    # The run's code package (SHA-256 of its bytes in the store), requirements and environment. Secret
+    # values are kept here as given (the API never returns them): guard the database as the data dir.
+    workdir: Mapped[str | None] = mapped_column(String(64), index=True)
+    requirements: Mapped[list[str]] = mapped_column(JSON, default=list)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    secret_env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Lifecycle.
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")

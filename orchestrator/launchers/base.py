@@ -78,6 +78,11 @@ class Launcher(Protocol):
 
     name: str
 
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`LauncherConfigError` when a run's ``launcher_options`` can never work: called when
+        the run is created, so a bad option is a 422 then, not failed launches later."""
+        ...
+
     def launch(self, request: LaunchRequest) -> str:
         """Start one worker for ``request`` (idempotent by request id) and return its handle."""
         ...

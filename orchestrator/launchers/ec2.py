@@ -137,6 +137,10 @@ class Ec2Launcher:
         self._spot_failures: dict[str, int] = {}  # consecutive, by run name
         self._launched: dict[str, tuple[str, float]] = {}  # request id -> (instance id, when), this process
 
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan."""
+        resolve_plan(options, self.config.default_plan())
+
     def launch(self, request: LaunchRequest) -> str:
         """Start one instance for ``request`` and return its id; ``""`` when EC2 had no capacity.
 

@@ -125,8 +125,7 @@ class LocalLauncher:
         Raises :class:`LauncherConfigError` for options (the local launcher takes none) or a request id
         unfit for a file name. A worker that cannot be spawned is reported by :meth:`poll_errors`.
         """
-        if request.options:
-            raise LauncherConfigError(f"the local launcher takes no options, got {sorted(request.options)}")
+        self.validate_options(request.options)
         if not REQUEST_ID_PATTERN.match(request.request_id):
             raise LauncherConfigError(f"request id {request.request_id!r} is not [A-Za-z0-9_.-]{{1,64}}")
         with self._lock:
@@ -145,6 +144,12 @@ class LocalLauncher:
             self._records[record.request_id] = record
             self._spawn(record, request.env)
             return str(record.pid or "")
+
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """The local launcher takes no options: any is a :class:`LauncherConfigError` naming them."""
+        if options:
+            hint = " (a run's code travels with runs create --workdir DIR)" if "workdir" in options else ""
+            raise LauncherConfigError(f"the local launcher takes no options, got {sorted(options)}{hint}")
 
     def terminate(self, request_id: str) -> None:
         """SIGTERM the worker's process group now, SIGKILL it after the grace period; never blocks."""

@@ -1,4 +1,5 @@
-"""The checkpoint store interface. Keys look like ``runs/<swarm_id>/epoch-00000012-<sha256>.ckpt``.
+"""The checkpoint store interface. Keys look like ``runs/<swarm_id>/epoch-00000012-<sha256>.ckpt``; runs'
+code packages share the store as ``packages/<sha256>.tar.gz``.
 
 The API layer receives an upload into a temporary file, verifies its size and SHA-256, and only then
 calls :meth:`CheckpointStore.put_file`, which must make the object visible atomically: a reader sees
@@ -50,3 +51,17 @@ def checkpoint_key(swarm_id: str, epoch: int, sha256: str | None = None) -> str:
     """
     suffix = f"-{sha256}" if sha256 else ""
     return f"runs/{swarm_id}/epoch-{epoch:08d}{suffix}.ckpt"
+
+
+def package_key(sha256: str) -> str:
+    """The storage key of the code package whose bytes have this SHA-256 (content-addressed: one object
+    for every run that names it)."""
+    return f"packages/{sha256}.tar.gz"
+
+
+def copy_to_file(store: CheckpointStore, key: str, dest: Path) -> None:
+    """Write the object ``key`` to ``dest`` (replaced). Raises :class:`CheckpointNotFound`, and whatever
+    the store raises for bad bytes (S3: :class:`CheckpointCorrupt`)."""
+    with dest.open("wb") as handle:
+        for chunk in store.open_stream(key):
+            handle.write(chunk)

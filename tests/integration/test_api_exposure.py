@@ -34,7 +34,8 @@ FREE_FORM = {
     "module_args": {"api_key": "sk-not-for-anonymous-eyes"},
     "datamodule_args": {"bucket": "s3://private-bucket/data"},
     "strategy_options": {"matchmaking_time": 2.0},
-    "launcher_options": {"instance_types": ["g5.xlarge"]},
+    # launcher_options are left out the same way; the local launcher refuses any at create time
+    "env": {"DATA_URL": "s3://private-bucket/raw"},
 }
 
 
@@ -138,7 +139,7 @@ def test_every_authenticated_route_checks_the_token_before_the_body(
 ) -> None:
     operations = _authenticated_operations(orch)
     assert len(operations) >= 12, operations  # the schema lists them all (not a silently empty loop)
-    values = {"name": worker["run"], "worker_id": worker["worker_id"], "epoch": "1"}
+    values = {"name": worker["run"], "worker_id": worker["worker_id"], "epoch": "1", "sha256": "0" * 64}
     wrong = {}
     for token in (None, "garbage"):
         with orch.client(token) as http:

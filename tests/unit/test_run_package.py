@@ -1,0 +1,180 @@
+"""A run's code package: what `runs create --workdir` packs (ignore rules, determinism, size cap, links)
+and what a worker accepts and extracts (orchestrator/packaging.py, worker/runtime_package.py)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.packaging import PackagingError, collect, pack
+from worker.runtime_package import (
+    UnsafePackage,
+    ensure_package,
+    extract,
+    inspect_archive,
+    sha256_of,
+)
+
+LIMIT = 1 << 20
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def project(root: Path) -> Path:
+    return write(
+        root,
+        {
+            "mypkg/__init__.py": "",
+            "mypkg/model.py": "X = 1\n",
+            "mypkg/__pycache__/model.cpython-311.pyc": "bytecode",
+            "data/train.bin": "0" * 100,
+            "data/keep.txt": "kept?",
+            "weights.bin": "1" * 10,
+            "keep.bin": "2",
+            "notes.md": "private notes",
+            "sub/.gitignore": "local-secret.txt\n",
+            "sub/local-secret.txt": "x",
+            "sub/code.py": "",
+            ".gitignore": "data/\n*.bin\n!keep.bin\n",
+            ".spotswarmignore": "notes.md\n",
+            ".git/config": "[core]",
+            ".venv/bin/python": "",
+            "requirements.txt": "einops\n",
+        },
+    )
+
+
+def test_ignore_rules_follow_git_and_spotswarmignore(tmp_path: Path) -> None:
+    names = [entry.name for entry in collect(project(tmp_path))]
+    assert names == [
+        ".gitignore",
+        ".spotswarmignore",
+        "keep.bin",
+        "mypkg/__init__.py",
+        "mypkg/model.py",
+        "requirements.txt",
+        "sub/.gitignore",
+        "sub/code.py",
+    ]
+
+
+def test_the_same_tree_gives_the_same_bytes_and_a_change_another(tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    first = pack(root, mkdir(tmp_path / "a"), LIMIT)
+    for path in root.rglob("*"):
+        os.utime(path, (1_000_000, 1_000_000), follow_symlinks=False)
+    (root / "mypkg" / "model.py").chmod(0o600)  # permissions other than the x bit do not count
+    second = pack(root, mkdir(tmp_path / "b"), LIMIT)
+    assert first.sha256 == second.sha256 == sha256_of(second.archive)
+    assert (first.files, first.unpacked_bytes) == (8, second.unpacked_bytes)
+    (root / "mypkg" / "model.py").write_text("X = 2\n")
+    assert pack(root, mkdir(tmp_path / "c"), LIMIT).sha256 != first.sha256
+
+
+def test_a_tree_over_the_cap_is_refused_naming_its_biggest_files(tmp_path: Path) -> None:
+    root = write(tmp_path / "p", {"model.py": "", "dataset.csv": "x" * 3000, "small.txt": "y" * 10})
+    with pytest.raises(PackagingError) as caught:
+        pack(root, mkdir(tmp_path / "out"), 2048)
+    message = str(caught.value)
+    assert "dataset.csv" in message and message.index("dataset.csv") < message.index("small.txt")
+    assert ".spotswarmignore" in message and "--workdir-max-mib" in message
+    assert not (tmp_path / "out" / "package.tar.gz").exists()
+
+
+def test_links_inside_the_tree_travel_and_links_leaving_it_are_refused(tmp_path: Path) -> None:
+    root = write(tmp_path / "p", {"mypkg/model.py": "X = 1\n"})
+    (root / "alias.py").symlink_to(root / "mypkg" / "model.py")  # absolute, but inside: made relative
+    package = pack(root, mkdir(tmp_path / "out"), LIMIT)
+    dest = tmp_path / "extracted"
+    extract(package.archive, dest, LIMIT)
+    assert os.readlink(dest / "alias.py") == "mypkg/model.py"
+    assert (dest / "alias.py").read_text() == "X = 1\n"
+
+    (tmp_path / "outside.txt").write_text("secret")
+    (root / "escape").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(PackagingError, match="escape links to .*outside the workdir"):
+        pack(root, mkdir(tmp_path / "out2"), LIMIT)
+
+
+def tar_with(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    path = tmp_path / "evil.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data) if data else None)
+    return path
+
+
+def member(name: str, data: bytes = b"", **fields: object) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info, data
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (member("../evil.py", b"x"), "only relative paths"),
+        (member("/etc/cron.d/evil", b"x"), "only relative paths"),
+        (member("a/../../evil.py", b"x"), "only relative paths"),
+        (member("passwd", type=tarfile.SYMTYPE, linkname="/etc/passwd"), "leaves the package"),
+        (member("up", type=tarfile.SYMTYPE, linkname="../../x"), "leaves the package"),
+        (member("dev", type=tarfile.CHRTYPE), "only files"),
+        (member("hard", type=tarfile.LNKTYPE, linkname="x"), "only files"),
+    ],
+)
+def test_an_archive_that_could_escape_its_directory_is_refused(
+    tmp_path: Path, entry: tuple[tarfile.TarInfo, bytes], reason: str
+) -> None:
+    archive = tar_with(tmp_path, member("ok.py", b"1"), entry)
+    with pytest.raises(UnsafePackage, match=reason):
+        inspect_archive(archive, LIMIT)
+    with pytest.raises(UnsafePackage):
+        extract(archive, tmp_path / "dest", LIMIT)
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path.parent / "evil.py").exists()
+
+
+def test_an_archive_that_unpacks_past_the_limit_or_is_not_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UnsafePackage, match="more than 100 bytes"):
+        inspect_archive(tar_with(tmp_path, member("big", b"x" * 101)), 100)
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a tar at all")
+    with pytest.raises(UnsafePackage, match="not a gzip-compressed tar"):
+        inspect_archive(junk, LIMIT)
+
+
+def test_the_cache_keeps_only_packages_whose_bytes_match_their_digest(tmp_path: Path) -> None:
+    package = pack(write(tmp_path / "p", {"m.py": "X = 1\n"}), mkdir(tmp_path / "out"), LIMIT)
+    cache = tmp_path / "cache"
+    fetched: list[Path] = []
+
+    def fetch(dest: Path) -> None:
+        fetched.append(dest)
+        dest.write_bytes(package.archive.read_bytes())
+
+    with pytest.raises(UnsafePackage, match="the run names"):
+        ensure_package(cache, "0" * 64, fetch, LIMIT)
+    assert not (cache / "packages" / ("0" * 64)).exists()
+    assert not (cache / "packages" / f"{'0' * 64}.ready").exists()
+
+    path, cached = ensure_package(cache, package.sha256, fetch, LIMIT)
+    again, cached_again = ensure_package(cache, package.sha256, fetch, LIMIT)
+    assert (cached, cached_again, path) == (False, True, again)
+    assert (path / "m.py").read_text() == "X = 1\n" and len(fetched) == 2
+    assert not any(p.name.endswith(".part") for p in (cache / "packages").iterdir())
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,83 @@
+"""The run spec's code fields (workdir, requirements, env, secret_env) and the constructor check the import
+probe makes with the arguments the agent will pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.import_probe import _bind_error
+from orchestrator.queries import public_spec
+from worker.agent_boot import call_arguments
+from worker.wire import RunSpec
+
+BASE: dict[str, Any] = {
+    "name": "r",
+    "module": "a.b:C",
+    "datamodule": "a.b:D",
+    "target_batch_size": 8,
+    "batch_size": 4,
+}
+
+
+def spec(**fields: Any) -> RunSpec:
+    return RunSpec.model_validate({**BASE, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"workdir": "not-a-digest"}, "workdir"),
+        ({"env": {"SPOTSWARM_TOKEN": "x"}}, "names starting with SPOTSWARM_"),
+        ({"env": {"PYTHONPATH": "/x"}}, "read by the interpreter at start-up"),
+        ({"secret_env": {"LD_PRELOAD": "/x.so"}}, "LD_PRELOAD"),
+        ({"env": {"2BAD": "x"}}, "env.2BAD"),
+        ({"env": {"A": "x"}, "secret_env": {"A": "y"}}, "A: in both env and secret_env"),
+        ({"requirements": ["einops\n-e /etc"]}, "control character"),
+        ({"requirements": [""]}, "requirements.0"),
+    ],
+)
+def test_bad_code_fields_are_refused_with_the_field_named(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        spec(**fields)
+    text = str(caught.value)
+    assert message in text or message.replace(".", "\n  ") in text, text
+
+
+def test_secret_values_are_left_out_of_what_reads_show() -> None:
+    full = spec(env={"DATA": "s3://b"}, secret_env={"KEY": "v4lue"}, requirements=["-r requirements.txt"])
+    assert full.without_secret_values().secret_env == {"KEY": None}
+    assert full.without_secret_values().missing_secrets() == ["KEY"] and full.missing_secrets() == []
+    public = public_spec(full.without_secret_values())
+    assert (public.env, public.secret_env, public.requirements) == ({}, {}, [])
+
+
+class Model:
+    def __init__(self, hidden: int, lr: float = 0.1) -> None: ...
+
+
+class Data:
+    def __init__(self, batch_size: int, n: int = 8) -> None: ...
+
+
+class Flexible:
+    def __init__(self, **options: Any) -> None: ...
+
+
+def test_the_constructor_check_names_what_does_not_fit() -> None:
+    assert _bind_error(Model, {"hidden": 4}, None) is None
+    typo = _bind_error(Model, {"hiden": 4}, None)
+    assert typo is not None and "'hiden'" in typo and "it takes: hidden, lr" in typo
+    missing = _bind_error(Model, {}, None)
+    assert missing is not None and "'hidden'" in missing
+    assert _bind_error(Flexible, {"anything": 1}, None) is None
+
+
+def test_the_datamodule_gets_the_batch_size_as_the_agent_gives_it() -> None:
+    assert call_arguments(Data, {"n": 2}, 32) == {"n": 2, "batch_size": 32}
+    assert call_arguments(Data, {"batch_size": 8}, 32) == {"batch_size": 8}
+    assert call_arguments(Model, {"hidden": 1}, 32) == {"hidden": 1}
+    assert _bind_error(Data, {}, 32) is None  # required, and given by the agent
+    assert _bind_error(Data, {}, None) is not None
