@@ -21,15 +21,25 @@ Endpoints that carry these models (all under ``/api/v1``):
 
 from __future__ import annotations
 
-import json
 import re
 from enum import Enum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from worker.wire_trainer import (
+    DEFAULT_REPORT_METRICS,
+    IMPORT_PATH_PATTERN,
+    MAX_REPORT_PATTERNS,
+    MAX_REPORTED_METRICS,
+    MetricName,
+    TrainerSection,
+    check_report_patterns,
+    plain_json,
+    trainer_option_in_strategy_options,
+)
+
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
 # Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
@@ -131,15 +141,41 @@ class RunSpec(StrictModel):
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
     launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
     launcher_options: dict[str, Any] = Field(default_factory=dict)
+    # -- what each worker's Trainer does, and what its workers report (worker/wire_trainer.py) ----------
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection,
+        description="Options of every worker's Lightning Trainer (precision, clipping, validation, "
+        "callbacks, loggers); what a worker cannot honour is refused here.",
+    )
+    report_metrics: list[MetricName] = Field(
+        default_factory=lambda: list(DEFAULT_REPORT_METRICS),
+        max_length=MAX_REPORT_PATTERNS,
+        description="Metrics workers report (names, or glob patterns like val_*), from what the module "
+        "logs; the first 32 matching names by name count.",
+    )
 
-    @field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")
+    _plain_json = field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")(
+        plain_json
+    )
+    _report_patterns = field_validator("report_metrics")(check_report_patterns)
+
+    @field_validator("strategy_options")
     @classmethod
-    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:  # NaN and Infinity parse in Python but are not JSON: the database and clients would choke
-            json.dumps(value, allow_nan=False)
-        except ValueError as exc:
-            raise ValueError(f"not plain JSON: {exc}") from exc
+    def _no_trainer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        message = trainer_option_in_strategy_options(value)
+        if message:
+            raise ValueError(message)
         return value
+
+    @model_validator(mode="after")
+    def _clipping_needs_own_buffers(self) -> RunSpec:
+        # HivemindStrategy refuses it too, but only once each worker has started (swarm_checks.py)
+        if self.trainer.gradient_clip_val and self.strategy_options.get("reuse_grad_buffers"):
+            raise ValueError(
+                "trainer.gradient_clip_val with strategy_options reuse_grad_buffers=true would clip the sum "
+                "of many batches' gradients: drop one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _counts_are_ordered(self) -> RunSpec:
@@ -204,6 +240,11 @@ class Heartbeat(StrictModel):
         default_factory=list, max_length=16
     )
     phase: str = Field(default="training", pattern=r"^(starting|training|stopping)$")
+    metrics: dict[MetricName, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        max_length=MAX_REPORTED_METRICS,
+        description="Latest values of the run's report_metrics this worker has (e.g. val_loss).",
+    )
 
 
 class WorkerAction(str, Enum):
