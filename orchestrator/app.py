@@ -30,6 +30,7 @@ from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.forwarding import TensorBoardForwarder
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
@@ -205,7 +206,8 @@ async def _start(
         dht.shutdown()
         raise
     swarm = SwarmProgressCache()
-    hub = HeartbeatHub(db, settings, clock, swarm)
+    forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None
+    hub = HeartbeatHub(db, settings, clock, swarm, forwarder)
     hub.refresh()
     imports = (
         ImportChecker(settings.import_timeout_s, settings.worker_env) if settings.check_imports else None
@@ -228,6 +230,7 @@ async def _start(
         launchers=dict(launchers),
         swarm_admission=admission,
         join_limiter=RateLimiter(settings.join_rate_per_s, settings.join_burst),
+        forwarder=forwarder,
     )
     services: list[BackgroundService] = [
         PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
@@ -267,6 +270,8 @@ async def _stop(ctx: AppContext, started: list[BackgroundService]) -> None:
         await service.stop()
     if ctx.imports is not None:
         ctx.imports.close()
+    if ctx.forwarder is not None:  # after the flusher's final tick
+        ctx.forwarder.close()
     ctx.dht.shutdown()
     ctx.db.close()
     logger.info("orchestrator stopped")

@@ -1,4 +1,5 @@
-"""Validates a run's ``module`` and ``datamodule`` import paths without importing user code in the server.
+"""Validates a run's import paths (``module``, ``datamodule``, trainer callbacks and loggers) and its
+``strategy_options`` keywords without importing user code (or Lightning) in the server.
 
 :class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
 imported already and forks a child per check, so a check takes a fraction of a second after the first
@@ -58,28 +59,31 @@ class ImportChecker:
                 logger.warning("import probe did not start: %s", exc)
 
     def check_spec(self, spec: RunSpec) -> None:
-        """Raise :class:`InvalidRequest` naming the field whose class does not import or has the wrong
-        base; :class:`Unavailable` when the probe itself cannot run."""
-        for field, kind in (("module", "module"), ("datamodule", "datamodule")):
-            error = self.check(getattr(spec, field), kind)
-            if error:
-                raise InvalidRequest(f"{field}: {error}")
+        """Raise :class:`InvalidRequest` naming the field whose class does not import, has the wrong
+        base or does not take its arguments, or the strategy option the strategy does not take;
+        :class:`Unavailable` when the probe itself cannot run."""
+        failed = self.check(spec_checks(spec))
+        if failed:
+            field, error = failed
+            raise InvalidRequest(f"{field}: {error}" if field else error)
 
-    def check(self, path: str, kind: str) -> str | None:
-        """None when ``path`` is a LightningModule (``kind="module"``) or LightningDataModule subclass."""
+    def check(self, checks: list[dict[str, Any]]) -> tuple[str, str] | None:
+        """(field, reason) of the first of ``checks`` (see ``orchestrator/import_probe.py``) that fails."""
         with self._lock:
             deadline = time.monotonic() + self.timeout_s
             proc = self._ensure_probe(deadline)
             assert proc.stdin is not None and proc.stdout is not None
-            request = {"path": path, "kind": kind, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
+            request = {"checks": checks, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
                 reply = _read_line(proc.stdout, deadline)
             except (OSError, ValueError, TimeoutError) as exc:  # ValueError: closed by close()
                 self._kill()
-                raise Unavailable(f"import check of {path} failed: {exc}") from exc
-            return None if reply.get("ok") else str(reply.get("error") or "import check failed")
+                raise Unavailable(f"import check failed: {exc}") from exc
+            if reply.get("ok"):
+                return None
+            return str(reply.get("field") or ""), str(reply.get("error") or "import check failed")
 
     def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -135,6 +139,21 @@ class ImportChecker:
             _stop(proc)
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
+    """What the probe checks of ``spec``: its classes by import path, then its strategy options."""
+    checks: list[dict[str, Any]] = [
+        {"field": "module", "kind": "module", "path": spec.module},
+        {"field": "datamodule", "kind": "datamodule", "path": spec.datamodule},
+    ]
+    for kind, plugins in (("callback", spec.trainer.callbacks), ("logger", spec.trainer.loggers)):
+        for index, plugin in enumerate(plugins):
+            field = f"trainer.{kind}s[{index}]"
+            checks.append({"field": field, "kind": kind, "path": plugin.path, "args": plugin.args})
+    keys = list(spec.strategy_options)
+    checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys})
+    return checks
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

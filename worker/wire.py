@@ -189,6 +189,22 @@ class RunSpec(StrictModel):
         return self
 
 
+#: RunSpec fields that workers before them do not know: a registration reply leaves each out while it
+#: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
+#: do not use them.
+NEWER_SPEC_FIELDS = ("trainer", "report_metrics")
+
+
+def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
+    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set."""
+    unused = {
+        name
+        for name in NEWER_SPEC_FIELDS
+        if getattr(spec, name) == RunSpec.model_fields[name].get_default(call_default_factory=True)
+    }
+    return spec.model_dump(mode="json", exclude=unused)
+
+
 class WorkerRegister(StrictModel):
     """Sent by a worker at boot with the run's join token as bearer token."""
 

@@ -94,6 +94,8 @@ class Run(Base):
     keep_checkpoints: Mapped[int] = mapped_column(Integer)
     launcher: Mapped[str] = mapped_column(String(32))
     launcher_options: Mapped[dict[str, Any]]
+    trainer: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the spec's trainer section
+    report_metrics: Mapped[list[str]] = mapped_column(default=list)
     # Lifecycle.
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
@@ -102,6 +104,9 @@ class Run(Base):
     # of checkpoint uploads are judged by (workers' own reports never count for either).
     swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop_requested_at: Mapped[datetime | None]
+    # What the run's workers reported last, kept when it finishes (orchestrator/reported.py).
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    final_metrics: Mapped[dict[str, Any] | None]
     consecutive_start_failures: Mapped[int] = mapped_column(Integer, default=0)
     last_start_failure_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
@@ -149,6 +154,7 @@ class Worker(Base):
     samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     num_peers: Mapped[int] = mapped_column(Integer, default=0)
     phase: Mapped[str] = mapped_column(String(16), default="starting")
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the run's report_metrics: name -> value
 
     run: Mapped[Run] = relationship(back_populates="workers")
 
@@ -170,6 +176,7 @@ class ProgressSample(Base):
     dht_epoch: Mapped[int | None] = mapped_column(BigInteger)
     dht_samples: Mapped[int | None] = mapped_column(BigInteger)
     dht_peers: Mapped[int | None] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any] | None]  # mean over workers with a fresh heartbeat, by name
 
 
 class Checkpoint(Base):
