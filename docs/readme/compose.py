@@ -15,6 +15,7 @@ README = HERE.parent.parent / "README.md"
 SECTIONS = (
     "strategy",
     "runs",
+    "training",
     "worker",
     "orchestrator",
     "status-page-and-cli",

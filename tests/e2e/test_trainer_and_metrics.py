@@ -1,14 +1,16 @@
 """A run with a trainer section and reported metrics, end to end: `spotswarm serve` with the reconcile
-loop and the local launcher, one digits worker (it logs ``val_loss``) created from a spec file with the
-CLI. The worker applies the section (bf16, clipping, validation every few batches on one batch, a stock
-LearningRateMonitor, a CSVLogger); the API, the CLI and ``/metrics`` show ``val_loss`` and the learning
-rate for the run and the worker; the orchestrator writes them as TensorBoard events; after `runs stop`
-the finished run still shows its last loss and ``val_loss``."""
+loop and the local launcher, one digits worker (it logs ``val_loss``), created with the CLI from the
+spec file and the command of docs/readme/training.md. The worker applies the section (bf16, clipping,
+validation every few batches on one batch, a stock LearningRateMonitor, a CSVLogger); the API, the CLI
+and ``/metrics`` show ``val_loss`` and the learning rate for the run and the worker; the orchestrator
+writes them as TensorBoard events; after `runs stop` the finished run still shows its last loss and
+``val_loss``."""
 
 from __future__ import annotations
 
 import csv
 import json
+import shlex
 import struct
 from pathlib import Path
 from typing import Any
@@ -19,28 +21,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorboardX.proto.event_pb2 import Event
 
 from tests.e2e.runs_support import RunReader, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.orchestrator_fixture import Orchestrator
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # a worker importing torch, lightning and hivemind on a busy 2-core machine
-RUN = "trained"
-LR_MONITOR = "lightning.pytorch.callbacks:LearningRateMonitor"
+DOC = REPO_ROOT / "docs/readme/training.md"
+CREATE = (
+    "spotswarm runs create -f run.yaml --trainer-option precision=bf16-mixed "
+    "--report-metric train_loss --report-metric 'val_*' --report-metric 'lr-*'"
+)
+RUN = "digits-val"
 
 
 def run_file(tmp_path: Path) -> Path:
-    spec = digits_run(RUN, desired_workers=1, target_batch_size=64)
-    spec["trainer"] = {
-        "gradient_clip_val": 1.0,
-        "val_check_interval": 5,  # batches: a local pass is 45
-        "limit_val_batches": 1,
-        "log_every_n_steps": 1,
-        "callbacks": [{"path": LR_MONITOR, "args": {"logging_interval": "step"}}],
-        "loggers": [
-            {"path": "lightning.pytorch.loggers:CSVLogger", "args": {"save_dir": str(tmp_path / "csv")}}
-        ],
-    }
+    """The documented run.yaml, with one worker, the test runs' swarm options and a temporary log dir."""
+    text = DOC.read_text()
+    spec = yaml.safe_load(text[text.index("```yaml\n") + 8 : text.index("```", text.index("```yaml\n") + 8)])
+    assert spec["name"] == RUN and CREATE in text
+    spec.update(desired_workers=1, min_workers=0, strategy_options=digits_run(RUN)["strategy_options"])
+    spec["trainer"]["loggers"][0]["args"]["save_dir"] = str(tmp_path / "csv")
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -79,18 +80,10 @@ def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_ke
 ) -> None:
     env = {"SPOTSWARM_TENSORBOARD_DIR": str(tmp_path / "tb")}
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
-    created = cli(
-        orch,
-        "runs",
-        "create",
-        "--timeout",
-        "120",  # the first import check waits for the probe to import Lightning (seconds on a busy machine)
-        "-f",
-        str(run_file(tmp_path)),
-        "--trainer-option",
-        "precision=bf16-mixed",
-        *("--report-metric", "train_loss", "--report-metric", "val_*", "--report-metric", "lr-*"),
-    )
+    args = shlex.split(CREATE)[1:]
+    args[args.index("run.yaml")] = str(run_file(tmp_path))
+    # the first import check waits for the probe to import Lightning: seconds on a busy machine
+    created = cli(orch, *args, "--timeout", "120")
     assert created.exit_code == 0, created.output
     reader = RunReader(orch, RUN)
     run = wait_until(
