@@ -19,7 +19,15 @@ from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -188,22 +196,18 @@ class TrainerSection(_Strict):
             raise ValueError("a number is needed, not true or false")
         return value
 
-    @field_validator("val_check_interval")
+    @field_validator("val_check_interval", "limit_val_batches")
     @classmethod
-    def _interval(cls, value: int | float | None) -> int | float | None:
-        if isinstance(value, int) and not 1 <= value <= 10**9:
-            raise ValueError("an int (batches) must lie in [1, 10^9]")
-        if isinstance(value, float) and not 0.0 < value <= 1.0:
-            raise ValueError("a float (fraction of a pass) must lie in (0, 1]")
-        return value
-
-    @field_validator("limit_val_batches")
-    @classmethod
-    def _limit(cls, value: int | float | None) -> int | float | None:
-        if isinstance(value, int) and not 0 <= value <= 10**9:
-            raise ValueError("an int (batches) must lie in [0, 10^9]")
-        if isinstance(value, float) and not 0.0 <= value <= 1.0:
-            raise ValueError("a float (fraction of the data) must lie in [0, 1]")
+    def _batches_or_fraction(cls, value: int | float | None, info: ValidationInfo) -> int | float | None:
+        """Batches (int) from 1 for an interval, from 0 for a limit; or a fraction (float) up to 1, above 0
+        for an interval."""
+        interval = info.field_name == "val_check_interval"
+        if isinstance(value, int) and not int(interval) <= value <= 10**9:
+            raise ValueError(f"an int (batches) must lie in [{int(interval)}, 10^9]")
+        if isinstance(value, float):
+            above_lowest = value > 0.0 if interval else value >= 0.0
+            if not above_lowest or value > 1.0:
+                raise ValueError(f"a float (a fraction) must lie in {'(0' if interval else '[0'}, 1]")
         return value
 
     def trainer_kwargs(self) -> dict[str, Any]:

@@ -47,19 +47,7 @@ def test_heartbeat_rejects_nan_loss() -> None:
 
 
 def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -> None:
-    spec = RunSpec(
-        **BASE,
-        trainer={
-            "precision": "bf16-mixed",
-            "gradient_clip_val": 1.0,
-            "val_check_interval": 50,
-            "check_val_every_n_epoch": None,
-            "limit_val_batches": 0.25,
-            "deterministic": "warn",
-            "callbacks": ["lightning.pytorch.callbacks:LearningRateMonitor"],
-        },
-    )
-    assert spec.trainer.trainer_kwargs() == {
+    options = {
         "precision": "bf16-mixed",
         "gradient_clip_val": 1.0,
         "val_check_interval": 50,
@@ -67,6 +55,9 @@ def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -
         "limit_val_batches": 0.25,
         "deterministic": "warn",
     }
+    callbacks = ["lightning.pytorch.callbacks:LearningRateMonitor"]
+    spec = RunSpec(**BASE, trainer={**options, "callbacks": callbacks})
+    assert spec.trainer.trainer_kwargs() == options
     assert spec.trainer.callbacks[0].path == "lightning.pytorch.callbacks:LearningRateMonitor"
     assert RunSpec(**BASE).trainer.trainer_kwargs() == {}
     assert RunSpec(**BASE).report_metrics == ["train_loss", "loss", "train/loss", "val_*"]
@@ -81,6 +72,8 @@ def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -
         ({"trainer": {"devices": 2}}, "one worker per device"),
         ({"trainer": {"max_epochs": 3}}, "stop condition"),
         ({"trainer": {"val_check_interval": 1.5}}, "(0, 1]"),
+        ({"trainer": {"val_check_interval": 0.0}}, "(0, 1]"),
+        ({"trainer": {"limit_val_batches": 1.5}}, "[0, 1]"),
         ({"trainer": {"val_check_interval": 0}}, "[1, 10^9]"),
         ({"trainer": {"val_check_interval": True}}, "not true or false"),
         ({"trainer": {"limit_val_batches": -1}}, "[0, 10^9]"),
