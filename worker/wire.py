@@ -36,7 +36,6 @@ from worker.wire_trainer import (
     TrainerSection,
     check_report_patterns,
     plain_json,
-    trainer_option_in_strategy_options,
 )
 
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -158,14 +157,6 @@ class RunSpec(StrictModel):
         plain_json
     )
     _report_patterns = field_validator("report_metrics")(check_report_patterns)
-
-    @field_validator("strategy_options")
-    @classmethod
-    def _no_trainer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        message = trainer_option_in_strategy_options(value)
-        if message:
-            raise ValueError(message)
-        return value
 
     @model_validator(mode="after")
     def _clipping_needs_own_buffers(self) -> RunSpec:

@@ -28,6 +28,7 @@ from orchestrator.schemas import (
 )
 from orchestrator.storage.base import CheckpointNotFound
 from worker.wire import RunSpec, RunState, WorkerState
+from worker.wire_trainer import trainer_option_in_strategy_options
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -51,6 +52,10 @@ def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
             raise RunExists(f"a run named {spec.name!r} exists already")
     if ctx.launchers and spec.launcher not in ctx.launchers:
         raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(ctx.launchers)}")
+    # here, not in RunSpec: runs stored before the rule must still read (the import check does the rest)
+    misplaced = trainer_option_in_strategy_options(spec.strategy_options)
+    if misplaced:
+        raise InvalidRequest(f"strategy_options: {misplaced}")
     if ctx.imports is not None:
         ctx.imports.check_spec(spec)
     with ctx.db.begin() as session:

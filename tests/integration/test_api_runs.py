@@ -324,6 +324,29 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrator) -> None:
+    """strategy_options holding a Trainer option are refused at create time, not by the spec model: a run
+    stored before that rule must not make every read of runs fail."""
+    name = create(orch, new_name())["name"]
+    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            legacy = json.dumps({"precision": "bf16-mixed"})
+            conn.execute(
+                text("UPDATE runs SET strategy_options = :o WHERE name = :n"), {"o": legacy, "n": name}
+            )
+    finally:
+        engine.dispose()
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/runs/{name}").json()["spec"]["strategy_options"] == {
+            "precision": "bf16-mixed"
+        }
+        assert http.get("/api/v1/runs", params={"limit": 1000}).status_code == 200
+        assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
+
+
+@pytest.mark.timeout(180)
 def test_health_readiness_and_openapi(orch: Orchestrator) -> None:
     with orch.client() as http:
         assert http.get("/healthz").json() == {"status": "ok"}

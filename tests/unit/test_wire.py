@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from worker.wire import Heartbeat, RunSpec
-from worker.wire_trainer import DEFAULT_REPORT_METRICS, select_metrics
+from worker.wire_trainer import DEFAULT_REPORT_METRICS, select_metrics, trainer_option_in_strategy_options
 
 BASE = {
     "name": "digits",
@@ -85,8 +85,6 @@ def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -
             {"trainer": {"gradient_clip_val": 1.0}, "strategy_options": {"reuse_grad_buffers": True}},
             "clip the sum",
         ),
-        ({"strategy_options": {"precision": "bf16-mixed"}}, "set it in the trainer section"),
-        ({"strategy_options": {"accumulate_grad_batches": 2}}, "runs cannot set"),
         ({"report_metrics": ["val_*", "val_*"]}, "twice"),
         ({"report_metrics": [f"m{i}" for i in range(17)]}, "at most 16"),
         ({"report_metrics": ["ok", "bad\nname"]}, "printable"),
@@ -96,6 +94,14 @@ def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -
 def test_trainer_options_a_worker_cannot_honour_are_refused(override: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(message)):
         RunSpec(**{**BASE, **override})
+
+
+def test_trainer_options_in_strategy_options_are_named() -> None:
+    assert "set it in the trainer section" in str(
+        trainer_option_in_strategy_options({"precision": "16-mixed"})
+    )
+    assert "runs cannot set" in str(trainer_option_in_strategy_options({"accumulate_grad_batches": 2}))
+    assert trainer_option_in_strategy_options({"matchmaking_time": 1.0}) is None
 
 
 def test_heartbeat_metrics_are_bounded_finite_and_named() -> None:
