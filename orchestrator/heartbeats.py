@@ -7,7 +7,8 @@ interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes
 transaction (one executemany UPDATE), revives lost workers that spoke again, records each run's highest
 swarm epoch read from the DHT, re-elects checkpointers that went silent or fell behind, stores at most
 one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
-``progress_max_points``) and reloads the cache.
+``progress_max_points``; once committed, they also go to the forwarder, if any: TensorBoard) and reloads
+the cache. A heartbeat's metrics are kept only where their names match the run's ``report_metrics``.
 A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
 
 The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
@@ -125,8 +126,8 @@ class HeartbeatHub:
             raise Forbidden(f"the token does not belong to worker {entry.worker_id}")
 
     def accept(self, entry: WorkerEntry, heartbeat: Heartbeat) -> HeartbeatReply:
-        """Buffer ``heartbeat`` (with only the addresses new workers may be given) and answer it from
-        the cache."""
+        """Buffer ``heartbeat`` (with only the addresses new workers may be given and the metrics its run
+        reports) and answer it from the cache."""
         now = self._clock()
         with self._lock:
             run = self._runs.get(entry.run_id)

@@ -269,6 +269,22 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
 
 
 @pytest.mark.timeout(180)
+def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join)
+    heartbeat(orch, worker, loss=0.7, metrics={"val_loss": 0.6})
+    with orch.client() as http:
+        progress = f"/api/v1/runs/{name}/progress"
+        wait_until(lambda: any(p["metrics"] for p in http.get(progress).json()["points"]), 10)
+        http.headers["Authorization"] = f"Bearer {worker['worker_token']}"
+        http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+    with orch.admin() as http:
+        stopped = http.post(f"/api/v1/runs/{name}/stop").json()
+    assert stopped["state"] == "stopped"
+    assert stopped["reported"]["loss"] == 0.7 and stopped["reported"]["metrics"] == {"val_loss": 0.6}
+
+
+@pytest.mark.timeout(180)
 def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: Orchestrator) -> None:
     """A worker from before the trainer section parses its RunSpec strictly: a run that does not use the
     newer fields must not send them; a run that does sends them (such a worker cannot honour it)."""
