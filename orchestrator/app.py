@@ -30,6 +30,7 @@ from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.forwarding import TensorBoardForwarder
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker, RuntimeLimits
@@ -207,7 +208,8 @@ async def _start(
         dht.shutdown()
         raise
     swarm = SwarmProgressCache()
-    hub = HeartbeatHub(db, settings, clock, swarm)
+    forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None
+    hub = HeartbeatHub(db, settings, clock, swarm, forwarder)
     hub.refresh()
     limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
     imports = None
@@ -231,6 +233,7 @@ async def _start(
         launchers=dict(launchers),
         swarm_admission=admission,
         join_limiter=RateLimiter(settings.join_rate_per_s, settings.join_burst),
+        forwarder=forwarder,
     )
     services: list[BackgroundService] = [
         PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
@@ -270,6 +273,8 @@ async def _stop(ctx: AppContext, started: list[BackgroundService]) -> None:
         await service.stop()
     if ctx.imports is not None:
         ctx.imports.close()
+    if ctx.forwarder is not None:  # after the flusher's final tick
+        ctx.forwarder.close()
     ctx.dht.shutdown()
     ctx.db.close()
     logger.info("orchestrator stopped")

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     progress_max_points: int = Field(
         default=2000, ge=10, le=1_000_000, description="Progress samples kept per run (older ones thinned)."
     )
+    tensorboard_dir: Path | None = Field(
+        default=None,
+        description="Also write each run's progress samples (loss, reported metrics, throughput) as "
+        "TensorBoard events into <dir>/<run name>/. Needs the spotswarm[tensorboard] extra.",
+    )
     dht_refresh_interval_s: float = Field(
         default=5.0, gt=0, le=3600, description="Seconds between reads of each run's swarm progress."
     )
@@ -246,6 +251,15 @@ class Settings(BaseSettings):
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("tensorboard_dir")
+    @classmethod
+    def _tensorboard_installed(cls, value: Path | None) -> Path | None:
+        from orchestrator.forwarding import tensorboard_available
+
+        if value is not None and not tensorboard_available():
+            raise ValueError("needs tensorboardX: pip install 'spotswarm[tensorboard]'")
         return value
 
     # Derived values -------------------------------------------------------------------------------

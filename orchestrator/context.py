@@ -19,6 +19,7 @@ from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.forwarding import Forwarder
 from orchestrator.heartbeats import HeartbeatHub
 from orchestrator.importcheck import ImportChecker
 from orchestrator.launchers.base import Launcher
@@ -46,6 +47,7 @@ class AppContext:
     swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
     join_limiter: RateLimiter | None = None  # registrations per join token (None: unlimited)
     uploads: UploadSlots = field(default_factory=UploadSlots)  # checkpoint uploads in progress
+    forwarder: Forwarder | None = None  # progress samples to TensorBoard (tensorboard_dir)
 
     def read_swarm_now(self, run_id: int) -> None:
         """Read one active run's swarm progress from the DHT now, into the progress cache (blocking, at

@@ -7,7 +7,8 @@ interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes
 transaction (one executemany UPDATE), revives lost workers that spoke again, records each run's highest
 swarm epoch read from the DHT, re-elects checkpointers that went silent or fell behind, stores at most
 one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
-``progress_max_points``) and reloads the cache.
+``progress_max_points``; once committed, they also go to the forwarder, if any: TensorBoard) and reloads
+the cache. A heartbeat's metrics are kept only where their names match the run's ``report_metrics``.
 A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
 
 The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
@@ -33,6 +34,7 @@ from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.errors import Forbidden, Unauthorized
+from orchestrator.forwarding import Forwarder, RunPoint
 from orchestrator.tokens import token_matches
 from worker.peer_addresses import announced_addresses
 from worker.wire import (
@@ -43,6 +45,7 @@ from worker.wire import (
     WorkerState,
     swarm_admission_requested,
 )
+from worker.wire_trainer import select_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ class RunEntry:
     latest_checkpoint_epoch: int | None
     swarm_epoch: int = 0  # the highest the DHT showed, as recorded in the database
     admission: bool = True  # its peers hold swarm tokens (so each worker's peer id is known)
+    report_metrics: tuple[str, ...] = ()  # names and patterns of the metrics its workers may report
+    name: str = ""
 
 
 @dataclass
@@ -86,9 +91,15 @@ class HeartbeatHub:
     """In-memory view of live workers and active runs, and the buffer of their latest heartbeats."""
 
     def __init__(
-        self, db: Database, settings: Settings, clock: Clock, swarm: SwarmProgressCache | None = None
+        self,
+        db: Database,
+        settings: Settings,
+        clock: Clock,
+        swarm: SwarmProgressCache | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self._db, self._settings, self._clock = db, settings, clock
+        self._forwarder = forwarder
         self._swarm = swarm or SwarmProgressCache()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -115,12 +126,14 @@ class HeartbeatHub:
             raise Forbidden(f"the token does not belong to worker {entry.worker_id}")
 
     def accept(self, entry: WorkerEntry, heartbeat: Heartbeat) -> HeartbeatReply:
-        """Buffer ``heartbeat`` (with only the addresses new workers may be given) and answer it from
-        the cache."""
+        """Buffer ``heartbeat`` (with only the addresses new workers may be given and the metrics its run
+        reports) and answer it from the cache."""
         now = self._clock()
         with self._lock:
             run = self._runs.get(entry.run_id)
         heartbeat.visible_maddrs = self._announced_addresses(entry, run, heartbeat.visible_maddrs)
+        if heartbeat.metrics:  # only what the run asked for: names become label values of /metrics
+            heartbeat.metrics = select_metrics(heartbeat.metrics, run.report_metrics if run else ())
         with self._lock:
             run = self._runs.get(entry.run_id)
             ended = entry.state not in CACHED_WORKER_STATES
@@ -203,6 +216,8 @@ class HeartbeatHub:
             self._latest_epoch(run.id),
             run.swarm_epoch,
             self._settings.swarm_admission and swarm_admission_requested(run.strategy_options),
+            tuple(run.report_metrics),
+            run.name,
         )
         return _worker_entry(worker), run_entry
 
@@ -260,11 +275,14 @@ class HeartbeatHub:
                     stats.revived = self._revive(session, batch, now)
                     self._record_swarm_epochs(session)
                     self._elect(session, now)
-                    stats.samples = self._sample(session, now)
+                    points = self._sample(session, now)
             except BaseException:
                 with self._lock:  # keep what failed to write unless newer heartbeats arrived meanwhile
                     self._pending = {**batch, **self._pending}
                 raise
+            stats.samples = len(points)
+            if self._forwarder is not None and points:  # only what was stored
+                self._forwarder.write(points)
             self.refresh()
             return stats
 
@@ -334,25 +352,27 @@ class HeartbeatHub:
             if run is not None and run.state in runs.ACTIVE_RUN_STATES:
                 runs.elect_checkpointer(session, run, now, timeout_s)
 
-    def _sample(self, session: Session, now: datetime) -> int:
+    def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
+        """Store a progress sample of each run that is due; returns them as points to forward."""
         interval = timedelta(seconds=self._settings.progress_sample_interval_s)
         with self._lock:
             due = {
-                r.run_id: r.swarm_id
+                r.run_id: r
                 for r in self._runs.values()
                 if r.state != RunState.pending.value
                 and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo))
                 >= interval
             }
         if not due:
-            return 0
+            return []
         fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
-        progress_samples.write(
-            session, due, self._swarm, now, fresh_after, self._settings.progress_max_points
+        swarms = {run_id: entry.swarm_id for run_id, entry in due.items()}
+        samples = progress_samples.write(
+            session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points
         )
         with self._lock:
             self._last_sample_at.update({run_id: now for run_id in due})
-        return len(due)
+        return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
 
 
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
@@ -397,6 +417,8 @@ def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) 
             latest.get(r.id),
             r.swarm_epoch,
             admission_on and swarm_admission_requested(r.strategy_options),
+            tuple(r.report_metrics),
+            r.name,
         )
         for r in rows
     }
@@ -416,6 +438,7 @@ _HEARTBEAT_UPDATE = (
         num_peers=bindparam("num_peers"),
         phase=bindparam("phase"),
         peer_maddrs=bindparam("peer_maddrs", type_=Worker.__table__.c.peer_maddrs.type),
+        metrics=bindparam("metrics", type_=Worker.__table__.c.metrics.type),
     )
 )
 
@@ -435,6 +458,7 @@ def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, dateti
             "num_peers": hb.num_peers,
             "phase": hb.phase,
             "peer_maddrs": hb.visible_maddrs,
+            "metrics": hb.metrics,
         }
         for worker_id, (hb, at) in batch.items()
     ]

@@ -1,12 +1,18 @@
 """The import probe: ``python -m orchestrator.import_probe``, driven by :mod:`orchestrator.importcheck`.
 
 It imports Lightning once, then answers one JSON request per stdin line
-(``{"path": "pkg.mod:Class", "kind": "module" | "datamodule"}``, optionally with ``args`` to bind,
-``batch_size``, the run's ``package_dir`` and ``site_dir`` and its ``env``) with one JSON line
-(``{"ok": bool, "error": str, "stage": "import" | "class" | "args"}``). Each request is handled in a
-forked child, so a user's module is imported fresh, and whatever it does at import time (print, exit,
-crash, hang) cannot touch the server: the child's stdout goes to stderr, and a child that outlives
-``timeout_s`` is killed. The child works in the run's package directory when it has one.
+(``{"checks": [check, ...], "timeout_s": float}``, optionally with the run's ``package_dir``,
+``site_dir`` and ``env``) with one JSON line (``{"ok": bool, "error": str, "field": str}``: the first
+check that failed). A check is ``{"field": "module", "kind": "module" | "datamodule", "path":
+"pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, and that its constructor takes the
+arguments as the agent passes them; a failure there names ``module_args`` or ``datamodule_args``),
+``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a trainer callback or
+logger: the class and that its arguments bind) or
+``{"field": "strategy_options", "kind": "strategy_options", "keys": [...]}`` (keywords
+``HivemindStrategy`` takes). Each request is handled in a forked child, so a user's module is imported
+fresh, and whatever it does at import time (print, exit, crash, hang) cannot touch the server: the
+child's stdout goes to stderr, and a child that outlives ``timeout_s`` is killed. The child works in
+the run's package directory when it has one.
 
 The probe ends with the server: at end of file on stdin, and as soon as the server (whose PID is the
 first argument) exits, even killed with SIGKILL while the probe still imports Lightning.
@@ -29,31 +35,33 @@ from worker.agent_boot import call_arguments
 from worker.runtime_env import activate
 
 
-def _check(request: dict[str, Any]) -> tuple[str, str] | None:
-    """None when the request's ``path`` names a subclass of the Lightning base for its ``kind`` that takes
-    its ``args``, else (stage, reason)."""
+def _check_class(path: str, kind: str, args: dict[str, Any], batch_size: int | None) -> str | None:
+    """None when ``path`` names a class fit for ``kind`` (and, for callbacks and loggers, ``args``).
+    A module or datamodule class whose constructor does not take ``args`` fails with ``ARGS_PREFIX``."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
-    path, kind = str(request["path"]), str(request["kind"])
-    base = LightningModule if kind == "module" else LightningDataModule
-    package_dir, site_dir = request.get("package_dir"), request.get("site_dir")
-    activate(Path(package_dir) if package_dir else None, Path(site_dir) if site_dir else None)
-    os.environ.update(request.get("env") or {})
+    from worker.trainer_options import arguments_problem, plugin_class_problem
+
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # noqa: BLE001 - the child reports anything the user's module raises
-        return "import", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        return f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
     target = getattr(module, attr, None)
     if target is None:
-        return "class", f"module {module_name!r} has no attribute {attr!r}"
+        return f"module {module_name!r} has no attribute {attr!r}"
+    if kind in ("callback", "logger"):
+        problem = plugin_class_problem(target, "callback" if kind == "callback" else "logger")
+        problem = problem or arguments_problem(target, args)
+        return f"{path}: {problem}" if problem else None
+    base = LightningModule if kind == "module" else LightningDataModule
     if not inspect.isclass(target) or not issubclass(target, base):
-        return "class", f"{path} is not a {base.__name__} subclass"
-    if request.get("args") is not None:
-        error = _bind_error(target, dict(request["args"]), request.get("batch_size"))
-        if error:
-            return "args", error
-    return None
+        return f"{path} is not a {base.__name__} subclass"
+    error = _bind_error(target, args, batch_size)
+    return ARGS_PREFIX + error if error else None
+
+
+ARGS_PREFIX = "args: "
 
 
 def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> str | None:
@@ -77,36 +85,58 @@ def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> s
     return None
 
 
-def _failed(error: str) -> dict[str, Any]:
-    return {"ok": False, "error": error, "stage": "import"}
+def _check(check: dict[str, Any]) -> str | None:
+    """None when ``check`` (see the module docstring) passes, else the reason."""
+    if check["kind"] == "strategy_options":
+        from worker.strategy_options import strategy_option_problem
+
+        return strategy_option_problem(dict.fromkeys(check["keys"]))
+    batch_size = check.get("batch_size")
+    return _check_class(str(check["path"]), str(check["kind"]), dict(check.get("args") or {}), batch_size)
+
+
+def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
+    package_dir, site_dir = request.get("package_dir"), request.get("site_dir")
+    activate(Path(package_dir) if package_dir else None, Path(site_dir) if site_dir else None)
+    os.environ.update(request.get("env") or {})
+    for check in request["checks"]:
+        error = _check(check)
+        if error:
+            field = str(check["field"])
+            if error.startswith(ARGS_PREFIX):
+                field, error = f"{field}_args", error[len(ARGS_PREFIX) :]
+            return {"ok": False, "error": error, "field": field}
+    return {"ok": True, "error": "", "field": ""}
 
 
 def _in_child(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    path = request["path"]
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: import, report, leave without running any cleanup of the parent's
         os.close(read_fd)
         os.dup2(2, 1)
-        failed = _check(request)
-        stage, error = failed or ("", "")
-        os.write(write_fd, json.dumps({"ok": failed is None, "error": error, "stage": stage}).encode())
+        try:
+            reply = _first_failure(request)
+        except BaseException as exc:  # noqa: BLE001 - reported as the failure of this request
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "field": ""}
+        os.write(write_fd, json.dumps(reply).encode())
         os._exit(0)
     os.close(write_fd)
     ready, _, _ = select.select([read_fd], [], [], timeout_s)
+    what = ", ".join(str(c.get("path") or c["field"]) for c in request["checks"])
     if not ready:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(read_fd)
-        return _failed(f"importing {path} took longer than {timeout_s:.0f} s")
+        return {"ok": False, "error": f"checking {what} took longer than {timeout_s:.0f} s", "field": ""}
     chunks = []
     while chunk := os.read(read_fd, 65536):
         chunks.append(chunk)
     os.close(read_fd)
     _, status = os.waitpid(pid, 0)
     if not chunks:
-        return _failed(f"importing {path} ended the process (status {status})")
-    return json.loads(b"".join(chunks))
+        return {"ok": False, "error": f"checking {what} ended the process (status {status})", "field": ""}
+    return dict(json.loads(b"".join(chunks)))
 
 
 def main() -> None:
@@ -114,6 +144,10 @@ def main() -> None:
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything printed by Lightning or user code goes to stderr, not into the protocol
     import lightning.pytorch  # noqa: F401 - imported once here, inherited by every child
+
+    from worker.strategy_options import strategy_keywords
+
+    strategy_keywords()  # imports hivemind and the strategy once, for every child
 
     protocol.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:

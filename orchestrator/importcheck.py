@@ -1,6 +1,8 @@
-"""Validates a run's ``module`` and ``datamodule`` without importing user code in the server: each imports,
-is a LightningModule / LightningDataModule subclass and takes its arguments (``module_args``,
-``datamodule_args`` and the ``batch_size`` the agent adds), as the worker will build it.
+"""Validates a run before it is stored, without importing user code in the server: its ``module`` and
+``datamodule`` import, are LightningModule / LightningDataModule subclasses and take their arguments
+(``module_args``, ``datamodule_args`` and the ``batch_size`` the agent adds), as the worker will build
+them; its trainer callbacks and loggers import and take theirs; its ``strategy_options`` are keywords
+of the strategy.
 
 :class:`ImportChecker` keeps one probe process (``orchestrator.import_probe``) that has Lightning
 imported already and forks a child per check, so a check takes a fraction of a second after the first
@@ -76,25 +78,19 @@ class ImportChecker:
     def check_spec(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None = None) -> None:
         """Raise :class:`InvalidRequest` naming the field that fails: the package (``fetch_package(dest)``
         writes it) or its requirements, a class that does not import or has the wrong base, arguments its
-        constructor does not take; :class:`Unavailable` when the probe itself cannot run."""
+        constructor does not take, a strategy option the strategy does not take; :class:`Unavailable`
+        when the probe itself cannot run."""
         runtime = self._prepare(spec, fetch_package)
         where = {
             "package_dir": str(runtime.package_dir) if runtime.package_dir else None,
             "site_dir": str(runtime.site_dir) if runtime.site_dir else None,
             "env": {**spec.env, **{k: v for k, v in spec.secret_env.items() if v is not None}},
         }
-        for field, kind, args, batch_size in (
-            ("module", "module", spec.module_args, None),
-            ("datamodule", "datamodule", spec.datamodule_args, spec.batch_size),
-        ):
-            request = {"path": getattr(spec, field), "kind": kind, "args": args, "batch_size": batch_size}
-            reply = self.probe({**request, **where})
-            if not reply.get("ok"):
-                stage = reply.get("stage")
-                named = f"{field}_args" if stage == "args" else field
-                error = str(reply.get("error") or "import check failed")
-                hint = _import_hint(spec) if "ModuleNotFoundError" in error else ""
-                raise InvalidRequest(f"{named}: {error}{hint}")
+        failed = self.check(spec_checks(spec), where)
+        if failed:
+            field, error = failed
+            hint = _import_hint(spec) if "ModuleNotFoundError" in error else ""
+            raise InvalidRequest(f"{field}: {error}{hint}" if field else f"{error}{hint}")
 
     def _prepare(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None) -> Runtime:
         """The run's package and requirements in this checker's own cache (not the workers')."""
@@ -122,27 +118,30 @@ class ImportChecker:
         except TimeoutError as exc:
             raise Unavailable(f"preparing the run's environment: {exc}") from exc
 
-    def check(self, path: str, kind: str) -> str | None:
-        """None when ``path`` is a LightningModule (``kind="module"``) or LightningDataModule subclass."""
-        reply = self.probe({"path": path, "kind": kind})
-        return None if reply.get("ok") else str(reply.get("error") or "import check failed")
-
-    def probe(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The probe's answer to ``request`` (see :mod:`orchestrator.import_probe`)."""
-        path = request["path"]
+    def check(
+        self, checks: list[dict[str, Any]], where: dict[str, Any] | None = None
+    ) -> tuple[str, str] | None:
+        """(field, reason) of the first of ``checks`` (see ``orchestrator/import_probe.py``) that fails,
+        importing from ``where`` (the run's ``package_dir``, ``site_dir`` and ``env``) when given."""
         with self._lock:
             deadline = time.monotonic() + self.timeout_s
             proc = self._ensure_probe(deadline)
             assert proc.stdin is not None and proc.stdout is not None
-            request = {**request, "timeout_s": max(1.0, deadline - time.monotonic() - 1)}
+            request = {
+                **(where or {}),
+                "checks": checks,
+                "timeout_s": max(1.0, deadline - time.monotonic() - 1),
+            }
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
                 reply = _read_line(proc.stdout, deadline)
             except (OSError, ValueError, TimeoutError) as exc:  # ValueError: closed by close()
                 self._kill()
-                raise Unavailable(f"import check of {path} failed: {exc}") from exc
-            return reply
+                raise Unavailable(f"import check failed: {exc}") from exc
+            if reply.get("ok"):
+                return None
+            return str(reply.get("field") or ""), str(reply.get("error") or "import check failed")
 
     def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -231,6 +230,28 @@ def _import_hint(spec: RunSpec) -> str:
         f" (the orchestrator imports from its working directory {os.getcwd()} with {sys.executable}; "
         "ship your project with the run: spotswarm runs create --workdir DIR)"
     )
+
+
+def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
+    """What the probe checks of ``spec``: its classes by import path with their arguments, then its
+    strategy options."""
+    checks: list[dict[str, Any]] = [
+        {"field": "module", "kind": "module", "path": spec.module, "args": spec.module_args},
+        {
+            "field": "datamodule",
+            "kind": "datamodule",
+            "path": spec.datamodule,
+            "args": spec.datamodule_args,
+            "batch_size": spec.batch_size,
+        },
+    ]
+    for kind, plugins in (("callback", spec.trainer.callbacks), ("logger", spec.trainer.loggers)):
+        for index, plugin in enumerate(plugins):
+            field = f"trainer.{kind}s[{index}]"
+            checks.append({"field": field, "kind": kind, "path": plugin.path, "args": plugin.args})
+    keys = list(spec.strategy_options)
+    checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys})
+    return checks
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -9,10 +9,12 @@ process starts many apps):
   wraps each launcher), database errors (an engine ``handle_error`` hook).
 - **Current values read at scrape time** by :class:`OrchestratorCollector` from the database, the DHT
   progress cache and the reconciler: one set of series per run (workers by state, swarm epoch, samples,
-  loss, DHT peers, checkpoints, cost). A deleted run's series disappear with it.
+  loss and the metrics its workers report, DHT peers, checkpoints, cost). A deleted run's series
+  disappear with it.
 
-Label values are bounded: run names, launcher names, states, route templates, HTTP status codes. Never
-a worker id, a request path or a message. The metric names are listed in docs/readme/operability.md.
+Label values are bounded: run names, launcher names, states, route templates, HTTP status codes, the
+metric names a run reports (matching its ``report_metrics``, 32 at most). Never a worker id, a request
+path or a message. The metric names are listed in docs/readme/operability.md.
 """
 
 from __future__ import annotations

@@ -144,7 +144,16 @@ def _run_families(snap: _RunSnapshot, ctx: AppContext) -> Iterator[Any]:
         "speed": _gauge(
             "spotswarm_run_samples_per_second", "Sum of the throughput of freshly heartbeating workers."
         ),
-        "loss": _gauge("spotswarm_run_loss", "Mean of the latest losses of freshly heartbeating workers."),
+        "loss": _gauge(
+            "spotswarm_run_loss",
+            "Mean of the latest losses of freshly heartbeating workers; a finished run's last one.",
+        ),
+        "metric": _gauge(
+            "spotswarm_run_metric",
+            "A metric the run's workers report (its report_metrics, e.g. val_loss): the mean over freshly "
+            "heartbeating workers; a finished run's last value.",
+            ("run", "name"),
+        ),
         "dht_epoch": _gauge(
             "spotswarm_run_dht_epoch", "Swarm epoch read from the DHT (hivemind's progress key)."
         ),
@@ -190,11 +199,14 @@ def _add_run(
     for state in WorkerState:
         f["workers"].add_metric([name, state.value], snap.workers_by_state.get((run.id, state.value), 0))
     numbers = snap.numbers.get(run.id, queries.RunNumbers())
+    reported = queries.reported_progress(run, numbers)
     f["epoch"].add_metric([name], numbers.swarm_epoch)
     samples.add_metric([name], numbers.samples_total)
     f["speed"].add_metric([name], numbers.samples_per_s)
-    if numbers.loss is not None:
-        f["loss"].add_metric([name], numbers.loss)
+    if reported.loss is not None:
+        f["loss"].add_metric([name], reported.loss)
+    for metric, value in reported.metrics.items():  # bounded: names match report_metrics, 32 at most
+        f["metric"].add_metric([name, metric], value)
     progress = ctx.swarm.get(run.swarm_id)
     if progress is not None:
         f["dht_epoch"].add_metric([name], progress.epoch)

@@ -1,22 +1,24 @@
 """Progress samples: one aggregated point per run every ``progress_sample_interval_s``, written by the
 heartbeat flusher in its transaction, thinned past ``progress_max_points`` (the whole span is kept).
 
-Each point holds what workers reported (highest epoch, samples, mean loss and summed throughput of
-those with a fresh heartbeat) and what the DHT showed (epoch, samples in the epoch, peers).
+Each point holds what workers reported (highest epoch, samples; mean loss and metrics and summed
+throughput of those with a fresh heartbeat: ``queries.run_numbers``) and what the DHT showed (epoch,
+samples in the epoch, peers).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import case, delete, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import ProgressSample, Worker
+from orchestrator import queries
+from orchestrator.db.models import ProgressSample
 from orchestrator.dht import SwarmProgressCache
-from worker.wire import WorkerState
+from orchestrator.forwarding import RunPoint
 
 logger = logging.getLogger(__name__)
 
@@ -28,43 +30,42 @@ def write(
     now: datetime,
     fresh_after: datetime,
     max_points: int,
-) -> None:
-    """Add a sample for each run of ``due`` (run id -> swarm id); workers silent since ``fresh_after``
-    count for neither loss nor throughput."""
-    for row in _aggregate(session, due.keys(), fresh_after):
-        progress = swarm.get(due[row.run_id])
-        session.add(
-            ProgressSample(
-                run_id=row.run_id,
-                at=now,
-                swarm_epoch=int(row.epoch or 0),
-                samples_total=int(row.samples or 0),
-                loss=float(row.loss) if row.loss is not None else None,
-                samples_per_s=float(row.speed or 0.0),
-                live_workers=int(row.live or 0),
-                dht_epoch=progress.epoch if progress else None,
-                dht_samples=progress.samples_accumulated if progress else None,
-                dht_peers=progress.num_peers if progress else None,
-            )
+) -> list[ProgressSample]:
+    """Add a sample for each run of ``due`` (run id -> swarm id) and return them; workers silent since
+    ``fresh_after`` count for neither loss, metrics nor throughput (``queries.run_numbers``)."""
+    written = []
+    for run_id, numbers in queries.run_numbers(session, list(due), fresh_after).items():
+        progress = swarm.get(due[run_id])
+        sample = ProgressSample(
+            run_id=run_id,
+            at=now,
+            swarm_epoch=numbers.swarm_epoch,
+            samples_total=numbers.samples_total,
+            loss=numbers.loss,
+            samples_per_s=numbers.samples_per_s,
+            live_workers=numbers.fresh,
+            dht_epoch=progress.epoch if progress else None,
+            dht_samples=progress.samples_accumulated if progress else None,
+            dht_peers=progress.num_peers if progress else None,
+            metrics=numbers.metrics,
         )
-        _thin(session, row.run_id, max_points)
+        session.add(sample)
+        written.append(sample)
+        _thin(session, run_id, max_points)
+    return written
 
 
-def _aggregate(session: Session, run_ids: Iterable[int], fresh_after: datetime) -> list:  # type: ignore[type-arg]
-    fresh = (Worker.state == WorkerState.running.value) & (Worker.last_heartbeat_at >= fresh_after)
-    query = (
-        select(
-            Worker.run_id.label("run_id"),
-            func.max(Worker.swarm_epoch).label("epoch"),
-            func.sum(Worker.samples).label("samples"),
-            func.avg(case((fresh, Worker.loss))).label("loss"),
-            func.sum(case((fresh, Worker.samples_per_s), else_=0.0)).label("speed"),
-            func.sum(case((fresh, 1), else_=0)).label("live"),
-        )
-        .where(Worker.run_id.in_(list(run_ids)))
-        .group_by(Worker.run_id)
-    )
-    return list(session.execute(query))
+def as_point(run_name: str, sample: ProgressSample) -> RunPoint:
+    """``sample`` of the run called ``run_name`` as a point to forward (read before its session ends)."""
+    figures = {
+        "samples_total": float(sample.samples_total),
+        "samples_per_s": sample.samples_per_s,
+        "live_workers": float(sample.live_workers),
+    }
+    if sample.loss is not None:
+        figures["loss"] = sample.loss
+    epoch = max(sample.swarm_epoch, sample.dht_epoch or 0)
+    return RunPoint(run_name, sample.at, epoch, figures, dict(sample.metrics or {}))
 
 
 def _thin(session: Session, run_id: int, max_points: int) -> None:

@@ -7,14 +7,14 @@ once a second) and from the swarm progress cache (the DHT reader); nothing here 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator import checkpoints, runs
+from orchestrator import checkpoints, reported, runs
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.launchers.base import PUBLIC_DETAILS
@@ -38,16 +38,21 @@ MAX_PEER_WORKERS = 8
 
 @dataclass(frozen=True)
 class RunNumbers:
+    """A run's worker counts and what its workers reported (see :func:`run_numbers`)."""
+
     launching: int = 0
     running: int = 0
+    fresh: int = 0  # running with a fresh heartbeat
     swarm_epoch: int = 0
     samples_total: int = 0
     loss: float | None = None
     samples_per_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def run_numbers(session: Session, run_ids: Sequence[int], fresh_after: datetime) -> dict[int, RunNumbers]:
-    """Worker counts and reported progress of several runs in one query."""
+    """Worker counts and reported progress of several runs in two queries: throughput, loss and metrics
+    over the workers running with a heartbeat since ``fresh_after`` (:mod:`orchestrator.reported`)."""
     if not run_ids:
         return {}
     running = Worker.state == WorkerState.running.value
@@ -57,23 +62,27 @@ def run_numbers(session: Session, run_ids: Sequence[int], fresh_after: datetime)
             Worker.run_id,
             func.sum(case((Worker.state == WorkerState.launching.value, 1), else_=0)),
             func.sum(case((running, 1), else_=0)),
+            func.sum(case((fresh, 1), else_=0)),
             func.max(Worker.swarm_epoch),
             func.sum(Worker.samples),
-            func.avg(case((fresh, Worker.loss))),
             func.sum(case((fresh, Worker.samples_per_s), else_=0.0)),
         )
         .where(Worker.run_id.in_(run_ids))
         .group_by(Worker.run_id)
     )
+    values = reported.fresh_values(session, run_ids, fresh_after)
     numbers = {}
-    for run_id, launching, n_running, epoch, samples, loss, speed in session.execute(query):
+    for run_id, launching, n_running, n_fresh, epoch, samples, speed in session.execute(query):
+        loss, metrics = values.get(run_id, (None, {}))
         numbers[run_id] = RunNumbers(
             int(launching or 0),
             int(n_running or 0),
+            int(n_fresh or 0),
             int(epoch or 0),
             int(samples or 0),
-            float(loss) if loss is not None else None,
+            loss,
             float(speed or 0.0),
+            metrics,
         )
     return numbers
 
@@ -108,8 +117,15 @@ FREE_FORM_SPEC_FIELDS = (
 
 def public_spec(spec: RunSpec) -> RunSpec:
     """``spec`` without the values of its free-form fields (they may name buckets, hosts, private package
-    indexes or keys)."""
-    return spec.model_copy(update={field: type(getattr(spec, field))() for field in FREE_FORM_SPEC_FIELDS})
+    indexes or keys), the arguments of its trainer callbacks and loggers included."""
+    trainer = spec.trainer.model_copy(
+        update={
+            kind: [plugin.model_copy(update={"args": {}}) for plugin in getattr(spec.trainer, kind)]
+            for kind in ("callbacks", "loggers")
+        }
+    )
+    emptied = {field: type(getattr(spec, field))() for field in FREE_FORM_SPEC_FIELDS}
+    return spec.model_copy(update={**emptied, "trainer": trainer})
 
 
 def runs_out(
@@ -151,16 +167,23 @@ def _run_out(
             running=numbers.running,
             launching=numbers.launching,
         ),
-        reported=ReportedProgress(
-            swarm_epoch=numbers.swarm_epoch,
-            samples_total=numbers.samples_total,
-            loss=numbers.loss,
-            samples_per_s=numbers.samples_per_s,
-        ),
+        reported=reported_progress(run, numbers),
         swarm=SwarmProgress.model_validate(progress, from_attributes=True) if progress else None,
         checkpointer_worker_id=str(run.checkpointer_worker_id) if run.checkpointer_worker_id else None,
         latest_checkpoint=checkpoints.to_ref(run, latest) if latest else None,
         redacted=not full,
+    )
+
+
+def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
+    """What the run's workers reported: live numbers, and for a finished run its last loss and metrics."""
+    finished = run.state in {s.value for s in runs.FINISHED_RUN_STATES}
+    return ReportedProgress(
+        swarm_epoch=numbers.swarm_epoch,
+        samples_total=numbers.samples_total,
+        loss=run.final_loss if finished else numbers.loss,
+        samples_per_s=numbers.samples_per_s,
+        metrics=dict(run.final_metrics or {}) if finished else numbers.metrics,
     )
 
 
@@ -220,6 +243,7 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
             dht_epoch=p.dht_epoch,
             dht_samples=p.dht_samples,
             dht_peers=p.dht_peers,
+            metrics=dict(p.metrics or {}),
         )
         for p in downsample(rows, max_points)
     ]
@@ -256,6 +280,7 @@ def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
         samples_per_s=worker.samples_per_s,
         num_peers=worker.num_peers,
         phase=worker.phase,
+        metrics=dict(worker.metrics or {}),
         checkpointer=run.checkpointer_worker_id == worker.id,
         redacted=not full,
     )

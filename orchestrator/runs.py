@@ -19,13 +19,14 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator import tokens
+from orchestrator import reported, tokens
 from orchestrator.db.models import Checkpoint, Event, Run, Worker
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
 from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
 from orchestrator.storage.base import package_key
 from worker.logsetup import log_fields
 from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
+from worker.wire_trainer import TrainerSection
 
 logger = logging.getLogger(__name__)
 RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)
@@ -187,6 +188,8 @@ def run_spec(run: Run) -> RunSpec:
         requirements=run.requirements,
         env=run.env,
         secret_env=dict.fromkeys(run.secret_env),
+        trainer=TrainerSection.model_validate(run.trainer),
+        report_metrics=run.report_metrics,
     )
 
 
@@ -216,6 +219,8 @@ def set_run_state(session: Session, run: Run, new: RunState, reason: str, now: d
     if new in FINISHED_RUN_STATES:
         run.finished_at = now
         run.checkpointer_worker_id = None
+        session.flush()  # the workers' last reports, written in this transaction, count
+        run.final_loss, run.final_metrics = reported.final_values(session, run)
     if new == RunState.pending:
         run.finished_at = run.stop_requested_at = None
         run.consecutive_start_failures, run.last_start_failure_at = 0, None
@@ -298,6 +303,8 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         requirements=list(spec.requirements),
         env=dict(spec.env),
         secret_env=dict(spec.secret_env),
+        trainer=spec.trainer.model_dump(exclude_defaults=True),
+        report_metrics=list(spec.report_metrics),
         state=RunState.pending.value,
         state_reason="created",
         consecutive_start_failures=0,

@@ -47,8 +47,15 @@ class ReportedProgress(BaseModel):
 
     swarm_epoch: int = Field(description="Highest swarm epoch any worker reported.")
     samples_total: int = Field(description="Samples contributed by all workers of the run, ever.")
-    loss: float | None = Field(description="Mean of the latest losses of running workers.")
+    loss: float | None = Field(
+        description="Mean of the latest losses of running workers; of a finished run, the last ones."
+    )
     samples_per_s: float = Field(description="Sum over running workers.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The run's report_metrics (e.g. val_loss), each the mean over the running workers "
+        "that report it; of a finished run, the last values.",
+    )
 
 
 class SwarmProgress(BaseModel):
@@ -82,8 +89,9 @@ class RunOut(BaseModel):
     latest_checkpoint: CheckpointRef | None
     redacted: bool = Field(
         description="True in the public view (no admin token): the spec's free-form values "
-        "(module_args, datamodule_args, strategy_options, launcher_options, env, secret_env, requirements) "
-        "are left out, shown empty. The admin view shows secret_env's names with null values."
+        "(module_args, datamodule_args, strategy_options, launcher_options, env, secret_env, requirements, "
+        "and the args of trainer callbacks and loggers) are left out, shown empty. The admin view shows "
+        "secret_env's names with null values."
     )
 
 
@@ -128,6 +136,9 @@ class ProgressPoint(BaseModel):
     dht_epoch: int | None
     dht_samples: int | None
     dht_peers: int | None
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="The run's reported metrics at that moment (empty before any)."
+    )
 
 
 class ProgressSeries(BaseModel):
@@ -160,6 +171,9 @@ class WorkerOut(BaseModel):
     samples_per_s: float
     num_peers: int
     phase: str
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="Latest values of the run's report_metrics from this worker."
+    )
     checkpointer: bool
     redacted: bool = Field(
         description="True in the public view (no admin token): launch_details keeps only what describes "

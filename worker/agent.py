@@ -214,7 +214,11 @@ class Agent:
             if self.state.stop is not None:
                 return EXIT_OK  # stopped while starting: no point in setting up training
             callback = AgentCallback(
-                self.state, self._checkpointer, registration.run.stop, registration.run.target_batch_size
+                self.state,
+                self._checkpointer,
+                registration.run.stop,
+                registration.run.target_batch_size,
+                report_metrics=tuple(registration.run.report_metrics),
             )
             trainer = agent_train.build_trainer(
                 registration, self._dht, options.strategy, callback, self.config

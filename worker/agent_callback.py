@@ -15,26 +15,15 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from worker.agent_metrics import ReportingLogger, read_loss, reported_metrics
 from worker.agent_state import AgentState
 from worker.checkpoints import Checkpointer
 from worker.wire import DeregisterReason, StopCondition
+from worker.wire_trainer import DEFAULT_REPORT_METRICS
 
 logger = logging.getLogger(__name__)
 
-LOSS_METRIC_NAMES = ("train_loss", "loss", "train/loss")
 FINAL_CHECKPOINT_MIN_S = 5.0  # skip the final checkpoint when the deadline is closer than this
-
-
-def read_loss(metrics: dict[str, Any]) -> float | None:
-    """The loss in ``trainer.callback_metrics`` (first known name); None if absent or not finite."""
-    for name in LOSS_METRIC_NAMES:
-        if name in metrics:
-            try:
-                value = float(metrics[name])
-            except (TypeError, ValueError):
-                return None
-            return value if math.isfinite(value) else None
-    return None
 
 
 def stop_condition_reached(
@@ -55,8 +44,12 @@ class AgentCallback(Callback):
         target_batch_size: int,
         snapshot_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        report_metrics: tuple[str, ...] = DEFAULT_REPORT_METRICS,
     ) -> None:
         self._state = state
+        self._report_metrics = tuple(report_metrics)
+        #: add it to the Trainer's loggers: what callbacks log there (not in callback_metrics) is reported
+        self.reporting_logger = ReportingLogger()
         self._checkpointer = checkpointer
         self._stop_condition = stop_condition
         self._target_batch_size = target_batch_size
@@ -119,7 +112,10 @@ class AgentCallback(Callback):
             swarm_epoch=max(int(swarm.epoch), local_epoch),
             local_epoch=local_epoch,
             samples=samples,
-            loss=read_loss(dict(trainer.callback_metrics)),
+            loss=read_loss(trainer.callback_metrics),
+            metrics=reported_metrics(
+                trainer.callback_metrics, self.reporting_logger.latest, self._report_metrics
+            ),
             samples_per_s=rate,
             num_peers=int(swarm.num_peers),
         )

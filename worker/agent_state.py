@@ -26,6 +26,7 @@ class Progress:
     num_peers: int = 0
     visible_maddrs: tuple[str, ...] = field(default_factory=tuple)
     phase: str = "starting"
+    metrics: dict[str, float] = field(default_factory=dict)  # the run's report_metrics (bounded)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class AgentState:
             num_peers=progress.num_peers,
             visible_maddrs=list(progress.visible_maddrs[:16]),
             phase=progress.phase,
+            metrics=dict(progress.metrics),
         )
 
     # -- orchestrator's answers (heartbeat thread writes, training thread reads) -----------------

@@ -17,7 +17,7 @@ from typing import Any
 from worker.agent_config import AgentConfig
 from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
 from worker.client import ApiError, OrchestratorClient, Unreachable
-from worker.trainer_options import QUIET
+from worker.trainer_options import QUIET, build_plugins
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
@@ -156,13 +156,22 @@ def build_trainer(
 ) -> Any:
     """The ``Trainer`` of this worker: HivemindStrategy on the agent's DHT, trains until told to stop.
 
-    Raises ``TypeError`` or ``HivemindStrategyError`` for unusable ``strategy_options``.
+    The run's ``trainer`` section applies over the agent's quiet defaults; its callbacks follow the
+    agent's, and its loggers come first (``trainer.log_dir`` is theirs), then the agent's reporting
+    logger. Raises ``TypeError`` (``TrainerPluginError`` included) or ``HivemindStrategyError`` for an
+    unusable run spec.
     """
     from lightning.pytorch import Trainer
 
     from worker.strategy import HivemindStrategy
+    from worker.strategy_options import strategy_option_problem
 
     spec = registration.run
+    problem = strategy_option_problem(strategy_options)
+    if problem:
+        raise TypeError(f"strategy_options: {problem}")
+    callbacks = [callback, *build_plugins(spec.trainer.callbacks, "callback")]
+    loggers = [*build_plugins(spec.trainer.loggers, "logger"), callback.reporting_logger]
     strategy = HivemindStrategy(
         target_batch_size=spec.target_batch_size,
         run_id=registration.swarm_id,
@@ -170,16 +179,21 @@ def build_trainer(
         dht=dht,
         **dict(strategy_options),
     )
+    options: dict[str, Any] = {
+        **QUIET,
+        "num_sanity_val_steps": 0,
+        **spec.trainer.trainer_kwargs(),
+        "callbacks": callbacks,
+        "logger": loggers,
+    }
     return Trainer(
         strategy=strategy,
         accelerator=config.accelerator,
         devices=1,
         max_epochs=-1,
         max_steps=-1,
-        num_sanity_val_steps=0,
-        callbacks=[callback],
         default_root_dir=str(config.worker_dir),
-        **QUIET,
+        **options,
     )
 
 

@@ -18,8 +18,16 @@ from pathlib import Path
 
 from worker.agent_boot import save_peers
 from worker.agent_state import AgentState
-from worker.client import ApiError, Conflict, NotFound, OrchestratorClient, Unauthorized, Unreachable
-from worker.wire import DeregisterReason
+from worker.client import (
+    ApiError,
+    Conflict,
+    NotFound,
+    OrchestratorClient,
+    Rejected,
+    Unauthorized,
+    Unreachable,
+)
+from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +69,7 @@ class Heartbeater(threading.Thread):
         self._on_lost = on_lost
         self._last_answer = clock()
         self._lost_reported = False
+        self._metrics_refused = False
         self.beats_sent = 0
 
     def run(self) -> None:
@@ -84,7 +93,7 @@ class Heartbeater(threading.Thread):
         """Send one heartbeat now and apply the reply; True if the orchestrator answered."""
         with self._send_lock:
             try:
-                reply = self._client.heartbeat(self._worker_id, self._state.heartbeat())
+                reply = self._send(self._state.heartbeat())
             except Unreachable as exc:
                 logger.warning("worker %s: heartbeat not delivered: %s", self._worker_id, exc)
                 self._check_lost()
@@ -97,6 +106,21 @@ class Heartbeater(threading.Thread):
             self.beats_sent += 1
         self._state.apply_reply(reply)
         return True
+
+    def _send(self, body: Heartbeat) -> HeartbeatReply:
+        """Send ``body``; without its metrics from now on if the orchestrator refuses them (422: a version
+        from before reported metrics, whose heartbeat refuses unknown fields)."""
+        if self._metrics_refused:
+            body.metrics = {}
+        try:
+            return self._client.heartbeat(self._worker_id, body)
+        except Rejected as exc:
+            if exc.status_code != 422 or not body.metrics or "metrics" not in str(exc):
+                raise
+        logger.warning("worker %s: the orchestrator takes no metrics: reporting without", self._worker_id)
+        self._metrics_refused = True
+        body.metrics = {}
+        return self._client.heartbeat(self._worker_id, body)
 
     def _refused(self, exc: ApiError) -> None:
         if isinstance(exc, (Unauthorized, NotFound, Conflict)):

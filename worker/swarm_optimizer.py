@@ -34,12 +34,26 @@ def build_hivemind_optimizer(
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
     if not hivemind_creates_optimizer:
-        return hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs)
+        return expose_defaults(hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
     groups = [dict(group) for group in torch_optimizer.param_groups]
-    return hivemind.Optimizer(
-        optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **hivemind_kwargs
+    return expose_defaults(
+        hivemind.Optimizer(
+            optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **hivemind_kwargs
+        )
     )
+
+
+def expose_defaults(optimizer: hivemind.Optimizer) -> hivemind.Optimizer:
+    """Give ``optimizer`` the ``defaults`` of the torch optimizer it drives, as every torch optimizer has.
+
+    hivemind 1.1.12's ``Optimizer`` subclasses ``torch.optim.Optimizer`` without calling its ``__init__``,
+    so ``defaults`` is missing, and Lightning code that reads it fails: a stock ``LearningRateMonitor``
+    crashed every worker with ``'Optimizer' object has no attribute 'defaults'``. The dict is the
+    wrapped optimizer's own (``param_groups`` is already hivemind's faithful view of its groups).
+    """
+    optimizer.defaults = optimizer.opt.defaults
+    return optimizer
 
 
 def follow_swarm_epochs(

@@ -1,9 +1,17 @@
-"""Trainer options shared by the worker agent, the examples, the test peers and the benchmarks."""
+"""Trainer options shared by the worker agent, the examples, the test peers and the benchmarks, and the
+callbacks and loggers of a run's ``trainer`` section (``worker/wire_trainer.py``): which classes a worker
+accepts and how it builds them. Lightning is imported only when a class is checked or built.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Literal
+
+from worker.wire_trainer import TrainerPlugin
 
 #: A Trainer that writes nothing of its own (no logger, checkpoint files, progress bar or model summary):
 #: the process reports its progress itself (heartbeats, JSON lines, printed figures).
@@ -18,3 +26,68 @@ QUIET: Final = MappingProxyType[str, Any](
 
 #: No validation loop and no sanity check: for training-only peers.
 NO_VALIDATION: Final = MappingProxyType[str, Any]({"num_sanity_val_steps": 0, "limit_val_batches": 0})
+
+PluginKind = Literal["callback", "logger"]
+
+#: Stock callbacks a run's workers do not take, and why (subclasses included).
+REFUSED_CALLBACKS = {
+    "ModelCheckpoint": "the orchestrator keeps the run's checkpoints (checkpoint_every_epochs, "
+    "keep_checkpoints); files a worker saved would be lost with its machine",
+    "EarlyStopping": "it would end one worker's training, not the run (the orchestrator replaces a worker "
+    "that leaves): end the run with stop.target_epochs or stop.target_samples, or watch its val_* "
+    "metrics and stop it",
+}
+
+
+class TrainerPluginError(TypeError):
+    """A callback or logger of the run's trainer section that a worker cannot use; says why."""
+
+
+def plugin_class_problem(target: object, kind: PluginKind) -> str | None:
+    """None when ``target`` is a class a worker can add as a ``kind``; else the reason it cannot."""
+    from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import Logger
+
+    base = Callback if kind == "callback" else Logger
+    if not inspect.isclass(target) or not issubclass(target, base):
+        return f"is not a {base.__module__}.{base.__name__} subclass"
+    for refused in (ModelCheckpoint, EarlyStopping):
+        if kind == "callback" and issubclass(target, refused):
+            return f"{refused.__name__} is not supported: {REFUSED_CALLBACKS[refused.__name__]}"
+    return None
+
+
+def arguments_problem(target: type, args: dict[str, Any]) -> str | None:
+    """None when ``target(**args)`` binds to its signature; else why not (no code of it runs)."""
+    try:
+        inspect.signature(target).bind(**args)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:  # no signature to read (a builtin): only building it will tell
+        return None
+    return None
+
+
+def load_plugin_class(plugin: TrainerPlugin, kind: PluginKind) -> type:
+    """The class ``plugin.path`` names, checked; raises :class:`TrainerPluginError` saying why not."""
+    module_name, _, attr = plugin.path.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TrainerPluginError(f"{kind} {plugin.path}: cannot import: {type(exc).__name__}: {exc}") from exc
+    problem = plugin_class_problem(target, kind) or arguments_problem(target, plugin.args)
+    if problem:
+        raise TrainerPluginError(f"{kind} {plugin.path}: {problem}")
+    return target  # type: ignore[no-any-return]
+
+
+def build_plugins(plugins: Sequence[TrainerPlugin], kind: PluginKind) -> list[Any]:
+    """Instances of ``plugins`` for one worker's Trainer; raises :class:`TrainerPluginError`."""
+    built = []
+    for plugin in plugins:
+        target = load_plugin_class(plugin, kind)
+        try:
+            built.append(target(**plugin.args))
+        except Exception as exc:  # noqa: BLE001 - the user's class refused its arguments: a spec error
+            raise TrainerPluginError(f"{kind} {plugin.path}: {type(exc).__name__}: {exc}") from exc
+    return built

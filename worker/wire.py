@@ -22,15 +22,24 @@ Endpoints that carry these models (all under ``/api/v1``):
 
 from __future__ import annotations
 
-import json
 import re
 from enum import Enum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from worker.wire_trainer import (
+    DEFAULT_REPORT_METRICS,
+    IMPORT_PATH_PATTERN,
+    MAX_REPORT_PATTERNS,
+    MAX_REPORTED_METRICS,
+    MetricName,
+    TrainerSection,
+    check_report_patterns,
+    plain_json,
+)
+
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
 # Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
@@ -165,15 +174,33 @@ class RunSpec(StrictModel):
         description="Environment variables with secret values: given at creation, never returned (reads "
         "show null), handed only to the run's workers when they register.",
     )
+    # -- what each worker's Trainer does, and what its workers report (worker/wire_trainer.py) ----------
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection,
+        description="Options of every worker's Lightning Trainer (precision, clipping, validation, "
+        "callbacks, loggers); what a worker cannot honour is refused here.",
+    )
+    report_metrics: list[MetricName] = Field(
+        default_factory=lambda: list(DEFAULT_REPORT_METRICS),
+        max_length=MAX_REPORT_PATTERNS,
+        description="Metrics workers report (names, or glob patterns like val_*), from what the module "
+        "logs; the first 32 matching names by name count.",
+    )
 
-    @field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")
-    @classmethod
-    def _plain_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:  # NaN and Infinity parse in Python but are not JSON: the database and clients would choke
-            json.dumps(value, allow_nan=False)
-        except ValueError as exc:
-            raise ValueError(f"not plain JSON: {exc}") from exc
-        return value
+    _plain_json = field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")(
+        plain_json
+    )
+    _report_patterns = field_validator("report_metrics")(check_report_patterns)
+
+    @model_validator(mode="after")
+    def _clipping_needs_own_buffers(self) -> RunSpec:
+        # HivemindStrategy refuses it too, but only once each worker has started (swarm_checks.py)
+        if self.trainer.gradient_clip_val and self.strategy_options.get("reuse_grad_buffers"):
+            raise ValueError(
+                "trainer.gradient_clip_val with strategy_options reuse_grad_buffers=true would clip the sum "
+                "of many batches' gradients: drop one of them"
+            )
+        return self
 
     @field_validator("env", "secret_env")
     @classmethod
@@ -211,6 +238,22 @@ class RunSpec(StrictModel):
                 f"[min_workers={self.min_workers}, max_workers={self.max_workers}]"
             )
         return self
+
+
+#: RunSpec fields that workers before them do not know: a registration reply leaves each out while it
+#: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
+#: do not use them.
+NEWER_SPEC_FIELDS = ("trainer", "report_metrics")
+
+
+def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
+    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set."""
+    unused = {
+        name
+        for name in NEWER_SPEC_FIELDS
+        if getattr(spec, name) == RunSpec.model_fields[name].get_default(call_default_factory=True)
+    }
+    return spec.model_dump(mode="json", exclude=unused)
 
 
 class WorkerRegister(StrictModel):
@@ -269,6 +312,11 @@ class Heartbeat(StrictModel):
         default_factory=list, max_length=16
     )
     phase: str = Field(default="training", pattern=r"^(starting|training|stopping)$")
+    metrics: dict[MetricName, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        max_length=MAX_REPORTED_METRICS,
+        description="Latest values of the run's report_metrics this worker has (e.g. val_loss).",
+    )
 
 
 class WorkerAction(str, Enum):

@@ -16,6 +16,7 @@ SECTIONS = (
     "strategy",
     "runs",
     "your-code",
+    "training",
     "worker",
     "orchestrator",
     "status-page-and-cli",

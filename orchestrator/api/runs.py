@@ -30,6 +30,7 @@ from orchestrator.schemas import (
 )
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
 from worker.wire import RunSpec, RunState, WorkerState
+from worker.wire_trainer import trainer_option_in_strategy_options
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -55,6 +56,10 @@ def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
             raise RunExists(f"a run named {spec.name!r} exists already")
     runs.require_secret_values(spec)
     _check_launcher(ctx, spec)
+    # here, not in RunSpec: runs stored before the rule must still read (the import check does the rest)
+    misplaced = trainer_option_in_strategy_options(spec.strategy_options)
+    if misplaced:
+        raise InvalidRequest(f"strategy_options: {misplaced}")
     fetch = None
     if spec.workdir is not None:
         key = package_key(spec.workdir)

@@ -10,19 +10,29 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 
 from orchestrator import checkpoints, queries, runs, workers
 from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
 from orchestrator.context import AppContext
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats import CACHED_WORKER_STATES, WorkerEntry
-from worker.wire import Deregister, Heartbeat, HeartbeatReply, WorkerRegister, WorkerRegistered
+from worker.wire import (
+    Deregister,
+    Heartbeat,
+    HeartbeatReply,
+    WorkerRegister,
+    WorkerRegistered,
+    spec_for_workers,
+)
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
 
-@router.post("/register", summary="Join a run (join, launch or worker token)")
-def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> WorkerRegistered:
+@router.post(
+    "/register", summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
+)
+def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONResponse:
     """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
     row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
     run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
@@ -44,7 +54,7 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> Worker
         )
         cached = ctx.hub.entries_of(reg.worker)
     ctx.hub.note(cached)
-    return reply
+    return JSONResponse({**reply.model_dump(mode="json"), "run": spec_for_workers(reply.run)})
 
 
 async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | None) -> WorkerEntry:

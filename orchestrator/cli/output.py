@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -69,6 +69,25 @@ def fmt_number(value: float | None, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:.{digits}g}"
+
+
+def fmt_metrics(metrics: Mapping[str, float] | None, width: int = 48, skip: Sequence[str] = ()) -> str:
+    """``val_acc=0.91 val_loss=0.3124``, cut to ``width`` characters ('-' for none); names in ``skip``
+    (shown elsewhere) are left out."""
+    text = " ".join(
+        f"{name}={fmt_number(value)}" for name, value in (metrics or {}).items() if name not in skip
+    )
+    if not text:
+        return "-"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def validation_metric(names: Iterable[str]) -> str | None:
+    """The metric a validation chart shows: ``val_loss`` when reported, else the first ``val*`` name."""
+    ordered = sorted(names)
+    if "val_loss" in ordered:
+        return "val_loss"
+    return next((name for name in ordered if name.startswith("val")), None)
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -27,6 +27,7 @@ from orchestrator.cli.output import (
     fmt_usd,
     run_cost_usd,
     text_chart,
+    validation_metric,
 )
 from orchestrator.cli.run_code import apply_code_flags, code_options
 
@@ -87,6 +88,7 @@ _PAIR_FIELDS = {
     "datamodule_arg": "datamodule_args",
     "strategy_option": "strategy_options",
     "launcher_option": "launcher_options",
+    "trainer_option": "trainer",
 }
 
 
@@ -100,6 +102,8 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
         if flags.get(flag):
             pairs = _parse_pairs(flags[flag], "--" + flag.replace("_", "-"))
             spec[field] = {**(spec.get(field) or {}), **pairs}
+    if flags.get("report_metric"):
+        spec["report_metrics"] = list(flags["report_metric"])
     stop = dict(spec.get("stop") or {})
     for key in ("target_epochs", "target_samples"):
         if flags.get(key) is not None:
@@ -130,6 +134,18 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
 @click.option("--strategy-option", multiple=True, metavar="KEY=VALUE", help="HivemindStrategy keyword.")
 @click.option("--launcher-option", multiple=True, metavar="KEY=VALUE", help="Launcher option.")
 @code_options
+@click.option(
+    "--trainer-option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Trainer option of every worker (precision=bf16-mixed, gradient_clip_val=1.0, ...; repeatable).",
+)
+@click.option(
+    "--report-metric",
+    multiple=True,
+    metavar="NAME",
+    help="Metric name or glob pattern workers report (repeatable; replaces the default train_loss, val_*).",
+)
 def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
     """Create a run from flags and/or a spec file (flags win). Prints the join token once."""
     spec = build_spec(file, flags)
@@ -180,13 +196,32 @@ def list_runs(ctx: ApiContext, limit: int) -> None:
         click.echo(f"... {page['total'] - len(rows)} more (use --limit)")
 
 
-def _show_lines(run: dict[str, Any], workers: list[dict[str, Any]], now: datetime) -> list[tuple[str, str]]:
+MAX_SHOWN_SHARES = 6
+
+
+def _samples_total(reported: dict[str, Any], workers: list[dict[str, Any]], all_listed: bool) -> str:
+    """The run's samples as the sum of its workers' (each one's share shown), from the one read of the
+    workers: the run's own total comes from another request, and a worker's count grows by a heartbeat's
+    worth at a time (thousands of samples for a fast model). Beyond one page of workers, the run's total."""
+    if not all_listed:
+        return f"{reported.get('samples_total', 0)} total"
+    shares = [int(w.get("samples") or 0) for w in workers if w.get("samples")]
+    shown = " + ".join(str(n) for n in shares[:MAX_SHOWN_SHARES])
+    if len(shares) > MAX_SHOWN_SHARES:
+        shown += " + ..."
+    return f"{sum(shares)} total ({shown or 0} from {len(shares)} worker(s), as of their last heartbeats)"
+
+
+def _show_lines(
+    run: dict[str, Any], workers: list[dict[str, Any]], now: datetime, all_listed: bool = True
+) -> list[tuple[str, str]]:
     spec, counts, reported = run["spec"], run["workers"], run["reported"]
     swarm = run.get("swarm") or {}
     stop = spec.get("stop") or {}
     targets = [f"{key.removeprefix('target_')} {value}" for key, value in stop.items() if value]
     target = ", ".join(targets) or "none (runs until stopped)"
     ckpt = run.get("latest_checkpoint")
+    speed = fmt_number(reported.get("samples_per_s"), 3)
     lines = [
         ("state", f"{run['state']}" + (f" ({run['state_reason']})" if run.get("state_reason") else "")),
         (
@@ -195,11 +230,9 @@ def _show_lines(run: dict[str, Any], workers: list[dict[str, Any]], now: datetim
             f"(min {counts['min']}, max {counts['max']}; {counts['launching']} launching)",
         ),
         ("swarm epoch", str(max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0))),
-        (
-            "samples",
-            f"{reported.get('samples_total', 0)} total, {fmt_number(reported.get('samples_per_s'), 3)}/s",
-        ),
+        ("samples", f"{_samples_total(reported, workers, all_listed)}, {speed}/s"),
         ("loss", fmt_number(reported.get("loss"))),
+        *[(name, fmt_number(value)) for name, value in (reported.get("metrics") or {}).items()],
         ("stop at", target),
         ("eta", fmt_duration(eta_s(run))),
         ("cost so far", fmt_usd(run_cost_usd(workers, now))),
@@ -228,24 +261,34 @@ def _code_lines(spec: dict[str, Any]) -> list[tuple[str, str]]:
 @api_command
 @click.argument("name")
 def show(ctx: ApiContext, name: str) -> None:
-    """Show a run's state, numbers and a text chart of its loss."""
+    """Show a run's state, numbers (its reported metrics too) and text charts of its loss and validation."""
     run = ctx.api.get_run(name)
     progress = ctx.api.progress(name, max_points=CHART_WIDTH * 4)
-    workers = ctx.api.workers(name)["items"]
+    page = ctx.api.workers(name)
+    workers = page["items"]
     if ctx.as_json:
         echo_json({"run": run, "progress": progress, "workers": workers})
         return
     now = datetime.now(timezone.utc)
     click.echo(f"run {run['name']}")
-    for key, value in _show_lines(run, workers, now):
+    for key, value in _show_lines(run, workers, now, len(workers) >= page.get("total", 0)):
         click.echo(f"  {key:<12} {value}")
     points = progress.get("points", [])
-    losses = [p["loss"] for p in points if p.get("loss") is not None]
-    click.echo(f"\nloss ({len(losses)} points of {progress.get('stored_points', len(points))} stored):")
-    click.echo(text_chart(losses, width=CHART_WIDTH))
-    if losses:
-        times = [p["at"] for p in points if p.get("loss") is not None]
-        click.echo(f"  from {fmt_age(times[0], now)} to {fmt_age(times[-1], now)}")
+    stored = progress.get("stored_points", len(points))
+    _echo_chart("loss", [(p["at"], p.get("loss")) for p in points], stored, now)
+    validation = validation_metric({name for p in points for name in p.get("metrics") or {}})
+    if validation:
+        series = [(p["at"], (p.get("metrics") or {}).get(validation)) for p in points]
+        _echo_chart(validation, series, stored, now)
+
+
+def _echo_chart(title: str, series: list[tuple[str, float | None]], stored: int, now: datetime) -> None:
+    """A text chart of the points of ``series`` (time, value) that have a value."""
+    known = [(at, value) for at, value in series if value is not None]
+    click.echo(f"\n{title} ({len(known)} points of {stored} stored):")
+    click.echo(text_chart([value for _, value in known], width=CHART_WIDTH))
+    if known:
+        click.echo(f"  from {fmt_age(known[0][0], now)} to {fmt_age(known[-1][0], now)}")
 
 
 # -- scale / stop / resume -------------------------------------------------------------------------

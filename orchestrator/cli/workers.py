@@ -8,7 +8,16 @@ from typing import Any
 import click
 
 from orchestrator.cli.context import ApiContext, api_command
-from orchestrator.cli.output import echo_json, echo_table, fmt_age, fmt_number, fmt_usd, worker_cost_usd
+from orchestrator.cli.output import (
+    echo_json,
+    echo_table,
+    fmt_age,
+    fmt_metrics,
+    fmt_number,
+    fmt_usd,
+    worker_cost_usd,
+)
+from worker.wire_trainer import LOSS_METRIC_NAMES
 
 LIVE_STATES = frozenset({"launching", "running"})
 
@@ -37,6 +46,7 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
         worker.get("samples", 0),
         fmt_number(worker.get("samples_per_s"), 3),
         fmt_number(worker.get("loss")),
+        fmt_metrics(worker.get("metrics"), skip=LOSS_METRIC_NAMES),
         "yes" if worker.get("checkpointer") else "",
         fmt_usd(worker_cost_usd(worker, now)),
         _ended(worker),
@@ -64,6 +74,7 @@ def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
         "samples",
         "samples/s",
         "loss",
+        "metrics",
         "ckpt",
         "cost",
         "ended",

@@ -100,6 +100,8 @@ class Run(Base):
     requirements: Mapped[list[str]] = mapped_column(JSON, default=list)
     env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     secret_env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    trainer: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the spec's trainer section
+    report_metrics: Mapped[list[str]] = mapped_column(default=list)
     # Lifecycle.
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
@@ -108,6 +110,9 @@ class Run(Base):
     # of checkpoint uploads are judged by (workers' own reports never count for either).
     swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop_requested_at: Mapped[datetime | None]
+    # What the run's workers reported last, kept when it finishes (orchestrator/reported.py).
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    final_metrics: Mapped[dict[str, Any] | None]
     consecutive_start_failures: Mapped[int] = mapped_column(Integer, default=0)
     last_start_failure_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
@@ -155,6 +160,7 @@ class Worker(Base):
     samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     num_peers: Mapped[int] = mapped_column(Integer, default=0)
     phase: Mapped[str] = mapped_column(String(16), default="starting")
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the run's report_metrics: name -> value
 
     run: Mapped[Run] = relationship(back_populates="workers")
 
@@ -176,6 +182,7 @@ class ProgressSample(Base):
     dht_epoch: Mapped[int | None] = mapped_column(BigInteger)
     dht_samples: Mapped[int | None] = mapped_column(BigInteger)
     dht_peers: Mapped[int | None] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any] | None]  # mean over workers with a fresh heartbeat, by name
 
 
 class Checkpoint(Base):

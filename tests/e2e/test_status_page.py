@@ -82,7 +82,10 @@ def hand_run(orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
         created = http.post("/api/v1/runs", json=spec)
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
-    workers = [HandWorker(orch, join, "host-a"), HandWorker(orch, join, "host-b")]
+    workers = [
+        HandWorker(orch, join, "host-a", validates=True),
+        HandWorker(orch, join, "host-b", validates=True),
+    ]
     beater = Beater(workers)
     beater.start()
     try:
@@ -124,6 +127,18 @@ def test_page_shows_a_live_run_and_its_controls_work(
         wait_until(lambda: chart_points(page, "loss-chart") >= 3, 20, message="loss chart has points")
         assert chart_points(page, "speed-chart") >= 3
         assert page.locator("#loss-chart path.series.main").count() == 1
+        # the validation curve beside the loss: val_loss first; any other reported metric on demand
+        wait_until(lambda: chart_points(page, "metric-chart") >= 3, 20, message="validation chart has points")
+        expect(page.locator("#metric-select")).to_have_value("val_loss")
+        assert page.locator('#metric-chart path.series.main[data-series="val_loss"]').count() == 1
+        expect(page.locator("#t-metric-label")).to_have_text("val_loss")
+        expect(page.locator("#t-metric")).not_to_have_text("-")
+        page.select_option("#metric-select", "val_acc")
+        expect(page.locator('#metric-chart path.series.main[data-series="val_acc"]')).to_have_count(1)
+        expect(page.locator("#t-metric-label")).to_have_text("val_acc")
+        first_row = page.locator(f'#workers tr[data-worker="{workers[0].worker_id}"] td.metrics')
+        expect(first_row).to_contain_text("val_acc=")
+        expect(first_row).to_contain_text("val_loss=")
         expect(page.locator("#events")).to_contain_text("worker.registered")
         expect(page.locator('#workers tr[data-state="running"]')).to_have_count(2)
 

@@ -59,7 +59,10 @@ def cli(
 class HandWorker:
     """A worker joined by hand: registers with the join token, then reports made-up progress."""
 
-    def __init__(self, orch: Orchestrator, join_token: str, hostname: str = "by-hand") -> None:
+    def __init__(
+        self, orch: Orchestrator, join_token: str, hostname: str = "by-hand", validates: bool = False
+    ) -> None:
+        self.validates = validates  # also report a falling val_loss and a rising val_acc
         self.client = OrchestratorClient(orch.url, retries=1, backoff_s=0.1)
         body = WorkerRegister(hostname=hostname, launcher_handle="manual")
         registered = self.client.register(join_token, body)
@@ -68,8 +71,10 @@ class HandWorker:
         self.step = 0
 
     def beat(self, samples_per_s: float = 50.0) -> HeartbeatReply:
-        """One heartbeat with a falling loss."""
+        """One heartbeat with a falling loss (and validation metrics if it ``validates``)."""
         self.step += 1
+        decay = math.exp(-self.step / 20)
+        metrics = {"val_loss": 1.5 * decay + 0.2, "val_acc": 0.9 - 0.8 * decay} if self.validates else {}
         body = Heartbeat(
             local_step=self.step,
             swarm_epoch=self.step // 4,
@@ -77,6 +82,7 @@ class HandWorker:
             loss=2.0 * math.exp(-self.step / 20) + 0.1,
             samples_per_s=samples_per_s,
             num_peers=1,
+            metrics=metrics,
         )
         return self.client.heartbeat(self.worker_id, body)
 

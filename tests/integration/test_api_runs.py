@@ -90,6 +90,31 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_only(
+    orch: Orchestrator,
+) -> None:
+    trainer = {
+        "precision": "bf16-mixed",
+        "gradient_clip_val": 0.5,
+        "val_check_interval": 20,
+        "check_val_every_n_epoch": None,
+        "callbacks": [LR_MONITOR],
+        "loggers": [{"path": "lightning.pytorch.loggers:CSVLogger", "args": {"save_dir": "/srv/private"}}],
+    }
+    name = create(orch, new_name(), trainer=trainer, report_metrics=["train_loss", "val_*", "lr-*"])["name"]
+    with orch.admin() as http:
+        full = http.get(f"/api/v1/runs/{name}").json()["spec"]
+    with orch.client() as http:
+        public = http.get(f"/api/v1/runs/{name}").json()["spec"]
+    assert full["report_metrics"] == public["report_metrics"] == ["train_loss", "val_*", "lr-*"]
+    assert full["trainer"]["precision"] == "bf16-mixed" and full["trainer"]["check_val_every_n_epoch"] is None
+    assert full["trainer"]["callbacks"] == [{"path": LR_MONITOR, "args": {}}]
+    assert full["trainer"]["loggers"][0]["args"] == {"save_dir": "/srv/private"}
+    assert public["trainer"]["loggers"] == [{"path": "lightning.pytorch.loggers:CSVLogger", "args": {}}]
+    assert public["trainer"]["val_check_interval"] == 20
+
+
+@pytest.mark.timeout(180)
 def test_duplicate_name_is_409(orch: Orchestrator) -> None:
     name = new_name()
     create(orch, name)
@@ -165,6 +190,10 @@ def test_events_page_with_a_cursor(orch: Orchestrator) -> None:
     assert empty == {"items": [], "next_after_id": rest["next_after_id"]}
 
 
+LR_MONITOR = "lightning.pytorch.callbacks:LearningRateMonitor"
+MODEL_CHECKPOINT = "lightning.pytorch.callbacks:ModelCheckpoint"
+EARLY_STOPPING = "lightning.pytorch.callbacks:EarlyStopping"
+
 # (method, path, json body or raw bytes, expected status, text expected in the detail)
 INVALID: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/api/v1/runs", {**run_spec("bad-1"), "surprise": 1}, 422, "surprise"),
@@ -198,6 +227,26 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/api/v1/runs", b"{not json", 422, ""),
     ("POST", "/api/v1/runs", [1, 2], 422, ""),
     ("POST", "/api/v1/runs", {**run_spec("bad-11"), "module_args": {"x": "y" * 70_000}}, 413, "limit"),
+    *[
+        ("POST", "/api/v1/runs", {**run_spec(f"trainer-{i}"), **change}, 422, detail)
+        for i, (change, detail) in enumerate(
+            [
+                ({"trainer": {"precision": "16-true"}}, "'bf16-mixed'"),
+                ({"trainer": {"precison": "bf16-mixed"}}, "'trainer', 'precison'"),
+                ({"trainer": {"accumulate_grad_batches": 4}}, "raise target_batch_size"),
+                ({"trainer": {"max_epochs": 4}}, "stop condition"),
+                ({"trainer": {"callbacks": ["no.such.module:Callback"]}}, "callbacks[0]: cannot import"),
+                ({"trainer": {"callbacks": [MODEL_CHECKPOINT]}}, "orchestrator keeps the run's checkpoints"),
+                ({"trainer": {"callbacks": [LR_MONITOR, EARLY_STOPPING]}}, f"[1]: {EARLY_STOPPING}: Early"),
+                ({"trainer": {"callbacks": [{"path": LR_MONITOR, "args": {"interval": 1}}]}}, "'interval'"),
+                ({"trainer": {"loggers": [LR_MONITOR]}}, "trainer.loggers[0]"),
+                ({"strategy_options": {"precision": "bf16-mixed"}}, "set it in the trainer section"),
+                ({"strategy_options": {"matchmaking_tme": 1.0}}, "not a HivemindStrategy keyword"),
+                ({"strategy_options": {"target_batch_size": 64}}, "run spec's target_batch_size"),
+                ({"report_metrics": [f"m{n}" for n in range(17)]}, "report_metrics"),
+            ]
+        )
+    ],
     ("GET", "/api/v1/runs?limit=0", None, 422, "limit"),
     ("GET", "/api/v1/runs?limit=abc", None, 422, "limit"),
     ("GET", "/api/v1/runs?state=sleeping", None, 422, "state"),
@@ -272,6 +321,29 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
         engine.dispose()
     with orch.client() as http:
         assert http.get(f"/api/v1/runs/{name}/events").status_code == 200
+
+
+@pytest.mark.timeout(180)
+def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrator) -> None:
+    """strategy_options holding a Trainer option are refused at create time, not by the spec model: a run
+    stored before that rule must not make every read of runs fail."""
+    name = create(orch, new_name())["name"]
+    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            legacy = json.dumps({"precision": "bf16-mixed"})
+            conn.execute(
+                text("UPDATE runs SET strategy_options = :o WHERE name = :n"), {"o": legacy, "n": name}
+            )
+    finally:
+        engine.dispose()
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/runs/{name}").json()["spec"]["strategy_options"] == {
+            "precision": "bf16-mixed"
+        }
+        assert http.get("/api/v1/runs", params={"limit": 1000}).status_code == 200
+        assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
 
 
 @pytest.mark.timeout(180)

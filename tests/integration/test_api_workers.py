@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import create_model
 
 from orchestrator import runs, workers
 from orchestrator.clock import utc_now
@@ -16,7 +18,7 @@ from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, swarm_token_peer_id
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
 from tests.postgres import PostgresCluster
-from worker.wire import CHECKSUM_HEADER
+from worker.wire import CHECKSUM_HEADER, NEWER_SPEC_FIELDS, RunSpec, StrictModel
 
 _names = itertools.count()
 CHECKPOINT_MAX_BYTES = 256 * 1024
@@ -78,7 +80,13 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
     assert reply["action"] == "continue" and reply["checkpoint_every_epochs"] == 5
     run = wait_until(lambda: (r := get_run(orch, name))["reported"]["samples_total"] == 320 and r, 10)
     assert run["state"] == "running" and run["workers"]["running"] == 1
-    assert run["reported"] == {"swarm_epoch": 2, "samples_total": 320, "loss": 0.5, "samples_per_s": 40.0}
+    assert run["reported"] == {
+        "swarm_epoch": 2,
+        "samples_total": 320,
+        "loss": 0.5,
+        "samples_per_s": 40.0,
+        "metrics": {},
+    }
     with orch.client() as http:
         listed = http.get(f"/api/v1/runs/{name}/workers").json()
         peers = http.get(f"/api/v1/runs/{name}/peers").json()
@@ -205,6 +213,93 @@ def test_progress_is_sampled_and_downsampled(orch: Orchestrator) -> None:
     assert len(points) == 3 and series["stored_points"] >= 4
     assert [p["at"] for p in points] == sorted(p["at"] for p in points)
     assert points[-1]["samples_total"] >= points[0]["samples_total"] and points[-1]["live_workers"] == 1
+
+
+def metric_series(orch: Orchestrator) -> dict[tuple[str, str], float]:
+    """The ``spotswarm_run_metric`` series of ``/metrics``: (run, name) -> value."""
+    with orch.client() as http:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        family = next(f for f in families if f.name == "spotswarm_run_metric")
+    return {(s.labels["run"], s.labels["name"]): s.value for s in family.samples}
+
+
+@pytest.mark.timeout(180)
+def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_stops(
+    orch: Orchestrator,
+) -> None:
+    name, join = create(orch, report_metrics=["train_loss", "val_*"])
+    first, second = register(orch, join), register(orch, join)
+    # what the run did not ask for is dropped: names become label values of /metrics
+    heartbeat(orch, first, loss=1.0, metrics={"val_loss": 0.75, "train_loss": 1.0, "secret_thing": 9.0})
+    heartbeat(orch, second, loss=3.0, metrics={"val_loss": 0.25, "val_acc": 0.5})
+
+    def shown() -> dict[str, Any] | None:
+        run = get_run(orch, name)
+        return run if run["reported"]["metrics"].get("val_acc") == 0.5 else None
+
+    run = wait_until(shown, 10)
+    assert run["reported"]["metrics"] == {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 0.5}
+    assert run["reported"]["loss"] == 2.0
+    with orch.client() as http:
+        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+        progress = f"/api/v1/runs/{name}/progress"
+        sampled = wait_until(lambda: [p for p in http.get(progress).json()["points"] if p["metrics"]], 10)
+    assert {w["id"]: w["metrics"] for w in items} == {
+        first["worker_id"]: {"train_loss": 1.0, "val_loss": 0.75},
+        second["worker_id"]: {"val_acc": 0.5, "val_loss": 0.25},
+    }
+    assert sampled[-1]["metrics"] == {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 0.5}
+    series = metric_series(orch)
+    assert series[(name, "val_loss")] == 0.5 and (name, "secret_thing") not in series
+
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+    for worker, val_loss in ((first, 0.5), (second, 0.3)):  # the final reports, as agents leave
+        assert (
+            heartbeat(orch, worker, loss=0.9, phase="stopping", metrics={"val_loss": val_loss})["action"]
+            == "stop"
+        )
+        with orch.client(worker["worker_token"]) as http:
+            http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+    stopped = get_run(orch, name)
+    assert stopped["state"] == "stopped" and stopped["workers"]["live"] == 0
+    assert stopped["reported"]["loss"] == pytest.approx(0.9)
+    assert stopped["reported"]["metrics"] == {"val_loss": pytest.approx(0.4)}
+    assert metric_series(orch)[(name, "val_loss")] == pytest.approx(0.4)
+
+
+@pytest.mark.timeout(180)
+def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    worker = register(orch, join)
+    heartbeat(orch, worker, loss=0.7, metrics={"val_loss": 0.6})
+    with orch.client() as http:
+        progress = f"/api/v1/runs/{name}/progress"
+        wait_until(lambda: any(p["metrics"] for p in http.get(progress).json()["points"]), 10)
+        http.headers["Authorization"] = f"Bearer {worker['worker_token']}"
+        http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+    with orch.admin() as http:
+        stopped = http.post(f"/api/v1/runs/{name}/stop").json()
+    assert stopped["state"] == "stopped"
+    assert stopped["reported"]["loss"] == 0.7 and stopped["reported"]["metrics"] == {"val_loss": 0.6}
+
+
+@pytest.mark.timeout(180)
+def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: Orchestrator) -> None:
+    """A worker from before the trainer section parses its RunSpec strictly: a run that does not use the
+    newer fields must not send them; a run that does sends them (such a worker cannot honour it)."""
+    older_fields = {
+        k: (f.annotation, f) for k, f in RunSpec.model_fields.items() if k not in NEWER_SPEC_FIELDS
+    }
+    OlderRunSpec = create_model("OlderRunSpec", __base__=StrictModel, **older_fields)  # type: ignore[call-overload]
+    _, join = create(orch)
+    plain = register(orch, join)["run"]
+    assert not set(NEWER_SPEC_FIELDS) & set(plain)
+    OlderRunSpec.model_validate(plain)
+    _, join = create(orch, trainer={"precision": "bf16-mixed"}, report_metrics=["val_loss"])
+    used = register(orch, join)["run"]
+    assert used["trainer"]["precision"] == "bf16-mixed" and used["report_metrics"] == ["val_loss"]
+    assert RunSpec.model_validate(used).trainer.trainer_kwargs() == {"precision": "bf16-mixed"}
 
 
 def upload(

@@ -101,10 +101,15 @@ def test_a_shown_spec_creates_the_same_run_again(orch: Orchestrator, tmp_path: P
     assert copy == {**original, "name": "from-spec-2"} and copy["module_args"] == {"hidden": 6}
 
 
+def shown_value(text: str, key: str) -> str:
+    """The value on the ``runs show`` line of ``key``."""
+    return next(line.split()[1] for line in text.splitlines() if line.split()[:1] == [key])
+
+
 @pytest.mark.timeout(60)
 def test_list_show_scale_stop_resume(orch: Orchestrator) -> None:
     join = create(orch, "steer", stop={"target_samples": 100_000})
-    worker = HandWorker(orch, join)
+    worker = HandWorker(orch, join, validates=True)
 
     def beat_until_charted() -> bool:  # a heartbeat per poll until a few progress samples are stored
         worker.beat()
@@ -123,7 +128,8 @@ def test_list_show_scale_stop_resume(orch: Orchestrator) -> None:
     assert shown.exit_code == 0, shown.output
     assert "1 live / 1 desired" in shown.stdout and "samples 100000" in shown.stdout
     chart = [line for line in shown.stdout.splitlines() if "|" in line]
-    assert len(chart) == 6 and any(ch in "".join(chart) for ch in "#▁▂▃▄▅▆▇█")
+    assert len(chart) == 12 and any(ch in "".join(chart) for ch in "#▁▂▃▄▅▆▇█")  # loss and val_loss
+    assert "\nval_loss (" in shown.stdout and shown_value(shown.stdout, "val_acc") != "-"
 
     scaled = cli(orch, "runs", "scale", "steer", "3")
     assert scaled.exit_code == 0 and "3 desired" in scaled.stdout
@@ -134,6 +140,8 @@ def test_list_show_scale_stop_resume(orch: Orchestrator) -> None:
     assert worker.beat().action.value == "stop"
     worker.leave(DeregisterReason.stopped)
     wait_until(lambda: api_run(orch, "steer")["state"] == "stopped", 15, message="run stopped")
+    final = cli(orch, "runs", "show", "steer").stdout  # a finished run keeps its last loss and metrics
+    assert shown_value(final, "loss") != "-" and shown_value(final, "val_loss") != "-", final
 
     resumed = cli(orch, "runs", "resume", "steer")
     assert resumed.exit_code == 0 and "pending" in resumed.stdout

@@ -29,7 +29,7 @@ def joined(orch: Orchestrator) -> Iterator[tuple[HandWorker, HandWorker]]:
     created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("crew")))
     assert created.exit_code == 0, created.output
     join = json.loads(created.stdout)["join_token"]
-    first, second = HandWorker(orch, join, "host-a"), HandWorker(orch, join, "host-b")
+    first, second = HandWorker(orch, join, "host-a", validates=True), HandWorker(orch, join, "host-b")
     first.beat(40.0)
     second.beat(60.0)
     yield first, second
@@ -50,9 +50,10 @@ def test_workers_list_shows_live_workers_and_how_others_ended(orch: Orchestrator
     table = cli(orch, "workers", "list", "crew")
     assert table.exit_code == 0, table.output
     lines = table.stdout.splitlines()
-    assert lines[0].split()[:3] == ["ID", "STATE", "HANDLE"]
+    assert lines[0].split()[:3] == ["ID", "STATE", "HANDLE"] and "METRICS" in lines[0].split()
     row_a = next(line for line in lines if "host-a" in line)
     row_b = next(line for line in lines if "host-b" in line)
+    assert "val_acc=" in row_a and "val_loss=" in row_a and "val_" not in row_b
     assert (
         " running " in row_a
         and "interrupted: spot notice" in row_b
@@ -101,3 +102,21 @@ def test_peers_prints_an_initial_peers_line(orch: Orchestrator, joined: tuple) -
     assert set(last.removeprefix("INITIAL_PEERS=").split(",")) >= set(orch.peers())
     own = cli(orch, "peers")
     assert own.exit_code == 0 and f"/tcp/{orch.dht_port}/p2p/" in own.stdout
+
+
+@pytest.mark.timeout(30)
+def test_runs_show_totals_the_shares_workers_list_shows(orch: Orchestrator, joined: tuple) -> None:
+    """`runs show` adds up the workers it lists itself (each share shown): the run's own total is read in
+    another request, and workers' counts move by a heartbeat's worth at a time."""
+    first, _ = joined
+    first.beat()
+
+    def agreeing() -> tuple[str, list[int]] | None:
+        items = json.loads(cli(orch, "workers", "list", "crew", "--json").stdout)["items"]
+        shares = [w["samples"] for w in items if w["samples"]]
+        shown = cli(orch, "runs", "show", "crew").stdout
+        line = next(line for line in shown.splitlines() if line.split()[:1] == ["samples"])
+        return (line, shares) if line.split()[1] == str(sum(shares)) else None
+
+    line, shares = wait_until(agreeing, 10)  # once the last heartbeat is written (a flush interval)
+    assert len(shares) == 2 and " + ".join(str(n) for n in shares) in line and "from 2 worker(s)" in line

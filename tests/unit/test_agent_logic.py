@@ -19,8 +19,9 @@ from worker.agent_boot import (
     build_user_objects,
     register,
 )
-from worker.agent_callback import read_loss, stop_condition_reached
+from worker.agent_callback import stop_condition_reached
 from worker.agent_config import AgentConfig, parse_config
+from worker.agent_metrics import read_loss
 from worker.agent_state import AgentState
 from worker.checkpoints import Checkpointer, live_peer_epochs, live_record_max_age_s, should_resume
 from worker.client import OrchestratorClient

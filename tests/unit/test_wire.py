@@ -1,9 +1,12 @@
 """The wire format rejects what the API must reject."""
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
 from worker.wire import Heartbeat, RunSpec
+from worker.wire_trainer import DEFAULT_REPORT_METRICS, select_metrics, trainer_option_in_strategy_options
 
 BASE = {
     "name": "digits",
@@ -38,3 +41,82 @@ def test_run_spec_rejects_bad_input(override: dict) -> None:
 def test_heartbeat_rejects_nan_loss() -> None:
     with pytest.raises(ValidationError):
         Heartbeat(loss=float("nan"))
+
+
+# -- the trainer section and reported metrics -------------------------------------------------------
+
+
+def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -> None:
+    options = {
+        "precision": "bf16-mixed",
+        "gradient_clip_val": 1.0,
+        "val_check_interval": 50,
+        "check_val_every_n_epoch": None,
+        "limit_val_batches": 0.25,
+        "deterministic": "warn",
+    }
+    callbacks = ["lightning.pytorch.callbacks:LearningRateMonitor"]
+    spec = RunSpec(**BASE, trainer={**options, "callbacks": callbacks})
+    assert spec.trainer.trainer_kwargs() == options
+    assert spec.trainer.callbacks[0].path == "lightning.pytorch.callbacks:LearningRateMonitor"
+    assert RunSpec(**BASE).trainer.trainer_kwargs() == {}
+    assert RunSpec(**BASE).report_metrics == ["train_loss", "loss", "train/loss", "val_*"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"trainer": {"precision": "16-true"}}, "'32-true', '16-mixed' or 'bf16-mixed'"),
+        ({"trainer": {"precison": "bf16-mixed"}}, "Extra inputs are not permitted"),
+        ({"trainer": {"accumulate_grad_batches": 2}}, "raise target_batch_size instead"),
+        ({"trainer": {"devices": 2}}, "one worker per device"),
+        ({"trainer": {"max_epochs": 3}}, "stop condition"),
+        ({"trainer": {"val_check_interval": 1.5}}, "(0, 1]"),
+        ({"trainer": {"val_check_interval": 0.0}}, "(0, 1]"),
+        ({"trainer": {"limit_val_batches": 1.5}}, "[0, 1]"),
+        ({"trainer": {"val_check_interval": 0}}, "[1, 10^9]"),
+        ({"trainer": {"val_check_interval": True}}, "not true or false"),
+        ({"trainer": {"limit_val_batches": -1}}, "[0, 10^9]"),
+        ({"trainer": {"gradient_clip_val": float("inf")}}, "finite"),
+        ({"trainer": {"callbacks": ["not an import path"]}}, "pattern"),
+        ({"trainer": {"callbacks": [{"path": "a:B", "args": {"x": float("nan")}}]}}, "not plain JSON"),
+        ({"trainer": {"loggers": ["a:B"] * 17}}, "at most 16"),
+        (
+            {"trainer": {"gradient_clip_val": 1.0}, "strategy_options": {"reuse_grad_buffers": True}},
+            "clip the sum",
+        ),
+        ({"report_metrics": ["val_*", "val_*"]}, "twice"),
+        ({"report_metrics": [f"m{i}" for i in range(17)]}, "at most 16"),
+        ({"report_metrics": ["ok", "bad\nname"]}, "printable"),
+        ({"report_metrics": ["x" * 101]}, "printable"),
+    ],
+)
+def test_trainer_options_a_worker_cannot_honour_are_refused(override: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        RunSpec(**{**BASE, **override})
+
+
+def test_trainer_options_in_strategy_options_are_named() -> None:
+    assert "set it in the trainer section" in str(
+        trainer_option_in_strategy_options({"precision": "16-mixed"})
+    )
+    assert "runs cannot set" in str(trainer_option_in_strategy_options({"accumulate_grad_batches": 2}))
+    assert trainer_option_in_strategy_options({"matchmaking_time": 1.0}) is None
+
+
+def test_heartbeat_metrics_are_bounded_finite_and_named() -> None:
+    assert Heartbeat(metrics={"val_loss": 0.5, "lr-Optimizer/pg1": 0.01}).metrics["val_loss"] == 0.5
+    assert Heartbeat().metrics == {}  # what an older worker sends
+    for bad in ({"val_loss": float("nan")}, {"a\x00": 1.0}, {f"m{i}": 1.0 for i in range(33)}, {"": 1.0}):
+        with pytest.raises(ValidationError):
+            Heartbeat(metrics=bad)
+
+
+def test_metrics_are_selected_by_name_or_pattern_and_bounded() -> None:
+    values = {"train_loss": 1.0, "val_loss": 2.0, "val_acc": 0.5, "other": 3.0, "bad\nname": 4.0}
+    expected = {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 2.0}
+    assert select_metrics(values, DEFAULT_REPORT_METRICS) == expected
+    many = {f"val_{i:03d}": float(i) for i in range(100)}
+    picked = select_metrics(many, ("val_*",))
+    assert list(picked) == [f"val_{i:03d}" for i in range(32)]
+    assert select_metrics({"val_loss": 1.0}, ()) == {}

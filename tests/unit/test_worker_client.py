@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from worker.agent_state import AgentState
 from worker.client import (
     ChecksumMismatch,
     Conflict,
@@ -17,6 +18,7 @@ from worker.client import (
     Unauthorized,
     Unreachable,
 )
+from worker.heartbeat import Heartbeater
 from worker.wire import CHECKSUM_HEADER, DeregisterReason, Heartbeat
 
 
@@ -119,3 +121,18 @@ def test_a_rate_limited_request_is_retried_after_retry_after() -> None:
     sleeps: list[float] = []
     make_client(server, sleeps).heartbeat("w1", Heartbeat())
     assert len(server.requests) == 2 and sleeps and sleeps[0] >= 7
+
+
+def test_heartbeats_go_without_metrics_to_an_orchestrator_that_refuses_them(tmp_path: Path) -> None:
+    """An orchestrator from before reported metrics answers 422 to the unknown field (as FastAPI words it);
+    the worker keeps beating without its metrics instead of being refused for good."""
+    old_answer = {"detail": [{"type": "extra_forbidden", "loc": ["body", "metrics"], "msg": "Extra inputs"}]}
+    reply = {"action": "continue", "checkpointer": False, "checkpoint_every_epochs": 5}
+    server = FakeServer(httpx.Response(422, json=old_answer), httpx.Response(200, json=reply))
+    state = AgentState(checkpoint_every_epochs=5)
+    state.update_progress(metrics={"val_loss": 0.5}, loss=1.0)
+    beater = Heartbeater(make_client(server, []), state, "7", "run", 1.0, tmp_path)
+    assert beater.beat() and beater.beat()
+    sent = [json.loads(body) for body in server.bodies]
+    assert [body.get("metrics") for body in sent] == [{"val_loss": 0.5}, {}, {}]
+    assert all(body["loss"] == 1.0 for body in sent)

@@ -18,6 +18,8 @@ const SLOW_MS = 10000;
 const MAX_EVENTS_SHOWN = 500;
 const MAX_WORKER_HISTORY = 2000; // per-worker points kept in memory (since the page opened)
 
+const LOSS_NAMES = new Set(["train_loss", "loss", "train/loss"]); // the loss column and chart show these
+
 const state = { run: null, workers: [], progress: null, eventsAfter: 0, history: new Map() };
 const status = freshness();
 const token = setupTokenPanel(() => { refreshAll(); refreshSpec(); });
@@ -33,6 +35,9 @@ function renderRun(run) {
   setText("t-epoch", String(swarmEpoch(run)));
   setText("t-speed", fmtNumber(run.reported.samples_per_s, 3));
   setText("t-loss", fmtNumber(run.reported.loss));
+  const shown = chosenMetric() || validationMetric(Object.keys(run.reported.metrics || {}));
+  setText("t-metric-label", shown || "validation");
+  setText("t-metric", shown ? fmtNumber((run.reported.metrics || {})[shown]) : "-");
   setText("t-samples", fmtInt(run.reported.samples_total));
   setText("t-eta", fmtDuration(etaSeconds(run)));
   setText("t-age", fmtDuration(ageSeconds(run.created_at)));
@@ -105,7 +110,7 @@ async function refreshSpec() {
     const run = await api(RUN_PATH, { admin: true });
     setText("spec", JSON.stringify(run.spec, null, 2));
     setText("spec-note", run.redacted
-      ? "module_args, datamodule_args, strategy_options and launcher_options are shown to the admin token only"
+      ? "module_args, datamodule_args, strategy_options, launcher_options and the args of trainer callbacks and loggers are shown to the admin token only"
       : "");
   } catch (err) {
     setText("spec-note", err instanceof ApiError ? err.message : String(err));
@@ -121,6 +126,11 @@ function ended(worker) {
   return why ? `${worker.state}: ${why.slice(0, 80)}` : worker.state;
 }
 
+function metricsText(metrics) {
+  return Object.entries(metrics || {}).filter(([name]) => !LOSS_NAMES.has(name))
+    .map(([name, value]) => `${name}=${fmtNumber(value)}`).join(" ");
+}
+
 function workerRow(w) {
   const heartbeat = ageSeconds(w.last_heartbeat_at);
   return el("tr", { "data-worker": w.id, "data-state": w.state },
@@ -132,6 +142,7 @@ function workerRow(w) {
     el("td", { class: "num" }, fmtInt(w.samples)),
     el("td", { class: "num" }, fmtNumber(w.samples_per_s, 3)),
     el("td", { class: "num" }, fmtNumber(w.loss)),
+    el("td", { class: "metrics mono" }, metricsText(w.metrics)),
     el("td", { class: "num" }, fmtUsd(workerCost(w))),
     el("td", { class: "ended" }, ended(w)),
   );
@@ -166,6 +177,28 @@ async function refreshWorkers() {
 
 // -- charts --------------------------------------------------------------------------------------------
 
+/** The metric a validation chart shows by default: val_loss when reported, else the first val* name. */
+function validationMetric(names) {
+  const sorted = [...names].sort();
+  return sorted.includes("val_loss") ? "val_loss" : sorted.find((name) => name.startsWith("val")) || sorted[0] || "";
+}
+
+function chosenMetric() {
+  return document.getElementById("metric-select").value;
+}
+
+/** Offer every metric the progress series holds; keep the user's choice, else the validation metric. */
+function updateMetricChoice(points) {
+  const names = [...new Set(points.flatMap((p) => Object.keys(p.metrics || {})))].sort();
+  const select = document.getElementById("metric-select");
+  const current = [...select.options].map((o) => o.value).filter(Boolean);
+  if (names.join("\n") === current.join("\n")) return;
+  const keep = names.includes(select.value) ? select.value : validationMetric(names);
+  select.replaceChildren(...(names.length ? names : [""]).map((name) =>
+    el("option", { value: name }, name || "none reported yet")));
+  select.value = keep;
+}
+
 function drawCharts() {
   const points = state.progress ? state.progress.points : [];
   const times = points.map((p) => parseTime(p.at));
@@ -177,8 +210,14 @@ function drawCharts() {
       speed.push({ name: `w${id}`, points: rows.map((r) => [r.at, r.speed]) });
     }
   }
-  const xRange = times.length ? [times[0], times[times.length - 1]] : null; // one time axis for both
+  updateMetricChoice(points);
+  const name = chosenMetric();
+  const metric = [{ name: name || "metric", main: true,
+    points: points.map((p, i) => [times[i], (p.metrics || {})[name] ?? null]) }];
+  const xRange = times.length ? [times[0], times[times.length - 1]] : null; // one time axis for all
   drawLineChart(document.getElementById("loss-chart"), loss, { xRange, empty: "no loss reported yet" });
+  drawLineChart(document.getElementById("metric-chart"), metric,
+    { xRange, empty: name ? `no ${name} yet` : "no metric reported yet (report_metrics)" });
   drawLineChart(document.getElementById("speed-chart"), speed, { xRange, zeroBased: true, empty: "no throughput yet" });
   if (state.progress) {
     setText("points-note", `${points.length} of ${state.progress.stored_points} stored points`);
@@ -196,6 +235,10 @@ async function refreshProgress() {
   }
 }
 
+document.getElementById("metric-select").addEventListener("change", () => {
+  drawCharts();
+  if (state.run) renderRun(state.run);
+});
 document.getElementById("per-worker").addEventListener("change", (event) => {
   document.getElementById("per-worker-note").hidden = !event.target.checked;
   drawCharts();

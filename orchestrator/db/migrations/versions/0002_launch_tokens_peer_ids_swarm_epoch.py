@@ -10,7 +10,7 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-02-01
+Create Date: 2026-11-23
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-02-10
+Create Date: 2026-11-23
 """
 
 from __future__ import annotations

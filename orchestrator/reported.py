@@ -1,0 +1,85 @@
+"""A run's loss and metrics, aggregated from what its workers reported in their latest heartbeats.
+
+Each metric of a run (``val_loss``, ``lr-Optimizer``, ...) is the mean over the workers that count and
+report it; so is the loss. Which workers count:
+
+- while the run is active, those running with a fresh heartbeat (:func:`fresh_values`);
+- once it has finished, those whose last heartbeat came after the stop was asked for, that is their
+  final reports as they left (:func:`final_values`, stored on the run when it finishes, so a finished
+  run keeps its last loss and metrics). When none did (every worker had gone before), the run keeps the
+  values of its latest progress sample that has any.
+
+Every worker validates on its own and keeps reporting its latest validation result until it validates
+again, so a run's ``val_*`` value is the mean of the latest validation of each worker that counts: they
+validate the same parameters (averaged every swarm epoch) on the same data, and differ by what each
+trained locally since the last average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import ProgressSample, Run, Worker
+from worker.wire import WorkerState
+from worker.wire_trainer import MAX_REPORTED_METRICS
+
+Values = tuple[float | None, dict[str, float]]  # (loss, metrics by name)
+FALLBACK_SAMPLES = 100  # progress samples looked through for the latest values of a run that has no others
+
+
+def mean_values(reports: Iterable[tuple[float | None, Mapping[str, Any] | None]]) -> Values:
+    """The mean loss and the mean of each metric over ``reports`` (each a loss and metrics); a name
+    counts the reports that have it. At most :data:`MAX_REPORTED_METRICS` names, first by name."""
+    losses: list[float] = []
+    sums: dict[str, tuple[float, int]] = {}
+    for loss, metrics in reports:
+        if loss is not None:
+            losses.append(float(loss))
+        for name, value in (metrics or {}).items():
+            if isinstance(value, (int, float)):
+                total, count = sums.get(name, (0.0, 0))
+                sums[name] = (total + float(value), count + 1)
+    names = sorted(sums)[:MAX_REPORTED_METRICS]
+    mean_loss = sum(losses) / len(losses) if losses else None
+    return mean_loss, {name: sums[name][0] / sums[name][1] for name in names}
+
+
+def fresh_values(session: Session, run_ids: Sequence[int], fresh_after: datetime) -> dict[int, Values]:
+    """Loss and metrics of each run over its running workers heard from since ``fresh_after``."""
+    if not run_ids:
+        return {}
+    query = select(Worker.run_id, Worker.loss, Worker.metrics).where(
+        Worker.run_id.in_(list(run_ids)),
+        Worker.state == WorkerState.running.value,
+        Worker.last_heartbeat_at >= fresh_after,
+    )
+    reports: dict[int, list[tuple[float | None, Mapping[str, Any] | None]]] = {}
+    for run_id, loss, metrics in session.execute(query):
+        reports.setdefault(run_id, []).append((loss, metrics))
+    return {run_id: mean_values(rows) for run_id, rows in reports.items()}
+
+
+def final_values(session: Session, run: Run) -> Values:
+    """What a run that is finishing keeps: see the module docstring."""
+    if run.stop_requested_at is not None:
+        query = select(Worker.loss, Worker.metrics).where(
+            Worker.run_id == run.id, Worker.last_heartbeat_at >= run.stop_requested_at
+        )
+        loss, metrics = mean_values(session.execute(query).tuples())
+        if loss is not None or metrics:
+            return loss, metrics
+    latest = session.execute(
+        select(ProgressSample.loss, ProgressSample.metrics)
+        .where(ProgressSample.run_id == run.id)
+        .order_by(ProgressSample.at.desc(), ProgressSample.id.desc())
+        .limit(FALLBACK_SAMPLES)
+    )
+    for loss, metrics in latest:
+        if loss is not None or metrics:
+            return loss, dict(metrics or {})
+    return None, {}

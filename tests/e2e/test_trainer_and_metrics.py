@@ -1,0 +1,134 @@
+"""A run with a trainer section and reported metrics, end to end: `spotswarm serve` with the reconcile
+loop and the local launcher, one digits worker (it logs ``val_loss``), created with the CLI from the
+spec file and the command of docs/readme/training.md. The worker applies the section (bf16, clipping,
+validation every few batches on one batch, a stock LearningRateMonitor, a CSVLogger); the API, the CLI
+and ``/metrics`` show ``val_loss`` and the learning rate for the run and the worker; the orchestrator
+writes them as TensorBoard events; after `runs stop` the finished run still shows its last loss and
+``val_loss``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from tensorboardX.proto.event_pb2 import Event
+
+from tests.e2e.runs_support import RunReader, digits_run, start_loop_orchestrator
+from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
+from tests.integration.cli_support import cli
+from tests.orchestrator_fixture import Orchestrator
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # a worker importing torch, lightning and hivemind on a busy 2-core machine
+DOC = REPO_ROOT / "docs/readme/training.md"
+CREATE = (
+    "spotswarm runs create -f run.yaml --trainer-option precision=bf16-mixed "
+    "--report-metric train_loss --report-metric 'val_*' --report-metric 'lr-*'"
+)
+RUN = "digits-val"
+
+
+def run_file(tmp_path: Path) -> Path:
+    """The documented run.yaml, with one worker, the test runs' swarm options and a temporary log dir."""
+    text = DOC.read_text()
+    spec = yaml.safe_load(text[text.index("```yaml\n") + 8 : text.index("```", text.index("```yaml\n") + 8)])
+    assert spec["name"] == RUN and CREATE in text
+    spec.update(desired_workers=1, min_workers=0, strategy_options=digits_run(RUN)["strategy_options"])
+    spec["trainer"]["loggers"][0]["args"]["save_dir"] = str(tmp_path / "csv")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def metric_series(orch: Orchestrator) -> dict[str, float]:
+    """``spotswarm_run_metric`` of the run, by metric name."""
+    with orch.client() as http:
+        text = http.get("/metrics").text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "spotswarm_run_metric")
+    return {s.labels["name"]: s.value for s in family.samples if s.labels["run"] == RUN}
+
+
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TFRecord event files under ``directory``: tag -> [(step, value)]."""
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.rglob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])  # after length and its CRC
+            offset += 12 + length + 4  # the record and its CRC
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def reported(run: dict[str, Any]) -> dict[str, float]:
+    return dict(run["reported"]["metrics"])
+
+
+@pytest.mark.timeout(420)
+def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_kept(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
+    env = {"SPOTSWARM_TENSORBOARD_DIR": str(tmp_path / "tb")}
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    args = shlex.split(CREATE)[1:]
+    args[args.index("run.yaml")] = str(run_file(tmp_path))
+    # the first import check waits for the probe to import Lightning: seconds on a busy machine
+    created = cli(orch, *args, "--timeout", "120")
+    assert created.exit_code == 0, created.output
+    reader = RunReader(orch, RUN)
+    run = wait_until(
+        lambda: (
+            {"val_loss", "val_acc", "lr-Optimizer", "train_loss"} <= set(reported(r := reader.run())) and r
+        ),
+        BOOT_S,
+        message="the run reports val_loss and the learning rate",
+    )
+    assert run["spec"]["trainer"]["precision"] == "bf16-mixed"
+    assert reported(run)["lr-Optimizer"] == pytest.approx(0.05)  # the digits run's Adam lr
+    worker = reader.running()[0]
+    assert {"val_loss", "val_acc", "lr-Optimizer"} <= set(worker["metrics"])
+    assert metric_series(orch)["val_loss"] > 0
+
+    show = cli(orch, "runs", "show", RUN)
+    assert show.exit_code == 0, show.output
+    assert "val_loss" in show.stdout and "lr-Optimizer" in show.stdout
+    assert "\nval_loss (" in show.stdout  # the validation chart beside the loss chart
+    listed = cli(orch, "workers", "list", RUN)
+    assert "val_loss=" in listed.stdout and "lr-Optimizer=" in listed.stdout, listed.stdout
+
+    with orch.admin() as http:  # the worker applied the section: bf16 autocast (Lightning says so)
+        log = http.get(
+            f"/api/v1/runs/{RUN}/workers/{worker['id']}/log", params={"tail_bytes": 1 << 20}
+        ).json()
+    assert "Using bfloat16 Automatic Mixed Precision" in log["text"], log["text"][-3000:]
+    rows = list(csv.DictReader((next((tmp_path / "csv").rglob("metrics.csv"))).open()))
+    assert any(row.get("val_loss") for row in rows) and any(row.get("lr-Optimizer") for row in rows)
+
+    stopped = cli(orch, "runs", "stop", RUN)
+    assert stopped.exit_code == 0, stopped.output
+    finished = wait_until(lambda: (r := reader.run())["state"] == "stopped" and r, 90, message="it stops")
+    assert finished["workers"]["live"] == 0
+    assert finished["reported"]["loss"] is not None and "val_loss" in reported(finished)
+    assert metric_series(orch)["val_loss"] == pytest.approx(reported(finished)["val_loss"])
+    show = cli(orch, "runs", "show", "--json", RUN)
+    shown = json.loads(show.stdout)["run"]["reported"]
+    assert shown["loss"] == finished["reported"]["loss"] and shown["metrics"] == reported(finished)
+    text = cli(orch, "runs", "show", RUN).stdout
+    loss_line = next(line for line in text.splitlines() if line.strip().startswith("loss "))
+    assert loss_line.split()[-1] != "-", text
+
+    orch.stop()  # the forwarder writes its events out as the server stops
+    scalars = tensorboard_scalars(tmp_path / "tb" / RUN)
+    assert scalars["val_loss"] and scalars["lr-Optimizer"] and scalars["spotswarm/loss"], sorted(scalars)
+    steps = [step for step, _ in scalars["spotswarm/samples_total"]]
+    assert steps == sorted(steps) and steps[-1] >= 1  # stepped by the swarm epoch

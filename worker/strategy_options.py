@@ -1,0 +1,64 @@
+"""Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords.
+
+They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
+``hivemind.Optimizer``'s (the strategy passes unknown keywords on to it), less what the run spec or the
+strategy sets itself. The create-time probe (``orchestrator/import_probe.py``) and the agent both ask
+:func:`strategy_option_problem`, so a Trainer option such as ``precision`` put there is refused when the
+run is created, not inside ``hivemind.Optimizer`` on every worker. Imports torch, Lightning and hivemind
+when first called.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from worker.wire import SWARM_ADMISSION_OPTION
+from worker.wire_trainer import trainer_option_in_strategy_options
+
+#: ``HivemindStrategy`` keywords the agent fills from the run spec or its own state.
+SET_BY_AGENT = {
+    "target_batch_size": "it is the run spec's target_batch_size",
+    "batch_size": "it is the run spec's batch_size",
+    "run_id": "it is the run's swarm id",
+    "dht": "the agent starts the worker's DHT",
+    "authorizer": "the agent holds the worker's swarm token",
+}
+#: ``hivemind.Optimizer`` keywords ``HivemindStrategy`` fills itself when it builds the optimizer.
+SET_BY_STRATEGY = ("optimizer", "params", "scheduler", "batch_size_per_step")
+
+
+def _keywords(function: Any) -> set[str]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds} - {"self"}
+
+
+@cache
+def strategy_keywords() -> frozenset[str]:
+    """Every key ``strategy_options`` may hold (``swarm_admission``, the agent's own, included)."""
+    import hivemind
+
+    from worker.strategy import HivemindStrategy
+
+    own = _keywords(HivemindStrategy.__init__)
+    passed_on = _keywords(hivemind.Optimizer.__init__) - own - set(SET_BY_STRATEGY)
+    return frozenset((own | passed_on | {SWARM_ADMISSION_OPTION}) - set(SET_BY_AGENT))
+
+
+def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
+    """None when every key of ``options`` is one the strategy takes; else what is wrong, and the fix."""
+    trainer_option = trainer_option_in_strategy_options(dict(options))
+    if trainer_option:
+        return trainer_option
+    for key in options:
+        if key in SET_BY_AGENT:
+            return f"{key} cannot be set in strategy_options: {SET_BY_AGENT[key]}"
+    unknown = sorted(set(options) - strategy_keywords())
+    if unknown:
+        return (
+            f"not a HivemindStrategy keyword: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(strategy_keywords()))})"
+        )
+    return None
