@@ -243,7 +243,10 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
     with orch.client() as http:
         items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
         progress = f"/api/v1/runs/{name}/progress"
-        sampled = wait_until(lambda: [p for p in http.get(progress).json()["points"] if p["metrics"]], 10)
+        # samples are taken on a timer: wait for one taken after both reports were applied
+        sampled = wait_until(
+            lambda: [p for p in http.get(progress).json()["points"] if "val_acc" in (p["metrics"] or {})], 20
+        )
     assert {w["id"]: w["metrics"] for w in items} == {
         first["worker_id"]: {"train_loss": 1.0, "val_loss": 0.75},
         second["worker_id"]: {"val_acc": 0.5, "val_loss": 0.25},
