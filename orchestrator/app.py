@@ -29,6 +29,7 @@ from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
+from orchestrator.deployment_facts import claim_authority
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.forwarding import TensorBoardForwarder
 from orchestrator.heartbeat_fastpath import HeartbeatFastPath
@@ -189,7 +190,7 @@ async def _start(
     elif settings.admin_token is None:
         logger.info("admin token: read from %s", settings.admin_token_path())
     admission = (
-        SwarmAdmission.from_data_dir(settings.data_dir, settings.swarm_token_ttl_s)
+        SwarmAdmission.from_key_file(settings.swarm_authority_key_path(), settings.swarm_token_ttl_s)
         if settings.swarm_admission
         else None
     )
@@ -204,6 +205,8 @@ async def _start(
     db = Database(settings.resolved_database_url())
     try:
         db.upgrade()
+        if admission is not None:
+            claim_authority(db, admission.authority.public_key, settings.swarm_authority_key_path())
     except BaseException:
         dht.shutdown()
         raise

@@ -172,6 +172,11 @@ class Settings(BaseSettings):
         ge=0,
         description="Free disk space the upload temp dir must keep after a checkpoint upload (507 below).",
     )
+    swarm_authority_key_file: Path | None = Field(
+        default=None,
+        description="The swarm authority's signing key (made on first start). Orchestrators sharing a "
+        "database must use one key. Default: <data_dir>/swarm_authority.pem.",
+    )
     swarm_token_ttl_s: float = Field(
         default=600.0, ge=10, le=86400, description="Lifetime of a swarm token; workers renew at half-life."
     )
@@ -272,6 +277,9 @@ class Settings(BaseSettings):
 
     def resolved_checkpoint_dir(self) -> Path:
         return self.checkpoint_dir or self.data_dir / "checkpoints"
+
+    def swarm_authority_key_path(self) -> Path:
+        return self.swarm_authority_key_file or self.data_dir / "swarm_authority.pem"
 
     def dht_identity_path(self) -> Path:
         """Private key of the DHT peer: keeps its peer id (and so its multiaddrs) across restarts."""

@@ -2,8 +2,10 @@
 
 The orchestrator is the authority of every run's swarm: it signs short-lived tokens (see
 :mod:`worker.swarm_token`) binding a worker's peer key to its run, and only for workers it registered
-and that have not ended. The key lives in ``<data dir>/swarm_authority.pem`` (mode 0600) and is made
-on first start; whoever holds it can admit anyone to any run, so guard it like the admin token.
+and that have not ended. The key lives in ``<data dir>/swarm_authority.pem`` (mode 0600; setting
+``swarm_authority_key_file``) and is made on first start; whoever holds it can admit anyone to any run,
+so guard it like the admin token. Orchestrators sharing a database share it
+(:mod:`orchestrator.deployment_facts`).
 
 Runs are admitted by default; a run spec with ``strategy_options: {"swarm_admission": false}`` opts out
 (its peers use no tokens). :class:`SwarmAdmission` keeps the set of active opted-out runs and pushes it
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-AUTHORITY_KEY_FILE = "swarm_authority.pem"
 #: Registered workers that may hold a token (``lost`` ones come back to running when they speak again).
 TOKEN_WORKER_STATES = (WorkerState.running.value, WorkerState.lost.value)
 
@@ -118,8 +119,8 @@ class SwarmAdmission:
         self._open_swarms: frozenset[str] | None = None  # None: not read yet
 
     @classmethod
-    def from_data_dir(cls, data_dir: Path, ttl_s: float) -> SwarmAdmission:
-        return cls(SwarmAuthority(load_or_create_key(data_dir / AUTHORITY_KEY_FILE), ttl_s))
+    def from_key_file(cls, path: Path, ttl_s: float) -> SwarmAdmission:
+        return cls(SwarmAuthority(load_or_create_key(path), ttl_s))
 
     @property
     def open_swarms(self) -> frozenset[str]:

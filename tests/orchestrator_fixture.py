@@ -116,15 +116,16 @@ def start_orchestrator(
     proc = processes.start(name, [*command_prefix, str(VENV_BIN / "spotswarm"), "serve"], env=env)
     url = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        if not proc.alive():
-            raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
-        return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+    def ready_or_gone() -> bool:
+        return not proc.alive() or httpx.get(f"{url}/readyz", timeout=5).status_code == 200
 
     try:
-        wait_until(ready, ready_timeout_s, interval_s=0.3, message=f"{url}/readyz")
+        wait_until(ready_or_gone, ready_timeout_s, interval_s=0.3, message=f"{url}/readyz")
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}\n--- orchestrator log ---\n{proc.log()[-4000:]}") from exc
+    if not proc.alive():  # at once, not at the deadline
+        proc.popen.wait(timeout=10)
+        raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
 

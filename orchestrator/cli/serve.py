@@ -9,6 +9,7 @@ Heavy imports (FastAPI, hivemind) happen inside the commands, so ``spotswarm --h
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,31 @@ def stop_stale_dht_peer(settings: Settings) -> None:
         raise click.ClickException(str(exc)) from exc
 
 
+def check_swarm_authority(settings: Settings) -> None:
+    """A one-line error when this orchestrator's swarm authority key is not its database's (the app
+    checks too, but a failing lifespan prints a traceback). Other failures are left to the app."""
+    if not settings.swarm_admission:
+        return
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.db.session import Database
+    from orchestrator.deployment_facts import AuthorityMismatch, claim_authority
+    from orchestrator.swarm_auth import load_or_create_key
+    from worker.swarm_token import openssh_public_key
+
+    path = settings.swarm_authority_key_path()
+    database = Database(settings.resolved_database_url())
+    try:
+        database.upgrade()
+        claim_authority(database, openssh_public_key(load_or_create_key(path).public_key()), path)
+    except AuthorityMismatch as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (OSError, ValueError, SQLAlchemyError) as exc:  # reported by the app's start, with context
+        logging.getLogger(__name__).debug("swarm authority not checked before start: %s", exc)
+    finally:
+        database.close()
+
+
 def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
     from worker.logsetup import configure_logging
 
@@ -100,6 +126,7 @@ def serve(**options: Any) -> None:
     _configure_logging(settings)
     keep_new_files_private()
     stop_stale_dht_peer(settings)  # the app checks too, but a failing lifespan prints a traceback
+    check_swarm_authority(settings)
     warn_if_plain_http(settings)
     raise_open_files_limit()
     app = build_app(settings)

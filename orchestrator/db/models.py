@@ -213,3 +213,13 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
     worker_id: Mapped[int | None] = mapped_column(Integer)
+
+
+class DeploymentFact(Base):
+    """A fact every orchestrator on this database must agree on (e.g. the swarm authority's public key)."""
+
+    __tablename__ = "deployment_facts"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime]

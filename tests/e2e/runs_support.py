@@ -41,9 +41,8 @@ def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
         "datamodule": "worker.examples.digits:DigitsDataModule",
         "target_batch_size": 128,
         "batch_size": 32,
-        # Swarm admission has its own tests (tests/integration/test_swarm_admission.py); these runs test
-        # the reconcile loop, and without admission their averaging rounds stay short on a busy machine.
-        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "swarm_admission": False},
+        # Swarm admission stays on (the default users get); opting out has its own tests.
+        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
         "min_workers": 0,
         "max_workers": 4,
         "desired_workers": 2,

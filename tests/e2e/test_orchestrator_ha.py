@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.swarm_auth import load_or_create_key
 from tests.e2e.runs_support import LOOP_ENV, RunReader, admin_post, digits_run, kill_local_workers
 from tests.failover_proxy import FailoverProxy
 from tests.helpers import ProcessRegistry, free_port, wait_until
@@ -51,7 +52,14 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
 ) -> None:
     ports = [free_port(), free_port()]
     proxy = FailoverProxy(free_port(), ports)
-    env = {**LOOP_ENV, "SPOTSWARM_PUBLIC_URL": proxy.url}
+    # one swarm authority for both (docs/readme/reliability.md): made here, as an operator copies it
+    authority = two_dirs[0].parent / "swarm_authority.pem"
+    load_or_create_key(authority)
+    env = {
+        **LOOP_ENV,
+        "SPOTSWARM_PUBLIC_URL": proxy.url,
+        "SPOTSWARM_SWARM_AUTHORITY_KEY_FILE": str(authority),
+    }
     try:
         with ThreadPoolExecutor(2) as pool:
             started = list(
@@ -70,9 +78,7 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
             )
         leader, standby = _roles(started)
         reader = RunReader(leader, "ha")
-        spec = digits_run(
-            "ha", desired_workers=1, strategy_options={"matchmaking_time": 1.0, "swarm_admission": False}
-        )
+        spec = digits_run("ha", desired_workers=1, strategy_options={"matchmaking_time": 1.0})
         admin_post(leader, "/api/v1/runs", spec)
         wait_until(lambda: len(reader.running()) == 1, BOOT_S, message="the leader's worker registered")
         worker = reader.running()[0]

@@ -119,7 +119,7 @@ def test_a_project_outside_the_repository_trains_with_its_own_requirement_and_re
     args += ["--module-arg", "hidden=16", "--target-batch-size", "64", "--batch-size", "16"]
     args += ["--workers", "1", "--min-workers", "0", "--max-workers", "2"]
     args += ["--env", f"MARK_DIR={marks}", "--secret-env", "USER_TOKEN"]
-    for option in ("matchmaking_time=1.0", "averaging_timeout=10.0", "swarm_admission=false"):
+    for option in ("matchmaking_time=1.0", "averaging_timeout=10.0"):
         args += ["--strategy-option", option]
 
     created = cli(orch, *args, env={"USER_TOKEN": SECRET})

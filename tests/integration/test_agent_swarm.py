@@ -31,9 +31,6 @@ SPEC: dict[str, Any] = {
         "matchmaking_time": 1.0,
         "averaging_timeout": 10.0,
         "tracker_opts": {"metadata_expiration": 10},
-        # Swarm admission has its own tests; with it, averaging rounds between two agents currently fail
-        # ("could not find a group") on this machine, which would leave only local steps to test here.
-        "swarm_admission": False,
     },
     "min_workers": 0,
     "desired_workers": 2,
