@@ -4,7 +4,8 @@ One real agent (the digits example) trains alone in its swarm through a real orc
 checkpoint cadence is far longer than the test, so every checkpoint the run ends with is a final one.
 ``runs stop`` (the API call behind it) must leave a checkpoint within one epoch of the epoch the run
 stopped at; a stop while the orchestrator is out of reach must still end with that checkpoint uploaded
-once the orchestrator is back (the agent keeps it on disk and retries within its stop grace).
+once the orchestrator is back (the agent keeps it on disk and retries within its stop grace). The final
+checkpoint, exported with ``spotswarm runs export``, loads in each documented way.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from lightning.pytorch import Trainer
 
 from tests.failover_proxy import FailoverProxy
 from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, free_port, wait_until
+from tests.integration.cli_support import cli
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+from worker.examples.digits import DigitsDataModule, DigitsModule
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
@@ -113,6 +118,34 @@ def test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at(
     newest = max(api.checkpoint_epochs())
     assert stopped_at - 1 <= newest <= final_epoch, (stopped_at, newest, final_epoch)
     assert "saved checkpoint of epoch" in agent.log()
+    assert_export_loads(orch, tmp_path / "model.ckpt", newest)
+
+
+def assert_export_loads(orch: Orchestrator, path: Path, epoch: int) -> None:
+    """``spotswarm runs export`` writes a file that each documented way of loading takes."""
+    exported = cli(orch, "runs", "export", RUN, "--epoch", str(epoch), "-o", str(path))
+    assert exported.exit_code == 0, exported.output
+    assert f"at swarm epoch {epoch}" in exported.output
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["spotswarm"]["run"] == RUN and checkpoint["spotswarm"]["swarm_epoch"] == epoch
+    model = DigitsModule.load_from_checkpoint(path)
+    assert dict(model.hparams) == {**SPEC["module_args"], "depth": 1}
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, checkpoint["state_dict"][key]), key
+    # a plain Trainer (plain Adam, no hivemind) resumes from it and trains one more epoch
+    trainer = Trainer(
+        max_epochs=checkpoint["epoch"] + 2,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+    )
+    trainer.fit(
+        DigitsModule(**SPEC["module_args"]), datamodule=DigitsDataModule(batch_size=16), ckpt_path=path
+    )
+    assert trainer.current_epoch == checkpoint["epoch"] + 2
 
 
 @pytest.mark.timeout(540)
