@@ -122,7 +122,8 @@ def test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at(
 
 
 def assert_export_loads(orch: Orchestrator, path: Path, epoch: int) -> None:
-    """``spotswarm runs export`` writes a file that each documented way of loading takes."""
+    """``spotswarm runs export`` writes a file that each way of loading the README shows takes (its
+    snippet, with the digits example)."""
     exported = cli(orch, "runs", "export", RUN, "--epoch", str(epoch), "-o", str(path))
     assert exported.exit_code == 0, exported.output
     assert f"at swarm epoch {epoch}" in exported.output
