@@ -18,6 +18,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from tests.e2e.runs_support import digits_run
 from tests.failover_proxy import FailoverProxy
 from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, free_port, wait_until
 from tests.integration.cli_support import cli
@@ -26,26 +27,10 @@ from worker.examples.digits import DigitsDataModule, DigitsModule
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
-STOP_GRACE_S = 90.0  # long enough to ride out the orchestrator's restart below
+STOP_GRACE_S = 90.0  # longer than the API outage below, with room for the upload after it
 RUN = "keeps"
-SPEC: dict[str, Any] = {
-    "name": RUN,
-    "module": "worker.examples.digits:DigitsModule",
-    "module_args": {"hidden": 32, "lr": 0.05},
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
-    "strategy_options": {
-        "matchmaking_time": 1.0,
-        "averaging_timeout": 10.0,
-        "tracker_opts": {"metadata_expiration": 10},
-        "swarm_admission": False,
-    },
-    "min_workers": 0,
-    "desired_workers": 1,
-    "max_workers": 2,
-    "checkpoint_every_epochs": 1000,  # no periodic checkpoint during the test: only final ones
-}
+# no periodic checkpoint during the test: every checkpoint the run ends with is a final one
+SPEC = digits_run(RUN, desired_workers=1, max_workers=2, checkpoint_every_epochs=1000)
 ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
 
 
