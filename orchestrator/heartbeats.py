@@ -144,7 +144,8 @@ class HeartbeatHub:
             stop = ended or entry.retiring or run is None or run.state not in PROCEED_RUN_STATES
             return HeartbeatReply(
                 action=WorkerAction.stop if stop else WorkerAction.proceed,
-                checkpointer=run is not None and not stop and run.checkpointer_id == entry.worker_id,
+                # kept with a stop: the checkpointer of a stopping run saves and uploads a final checkpoint
+                checkpointer=run is not None and not ended and run.checkpointer_id == entry.worker_id,
                 checkpoint_every_epochs=run.checkpoint_every_epochs if run else 5,
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
             )

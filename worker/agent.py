@@ -271,7 +271,11 @@ class Agent:
         remaining_s = max(0.0, self._leave_deadline() - time.monotonic()) if stop else 30.0
         if self._checkpointer is not None:
             if not lost and not self._checkpointer.flush(timeout_s=max(0.0, remaining_s - 3.0)):
-                logger.warning("the last checkpoint upload did not finish in time")
+                logger.warning(
+                    "the last checkpoint upload did not finish within the stop grace; what was not "
+                    "uploaded stays in %s",
+                    self.config.worker_dir / "checkpoints",
+                )
             self._checkpointer.close()
         if self._heartbeater is not None:
             self._heartbeater.halt(final_phase=None if lost else "stopping", timeout_s=2.0)

@@ -2,7 +2,10 @@
 
 Saving happens in the training thread at a safe point (between batches); uploading happens in a
 background thread so training goes on meanwhile. At most one upload runs at a time; if a newer
-checkpoint is saved while an older one still waits, the older one is dropped.
+checkpoint is saved while an older one still waits, the older one is dropped. An upload the orchestrator
+does not answer (down, restarting) is retried every ``retry_interval_s`` until it succeeds, a newer
+checkpoint replaces it, or the agent closes the checkpointer (when its stop grace runs out): then the
+file stays in the checkpoint directory and the log names it.
 
 Resume rule: a worker loads the run's latest checkpoint unless a live peer of the swarm is at that
 epoch or later; then it joins the swarm and the strategy downloads the state from peers. Either way the
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.agent_state import AgentState
-from worker.client import ApiError, NotFound, OrchestratorClient
+from worker.client import ApiError, NotFound, OrchestratorClient, Unreachable
 from worker.wire import CheckpointRef
 
 logger = logging.getLogger(__name__)
@@ -38,8 +41,16 @@ def live_record_max_age_s(metadata_expiration_s: float | None) -> float:
 class Checkpointer:
     """Saves and uploads the run's checkpoints while this worker holds the checkpointer role."""
 
-    def __init__(self, client: OrchestratorClient, worker_id: str, state: AgentState, tmp_dir: Path) -> None:
+    def __init__(
+        self,
+        client: OrchestratorClient,
+        worker_id: str,
+        state: AgentState,
+        tmp_dir: Path,
+        retry_interval_s: float = 2.0,
+    ) -> None:
         self._client = client
+        self._retry_interval_s = retry_interval_s
         self._worker_id = worker_id
         self._state = state
         self._tmp_dir = tmp_dir
@@ -113,21 +124,55 @@ class Checkpointer:
                     return
                 (epoch, path), self._pending = self._pending, None
                 self._uploading = True
+            keep = False
             try:
-                self._upload(epoch, path)
+                keep = self._upload_retrying(epoch, path)
             finally:
-                path.unlink(missing_ok=True)
+                if keep:
+                    logger.error(
+                        "worker %s: checkpoint of epoch %d was not uploaded; it is kept at %s",
+                        self._worker_id,
+                        epoch,
+                        path,
+                    )
+                else:
+                    path.unlink(missing_ok=True)
                 with self._cond:
                     self._uploading = False
                     self._cond.notify_all()
 
-    def _upload(self, epoch: int, path: Path) -> None:
+    def _upload_retrying(self, epoch: int, path: Path) -> bool:
+        """Upload, retrying while the orchestrator is unreachable; True if the file must be kept."""
+        while True:
+            try:
+                return not self._upload(epoch, path)
+            except Unreachable as exc:
+                with self._cond:
+                    if self._pending is None and not self._closed:
+                        logger.warning(
+                            "worker %s: orchestrator unreachable (%s); retrying the upload of checkpoint "
+                            "%d in %.0f s",
+                            self._worker_id,
+                            exc,
+                            epoch,
+                            self._retry_interval_s,
+                        )
+                        self._cond.wait(self._retry_interval_s)
+                    if self._pending is not None:
+                        return False  # a newer checkpoint replaces this one
+                    if self._closed:
+                        return True
+
+    def _upload(self, epoch: int, path: Path) -> bool:
+        """One upload (with the client's own retries); False when the orchestrator refused it."""
         began = time.monotonic()
         try:
             self._client.upload_checkpoint(self._worker_id, epoch, path)
+        except Unreachable:
+            raise
         except ApiError as exc:
             logger.error("worker %s: upload of checkpoint %d failed: %s", self._worker_id, epoch, exc)
-            return
+            return False
         self._state.checkpoint_uploaded(epoch)
         self.uploaded_epochs.append(epoch)
         logger.info(
@@ -137,6 +182,7 @@ class Checkpointer:
             path.stat().st_size,
             time.monotonic() - began,
         )
+        return True
 
 
 def live_peer_epochs(progress_records: Mapping[Any, Any] | None, now: float, max_age_s: float) -> list[int]:

@@ -14,8 +14,10 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler
 
-_SWARM_EPOCH_KEY = "swarm_epoch"
-_INNER_KEY = "scheduler"
+from worker.checkpoint_format import SCHEDULER_INNER_KEY, SCHEDULER_SWARM_EPOCH_KEY
+
+_SWARM_EPOCH_KEY = SCHEDULER_SWARM_EPOCH_KEY
+_INNER_KEY = SCHEDULER_INNER_KEY
 
 
 class SwarmEpochScheduler:

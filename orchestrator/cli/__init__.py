@@ -7,6 +7,7 @@ import click
 
 from orchestrator.cli.checkpoints import checkpoints
 from orchestrator.cli.demo import demo
+from orchestrator.cli.export import export
 from orchestrator.cli.peers import peers
 from orchestrator.cli.runs import runs
 from orchestrator.cli.serve import db, serve
@@ -21,5 +22,6 @@ def main() -> None:
 main.add_command(serve)
 main.add_command(db)
 main.add_command(demo)
+runs.add_command(export)  # its own module: it reads checkpoints with torch
 for _client_command in (runs, workers, checkpoints, peers):
     main.add_command(_client_command)

@@ -35,7 +35,8 @@ def list_checkpoints(ctx: ApiContext, name: str) -> None:
     echo_table(["epoch", "size", "created", "sha256", "download"], rows, "(no checkpoints)")
 
 
-def _pick(items: list[dict[str, Any]], name: str, epoch: int | None) -> dict[str, Any]:
+def pick_checkpoint(items: list[dict[str, Any]], name: str, epoch: int | None) -> dict[str, Any]:
+    """The checkpoint of ``epoch`` among a run's ``items`` (the newest when None); CliError if none."""
     if not items:
         raise CliError(f"run {name} has no checkpoints yet", EXIT_NOT_FOUND)
     if epoch is None:
@@ -61,7 +62,7 @@ def _pick(items: list[dict[str, Any]], name: str, epoch: int | None) -> dict[str
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def download(ctx: ApiContext, name: str, epoch: int | None, output: Path | None, quiet: bool) -> None:
     """Download a checkpoint (the latest when EPOCH is left out), verified by SHA-256."""
-    item = _pick(ctx.api.checkpoints(name)["items"], name, epoch)
+    item = pick_checkpoint(ctx.api.checkpoints(name)["items"], name, epoch)
     default_name = f"{name}-epoch-{item['epoch']}.ckpt"
     dest = output or Path(default_name)
     if dest.is_dir():

@@ -330,12 +330,16 @@ def upload_stream(
 def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
     orch: Orchestrator, run: Run
 ) -> None:
-    """The worker that held the role when the stop began keeps it until it leaves; no other worker
-    takes it over while the run stops."""
+    """The worker that held the role when the stop began keeps it until it leaves, and the reply that
+    tells it to stop says so (its agent then saves a final checkpoint); no other worker takes the role
+    over while the run stops."""
     run.checkpointer_is_a()
     heartbeat(orch, run.b.reply())
     with orch.admin() as http:
         assert http.post(f"/api/v1/runs/{run.name}/stop").json()["state"] == "stopping"
+    told_a, told_b = heartbeat(orch, run.a.reply()), heartbeat(orch, run.b.reply())
+    assert (told_a["action"], told_a["checkpointer"]) == ("stop", True), told_a
+    assert (told_b["action"], told_b["checkpointer"]) == ("stop", False), told_b
     final = os.urandom(50_000)
     assert upload(orch, run.b, 3, os.urandom(10_000)).status_code == 409
     assert upload(orch, run.a, 3, final).status_code == 201

@@ -72,6 +72,7 @@ def test_unknown_run_is_exit_5(orch: Orchestrator) -> None:
         ["runs", "show", "no-such-run"],
         ["workers", "list", "no-such-run"],
         ["checkpoints", "download", "no-such-run"],
+        ["runs", "export", "no-such-run"],
         ["runs", "logs", "no-such-run"],
     ):
         result = cli(orch, *args)
@@ -106,6 +107,9 @@ def test_rejected_spec_and_conflicting_actions_are_one_line(orch: Orchestrator, 
     assert_one_line_error(unreadable.stderr, "not valid YAML")
 
     assert cli(orch, "runs", "create", "--file", "-", stdin=json.dumps(run_spec("conflicted"))).exit_code == 0
+    nothing = cli(orch, "runs", "export", "conflicted")
+    assert nothing.exit_code == EXIT_NOT_FOUND
+    assert_one_line_error(nothing.stderr, "conflicted has no checkpoints yet")
     again = cli(orch, "runs", "resume", "conflicted")  # pending: nothing to resume
     assert again.exit_code == EXIT_CONFLICT
     assert_one_line_error(again.stderr, "409")

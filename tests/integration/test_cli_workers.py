@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.client import EXIT_NOT_FOUND
+from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND
 from tests.helpers import wait_until
 from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
@@ -91,6 +91,13 @@ def test_checkpoints_list_and_download_verified(orch: Orchestrator, joined: tupl
     missing = cli(orch, "checkpoints", "download", "crew", "3", "-o", str(tmp_path))
     assert missing.exit_code == EXIT_NOT_FOUND and "have: 4, 2" in missing.stderr
     assert not list(tmp_path.glob("*.part"))
+
+    before = sorted(tmp_path.iterdir())
+    not_a_model = cli(orch, "runs", "export", "crew", "-o", str(tmp_path / "model.ckpt"))
+    assert not_a_model.exit_code == EXIT_ERROR, not_a_model.output
+    assert len(not_a_model.stderr.strip().splitlines()) == 1, not_a_model.stderr
+    assert "does not load with torch.load(weights_only=True)" in not_a_model.stderr
+    assert sorted(tmp_path.iterdir()) == before, "no file, no scratch directory left behind"
 
 
 @pytest.mark.timeout(30)

@@ -129,6 +129,56 @@ def test_checkpoints_follow_the_cadence_and_the_role(tmp_path: Path) -> None:
         checkpointer.close()
 
 
+class SavingTrainer:
+    """What the Checkpointer needs of a Trainer: ``save_checkpoint(path)``."""
+
+    def save_checkpoint(self, path: str) -> None:
+        Path(path).write_bytes(b"model")
+
+
+def refusing_then_accepting(refusals: int) -> tuple[OrchestratorClient, list[str]]:
+    """A client whose orchestrator refuses connections ``refusals`` times, then stores the upload."""
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if len(calls) <= refusals:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(201, json={})
+
+    return client_for(handler), calls
+
+
+def test_a_stop_reply_keeps_the_role_and_the_final_upload_waits_for_the_orchestrator(tmp_path: Path) -> None:
+    state = AgentState(checkpoint_every_epochs=100, latest_checkpoint_epoch=None)
+    state.apply_reply(
+        HeartbeatReply(action=WorkerAction.stop, checkpointer=True, checkpoint_every_epochs=100)
+    )
+    assert state.stop is not None and state.checkpointer
+    client, calls = refusing_then_accepting(refusals=3)
+    checkpointer = Checkpointer(client, "7", state, tmp_path, retry_interval_s=0.05)
+    try:
+        assert checkpointer.needs_final(3)
+        checkpointer.save(SavingTrainer(), 3)
+        assert checkpointer.flush(timeout_s=10)
+        assert checkpointer.uploaded_epochs == [3] and len(calls) == 4
+        assert state.latest_checkpoint_epoch == 3 and not list(tmp_path.iterdir())
+    finally:
+        checkpointer.close()
+
+
+def test_a_final_checkpoint_not_uploaded_by_the_deadline_stays_on_disk(tmp_path: Path) -> None:
+    state = AgentState(checkpoint_every_epochs=100, latest_checkpoint_epoch=None)
+    client, calls = refusing_then_accepting(refusals=10**6)
+    checkpointer = Checkpointer(client, "7", state, tmp_path, retry_interval_s=0.05)
+    checkpointer.save(SavingTrainer(), 3)
+    assert not checkpointer.flush(timeout_s=0.5)  # the agent's stop grace ran out
+    checkpointer.close()
+    assert checkpointer.flush(timeout_s=10)  # the upload thread has given up
+    assert len(calls) > 2 and checkpointer.uploaded_epochs == []
+    assert [p.read_bytes() for p in tmp_path.iterdir()] == [b"model"]
+
+
 def test_the_first_stop_reason_wins_but_a_spot_notice_overrides() -> None:
     state = AgentState(checkpoint_every_epochs=5)
     assert state.request_stop(DeregisterReason.stopped, "SIGTERM")
