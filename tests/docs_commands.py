@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the registries below hold documented command lines verbatim, so a change in the docs shows)
 """The shell commands the README shows, and what proves each one works.
 
 :func:`documented_commands` reads every ```bash block of ``docs/readme/*.md`` (the parts README.md is

@@ -58,7 +58,10 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
 @click.argument("name")
 @click.option("--live", is_flag=True, help="Only launching and running workers.")
 def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
-    """List the run's workers, newest first, with how the finished ones ended."""
+    """List the run's workers, newest first, with how the finished ones ended.
+
+    Examples: spotswarm workers list digits --live; spotswarm workers list digits --json
+    """
     page = ctx.api.workers(name)
     items = [w for w in page["items"] if not live or w["state"] in LIVE_STATES]
     if ctx.as_json:

@@ -4,7 +4,6 @@ each run it names created first, and each run a ``runs create`` makes removed fi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
