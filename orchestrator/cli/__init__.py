@@ -12,6 +12,7 @@ from orchestrator.cli.context import connection_options
 from orchestrator.cli.demo import demo
 from orchestrator.cli.peers import peers
 from orchestrator.cli.runs import runs
+from orchestrator.cli.runs_live import delete, watch
 from orchestrator.cli.serve import db, serve
 from orchestrator.cli.workers import workers
 
@@ -33,6 +34,8 @@ def main(ctx: click.Context, **connection: Any) -> None:
     ctx.obj = connection
 
 
+runs.add_command(watch)
+runs.add_command(delete)
 main.add_command(serve)
 main.add_command(db)
 main.add_command(demo)

@@ -231,10 +231,20 @@ class ApiClient:
     def progress(self, name: str, max_points: int = 200) -> dict[str, Any]:
         return self._json("GET", f"/runs/{name}/progress", params={"max_points": max_points})
 
-    def worker_log(self, name: str, worker_id: str, tail_bytes: int) -> dict[str, Any]:
-        """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it."""
+    def delete_run(self, name: str) -> None:
+        """Delete a finished run with its workers, events and checkpoints (409 while it is active)."""
+        self._request("DELETE", f"/runs/{name}")
+
+    def worker_log(
+        self, name: str, worker_id: str, tail_bytes: int, from_offset: int | None = None
+    ) -> dict[str, Any]:
+        """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it; with
+        ``from_offset``, at most that many bytes from there on (what was written since)."""
         path = f"/runs/{name}/workers/{worker_id}/log"
-        return self._json("GET", path, params={"tail_bytes": tail_bytes})
+        params: dict[str, int] = {"tail_bytes": tail_bytes}
+        if from_offset is not None:
+            params["from_offset"] = from_offset
+        return self._json("GET", path, params=params)
 
     # -- workers, checkpoints, peers -------------------------------------------------------------
 

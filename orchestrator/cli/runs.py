@@ -15,6 +15,7 @@ import yaml
 
 from orchestrator.cli.client import CliError
 from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.log_follow import follow_worker_log
 from orchestrator.cli.output import (
     TERMINAL_RUN_STATES,
     echo_json,
@@ -33,6 +34,7 @@ from orchestrator.cli.run_code import apply_code_flags, code_options
 from worker.wire import RunSpec
 
 CHART_WIDTH = 60
+RUN_COLUMNS = ("name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age")
 
 
 def spec_default(field: str) -> str:
@@ -185,7 +187,7 @@ def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
 # -- list / show -----------------------------------------------------------------------------------
 
 
-def _run_row(run: dict[str, Any], now: datetime) -> list[Any]:
+def run_row(run: dict[str, Any], now: datetime) -> list[Any]:
     workers, reported, swarm = run["workers"], run["reported"], run.get("swarm") or {}
     epoch = max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0)
     return [
@@ -213,8 +215,8 @@ def list_runs(ctx: ApiContext, limit: int) -> None:
         echo_json(page)
         return
     now = datetime.now(timezone.utc)
-    rows = [_run_row(run, now) for run in page["items"]]
-    echo_table(["name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age"], rows, "(no runs)")
+    rows = [run_row(run, now) for run in page["items"]]
+    echo_table(RUN_COLUMNS, rows, "(no runs)")
     if page.get("total", 0) > len(rows):
         click.echo(f"... {page['total'] - len(rows)} more (use --limit)")
 
@@ -408,7 +410,12 @@ def _echo_event(ctx: ApiContext, event: dict[str, Any]) -> None:
 @runs.command("logs")
 @api_command
 @click.argument("name")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new events until the run ends.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing until the run ends (with --worker: until the worker ends).",
+)
 @click.option(
     "--interval",
     "interval_s",
@@ -437,7 +444,8 @@ def logs(
 ) -> None:
     """Print the run's event log (JSON lines with --json). With --follow, exit once the run has ended.
 
-    With --worker ID, print the end of that worker's own log (stdout and stderr) instead.
+    With --worker ID, print the end of that worker's own log (stdout and stderr) instead; with --follow
+    too, keep printing what it writes until the worker has ended.
 
     Examples:
 
@@ -446,9 +454,10 @@ def logs(
       spotswarm workers list digits          # find the worker id
       spotswarm runs logs digits --worker 7 -f
     """
+    if worker_id is not None and follow:
+        follow_worker_log(ctx, name, worker_id, tail_bytes, interval_s)
+        return
     if worker_id is not None:
-        if follow:
-            raise CliError("--follow works on the event log only, not with --worker", 2)
         tail = ctx.api.worker_log(name, worker_id, tail_bytes)
         if ctx.as_json:
             echo_json(tail)

@@ -20,6 +20,10 @@ from orchestrator.cli.output import (
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
 LIVE_STATES = frozenset({"launching", "running"})
+WORKER_COLUMNS = (
+    *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
+    *("loss", "metrics", "ckpt", "cost", "ended"),
+)
 
 
 @click.group("workers")
@@ -68,18 +72,4 @@ def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
         echo_json({**page, "items": items})
         return
     now = datetime.now(timezone.utc)
-    headers = [
-        "id",
-        "state",
-        "handle",
-        "host",
-        "heartbeat",
-        "samples",
-        "samples/s",
-        "loss",
-        "metrics",
-        "ckpt",
-        "cost",
-        "ended",
-    ]
-    echo_table(headers, [worker_row(w, now) for w in items], "(no workers)")
+    echo_table(WORKER_COLUMNS, [worker_row(w, now) for w in items], "(no workers)")

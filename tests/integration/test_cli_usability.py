@@ -1,18 +1,27 @@
 """The CLI as people use it: connection options before or after the subcommand, ``--version``, defaults
-and examples in ``--help``, and validation errors in words, every one of them listed."""
+and examples in ``--help``, validation errors in words (every one of them listed), ``runs delete`` and
+``runs watch`` (in a pipe and on a terminal)."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
 from collections.abc import Iterator
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.client import EXIT_ERROR, EXIT_UNREACHABLE
-from tests.helpers import free_port
-from tests.integration.cli_support import HAND_ONLY, cli
+from orchestrator.cli.client import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
+from tests.helpers import VENV_BIN, free_port, wait_until
+from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
 from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from worker.wire import DeregisterReason
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +108,93 @@ def test_the_api_gives_the_same_words(orch: Orchestrator) -> None:
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "module"]
     assert error["msg"].startswith("use package.module:ClassName") and "mypkg.model.TinyMLP" in error["msg"]
+
+
+@pytest.mark.timeout(60)
+def test_delete_asks_first_refuses_an_active_run_and_removes_a_finished_one(orch: Orchestrator) -> None:
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed")))
+    assert created.exit_code == 0, created.output
+    active = cli(orch, "runs", "delete", "doomed", "--yes")
+    assert active.exit_code == EXIT_CONFLICT and "stop it before deleting" in one_line_error(active.stderr)
+    assert cli(orch, "runs", "stop", "doomed").exit_code == 0
+
+    declined = cli(orch, "runs", "delete", "doomed", stdin="n\n")
+    assert declined.exit_code == EXIT_ERROR and "Delete run doomed" in declined.stderr
+    assert cli(orch, "runs", "show", "doomed").exit_code == 0
+    confirmed = cli(orch, "runs", "delete", "doomed", stdin="y\n")
+    assert confirmed.exit_code == 0 and confirmed.stdout == "deleted run doomed\n", confirmed.output
+    assert cli(orch, "runs", "show", "doomed").exit_code == EXIT_NOT_FOUND
+
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed")))
+    assert created.exit_code == 0 and cli(orch, "runs", "stop", "doomed").exit_code == 0
+    assert cli(orch, "--json", "runs", "delete", "doomed", "-y").stdout == '{\n  "deleted": "doomed"\n}\n'
+
+
+def start_watch(orch: Orchestrator, name: str, stdout: int) -> subprocess.Popen[bytes]:
+    """The real ``spotswarm runs watch`` (its own process group), writing to ``stdout``."""
+    env = {"PATH": "/usr/bin:/bin", "SPOTSWARM_URL": orch.url, "SPOTSWARM_CONFIG": "/absent.toml"}
+    args = [str(VENV_BIN / "spotswarm"), "runs", "watch", name, "--interval", "0.2"]
+    return subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def finish_run(orch: Orchestrator, name: str, worker: HandWorker) -> None:
+    assert cli(orch, "runs", "stop", name, "--reason", "seen enough").exit_code == 0
+    worker.leave(DeregisterReason.stopped)
+
+
+@pytest.mark.timeout(60)
+def test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the_run_stops(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"])
+    worker.beat()
+    out = tmp_path / "watch.out"
+    with out.open("wb") as sink:
+        watcher = start_watch(orch, "watched", sink.fileno())
+    try:
+        wait_until(lambda: "workers 1/1" in out.read_text(), 20, message="a refresh shows the worker")
+        finish_run(orch, "watched", worker)
+        assert watcher.wait(timeout=20) == EXIT_ERROR
+    finally:
+        os.killpg(watcher.pid, signal.SIGKILL) if watcher.poll() is None else None
+    lines = out.read_text().splitlines()
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d  state running  workers 1/1  epoch 0  samples/s 50  loss 2.002  eta -  age \d+s",
+        lines[0],
+    )
+    assert sum("state running" in line for line in lines) == 1, lines  # unchanged refreshes print nothing
+    assert lines[-1] == "error: run watched stopped: all workers have left", lines[-1]
+    assert "\x1b" not in out.read_text()  # no screen control codes in a pipe
+
+
+@pytest.mark.timeout(60)
+def test_watch_redraws_a_table_of_the_run_and_its_workers_on_a_terminal(orch: Orchestrator) -> None:
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched-tty")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], hostname="tty-box")
+    leader, follower = pty.openpty()
+    watcher = start_watch(orch, "watched-tty", follower)
+    os.close(follower)
+    screen = bytearray()
+
+    def seen(text: bytes) -> bool:
+        while select.select([leader], [], [], 0.1)[0]:
+            try:
+                screen.extend(os.read(leader, 65536))
+            except OSError:  # the watcher has exited and closed the terminal
+                break
+        return text in screen
+
+    try:
+        worker.beat()
+        wait_until(lambda: seen(b"tty-box"), 20, message="the workers table shows the worker's host")
+        finish_run(orch, "watched-tty", worker)
+        assert watcher.wait(timeout=20) == EXIT_ERROR
+        seen(b"")
+    finally:
+        os.killpg(watcher.pid, signal.SIGKILL) if watcher.poll() is None else None
+        os.close(leader)
+    text = screen.decode(errors="replace")
+    assert "\x1b[2J" in text and "spotswarm runs watch watched-tty" in text  # cleared and redrawn
+    assert re.search(r"NAME +STATE +WORKERS", text) and re.search(r"ID +STATE +HANDLE +HOST", text)
+    assert "error: run watched-tty stopped: all workers have left" in text

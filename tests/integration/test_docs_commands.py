@@ -36,7 +36,7 @@ EC2_OFFERED = {
     "SPOTSWARM_EC2_ENDPOINT_URL": "http://127.0.0.1:9",
     "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:0.1.0",
 }
-EXPECTED_RUN = 31  # documented commands this test runs: a command left out by mistake changes the count
+EXPECTED_RUN = 32  # documented commands this test runs: a command left out by mistake changes the count
 NAMED_BY_POSITION = {
     ("runs", s) for s in ("show", "scale", "stop", "resume", "rotate-join-token", "logs")
 } | {
@@ -98,6 +98,10 @@ def _prepare(orch: Orchestrator, argv: list[str], cwd: Path) -> None:
     position = 1 if argv[0] == "peers" else 2
     if key in NAMED_BY_POSITION and len(argv) > position and not argv[position].startswith("-"):
         _ensure_present(orch, argv[position])
+    if argv[:2] == ["runs", "delete"]:  # only a finished run can go
+        _ensure_present(orch, argv[2])
+        with orch.admin() as http:
+            http.post(f"/api/v1/runs/{argv[2]}/stop")
 
 
 def _run_cli(orch: Orchestrator, command: DocCommand) -> None:
