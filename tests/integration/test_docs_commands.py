@@ -22,9 +22,9 @@ from tests.docs_commands import (
     documented_commands,
     substitute,
 )
-from tests.helpers import REPO_ROOT, VENV_BIN, ProcessRegistry
+from tests.helpers import REPO_ROOT, VENV_BIN
 from tests.integration.cli_support import HAND_ONLY, cli
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
 
 RUN_NAME = "docs-run"
 # Module paths are imported at create time, as users get it: a wrong class name in the docs fails here.
@@ -48,14 +48,9 @@ NAMED_BY_POSITION = {
 
 @pytest.fixture(scope="module")
 def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("docs-commands")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(
-            registry, root / "data", extra_env={**HAND_ONLY, **EC2_OFFERED, **IMPORTS_CHECKED}
-        )
-    finally:
-        registry.kill_all()
+    env = {**HAND_ONLY, **EC2_OFFERED, **IMPORTS_CHECKED}
+    with orchestrator_in(tmp_path_factory.mktemp("docs-commands"), extra_env=env) as orch:
+        yield orch
 
 
 def _yaml_files(cwd: Path) -> None:

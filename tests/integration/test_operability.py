@@ -93,6 +93,16 @@ def join(orch: Orchestrator, token: str, request_id: str | None = None) -> Joine
     return Joined(client, registered.worker_id)
 
 
+def local_worker_with_log(orch: Orchestrator, name: str, text: str) -> tuple[Joined, Path]:
+    """A worker of the local launcher (joined with its launch token) and its log, holding ``text``."""
+    request_id, launch_token = launch_intent(orch, name)
+    worker = join(orch, launch_token, request_id)
+    log = orch.data_dir / "workers" / f"{request_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(text)
+    return worker, log
+
+
 def admin_get(orch: Orchestrator, path: str, **params: Any) -> Any:
     with orch.admin() as http:
         response = http.get(path, params=params)
@@ -227,11 +237,9 @@ def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(orch: 
 @pytest.mark.timeout(120)
 def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator) -> None:
     name, join_token = create(orch)
-    request_id, launch_token = launch_intent(orch, name)
-    worker = join(orch, launch_token, request_id)
-    log = orch.data_dir / "workers" / f"{request_id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("".join(f"line {i:05d} of the worker's log\n" for i in range(5000)))
+    worker, log = local_worker_with_log(
+        orch, name, "".join(f"line {i:05d} of the worker's log\n" for i in range(5000))
+    )
     path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
 
     tail = admin_get(orch, path, tail_bytes=100)
@@ -272,11 +280,7 @@ def test_a_worker_log_is_followed_from_its_tail_until_the_worker_ends(
     orch: Orchestrator, tmp_path: Path
 ) -> None:
     name, _ = create(orch)
-    request_id, launch_token = launch_intent(orch, name)
-    worker = join(orch, launch_token, request_id)
-    log = orch.data_dir / "workers" / f"{request_id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("".join(f"old {i}\n" for i in range(100)))
+    worker, log = local_worker_with_log(orch, name, "".join(f"old {i}\n" for i in range(100)))
     path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
     since = admin_get(orch, path, from_offset=log.stat().st_size - 14, tail_bytes=100)
     assert since["text"] == "old 98\nold 99\n" and since["next_offset"] == log.stat().st_size
