@@ -33,6 +33,8 @@ class LogTail:
     offset: int
     text: str
 
+    next_offset: int  # where the bytes of ``text`` end: ask from here to follow the log
+
     @property
     def truncated(self) -> bool:
         return self.offset > 0
@@ -68,4 +70,22 @@ def read_tail(path: Path, tail_bytes: int) -> LogTail:
         if 0 <= newline < len(data) - 1:  # drop the partial first line unless it is all there is
             offset += newline + 1
             data = data[newline + 1 :]
-    return LogTail(size_bytes=size, offset=offset, text=data.decode("utf-8", errors="replace"))
+    return LogTail(size, offset, data.decode("utf-8", errors="replace"), offset + len(data))
+
+
+def read_from(path: Path, offset: int, max_bytes: int) -> LogTail:
+    """At most ``max_bytes`` of ``path`` from ``offset`` on (what a follower has not seen yet), ending at a
+    line end when the chunk holds one, so a line and a UTF-8 character are never split between two
+    answers; NotFound if absent."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            start = min(offset, size)
+            handle.seek(start)
+            data = handle.read(max_bytes)
+    except FileNotFoundError as exc:
+        raise NotFound("the worker has written no log yet") from exc
+    newline = data.rfind(b"\n")
+    if 0 <= newline < len(data) - 1:
+        data = data[: newline + 1]
+    return LogTail(size, start, data.decode("utf-8", errors="replace"), start + len(data))

@@ -30,16 +30,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from worker.wire_trainer import (
     DEFAULT_REPORT_METRICS,
-    IMPORT_PATH_PATTERN,
     MAX_REPORT_PATTERNS,
     MAX_REPORTED_METRICS,
+    ImportPath,
     MetricName,
     TrainerSection,
     check_report_patterns,
+    pattern_in_words,
     plain_json,
 )
 
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+RunName = Annotated[
+    str,
+    Field(pattern=RUN_NAME_PATTERN),
+    pattern_in_words(
+        RUN_NAME_PATTERN, "use 1 to 63 lowercase letters, digits and hyphens, not starting with a hyphen"
+    ),
+]
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
 # Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
@@ -132,10 +140,10 @@ class StopCondition(StrictModel):
 class RunSpec(StrictModel):
     """What a user asks for: the model, the data, the swarm's batch, the worker count and when to stop."""
 
-    name: str = Field(pattern=RUN_NAME_PATTERN, description="Unique run name: lowercase, digits, hyphens.")
-    module: str = Field(pattern=IMPORT_PATH_PATTERN, description="LightningModule as `package.module:Class`.")
+    name: RunName = Field(description="Unique run name: lowercase, digits, hyphens.")
+    module: ImportPath = Field(description="LightningModule as `package.module:Class`.")
     module_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the module.")
-    datamodule: str = Field(pattern=IMPORT_PATH_PATTERN, description="LightningDataModule import path.")
+    datamodule: ImportPath = Field(description="LightningDataModule import path.")
     datamodule_args: dict[str, Any] = Field(default_factory=dict)
     target_batch_size: int = Field(ge=1, le=10**9, description="Samples the swarm accumulates per epoch.")
     batch_size: int = Field(ge=1, le=10**7, description="Per-worker batch size.")

@@ -22,14 +22,43 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def pattern_in_words(pattern: str, hint: str) -> BeforeValidator:
+    """A validator that refuses a string not matching ``pattern`` with ``hint`` and the value, in words.
+
+    Put it after ``Field(pattern=pattern)`` in an ``Annotated`` type: it runs first, so a client reads
+    "use package.module:ClassName (got 'x')" instead of a regular expression; the schema keeps the pattern.
+    """
+    compiled = re.compile(pattern)
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and not compiled.match(value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch", f"{hint} (got {{got}})", {"got": repr(value[:100])}
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+ImportPath = Annotated[
+    str,
+    Field(pattern=IMPORT_PATH_PATTERN),
+    pattern_in_words(
+        IMPORT_PATH_PATTERN, "use package.module:ClassName, e.g. worker.examples.digits:DigitsModule"
+    ),
+]
 
 #: Precisions ``HivemindStrategy`` trains with: fp32, bf16 autocast, and fp16 autocast with hivemind's
 #: gradient scaler (``worker/swarm_precision.py``). On a CPU, Lightning runs "16-mixed" as bf16.
@@ -105,8 +134,7 @@ class TrainerPlugin(_Strict):
     the run is created, like ``module``) and on every worker.
     """
 
-    path: str = Field(
-        pattern=IMPORT_PATH_PATTERN,
+    path: ImportPath = Field(
         max_length=255,
         description="The class as `package.module:Class`, "
         "e.g. `lightning.pytorch.callbacks:LearningRateMonitor`.",

@@ -1,8 +1,10 @@
 """``GET /api/v1/runs/{name}/workers/{worker_id}/log``: the tail of a worker's log, size-bounded.
 
 Admin token only, even with public reads: a log holds whatever the user's code prints. ``tail_bytes``
-(at most 1 MiB) bounds the answer; the file is never read whole. 404 for an unknown run or worker or a log not
-written yet, 409 for a worker whose log is not kept by the orchestrator (joined by hand, EC2).
+(at most 1 MiB) bounds the answer; the file is never read whole. ``from_offset`` (a previous answer's
+``next_offset``) returns what was written since, from there on: how ``runs logs --worker ID -f``
+follows. 404 for an unknown run or worker or a log not written yet, 409 for a worker whose log is not
+kept by the orchestrator (joined by hand, EC2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import BaseModel, Field
 from orchestrator import runs
 from orchestrator.api.deps import Admin, Ctx, WorkerId
 from orchestrator.errors import NotFound
-from orchestrator.worker_logs import DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES, read_tail, worker_log_path
+from orchestrator.worker_logs import DEFAULT_TAIL_BYTES, MAX_TAIL_BYTES, read_from, read_tail, worker_log_path
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -29,6 +31,9 @@ class WorkerLog(BaseModel):
     offset: int = Field(description="Where ``text`` starts in the log (a line start when cut).")
     truncated: bool = Field(description="True when the log holds more before ``offset``.")
     text: str
+    next_offset: int = Field(
+        description="Where ``text`` ends: pass it as ``from_offset`` to read what follows."
+    )
 
 
 @router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log (admin)")
@@ -40,6 +45,10 @@ def worker_log(
     tail_bytes: Annotated[
         int, Query(ge=1, le=MAX_TAIL_BYTES, description="Return at most this many bytes from the end.")
     ] = DEFAULT_TAIL_BYTES,
+    from_offset: Annotated[
+        int | None,
+        Query(ge=0, description="Read forward from this byte (a previous next_offset) instead of the end."),
+    ] = None,
 ) -> WorkerLog:
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
@@ -49,7 +58,7 @@ def worker_log(
         path = worker_log_path(
             ctx.settings.data_dir, worker.id, worker.launcher, worker.manual, worker.request_id
         )
-    tail = read_tail(path, tail_bytes)
+    tail = read_tail(path, tail_bytes) if from_offset is None else read_from(path, from_offset, tail_bytes)
     return WorkerLog(
         run=name,
         worker_id=str(worker_id),
@@ -57,4 +66,5 @@ def worker_log(
         offset=tail.offset,
         truncated=tail.truncated,
         text=tail.text,
+        next_offset=tail.next_offset,
     )

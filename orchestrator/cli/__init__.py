@@ -3,22 +3,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from orchestrator.cli.checkpoints import checkpoints
+from orchestrator.cli.context import connection_options
 from orchestrator.cli.demo import demo
 from orchestrator.cli.export import export
 from orchestrator.cli.peers import peers
 from orchestrator.cli.runs import runs
+from orchestrator.cli.runs_live import delete, watch
 from orchestrator.cli.serve import db, serve
 from orchestrator.cli.workers import workers
 
 
-@click.group()
-def main() -> None:
-    """spotswarm: elastic Lightning training over hivemind on unreliable machines."""
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="spotswarm", message="spotswarm %(version)s")
+@connection_options
+@click.pass_context
+def main(ctx: click.Context, **connection: Any) -> None:
+    """spotswarm: elastic Lightning training over hivemind on unreliable machines.
+
+    The connection options (--url, --token, --ca-cert, --timeout, --json) go before or after the
+    subcommand. Examples:
+
+    \b
+      spotswarm --url http://10.0.0.5:8000 --token ssa_... runs list
+      spotswarm runs show digits --json
+    """
+    ctx.obj = connection
 
 
+runs.add_command(watch)
+runs.add_command(delete)
 main.add_command(serve)
 main.add_command(db)
 main.add_command(demo)

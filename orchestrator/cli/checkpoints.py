@@ -23,7 +23,10 @@ def checkpoints() -> None:
 @api_command
 @click.argument("name")
 def list_checkpoints(ctx: ApiContext, name: str) -> None:
-    """List the run's checkpoints, newest epoch first."""
+    """List the run's checkpoints, newest epoch first.
+
+    Example: spotswarm checkpoints list digits
+    """
     page = ctx.api.checkpoints(name)
     if ctx.as_json:
         echo_json(page)
@@ -61,7 +64,10 @@ def pick_checkpoint(items: list[dict[str, Any]], name: str, epoch: int | None) -
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def download(ctx: ApiContext, name: str, epoch: int | None, output: Path | None, quiet: bool) -> None:
-    """Download a checkpoint (the latest when EPOCH is left out), verified by SHA-256."""
+    """Download a checkpoint (the latest when EPOCH is left out), verified by SHA-256.
+
+    Examples: spotswarm checkpoints download digits; spotswarm checkpoints download digits 20 -o d20.ckpt
+    """
     item = pick_checkpoint(ctx.api.checkpoints(name)["items"], name, epoch)
     default_name = f"{name}-epoch-{item['epoch']}.ckpt"
     dest = output or Path(default_name)

@@ -131,18 +131,31 @@ def _tls_verification(ca_cert: str | None) -> ssl.SSLContext | bool:
 
 
 def _detail(response: httpx.Response) -> str:
-    """The server's ``detail`` as one short line (validation errors: their first message)."""
+    """The server's ``detail`` as one line; validation errors: every one of them (missing fields together)."""
     try:
         body = response.json()
     except ValueError:
         return (response.text or response.reason_phrase)[:300]
     detail = body.get("detail", body) if isinstance(body, dict) else body
-    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-        first = detail[0]
-        where = ".".join(str(part) for part in first.get("loc", []) if part != "body")
-        more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
-        return f"{where}: {first.get('msg', first)}{more}" if where else f"{first.get('msg', first)}{more}"
+    if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
+        return _validation_errors(detail)
     return str(detail)[:300]
+
+
+def _validation_errors(errors: list[dict[str, Any]]) -> str:
+    """``missing fields: a, b; name: use ... (got 'X')``: every error of a 422, pydantic's prefix removed."""
+    missing: list[str] = []
+    others: list[str] = []
+    for error in errors:
+        where = ".".join(str(part) for part in error.get("loc", []) if part != "body")
+        if error.get("type") == "missing" and where:
+            missing.append(where)
+            continue
+        message = str(error.get("msg", error)).removeprefix("Value error, ")
+        others.append(f"{where}: {message}" if where else message)
+    if missing:
+        others.insert(0, f"missing field{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+    return "; ".join(others)
 
 
 class ApiClient:
@@ -218,10 +231,20 @@ class ApiClient:
     def progress(self, name: str, max_points: int = 200) -> dict[str, Any]:
         return self._json("GET", f"/runs/{name}/progress", params={"max_points": max_points})
 
-    def worker_log(self, name: str, worker_id: str, tail_bytes: int) -> dict[str, Any]:
-        """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it."""
+    def delete_run(self, name: str) -> None:
+        """Delete a finished run with its workers, events and checkpoints (409 while it is active)."""
+        self._request("DELETE", f"/runs/{name}")
+
+    def worker_log(
+        self, name: str, worker_id: str, tail_bytes: int, from_offset: int | None = None
+    ) -> dict[str, Any]:
+        """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it; with
+        ``from_offset``, at most that many bytes from there on (what was written since)."""
         path = f"/runs/{name}/workers/{worker_id}/log"
-        return self._json("GET", path, params={"tail_bytes": tail_bytes})
+        params: dict[str, int] = {"tail_bytes": tail_bytes}
+        if from_offset is not None:
+            params["from_offset"] = from_offset
+        return self._json("GET", path, params=params)
 
     # -- workers, checkpoints, peers -------------------------------------------------------------
 

@@ -13,7 +13,10 @@ from orchestrator.cli.output import echo_json
 @click.argument("name", required=False)
 def peers(ctx: ApiContext, name: str | None) -> None:
     """Print the run's initial peers (without NAME: the orchestrator's own DHT addresses), one a line,
-    then an INITIAL_PEERS=... line to paste into a worker's environment."""
+    then an INITIAL_PEERS=... line to paste into a worker's environment.
+
+    Examples: spotswarm peers digits; spotswarm peers
+    """
     page = ctx.api.peers(name)
     if ctx.as_json:
         echo_json(page)

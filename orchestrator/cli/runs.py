@@ -15,6 +15,7 @@ import yaml
 
 from orchestrator.cli.client import CliError
 from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.log_follow import follow_worker_log
 from orchestrator.cli.output import (
     TERMINAL_RUN_STATES,
     echo_json,
@@ -30,8 +31,15 @@ from orchestrator.cli.output import (
     validation_metric,
 )
 from orchestrator.cli.run_code import apply_code_flags, code_options
+from worker.wire import RunSpec
 
 CHART_WIDTH = 60
+RUN_COLUMNS = ("name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age")
+
+
+def spec_default(field: str) -> str:
+    """``  [default: X]`` for a run spec field: the server's default, shown in ``--help``."""
+    return f"  [default: {RunSpec.model_fields[field].default}]"
 
 
 @click.group("runs")
@@ -121,14 +129,20 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
 @click.option("--datamodule", metavar="PKG.MOD:CLASS", help="LightningDataModule import path.")
 @click.option("--target-batch-size", type=int, help="Samples the swarm accumulates per epoch.")
 @click.option("--batch-size", type=int, help="Per-worker batch size.")
-@click.option("--workers", type=int, help="Desired worker count.")
-@click.option("--min-workers", type=int)
-@click.option("--max-workers", type=int)
+@click.option("--workers", type=int, help="Desired worker count." + spec_default("desired_workers"))
+@click.option("--min-workers", type=int, help="Fewest workers." + spec_default("min_workers"))
+@click.option("--max-workers", type=int, help="Most workers." + spec_default("max_workers"))
 @click.option("--target-epochs", type=int, help="Stop after this many swarm epochs.")
 @click.option("--target-samples", type=int, help="Stop after this many samples.")
-@click.option("--checkpoint-every", type=int, help="Upload a checkpoint every N epochs.")
-@click.option("--keep-checkpoints", type=int, help="Checkpoints kept per run.")
-@click.option("--launcher", help="Launcher name (local, ec2, ...).")
+@click.option(
+    "--checkpoint-every",
+    type=int,
+    help="Upload a checkpoint every N epochs." + spec_default("checkpoint_every_epochs"),
+)
+@click.option(
+    "--keep-checkpoints", type=int, help="Checkpoints kept per run." + spec_default("keep_checkpoints")
+)
+@click.option("--launcher", help="Launcher name (local, ec2, ...)." + spec_default("launcher"))
 @click.option("--module-arg", multiple=True, metavar="KEY=VALUE", help="Module keyword (repeatable).")
 @click.option("--datamodule-arg", multiple=True, metavar="KEY=VALUE", help="Datamodule keyword (repeatable).")
 @click.option("--strategy-option", multiple=True, metavar="KEY=VALUE", help="HivemindStrategy keyword.")
@@ -147,7 +161,15 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
     help="Metric name or glob pattern workers report (repeatable; replaces the default train_loss, val_*).",
 )
 def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
-    """Create a run from flags and/or a spec file (flags win). Prints the join token once."""
+    """Create a run from flags and/or a spec file (flags win). Prints the join token once.
+
+    Examples:
+
+    \b
+      spotswarm runs create --name digits --module worker.examples.digits:DigitsModule \\
+          --datamodule worker.examples.digits:DigitsDataModule --target-batch-size 256 --batch-size 32
+      spotswarm runs create -f run.yaml --workers 4 --target-epochs 50 --module-arg hidden=128
+    """
     spec = build_spec(file, flags)
     spec_dir = Path(file).parent if file and file != "-" else Path.cwd()
     apply_code_flags(spec, flags, spec_dir, ctx.api, lambda line: click.echo(line, err=ctx.as_json))
@@ -165,7 +187,7 @@ def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
 # -- list / show -----------------------------------------------------------------------------------
 
 
-def _run_row(run: dict[str, Any], now: datetime) -> list[Any]:
+def run_row(run: dict[str, Any], now: datetime) -> list[Any]:
     workers, reported, swarm = run["workers"], run["reported"], run.get("swarm") or {}
     epoch = max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0)
     return [
@@ -184,14 +206,17 @@ def _run_row(run: dict[str, Any], now: datetime) -> list[Any]:
 @api_command
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 def list_runs(ctx: ApiContext, limit: int) -> None:
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    Example: spotswarm runs list --limit 10
+    """
     page = ctx.api.list_runs(limit=limit)
     if ctx.as_json:
         echo_json(page)
         return
     now = datetime.now(timezone.utc)
-    rows = [_run_row(run, now) for run in page["items"]]
-    echo_table(["name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age"], rows, "(no runs)")
+    rows = [run_row(run, now) for run in page["items"]]
+    echo_table(RUN_COLUMNS, rows, "(no runs)")
     if page.get("total", 0) > len(rows):
         click.echo(f"... {page['total'] - len(rows)} more (use --limit)")
 
@@ -261,7 +286,10 @@ def _code_lines(spec: dict[str, Any]) -> list[tuple[str, str]]:
 @api_command
 @click.argument("name")
 def show(ctx: ApiContext, name: str) -> None:
-    """Show a run's state, numbers (its reported metrics too) and text charts of its loss and validation."""
+    """Show a run's state, numbers (its reported metrics too) and text charts of its loss and validation.
+
+    Examples: spotswarm runs show digits; spotswarm runs show digits --json | jq .run.spec
+    """
     run = ctx.api.get_run(name)
     progress = ctx.api.progress(name, max_points=CHART_WIDTH * 4)
     page = ctx.api.workers(name)
@@ -312,7 +340,10 @@ def _echo_counts(ctx: ApiContext, run: dict[str, Any], verb: str) -> None:
 @click.option("--min", "min_workers", type=click.IntRange(0), help="Also change the minimum.")
 @click.option("--max", "max_workers", type=click.IntRange(1), help="Also change the maximum.")
 def scale(ctx: ApiContext, name: str, desired: int, min_workers: int | None, max_workers: int | None) -> None:
-    """Set the run's desired worker count (the orchestrator launches or retires workers)."""
+    """Set the run's desired worker count (the orchestrator launches or retires workers).
+
+    Example: spotswarm runs scale digits 6 --min 2 --max 8
+    """
     body: dict[str, Any] = {"desired_workers": desired}
     if min_workers is not None:
         body["min_workers"] = min_workers
@@ -326,7 +357,10 @@ def scale(ctx: ApiContext, name: str, desired: int, min_workers: int | None, max
 @click.argument("name")
 @click.option("--reason", help="Recorded in the run's events.")
 def stop(ctx: ApiContext, name: str, reason: str | None) -> None:
-    """Stop a run: its workers are told to leave; checkpoints are kept."""
+    """Stop a run: its workers are told to leave; checkpoints are kept.
+
+    Example: spotswarm runs stop digits --reason "enough for today"
+    """
     _echo_counts(ctx, ctx.api.stop_run(name, reason), "stopping")
 
 
@@ -340,6 +374,8 @@ def resume(ctx: ApiContext, name: str, target_epochs: int | None, target_samples
 
     A completed run needs a stop condition it has not reached yet: give a higher target (either target
     flag replaces the run's whole stop condition).
+
+    Example: spotswarm runs resume digits --target-epochs 100
     """
     stop = None
     if target_epochs is not None or target_samples is not None:
@@ -374,7 +410,12 @@ def _echo_event(ctx: ApiContext, event: dict[str, Any]) -> None:
 @runs.command("logs")
 @api_command
 @click.argument("name")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new events until the run ends.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing until the run ends (with --worker: until the worker ends).",
+)
 @click.option(
     "--interval",
     "interval_s",
@@ -403,11 +444,20 @@ def logs(
 ) -> None:
     """Print the run's event log (JSON lines with --json). With --follow, exit once the run has ended.
 
-    With --worker ID, print the end of that worker's own log (stdout and stderr) instead.
+    With --worker ID, print the end of that worker's own log (stdout and stderr) instead; with --follow
+    too, keep printing what it writes until the worker has ended.
+
+    Examples:
+
+    \b
+      spotswarm runs logs digits -f
+      spotswarm workers list digits          # find the worker id
+      spotswarm runs logs digits --worker 7 -f
     """
+    if worker_id is not None and follow:
+        follow_worker_log(ctx, name, worker_id, tail_bytes, interval_s)
+        return
     if worker_id is not None:
-        if follow:
-            raise CliError("--follow works on the event log only, not with --worker", 2)
         tail = ctx.api.worker_log(name, worker_id, tail_bytes)
         if ctx.as_json:
             echo_json(tail)

@@ -20,6 +20,10 @@ from orchestrator.cli.output import (
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
 LIVE_STATES = frozenset({"launching", "running"})
+WORKER_COLUMNS = (
+    *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
+    *("loss", "metrics", "ckpt", "cost", "ended"),
+)
 
 
 @click.group("workers")
@@ -58,25 +62,14 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
 @click.argument("name")
 @click.option("--live", is_flag=True, help="Only launching and running workers.")
 def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
-    """List the run's workers, newest first, with how the finished ones ended."""
+    """List the run's workers, newest first, with how the finished ones ended.
+
+    Examples: spotswarm workers list digits --live; spotswarm workers list digits --json
+    """
     page = ctx.api.workers(name)
     items = [w for w in page["items"] if not live or w["state"] in LIVE_STATES]
     if ctx.as_json:
         echo_json({**page, "items": items})
         return
     now = datetime.now(timezone.utc)
-    headers = [
-        "id",
-        "state",
-        "handle",
-        "host",
-        "heartbeat",
-        "samples",
-        "samples/s",
-        "loss",
-        "metrics",
-        "ckpt",
-        "cost",
-        "ended",
-    ]
-    echo_table(headers, [worker_row(w, now) for w in items], "(no workers)")
+    echo_table(WORKER_COLUMNS, [worker_row(w, now) for w in items], "(no workers)")

@@ -20,7 +20,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from orchestrator.dht import progress_key
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
@@ -154,9 +154,11 @@ def test_a_checkpointer_that_falls_behind_the_swarm_hands_the_role_on(
 
 @pytest.mark.timeout(180)
 def test_the_dht_epoch_completes_the_run_and_a_completed_run_resumes_with_a_higher_target(
-    orch: Orchestrator, progress_peer: ProgressPeer
+    orch: Orchestrator, progress_peer: ProgressPeer, processes: ProcessRegistry
 ) -> None:
     run = create(orch, stop={"target_samples": 1000}, target_batch_size=64, checkpoint_every_epochs=4)
+    watch = [str(VENV_BIN / "spotswarm"), "runs", "watch", run["name"], "--interval", "0.2"]
+    watcher = processes.start("watch", [*watch, "--url", orch.url, "--token", orch.admin_token])
     worker = register(orch, run["join_token"])
     progress_peer.publish(run["swarm_id"], 15)  # 15 x 64 = 960 samples: short of the target
     heartbeat(orch, worker, swarm_epoch=15, samples=10**12)
@@ -174,6 +176,8 @@ def test_the_dht_epoch_completes_the_run_and_a_completed_run_resumes_with_a_high
     leave(orch, worker)
     done = wait_until(lambda: (r := get_run(orch, run["name"]))["state"] == "completed" and r, 15)
     assert done["state_reason"] == "all workers have left"
+    assert watcher.popen.wait(timeout=20) == 0, watcher.log()  # `runs watch` exits 0 on completion
+    assert "state completed" in watcher.log().splitlines()[-1], watcher.log()
 
     same = cli(orch, "runs", "resume", run["name"])
     assert same.exit_code == 6 and "reached its stop condition" in same.output, same.output

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
-from tests.helpers import ProcessRegistry, wait_until
+from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
@@ -91,6 +91,16 @@ def join(orch: Orchestrator, token: str, request_id: str | None = None) -> Joine
     registered = client.register(token, WorkerRegister(request_id=request_id, hostname="ops-box"))
     client.token = registered.worker_token
     return Joined(client, registered.worker_id)
+
+
+def local_worker_with_log(orch: Orchestrator, name: str, text: str) -> tuple[Joined, Path]:
+    """A worker of the local launcher (joined with its launch token) and its log, holding ``text``."""
+    request_id, launch_token = launch_intent(orch, name)
+    worker = join(orch, launch_token, request_id)
+    log = orch.data_dir / "workers" / f"{request_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(text)
+    return worker, log
 
 
 def admin_get(orch: Orchestrator, path: str, **params: Any) -> Any:
@@ -227,11 +237,9 @@ def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(orch: 
 @pytest.mark.timeout(120)
 def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator) -> None:
     name, join_token = create(orch)
-    request_id, launch_token = launch_intent(orch, name)
-    worker = join(orch, launch_token, request_id)
-    log = orch.data_dir / "workers" / f"{request_id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("".join(f"line {i:05d} of the worker's log\n" for i in range(5000)))
+    worker, log = local_worker_with_log(
+        orch, name, "".join(f"line {i:05d} of the worker's log\n" for i in range(5000))
+    )
     path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
 
     tail = admin_get(orch, path, tail_bytes=100)
@@ -264,8 +272,48 @@ def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator
     assert printed.exit_code == 0 and printed.output == tail["text"]
     as_json = cli(orch, "runs", "logs", name, "--worker", str(worker.worker_id), "--json")
     assert json.loads(as_json.output)["size_bytes"] == log.stat().st_size
-    assert cli(orch, "runs", "logs", name, "--worker", "1", "--follow").exit_code == 2
     assert cli(orch, "runs", "logs", name, "--worker", "1", token="").exit_code == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_log_is_followed_from_its_tail_until_the_worker_ends(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    name, _ = create(orch)
+    worker, log = local_worker_with_log(orch, name, "".join(f"old {i}\n" for i in range(100)))
+    path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
+    since = admin_get(orch, path, from_offset=log.stat().st_size - 14, tail_bytes=100)
+    assert since["text"] == "old 98\nold 99\n" and since["next_offset"] == log.stat().st_size
+    partial = admin_get(orch, path, from_offset=0, tail_bytes=10)  # ends at the last whole line it holds
+    assert partial["text"] == "old 0\n" and partial["next_offset"] == 6
+
+    registry = ProcessRegistry(tmp_path)
+    args = [
+        "runs",
+        "logs",
+        name,
+        "--worker",
+        worker.worker_id,
+        "-f",
+        "--tail-bytes",
+        "14",
+        "--interval",
+        "0.2",
+    ]
+    env = {"SPOTSWARM_URL": orch.url, "SPOTSWARM_TOKEN": orch.admin_token, "SPOTSWARM_CONFIG": "/absent.toml"}
+    try:
+        follower = registry.start("follow", [str(VENV_BIN / "spotswarm"), *args], env=env)
+        wait_until(lambda: "old 99" in follower.log(), 20, message="the tail is printed")
+        with log.open("a") as handle:
+            handle.write("new 1\nnew 2 (no line end yet)")
+        wait_until(lambda: "new 2" in follower.log(), 20, message="new lines are printed")
+        with log.open("a") as handle:
+            handle.write(", done\nlast words\n")
+        worker.leave(DeregisterReason.completed)
+        assert follower.popen.wait(timeout=20) == 0, follower.log()
+    finally:
+        registry.kill_all()
+    assert follower.log() == "old 98\nold 99\nnew 1\nnew 2 (no line end yet), done\nlast words\n"
 
 
 # -- structured log lines -------------------------------------------------------------------------------

@@ -82,12 +82,16 @@ def test_formatting_helpers() -> None:
     assert [fmt_bytes(b) for b in (12, 2048, 5 << 30)] == ["12 B", "2.0 KiB", "5.0 GiB"]
 
 
-def test_server_details_become_one_short_line() -> None:
+def test_server_details_become_one_line_listing_every_validation_error() -> None:
     validation = httpx.Response(
         422,
         json={"detail": [{"loc": ["body", "name"], "msg": "bad name"}, {"loc": ["body", "x"], "msg": "y"}]},
     )
-    assert _detail(validation) == "name: bad name (and 1 more)"
+    assert _detail(validation) == "name: bad name; x: y"
+    missing = [{"type": "missing", "loc": ["body", f], "msg": "Field required"} for f in ("a", "b")]
+    value = {"type": "value_error", "loc": ["body"], "msg": "Value error, min_workers (3) > max_workers (2)"}
+    both = httpx.Response(422, json={"detail": [value, *missing]})
+    assert _detail(both) == "missing fields: a, b; min_workers (3) > max_workers (2)"
     assert _detail(httpx.Response(404, json={"detail": "run 'x' not found"})) == "run 'x' not found"
     assert _detail(httpx.Response(502, text="<html>bad gateway</html>")) == "<html>bad gateway</html>"
     assert str(CliError("two\nlines  here")) == "two lines here"
