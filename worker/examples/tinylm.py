@@ -84,6 +84,8 @@ class TinyTextData(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
         assert self.train_set is not None, "call setup() first"
+        # Each worker shuffles on its own: workers drawing different batches add different gradients
+        # to the swarm's sum, where the same order everywhere would repeat the same batches.
         return DataLoader(
             self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers
         )
