@@ -193,4 +193,11 @@ PROJECT_DIRS = {
         "class TeacherData(LightningDataModule):\n    def __init__(self, batch_size: int = 32) -> None:\n        super().__init__()\n",
         "requirements.txt": "# nothing beyond what the workers have\n",
     },
+    "cd my-lm": {  # the language model example copied into a project, as the docs say
+        "lm/__init__.py": "",
+        "lm/model.py": (REPO_ROOT / "worker" / "examples" / "tinylm.py").read_text(),
+        "lm/data/founding_documents.txt": (
+            REPO_ROOT / "worker" / "examples" / "data" / "founding_documents.txt"
+        ).read_text(),
+    },
 }
