@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
 
-from worker import context, logsetup
+from worker import context, lifeline, logsetup
 from worker.agent_boot import (
     Boot,
     OrchestratorUnavailable,
@@ -398,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump every stack
     config.worker_dir.mkdir(parents=True, exist_ok=True)
+    # hivemind forks its DHT and averagers: none may outlive an agent killed with SIGKILL
+    lifeline.forked_children_exit_with_parent()
     exit_code = Agent(config).run()
     _exit_guard(exit_code, EXIT_GUARD_S)
     return exit_code
