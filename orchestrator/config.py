@@ -210,6 +210,19 @@ class Settings(BaseSettings):
     max_start_failures: int = Field(
         default=5, ge=1, le=1000, description="Start-up failures in a row after which a run is marked failed."
     )
+    max_worker_crashes: int = Field(
+        default=5,
+        ge=1,
+        le=10_000,
+        description="Default crash budget of a run (its spec's max_worker_crashes overrides it): launched "
+        "workers failing with the same error after training, within crash_window_s, before the run fails.",
+    )
+    crash_window_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=30 * 86400,
+        description="Seconds over which worker crashes count toward a run's crash budget.",
+    )
     # AWS (the ec2 launcher and S3 checkpoints; the Terraform module sets these) -----------------------
     ec2_launch_template: str | None = Field(
         default=None, description="Worker launch template name or id; setting it enables the ec2 launcher."

@@ -17,6 +17,7 @@ from typing import Protocol
 from orchestrator.checkpoints import UploadSlots
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
+from orchestrator.crash_budget import CrashPolicy
 from orchestrator.db.session import Database
 from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.forwarding import Forwarder
@@ -75,6 +76,11 @@ class AppContext:
             else:
                 extra.extend(f"{maddr}/p2p/{peer_id}" for peer_id in sorted(peer_ids))
         return list(dict.fromkeys([*extra, *visible]))
+
+    @property
+    def crash_policy(self) -> CrashPolicy:
+        """The server's crash budget defaults (a run's spec may set its own budget)."""
+        return CrashPolicy(self.settings.max_worker_crashes, self.settings.crash_window_s)
 
 
 class BackgroundService(Protocol):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -107,6 +108,7 @@ class HeartbeatHub:
         self._workers: dict[int, WorkerEntry] = {}
         self._runs: dict[int, RunEntry] = {}
         self._last_sample_at: dict[int, datetime] = {}
+        self._running: Counter[int] = Counter()  # run id -> its running workers (heartbeat replies say it)
         self._started_at = clock()
         # worker id -> (the addresses and peer id last filtered, what was kept): parsing costs ~0.3 ms an
         # address, and a worker reports the same ones heartbeat after heartbeat
@@ -148,6 +150,7 @@ class HeartbeatHub:
                 checkpointer=run is not None and not ended and run.checkpointer_id == entry.worker_id,
                 checkpoint_every_epochs=run.checkpoint_every_epochs if run else 5,
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
+                num_workers=self._running.get(entry.run_id),
             )
 
     def _announced_addresses(self, entry: WorkerEntry, run: RunEntry | None, maddrs: list[str]) -> list[str]:
@@ -258,6 +261,7 @@ class HeartbeatHub:
                 ):
                     entry.last_seen, entry.epoch = old.last_seen, max(old.epoch, entry.epoch)
             self._workers, self._runs = worker_entries, run_entries
+            self._running = Counter(e.run_id for e in worker_entries.values() if e.state == _RUNNING)
             self._announced = {k: v for k, v in self._announced.items() if k in worker_entries}
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
 
@@ -376,6 +380,7 @@ class HeartbeatHub:
         return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
 
 
+_RUNNING = WorkerState.running.value
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
 _ENTRY_COLUMNS = (
     Worker.id,

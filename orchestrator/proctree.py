@@ -10,24 +10,28 @@ launcher sets. A child that must end with the server, even one killed with SIGKI
 
 from __future__ import annotations
 
-import os
-import select
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from worker.lifeline import (
+    descendants,
+    exit_with_parent,
+    leave_with_children,
+    parent_of,
+    signal_all,
+    stat_fields,
+)
 
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then the parent's PID,
-    the process group, ... ``[19]`` the start time in clock ticks); None if the process is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    return raw[raw.rfind(")") + 2 :].split()
+__all__ = [
+    "command_name",
+    "descendants",
+    "exit_with_parent",
+    "has_env",
+    "leave_with_children",
+    "parent_of",
+    "proc_start_ticks",
+    "signal_all",
+    "stat_fields",
+]
 
 
 def proc_start_ticks(pid: int, include_zombies: bool = False) -> int | None:
@@ -39,41 +43,6 @@ def proc_start_ticks(pid: int, include_zombies: bool = False) -> int | None:
     if fields is None or (fields[0] in ("Z", "X") and not include_zombies):
         return None
     return int(fields[19])
-
-
-def parent_of(pid: int) -> int | None:
-    """The parent PID of a live (not zombie) ``pid``; None if it is gone."""
-    fields = stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1])
-
-
-def _children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            parent = parent_of(int(entry))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry))
-    return children
-
-
-def descendants(root: int, prune: Callable[[int], bool] | None = None) -> list[int]:
-    """Every live descendant of ``root`` (not ``root`` itself), parents before their children.
-
-    A process for which ``prune`` says True is left out together with its whole subtree.
-    """
-    children = _children_by_parent()
-    found: list[int] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop(0)
-        if prune is not None and prune(pid):
-            continue
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
 
 
 def command_name(pid: int) -> str:
@@ -92,47 +61,3 @@ def has_env(pid: int, name: str) -> bool:
         return False
     prefix = name.encode() + b"="
     return any(item.startswith(prefix) for item in environ.split(b"\0"))
-
-
-def signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
-    """Send ``sig`` to each PID; returns those that were still there to receive it."""
-    reached = []
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            continue
-        reached.append(pid)
-    return reached
-
-
-def leave_with_children(exit_code: int) -> None:
-    """End this process's descendants (SIGKILL), then this process at once, without cleanup."""
-    signal_all(descendants(os.getpid()), signal.SIGKILL)
-    os._exit(exit_code)
-
-
-def exit_with_parent(parent_pid: int, exit_code: int = 0) -> threading.Thread:
-    """Watch ``parent_pid`` from a daemon thread; when it exits, :func:`leave_with_children`.
-
-    For a child that must not outlive its parent even when the parent is killed with SIGKILL. It waits on
-    a pidfd (Linux 5.3+: wakes as the parent exits; elsewhere it checks every half second), so unlike the
-    kernel's parent-death signal it works whichever of the parent's threads forked it, and does not wait
-    for the child's main thread to run a signal handler (hivemind's event loop wakes every few seconds).
-    Call it first thing in the child; a parent already gone (``getppid`` differs) ends the child at once.
-    """
-
-    def watch() -> None:
-        try:
-            pidfd = os.pidfd_open(parent_pid)
-        except (AttributeError, OSError):  # no pidfd here, or the parent is gone already
-            while os.getppid() == parent_pid:
-                time.sleep(0.5)
-        else:
-            if os.getppid() == parent_pid:  # the pidfd is of our parent, not of a process that reused its PID
-                select.select([pidfd], [], [])
-        leave_with_children(exit_code)
-
-    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
-    thread.start()
-    return thread

@@ -269,6 +269,7 @@ def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
         peer_maddrs=list(worker.peer_maddrs),
         launch_details=details,
         exit_reason=worker.exit_reason,
+        worker_index=worker.worker_index,
         created_at=worker.created_at,
         registered_at=worker.registered_at,
         last_heartbeat_at=worker.last_heartbeat_at,

@@ -190,6 +190,7 @@ def run_spec(run: Run) -> RunSpec:
         secret_env=dict.fromkeys(run.secret_env),
         trainer=TrainerSection.model_validate(run.trainer),
         report_metrics=run.report_metrics,
+        max_worker_crashes=run.max_worker_crashes,
     )
 
 
@@ -305,6 +306,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         secret_env=dict(spec.secret_env),
         trainer=spec.trainer.model_dump(exclude_defaults=True),
         report_metrics=list(spec.report_metrics),
+        max_worker_crashes=spec.max_worker_crashes,
         state=RunState.pending.value,
         state_reason="created",
         consecutive_start_failures=0,

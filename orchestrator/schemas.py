@@ -160,6 +160,10 @@ class WorkerOut(BaseModel):
     peer_maddrs: list[str]
     launch_details: dict[str, object]
     exit_reason: str | None
+    worker_index: int | None = Field(
+        default=None,
+        description="Its slot among the run's live workers (SPOTSWARM_WORKER_INDEX); null until registered.",
+    )
     created_at: datetime
     registered_at: datetime | None
     last_heartbeat_at: datetime | None

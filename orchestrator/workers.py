@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from orchestrator import runs, tokens
+from orchestrator import crash_budget, runs, tokens
 from orchestrator.db.models import Run, Worker
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
@@ -208,6 +208,7 @@ def register_worker(
         worker.launcher_handle = body.launcher_handle
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
+    assign_worker_index(session, worker)
     # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
     # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending.value:
@@ -217,20 +218,63 @@ def register_worker(
 
 
 def deregister_worker(
-    session: Session, worker: Worker, reason: DeregisterReason, message: str | None, now: datetime
+    session: Session,
+    worker: Worker,
+    reason: DeregisterReason,
+    message: str | None,
+    now: datetime,
+    crashes: crash_budget.CrashPolicy | None = None,
 ) -> None:
     """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
 
     A launched worker that fails before contributing a sample counts as a start-up failure (the
-    reconciler backs off and, after enough in a row, fails the run); a worker joined by hand does not:
-    the join token's holder would fail the run at will. Leaving twice is harmless when the state is the
-    same; raises :class:`IllegalTransition` otherwise.
+    reconciler backs off and, after enough in a row, fails the run); one that fails after training counts
+    toward the run's crash budget (:mod:`orchestrator.crash_budget`). A worker joined by hand counts for
+    neither: the join token's holder would fail the run at will. The ``worker.state`` event carries the
+    message. Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition`
+    otherwise.
     """
     new = DEREGISTER_STATES[reason]
+    old_state = worker.state
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
     if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
-    runs.set_worker_state(session, worker, new, f"deregistered ({reason.value})", now)
+    runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
+    if reason == DeregisterReason.error and old_state != new.value:
+        crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
+
+
+def assign_worker_index(session: Session, worker: Worker) -> int:
+    """The worker's slot: its own while no other live worker holds it (a lost worker come back may find
+    its replacement there), else the lowest slot free among the run's live workers.
+
+    Slots of ended workers are free again, so a replacement takes its predecessor's. Registrations of one
+    run are serialized by a lock on its row, so two live workers never hold the same slot.
+    """
+    session.execute(select(Run.id).where(Run.id == worker.run_id).with_for_update())
+    held = set(
+        session.scalars(
+            select(Worker.worker_index).where(
+                Worker.run_id == worker.run_id,
+                Worker.state.in_(runs.LIVE_STATES),
+                Worker.id != worker.id,
+                Worker.worker_index.is_not(None),
+            )
+        )
+    )
+    if worker.worker_index is None or worker.worker_index in held:
+        worker.worker_index = next(i for i in range(len(held) + 1) if i not in held)
+    return worker.worker_index
+
+
+def count_running_workers(session: Session, run_id: int) -> int:
+    """The run's registered, running workers: the live count user code shards by."""
+    query = (
+        select(func.count())
+        .select_from(Worker)
+        .where(Worker.run_id == run_id, Worker.state == WorkerState.running.value)
+    )
+    return int(session.scalar(query) or 0)
 
 
 def request_retire(session: Session, worker: Worker, reason: str, now: datetime) -> None:

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from types import FrameType
 from typing import Any
 
-from worker import logsetup
+from worker import context, lifeline, logsetup
 from worker.agent_boot import (
     Boot,
     OrchestratorUnavailable,
@@ -144,6 +144,7 @@ class Agent:
         self.worker_id = registration.worker_id
         self.client.token = registration.worker_token
         logsetup.set_log_context(run=registration.run.name, worker=registration.worker_id)
+        context.publish(registration.worker_id, registration.worker_index, registration.num_workers)
         latest = registration.resume_checkpoint.epoch if registration.resume_checkpoint else None
         self.state.configure(registration.run.checkpoint_every_epochs, latest)
         self._stop_condition = registration.run.stop
@@ -219,6 +220,7 @@ class Agent:
                 registration.run.stop,
                 registration.run.target_batch_size,
                 report_metrics=tuple(registration.run.report_metrics),
+                worker_id=registration.worker_id,
             )
             trainer = agent_train.build_trainer(
                 registration, self._dht, options.strategy, callback, self.config
@@ -400,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(config.log_level, config.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump every stack
     config.worker_dir.mkdir(parents=True, exist_ok=True)
+    # hivemind forks its DHT and averagers: none may outlive an agent killed with SIGKILL
+    lifeline.forked_children_exit_with_parent()
     exit_code = Agent(config).run()
     _exit_guard(exit_code, EXIT_GUARD_S)
     return exit_code

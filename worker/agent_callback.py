@@ -1,5 +1,6 @@
 """The agent's Lightning callback: the training thread's side of the agent.
 
+Before the first batch it seeds this worker's sampling apart from the others' (:mod:`worker.context`).
 Between batches (the only safe point) it publishes a progress snapshot for the heartbeat thread, saves
 the checkpointer's checkpoints, notices the run's stop condition, and ends training when a stop was
 requested (after a final checkpoint when this worker is the checkpointer and time allows).
@@ -18,6 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from worker.agent_metrics import ReportingLogger, read_loss, reported_metrics
 from worker.agent_state import AgentState
 from worker.checkpoints import Checkpointer
+from worker.context import seed_sampling
 from worker.wire import DeregisterReason, StopCondition
 from worker.wire_trainer import DEFAULT_REPORT_METRICS
 
@@ -45,8 +47,10 @@ class AgentCallback(Callback):
         snapshot_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         report_metrics: tuple[str, ...] = DEFAULT_REPORT_METRICS,
+        worker_id: str | None = None,
     ) -> None:
         self._state = state
+        self._worker_id = worker_id
         self._report_metrics = tuple(report_metrics)
         #: add it to the Trainer's loggers: what callbacks log there (not in callback_metrics) is reported
         self.reporting_logger = ReportingLogger()
@@ -57,6 +61,13 @@ class AgentCallback(Callback):
         self._clock = clock
         self._last_snapshot = -math.inf
         self._rate_origin: tuple[float, int] | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After the user's module and datamodule were built and set up (a seed_everything(42) there would
+        # give every worker the same batches), before the training dataloader's first batch is fetched.
+        if self._worker_id is not None:
+            seed = seed_sampling(self._worker_id)
+            logger.info("sampling seeded for this worker (seed %d)", seed)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         strategy: Any = trainer.strategy

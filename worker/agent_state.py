@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from worker import context
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerAction
 
 
@@ -94,6 +95,7 @@ class AgentState:
                 self._latest_checkpoint_epoch = max(
                     reply.latest_checkpoint_epoch, self._latest_checkpoint_epoch or 0
                 )
+        context.set_live_count(reply.num_workers)
         if reply.action == WorkerAction.stop:
             self.request_stop(DeregisterReason.stopped, "the orchestrator asked this worker to stop")
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import hivemind
 
+from worker.lifeline import exit_with_parent
 from worker.logsetup import install_filter
 from worker.peer_addresses import usable_initial_peers
 
@@ -83,7 +84,22 @@ def start_dht(
         from worker.swarm_guard import AdmissionDHT
 
         return AdmissionDHT(peers, authorizer=authorizer, **kwargs)
-    return hivemind.DHT(initial_peers=peers, start=True, **kwargs)
+    return LifelineDHT(initial_peers=peers, start=True, **kwargs)
+
+
+class LifelineDHT(hivemind.DHT):  # type: ignore[misc]
+    """A ``hivemind.DHT`` whose process, ``p2pd`` included, ends as soon as the process that created it is
+    gone, even killed with SIGKILL (:func:`worker.lifeline.exit_with_parent`): a worker agent killed by
+    its PID alone would otherwise leave its peer running, announcing a worker that no longer trains."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self._owner_pid = os.getpid()  # read by the forked child (run)
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:
+        """The DHT's process: take the lifeline first, then serve as hivemind does."""
+        exit_with_parent(self._owner_pid, exit_code=1)
+        super().run()
 
 
 def _is_loopback(maddr: str) -> bool:

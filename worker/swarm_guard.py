@@ -34,6 +34,7 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.timed_storage import get_dht_time
 
 from worker.swarm_auth import SwarmAuthorizer, from_access_token
+from worker.swarm_dht import LifelineDHT
 from worker.swarm_token import TokenFields, TokenVerifier
 
 logger = logging.getLogger(__name__)
@@ -168,12 +169,13 @@ class GuardedP2P(P2P):
         )
 
 
-class AdmissionDHT(hivemind.DHT):
+class AdmissionDHT(LifelineDHT):
     """A ``hivemind.DHT`` that takes part in a swarm with admission.
 
     Its DHT calls are signed and checked by ``authorizer``; it uses the authorizer's identity (so its
     peer id is the one named in the token); it serves the token on :data:`ADMISSION_HANDLER`; and the
-    P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started.
+    P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started; its
+    process ends with the one that created it (:class:`worker.swarm_dht.LifelineDHT`).
     """
 
     def __init__(

@@ -195,6 +195,15 @@ class RunSpec(StrictModel):
         "logs; the first 32 matching names by name count.",
     )
 
+    # -- what a worker's failures may cost the run (docs/readme/runs.md, "Crash budget") -----------------
+    max_worker_crashes: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Launched workers that may fail with the same error after training, within the "
+        "server's crash window, before the run fails with that error (null: the server's default).",
+    )
+
     _plain_json = field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")(
         plain_json
     )
@@ -251,7 +260,7 @@ class RunSpec(StrictModel):
 #: RunSpec fields that workers before them do not know: a registration reply leaves each out while it
 #: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
 #: do not use them.
-NEWER_SPEC_FIELDS = ("trainer", "report_metrics")
+NEWER_SPEC_FIELDS = ("trainer", "report_metrics", "max_worker_crashes")
 
 
 def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
@@ -298,6 +307,12 @@ class WorkerRegistered(BaseModel):
     resume_checkpoint: CheckpointRef | None = Field(
         default=None, description="Latest checkpoint, to load when no live peer can hand over state."
     )
+    worker_index: int = Field(
+        default=0,
+        description="This worker's stable index: the lowest slot free among the run's live workers when it "
+        "first registered, kept while it lives (its replacement gets it again).",
+    )
+    num_workers: int = Field(default=1, description="The run's live workers when this one registered.")
     secret_env: dict[str, str] = Field(
         default_factory=dict,
         description="Values of the run's secret_env (``run.secret_env`` holds the names only), set in the "
@@ -337,6 +352,7 @@ class HeartbeatReply(BaseModel):
     checkpointer: bool = Field(default=False, description="This worker uploads the run's checkpoints.")
     checkpoint_every_epochs: int = 5
     latest_checkpoint_epoch: int | None = None
+    num_workers: int | None = Field(default=None, description="The run's live (running) workers now.")
 
 
 class DeregisterReason(str, Enum):

@@ -51,6 +51,8 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONRe
             heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
             secret_env=runs.secret_values(reg.run),
+            worker_index=reg.worker.worker_index or 0,
+            num_workers=workers.count_running_workers(session, reg.run.id),
         )
         cached = ctx.hub.entries_of(reg.worker)
     ctx.hub.note(cached)
@@ -107,5 +109,5 @@ def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
     ctx.hub.flush()
     with ctx.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
-        workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock())
+        workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock(), ctx.crash_policy)
     ctx.hub.refresh()

@@ -102,6 +102,7 @@ class Run(Base):
     secret_env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     trainer: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the spec's trainer section
     report_metrics: Mapped[list[str]] = mapped_column(default=list)
+    max_worker_crashes: Mapped[int | None] = mapped_column(Integer)  # null: the server's default
     # Lifecycle.
     state: Mapped[str] = mapped_column(String(16), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")
@@ -148,6 +149,8 @@ class Worker(Base):
     peer_maddrs: Mapped[list[str]]
     launch_details: Mapped[dict[str, Any]]
     exit_reason: Mapped[str | None] = mapped_column(Text)
+    # Its slot among the run's live workers, for sharding (worker/context.py): set at registration.
+    worker_index: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime]
     registered_at: Mapped[datetime | None]
     last_heartbeat_at: Mapped[datetime | None]

@@ -14,48 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.demo import demo_spec
-from tests.helpers import VENV_BIN, ProcessRegistry, group_members, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, start_orchestrator
+from tests.helpers import ProcessRegistry, group_members, wait_until
+from tests.integration.agent_support import start_training_agent
 from worker.agent_config import EXIT_ORCHESTRATOR_LOST
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
 LOST_TIMEOUT_S = 10.0
 STOP_GRACE_S = 15.0  # the agent's default: the most its leaving may take
 # After the timeout: one more heartbeat attempt (an interval of 1 s, a refused connection and one retry)
 # to notice, then leaving within the stop grace.
 LEAVE_BOUND_S = LOST_TIMEOUT_S + 5.0 + STOP_GRACE_S
-SPEC = {**demo_spec(workers=1), "name": "lost"}  # the run `spotswarm demo` trains
 
 
 @pytest.mark.timeout(420)
 def test_agent_leaves_when_the_orchestrator_is_gone_for_good(
     processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    orch = start_orchestrator(
-        processes, tmp_path / "orch", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+    orch, agent = start_training_agent(
+        processes, tmp_path, "lost", {"SPOTSWARM_ORCHESTRATOR_LOST_TIMEOUT_S": str(LOST_TIMEOUT_S)}
     )
-    with orch.admin() as http:
-        token = http.post("/api/v1/runs", json=SPEC, timeout=120).raise_for_status().json()["join_token"]
-    env = {
-        "SPOTSWARM_URL": orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / "agent"),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
-        "SPOTSWARM_ORCHESTRATOR_LOST_TIMEOUT_S": str(LOST_TIMEOUT_S),
-    }
-    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env)
-
-    def trains() -> bool:
-        if not agent.alive():
-            pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
-        with orch.client() as http:
-            workers = http.get("/api/v1/runs/lost/workers").raise_for_status().json()["items"]
-        return bool(workers) and workers[0]["state"] == "running" and workers[0]["samples"] > 0
-
-    wait_until(trains, BOOT_S, interval_s=1, message="the agent trains")
     orch.kill()
     killed_at = time.monotonic()
 

@@ -97,6 +97,29 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
 
 
 @pytest.mark.timeout(180)
+def test_workers_get_a_stable_slot_and_heartbeats_tell_the_live_count(orch: Orchestrator) -> None:
+    name, join = create(orch)
+    first = register(orch, join)
+    second = register(orch, join)
+    assert (first["worker_index"], first["num_workers"]) == (0, 1)
+    assert (second["worker_index"], second["num_workers"]) == (1, 2)
+    wait_until(lambda: heartbeat(orch, first)["num_workers"] == 2, 10, message="two running workers")
+    with orch.client(second["worker_token"]) as http:
+        left = http.post(f"/api/v1/workers/{second['worker_id']}/deregister", json={"reason": "interrupted"})
+    assert left.status_code == 204, left.text
+    wait_until(lambda: heartbeat(orch, first)["num_workers"] == 1, 10, message="one running worker")
+    third = register(orch, join)
+    assert (third["worker_index"], third["num_workers"]) == (1, 2)  # the slot second left
+    with orch.client() as http:
+        listed = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+    assert {w["id"]: w["worker_index"] for w in listed} == {
+        first["worker_id"]: 0,
+        second["worker_id"]: 1,
+        third["worker_id"]: 1,
+    }
+
+
+@pytest.mark.timeout(180)
 def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
     name, _ = create(orch)
     database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")

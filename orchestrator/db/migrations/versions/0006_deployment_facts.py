@@ -4,8 +4,8 @@
   ``swarm_authority_public_key``: orchestrators sharing a database (the HA set-up) must sign swarm tokens
   with one key, or the swarm splits between the workers each one admitted.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-23
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

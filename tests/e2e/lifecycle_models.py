@@ -1,0 +1,61 @@
+"""Run code of the worker-lifecycle tests: the digits example with a common user habit or a bug.
+
+- :class:`SeededDigitsModule` calls ``seed_everything(42)`` in ``__init__`` and writes the first batch it
+  trains on, with the worker context it saw, to ``record_dir/<worker id>.json``.
+- :class:`CrashingDigitsModule` raises the same error once it has trained ``crash_after_batches`` batches
+  for at least ``crash_after_s`` seconds (long enough for a heartbeat to report its samples).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from lightning.pytorch import seed_everything
+from torch import Tensor
+
+from worker.context import current_worker
+from worker.examples.digits import DigitsDataModule, DigitsModule
+
+__all__ = ["CrashingDigitsModule", "DigitsDataModule", "SeededDigitsModule"]
+
+
+class SeededDigitsModule(DigitsModule):
+    def __init__(self, record_dir: str, **kwargs: float) -> None:
+        seed_everything(42)
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.record_dir = Path(record_dir)
+        self.recorded = False
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if not self.recorded:
+            self.recorded = True
+            ctx = current_worker()
+            assert ctx is not None, "the agent publishes the worker context before the module is built"
+            record = {
+                "worker_id": ctx.worker_id,
+                "worker_index": ctx.worker_index,
+                "num_workers": ctx.num_workers,
+                "labels": batch[1].tolist(),
+                "features_sum": float(batch[0].sum()),
+            }
+            (self.record_dir / f"{ctx.worker_id}.json").write_text(json.dumps(record))
+        return super().training_step(batch, batch_idx)
+
+
+class CrashingDigitsModule(DigitsModule):
+    def __init__(self, crash_after_batches: int = 5, crash_after_s: float = 4.0, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.crash_after_batches = crash_after_batches
+        self.crash_after_s = crash_after_s
+        self.batches = 0
+        self.started_at: float | None = None
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        self.started_at = self.started_at or time.monotonic()
+        self.batches += 1
+        trained_s = time.monotonic() - self.started_at
+        if self.batches > self.crash_after_batches and trained_s > self.crash_after_s:
+            raise RuntimeError("the model diverged in a buggy layer")
+        return super().training_step(batch, batch_idx)

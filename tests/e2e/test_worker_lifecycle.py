@@ -1,0 +1,81 @@
+"""A worker's life with user code: its own sampling order and its place among the run's workers, and the
+crash budget that ends a run whose code keeps failing. Real `spotswarm serve`, reconcile loop and local
+worker processes running the digits example (tests/e2e/lifecycle_models.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.helpers import ProcessRegistry, wait_until
+from tests.integration.worker_support import wait_ticks
+
+pytestmark = [pytest.mark.swarm]
+BOOT_S = 180.0  # workers importing torch, lightning and hivemind on a busy 2-core machine
+MODELS = "tests.e2e.lifecycle_models"
+
+
+@pytest.mark.timeout(360)
+def test_workers_of_a_module_seeded_by_the_user_draw_different_batches_and_know_their_slot(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir)
+    records = tmp_path / "first-batches"
+    records.mkdir()
+    spec = digits_run(
+        "seeded",
+        module=f"{MODELS}:SeededDigitsModule",
+        datamodule=f"{MODELS}:DigitsDataModule",
+        module_args={"record_dir": str(records), "hidden": 32, "lr": 0.05},
+    )
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, "seeded")
+    files = wait_until(
+        lambda: len(found := sorted(records.glob("*.json"))) == 2 and found,
+        BOOT_S,
+        message="two first batches",
+    )
+    first, second = (json.loads(path.read_text()) for path in files)
+    assert first["labels"] != second["labels"], "both workers drew the same first batch"
+    assert first["features_sum"] != second["features_sum"]
+    assert {first["worker_index"], second["worker_index"]} == {0, 1}
+    assert {first["worker_id"], second["worker_id"]} == {str(w["id"]) for w in reader.workers()}
+    assert all(1 <= r["num_workers"] <= 2 for r in (first, second))
+    admin_post(orch, "/api/v1/runs/seeded/stop")
+    wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
+
+
+@pytest.mark.timeout(420)
+def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    # the server-wide default budget (the spec leaves max_worker_crashes out)
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env={"SPOTSWARM_MAX_WORKER_CRASHES": "2"})
+    spec = digits_run(
+        "crashing", module=f"{MODELS}:CrashingDigitsModule", datamodule=f"{MODELS}:DigitsDataModule"
+    )
+    spec["module_args"] = {"crash_after_batches": 5, "crash_after_s": 4.0, "hidden": 32}
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, "crashing")
+    started = time.monotonic()
+    run = wait_until(
+        lambda: (r := reader.run())["state"] in ("failed", "stopped", "completed") and r,
+        2 * BOOT_S,
+        message="the run fails",
+    )
+    elapsed_s = time.monotonic() - started
+    assert run["state"] == "failed", run["state_reason"]
+    assert "workers failed with the same error after training" in run["state_reason"], run["state_reason"]
+    assert "the model diverged in a buggy layer" in run["state_reason"]
+    failed = [w for w in reader.workers() if w["state"] == "failed"]
+    assert len(failed) >= 2 and all(w["samples"] > 0 for w in failed), failed
+    events = [e for e in reader.events() if e["kind"] == "worker.state" and "-> failed" in e["message"]]
+    assert len(events) == len(failed) and all("the model diverged" in e["message"] for e in events), events
+    launched = len(reader.workers())
+    wait_ticks(orch, 6)
+    assert len(reader.workers()) == launched, "workers were launched after the run failed"
+    assert elapsed_s < 2 * BOOT_S

@@ -1,0 +1,47 @@
+"""A real orchestrator and one real agent training the run `spotswarm demo` trains (digits, one worker):
+what the tests of an agent's exits start from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.demo import demo_spec
+from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, wait_until
+from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+
+BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
+
+
+def start_training_agent(
+    processes: ProcessRegistry, tmp_path: Path, run_name: str, agent_env: Mapping[str, str] | None = None
+) -> tuple[Orchestrator, ManagedProcess]:
+    """Start an orchestrator (no reconcile loop), create the demo run ``run_name``, start one agent with
+    the join token (plus ``agent_env``) in its own process group, and wait until it trains."""
+    orch = start_orchestrator(
+        processes, tmp_path / "orch", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+    )
+    spec = {**demo_spec(workers=1), "name": run_name}
+    with orch.admin() as http:
+        token = http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json()["join_token"]
+    env = {
+        "SPOTSWARM_URL": orch.url,
+        "SPOTSWARM_JOIN_TOKEN": token,
+        "SPOTSWARM_WORKER_DIR": str(tmp_path / "agent"),
+        "SPOTSWARM_METADATA_URL": "off",
+        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
+        **(agent_env or {}),
+    }
+    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env)
+
+    def trains() -> bool:
+        if not agent.alive():
+            pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
+        with orch.client() as http:
+            workers = http.get(f"/api/v1/runs/{run_name}/workers").raise_for_status().json()["items"]
+        return bool(workers) and workers[0]["state"] == "running" and workers[0]["samples"] > 0
+
+    wait_until(trains, BOOT_S, interval_s=1, message="the agent trains")
+    return orch, agent

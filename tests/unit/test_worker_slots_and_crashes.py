@@ -1,0 +1,105 @@
+"""Worker indexes and the crash budget (orchestrator/workers.py, crash_budget.py) on a fresh SQLite
+database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator import runs, workers
+from orchestrator.crash_budget import CrashPolicy
+from orchestrator.db.models import Event
+from orchestrator.db.session import Database
+from tests.unit.test_runs_lifecycle import T0, join, new_run
+from tests.unit.test_runs_lifecycle import db as db  # noqa: F401 - the fixture: a fresh SQLite database
+from worker.wire import DeregisterReason
+
+BUG = "training failed: RuntimeError: the model diverged in a buggy layer"
+
+
+def launched_worker(db: Database, name: str, samples: int = 100) -> int:
+    """A worker launched by the reconciler (a launch intent, then registration), that trained ``samples``."""
+    with db.begin() as session:
+        intent = workers.create_launch_intent(session, runs.get_run(session, name), T0)
+        request_id, token = intent.worker.request_id, intent.token
+    worker_id = join(db, token, request_id=request_id)
+    with db.begin() as session:
+        runs.get_worker(session, worker_id).samples = samples
+    return worker_id
+
+
+def leave(
+    db: Database, worker_id: int, reason: DeregisterReason, message: str | None, minutes: float = 1.0
+) -> str:
+    """Deregister ``worker_id`` ``minutes`` after T0 (default policy: 5 crashes an hour); the run's state."""
+    with db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        at = T0 + timedelta(minutes=minutes)
+        workers.deregister_worker(session, worker, reason, message, at, CrashPolicy())
+        return worker.run.state
+
+
+@pytest.mark.timeout(30)
+def test_worker_index_is_the_lowest_free_slot_and_a_replacement_takes_it_again(db: Database) -> None:
+    name, token = new_run(db)
+    first, second, third = (join(db, token) for _ in range(3))
+    with db.read() as session:
+        assert [runs.get_worker(session, w).worker_index for w in (first, second, third)] == [0, 1, 2]
+        assert workers.count_running_workers(session, runs.get_run(session, name).id) == 3
+    leave(db, second, DeregisterReason.interrupted, None)
+    replacement = join(db, token)
+    with db.read() as session:
+        assert runs.get_worker(session, replacement).worker_index == 1
+        assert workers.count_running_workers(session, runs.get_run(session, name).id) == 3
+    with db.begin() as session:  # the same worker registering again keeps its slot
+        worker = runs.get_worker(session, third)
+        assert workers.assign_worker_index(session, worker) == 2
+
+
+@pytest.mark.timeout(30)
+def test_the_run_fails_once_its_crash_budget_is_spent_and_every_failure_event_says_why(
+    db: Database,
+) -> None:
+    name, _ = new_run(db, max_worker_crashes=3)
+    crashed = [launched_worker(db, name) for _ in range(3)]
+    assert leave(db, crashed[0], DeregisterReason.error, BUG) == "running"
+    assert leave(db, crashed[1], DeregisterReason.error, BUG) == "running"
+    assert leave(db, crashed[2], DeregisterReason.error, BUG) == "failed"
+    with db.read() as session:
+        run = runs.get_run(session, name)
+        assert run.state_reason == f"3 workers failed with the same error after training: error: {BUG}"
+        assert run.consecutive_start_failures == 0  # they had trained: not start-up failures
+        events = session.scalars(select(Event).where(Event.kind == "worker.state", Event.run_id == run.id))
+        failed = [e for e in events if "-> failed" in e.message]
+        assert len(failed) == 3 and all(BUG in e.message for e in failed), [e.message for e in failed]
+
+
+@pytest.mark.timeout(30)
+def test_churn_hand_joined_workers_other_errors_and_old_crashes_never_spend_the_budget(
+    db: Database,
+) -> None:
+    name, token = new_run(db, max_worker_crashes=2)
+    for _ in range(3):  # spot churn
+        assert (
+            leave(db, launched_worker(db, name), DeregisterReason.interrupted, "spot interruption")
+            == "running"
+        )
+    for _ in range(3):  # a join token's holder
+        manual = join(db, token)
+        with db.begin() as session:
+            runs.get_worker(session, manual).samples = 10
+        assert leave(db, manual, DeregisterReason.error, BUG) == "running"
+    assert leave(db, launched_worker(db, name), DeregisterReason.error, BUG, minutes=1) == "running"
+    assert leave(db, launched_worker(db, name), DeregisterReason.error, "CUDA out of memory") == "running"
+    # the second crash with BUG comes after the window (an hour) of the first: still within the budget
+    assert leave(db, launched_worker(db, name), DeregisterReason.error, BUG, minutes=62) == "running"
+    assert leave(db, launched_worker(db, name), DeregisterReason.error, BUG, minutes=63) == "failed"
+
+
+@pytest.mark.timeout(30)
+def test_the_server_default_budget_applies_when_the_spec_sets_none(db: Database) -> None:
+    name, _ = new_run(db)
+    states = [leave(db, launched_worker(db, name), DeregisterReason.error, BUG) for _ in range(5)]
+    assert states == ["running"] * 4 + ["failed"]
