@@ -84,6 +84,7 @@ class AgentCallback(Callback):
         stop = self._state.stop
         if stop is None and self._condition_reached(trainer):
             self._state.request_stop(DeregisterReason.completed, "the run reached its stop condition")
+            trainer.strategy.keep_progress_record = True  # type: ignore[attr-defined]
             stop = self._state.stop
         if stop is not None:
             if (

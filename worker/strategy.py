@@ -159,6 +159,9 @@ class HivemindStrategy(Strategy):
         )
         self._dht: hivemind.DHT | None = dht
         self._owns_dht = dht is None
+        # Set when the run reached its target: teardown leaves this peer's last progress record in the
+        # DHT until it expires, so the orchestrator reads the final epoch (worker/swarm_shutdown.py).
+        self.keep_progress_record = False
         self._optimizer: hivemind.Optimizer | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
@@ -434,7 +437,7 @@ class HivemindStrategy(Strategy):
             self._rate_reader.close()
             self._rate_reader = None
             if self._optimizer.is_alive():
-                shutdown_optimizer(self._optimizer)
+                shutdown_optimizer(self._optimizer, keep_progress=self.keep_progress_record)
         super().teardown()
         if self._owns_dht and self._dht is not None:
             self._dht.shutdown()

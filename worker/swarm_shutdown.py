@@ -40,12 +40,16 @@ _POLL_S = 0.05
 _TRACKER_JOIN_TIMEOUT_S = 10.0
 
 
-def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
+def shutdown_optimizer(optimizer: hivemind.Optimizer, keep_progress: bool = False) -> None:
     """Say goodbye to peers and stop hivemind's optimizer, leaving the DHT nothing to trip on.
 
     Rounds still looking for a group are cancelled first (as ``hivemind.Optimizer.shutdown`` would,
     but earlier), and their averagers are given until ``matchmaking_time`` + 2 s to leave the group,
     so that their last matchmaking requests reach the DHT while they still run.
+
+    hivemind's goodbye withdraws the peer's progress record. With ``keep_progress`` the record stays
+    until it expires instead: a peer that leaves because the run reached its target leaves the final
+    epoch readable, or every peer of the run would withdraw it at once and nobody could see it reached.
     """
     started_at = time.monotonic()
     leaving = []
@@ -55,7 +59,10 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
     if _cancel_if_looking(optimizer.scheduled_state):
         optimizer.scheduled_state = None
         leaving.append(optimizer.state_averager)
-    optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
+    if keep_progress:
+        _stop_tracker_keeping_record(optimizer.tracker, optimizer.shutdown_timeout)
+    else:
+        optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
     deadline = time.monotonic() + (optimizer.matchmaking_time or 0.0) + _LEAVE_GRACE_S
     for averager in leaving:
         _wait_until_left_group(optimizer.dht, averager, deadline)
@@ -69,6 +76,23 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer) -> None:
         left_at - started_at,
         time.monotonic() - left_at,
     )
+
+
+def _stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
+    """``ProgressTracker.shutdown`` without its last store (the ``None`` that withdraws the record).
+
+    ``hivemind.Optimizer.shutdown`` calls the tracker's ``shutdown`` again (hivemind 1.1.12), which
+    would store that ``None`` after all: this tracker's ``shutdown`` becomes a no-op.
+    """
+    tracker.shutdown_triggered.set()
+    tracker.should_report_progress.set()
+    tracker.global_state_updated.set()
+    tracker.shutdown_complete.wait(timeout)
+    tracker.shutdown = _tracker_already_stopped
+
+
+def _tracker_already_stopped(timeout: float | None = None) -> None:
+    """Stands in for the ``shutdown`` of a tracker stopped by :func:`_stop_tracker_keeping_record`."""
 
 
 def _cancel_if_looking(control: StepControl | None) -> bool:
