@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,33 +20,50 @@ from tests.helpers import REPO_ROOT
 
 UPGRADERS = 4
 ROUNDS = 2
-# Imports take a second or two on a busy machine: the processes start, then upgrade at the same instant.
-START_AFTER_S = 6.0
+IMPORT_BOUND_S = 60.0  # importing SQLAlchemy and alembic on a busy machine
+# Each upgrader imports, says it is ready, then waits for the word to go on its stdin: all are released
+# together once every one is ready.
 UPGRADER = """
-import sys, time
+import sys
 from orchestrator.db.session import Database
 database = Database(sys.argv[1])
-time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()
 database.upgrade()
 """
 
 
+def _first_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline()
+
+
 def _upgrade_together(url: str) -> list[str]:
     """Upgrade ``url`` from ``UPGRADERS`` processes at one instant; the stderr of those that failed."""
-    at = time.time() + START_AFTER_S
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", UPGRADER, url, str(at)],
+            [sys.executable, "-c", UPGRADER, url],
             cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
         )
         for _ in range(UPGRADERS)
     ]
-    failures = []
     try:
+        pool = ThreadPoolExecutor(UPGRADERS)  # readline blocks: one reader each, one deadline
+        try:
+            said = list(pool.map(_first_line, procs, timeout=IMPORT_BOUND_S))
+        finally:
+            pool.shutdown(wait=False)  # a reader still blocked ends when its process is killed below
+        assert said == ["ready\n"] * UPGRADERS, said
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        failures = []
         for proc in procs:
             _, err = proc.communicate(timeout=90)
             if proc.returncode != 0:
