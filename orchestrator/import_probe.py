@@ -35,9 +35,11 @@ from worker.agent_boot import call_arguments
 from worker.runtime_env import activate
 
 
-def _check_class(path: str, kind: str, args: dict[str, Any], batch_size: int | None) -> str | None:
-    """None when ``path`` names a class fit for ``kind`` (and, for callbacks and loggers, ``args``).
-    A module or datamodule class whose constructor does not take ``args`` fails with ``ARGS_PREFIX``."""
+def _check_class(
+    field: str, path: str, kind: str, args: dict[str, Any], batch_size: int | None
+) -> tuple[str, str] | None:
+    """None when ``path`` names a class fit for ``kind`` that takes ``args``, else (field, reason): a
+    module or datamodule whose constructor does not take ``args`` names ``<field>_args``."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
     from worker.trainer_options import arguments_problem, plugin_class_problem
@@ -46,22 +48,19 @@ def _check_class(path: str, kind: str, args: dict[str, Any], batch_size: int | N
     try:
         module = importlib.import_module(module_name)
     except BaseException as exc:  # noqa: BLE001 - the child reports anything the user's module raises
-        return f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        return field, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
     target = getattr(module, attr, None)
     if target is None:
-        return f"module {module_name!r} has no attribute {attr!r}"
+        return field, f"module {module_name!r} has no attribute {attr!r}"
     if kind in ("callback", "logger"):
         problem = plugin_class_problem(target, "callback" if kind == "callback" else "logger")
         problem = problem or arguments_problem(target, args)
-        return f"{path}: {problem}" if problem else None
+        return (field, f"{path}: {problem}") if problem else None
     base = LightningModule if kind == "module" else LightningDataModule
     if not inspect.isclass(target) or not issubclass(target, base):
-        return f"{path} is not a {base.__name__} subclass"
+        return field, f"{path} is not a {base.__name__} subclass"
     error = _bind_error(target, args, batch_size)
-    return ARGS_PREFIX + error if error else None
-
-
-ARGS_PREFIX = "args: "
+    return (f"{field}_args", error) if error else None
 
 
 def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> str | None:
@@ -85,14 +84,16 @@ def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> s
     return None
 
 
-def _check(check: dict[str, Any]) -> str | None:
-    """None when ``check`` (see the module docstring) passes, else the reason."""
+def _check(check: dict[str, Any]) -> tuple[str, str] | None:
+    """None when ``check`` (see the module docstring) passes, else (the field that failed, the reason)."""
+    field = str(check["field"])
     if check["kind"] == "strategy_options":
         from worker.strategy_options import strategy_option_problem
 
-        return strategy_option_problem(dict.fromkeys(check["keys"]))
-    batch_size = check.get("batch_size")
-    return _check_class(str(check["path"]), str(check["kind"]), dict(check.get("args") or {}), batch_size)
+        problem = strategy_option_problem(dict.fromkeys(check["keys"]))
+        return (field, problem) if problem else None
+    args, batch_size = dict(check.get("args") or {}), check.get("batch_size")
+    return _check_class(field, str(check["path"]), str(check["kind"]), args, batch_size)
 
 
 def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
@@ -100,11 +101,9 @@ def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
     activate(Path(package_dir) if package_dir else None, Path(site_dir) if site_dir else None)
     os.environ.update(request.get("env") or {})
     for check in request["checks"]:
-        error = _check(check)
-        if error:
-            field = str(check["field"])
-            if error.startswith(ARGS_PREFIX):
-                field, error = f"{field}_args", error[len(ARGS_PREFIX) :]
+        failed = _check(check)
+        if failed:
+            field, error = failed
             return {"ok": False, "error": error, "field": field}
     return {"ok": True, "error": "", "field": ""}
 
