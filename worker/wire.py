@@ -130,11 +130,23 @@ class StopCondition(StrictModel):
         default=None, ge=1, le=MAX_INT64, description="Samples accumulated by the swarm."
     )
 
-    def reached(self, epoch: int, samples: int) -> bool:
-        """True once the swarm is at ``target_epochs`` or has accumulated ``target_samples``."""
+    def reached(self, epoch: int, target_batch_size: int) -> bool:
+        """True once the swarm is at ``target_epochs`` or has accumulated ``target_samples``.
+
+        Both sides judge by the swarm's epoch: its samples are :func:`swarm_samples` of that epoch (what a
+        peer accumulated towards an epoch still in progress is not counted, so a run ends at the first
+        epoch boundary at or past its target samples, the same on the worker and the orchestrator).
+        """
         return (self.target_epochs is not None and epoch >= self.target_epochs) or (
-            self.target_samples is not None and samples >= self.target_samples
+            self.target_samples is not None
+            and swarm_samples(epoch, target_batch_size) >= self.target_samples
         )
+
+
+def swarm_samples(epoch: int, target_batch_size: int) -> int:
+    """Samples a swarm has accumulated after ``epoch`` epochs, counted as whole epochs of the run's
+    ``target_batch_size`` (hivemind ends an epoch once the swarm has at least that many)."""
+    return epoch * target_batch_size
 
 
 class RunSpec(StrictModel):
