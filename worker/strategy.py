@@ -31,6 +31,7 @@ from typing_extensions import override
 from worker import swarm_checks as checks
 from worker.swarm_checks import HivemindStrategyError, SwarmNotStartedError
 from worker.swarm_dht import initial_peers_line, parse_initial_peers, start_dht
+from worker.swarm_keywords import route_keywords
 from worker.swarm_metrics import (
     MetricsThrottle,
     SwarmProgress,
@@ -89,13 +90,17 @@ class HivemindStrategy(Strategy):
         authorizer: a ``worker.swarm_auth.SwarmAuthorizer`` holding this peer's token from the
             orchestrator: join a swarm with admission (docs/readme/security.md); the DHT then uses the
             authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
-        **optimizer_kwargs: passed to ``hivemind.Optimizer`` (``grad_compression``,
-            ``state_averaging_compression``, ``grad_averager_factory``, ``load_state_timeout``...).
+        **optimizer_kwargs: each goes to the hivemind class that takes it (worker/swarm_keywords.py):
+            ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
+            ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
+            ``force_reachability``... for peers behind NAT). A keyword neither takes is an error.
 
     Raises ``HivemindStrategyError`` (a Lightning ``MisconfigurationException``) for settings it cannot run.
     """
 
     strategy_name = "hivemind"
+    #: read for initial peers (``INITIAL_PEERS`` is too: worker/swarm_dht.py), as in lightning-hivemind
+    INITIAL_PEERS_ENV = "PL_INITIAL_PEERS"
 
     def __init__(
         self,
@@ -127,6 +132,10 @@ class HivemindStrategy(Strategy):
         checks.check_constructor_args(
             target_batch_size, batch_size, delay_state_averaging, delay_optimizer_step, delay_grad_averaging
         )
+        checks.warn_if_scheduler_fn_needed(
+            scheduler_fn, delay_state_averaging, delay_optimizer_step, offload_optimizer
+        )
+        routed = route_keywords(optimizer_kwargs)
         self.target_batch_size = target_batch_size
         self.run_id = run_id
         self.batch_size = batch_size
@@ -143,7 +152,7 @@ class HivemindStrategy(Strategy):
             averaging_timeout=averaging_timeout,
             verbose=verbose,
             averager_opts=averager_opts,
-            **optimizer_kwargs,
+            **routed.optimizer,
         )
         # hivemind can only offload or delay an optimizer it builds itself
         self._hivemind_creates_optimizer = bool(
@@ -156,6 +165,7 @@ class HivemindStrategy(Strategy):
             identity_path=identity_path,
             client_mode=client_mode,
             authorizer=authorizer,
+            extra=routed.dht,
         )
         self._dht: hivemind.DHT | None = dht
         self._owns_dht = dht is None
@@ -191,6 +201,14 @@ class HivemindStrategy(Strategy):
         if self._optimizer is None:
             raise SwarmNotStartedError("the hivemind.Optimizer is built in HivemindStrategy.setup (fit)")
         return self._optimizer
+
+    @property
+    def num_peers(self) -> int:
+        """Peers in the swarm as this peer's progress tracker last saw them, as in lightning-hivemind:
+        1 before ``setup``; a lone peer may read 0 until its own progress record is in the DHT."""
+        if self._optimizer is None:
+            return 1
+        return int(self._optimizer.tracker.global_progress.num_peers)
 
     def swarm_progress(self) -> SwarmProgress:
         """The swarm as this peer sees it now; after fit, as it was last seen. Raises before setup."""
@@ -307,9 +325,9 @@ class HivemindStrategy(Strategy):
 
     def _start_dht(self) -> None:
         if self._dht is not None:
-            address_opts = ("host_maddrs", "announce_maddrs", "identity_path", "authorizer")
+            address_opts = ("host_maddrs", "announce_maddrs", "identity_path", "authorizer", "extra")
             if self.initial_peers or any(self._dht_opts[key] for key in address_opts):
-                log.warning("HivemindStrategy(dht=...) given: initial_peers and address options are ignored")
+                log.warning("HivemindStrategy(dht=...) given: initial_peers and DHT options are ignored")
             return
         self._dht = start_dht(initial_peers=self.initial_peers, **self._dht_opts)
         self._owns_dht = True

@@ -48,6 +48,24 @@ def check_constructor_args(
         )
 
 
+def warn_if_scheduler_fn_needed(
+    scheduler_fn: Any,
+    delay_state_averaging: bool,
+    delay_optimizer_step: bool | None,
+    offload_optimizer: bool | None,
+) -> None:
+    """Warn, as lightning-hivemind does, that a learning-rate schedule needs ``scheduler_fn`` here."""
+    if scheduler_fn is None and (delay_state_averaging or delay_optimizer_step or offload_optimizer):
+        warnings.warn(
+            "HivemindStrategy: with delay_state_averaging, delay_optimizer_step or offload_optimizer, give "
+            "a learning-rate schedule as scheduler_fn=lambda optimizer: YourScheduler(optimizer, ...): "
+            "hivemind then steps it with the optimizer, once per swarm epoch, also when the step runs in "
+            "the background or on an optimizer hivemind re-creates.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def check_trainer(trainer: Trainer, reuse_grad_buffers: bool) -> None:
     """Gradient accumulation belongs to hivemind; clipping cannot touch hivemind's accumulation buffer."""
     if trainer.accumulate_grad_batches != 1:
