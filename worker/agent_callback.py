@@ -123,4 +123,5 @@ class AgentCallback(Callback):
             ),
             samples_per_s=rate,
             num_peers=int(swarm.num_peers),
+            averaging=strategy.averaging_outcomes(),
         )

@@ -47,9 +47,11 @@ from worker.swarm_optimizer import (
     hivemind_state_dict,
     load_hivemind_state_dict,
 )
+from worker.swarm_outcomes import OutcomeOptimizer
 from worker.swarm_precision import HivemindMixedPrecision
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import shutdown_optimizer
+from worker.wire import AveragingCounts
 
 if TYPE_CHECKING:
     from worker.swarm_auth import SwarmAuthorizer
@@ -172,7 +174,7 @@ class HivemindStrategy(Strategy):
         # Set when the run reached its target: teardown leaves this peer's last progress record in the
         # DHT until it expires, so the orchestrator reads the final epoch (worker/swarm_shutdown.py).
         self.keep_progress_record = False
-        self._optimizer: hivemind.Optimizer | None = None
+        self._optimizer: OutcomeOptimizer | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
         self._parallel_devices: list[torch.device] | None = None
@@ -196,7 +198,7 @@ class HivemindStrategy(Strategy):
         return self._dht
 
     @property
-    def optimizer(self) -> hivemind.Optimizer:
+    def optimizer(self) -> OutcomeOptimizer:
         """The ``hivemind.Optimizer`` (also ``trainer.optimizers[0]``); kept, shut down, after fit."""
         if self._optimizer is None:
             raise SwarmNotStartedError("the hivemind.Optimizer is built in HivemindStrategy.setup (fit)")
@@ -209,6 +211,11 @@ class HivemindStrategy(Strategy):
         if self._optimizer is None:
             return 1
         return int(self._optimizer.tracker.global_progress.num_peers)
+
+    def averaging_outcomes(self) -> AveragingCounts | None:
+        """Outcomes of the swarm epochs this peer stepped through in this fit (``worker/swarm_outcomes.py``);
+        None before ``setup``."""
+        return self._optimizer.outcomes.snapshot() if self._optimizer is not None else None
 
     def swarm_progress(self) -> SwarmProgress:
         """The swarm as this peer sees it now; after fit, as it was last seen. Raises before setup."""
@@ -335,7 +342,7 @@ class HivemindStrategy(Strategy):
             line = initial_peers_line(self._dht.get_visible_maddrs())
             log.info("Started a new swarm (run_id=%s). Other peers can join it with:\n%s", self.run_id, line)
 
-    def _make_hivemind_optimizer(self, torch_optimizer: torch.optim.Optimizer) -> hivemind.Optimizer:
+    def _make_hivemind_optimizer(self, torch_optimizer: torch.optim.Optimizer) -> OutcomeOptimizer:
         tracker_opts = dict(self._tracker_opts)
         if self._owns_dht:
             # a key of our own, so peers forked from one parent never share a progress record
@@ -375,6 +382,7 @@ class HivemindStrategy(Strategy):
             else:
                 log.warning("No peer handed over its state: training from this peer's own state")
             self._sync_schedulers()
+        optimizer.start_counting_downloads()
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
