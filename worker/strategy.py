@@ -134,6 +134,7 @@ class HivemindStrategy(Strategy):
         checks.check_constructor_args(
             target_batch_size, batch_size, delay_state_averaging, delay_optimizer_step, delay_grad_averaging
         )
+        checks.check_timeouts(matchmaking_time, averaging_timeout)
         checks.warn_if_scheduler_fn_needed(
             scheduler_fn, delay_state_averaging, delay_optimizer_step, offload_optimizer
         )

@@ -49,4 +49,24 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     from worker.swarm_keywords import unknown_keyword_message
 
     unknown = sorted(set(options) - strategy_keywords())
-    return unknown_keyword_message(unknown[0]) if unknown else None
+    if unknown:
+        return unknown_keyword_message(unknown[0])
+    return _timeouts_problem(options)
+
+
+def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
+    """The strategy's own timeout check, on the options and the strategy's defaults for what is left out."""
+    import inspect
+
+    from worker.strategy import HivemindStrategy
+    from worker.swarm_checks import HivemindStrategyError, check_timeouts
+
+    defaults = inspect.signature(HivemindStrategy.__init__).parameters
+    times = [options.get(name, defaults[name].default) for name in ("matchmaking_time", "averaging_timeout")]
+    if not all(isinstance(value, (int, float)) for value in times):
+        return None  # hivemind reports a wrong type itself
+    try:
+        check_timeouts(*times)
+    except HivemindStrategyError as exc:
+        return str(exc)
+    return None

@@ -48,6 +48,18 @@ def check_constructor_args(
         )
 
 
+def check_timeouts(matchmaking_time: float, averaging_timeout: float) -> None:
+    """hivemind schedules each round ``matchmaking_time`` ahead within ``averaging_timeout``: a timeout
+    that does not leave room for it fails every peer's training with an AssertionError at the first
+    scheduled round ("Scheduled start time does not fit within timeout")."""
+    if averaging_timeout <= matchmaking_time:
+        raise HivemindStrategyError(
+            f"averaging_timeout ({averaging_timeout:g} s) must be longer than matchmaking_time "
+            f"({matchmaking_time:g} s): a round is scheduled matchmaking_time ahead and must then finish "
+            f"within averaging_timeout (a few times matchmaking_time is usual)"
+        )
+
+
 def warn_if_scheduler_fn_needed(
     scheduler_fn: Any,
     delay_state_averaging: bool,

@@ -134,3 +134,13 @@ def test_the_agent_starts_its_dht_with_the_runs_dht_keywords(tmp_path: Path) -> 
     split = split_strategy_options(options, config)
     assert split.dht == {"use_relay": False, "identity_path": "/k"}
     assert split.strategy == {"matchmaking_time": 1.0}
+
+
+def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_construction() -> None:
+    # hivemind would fail every worker's training at the first scheduled round with an AssertionError
+    with pytest.raises(
+        HivemindStrategyError, match="averaging_timeout .* must be longer than matchmaking_time"
+    ):
+        HivemindStrategy(target_batch_size=64, matchmaking_time=1.0, averaging_timeout=0.5)
+    problem = strategy_option_problem({"matchmaking_time": 5.0, "averaging_timeout": 2.0})
+    assert problem is not None and "must be longer than matchmaking_time" in problem
