@@ -47,7 +47,7 @@ from worker.swarm_optimizer import (
     hivemind_state_dict,
     load_hivemind_state_dict,
 )
-from worker.swarm_outcomes import OutcomeOptimizer
+from worker.swarm_outcomes import OutcomeRecorder, count_outcomes
 from worker.swarm_precision import HivemindMixedPrecision
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import shutdown_optimizer
@@ -175,7 +175,8 @@ class HivemindStrategy(Strategy):
         # Set when the run reached its target: teardown leaves this peer's last progress record in the
         # DHT until it expires, so the orchestrator reads the final epoch (worker/swarm_shutdown.py).
         self.keep_progress_record = False
-        self._optimizer: OutcomeOptimizer | None = None
+        self._optimizer: hivemind.Optimizer | None = None
+        self._outcomes: OutcomeRecorder | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
         self._parallel_devices: list[torch.device] | None = None
@@ -199,7 +200,7 @@ class HivemindStrategy(Strategy):
         return self._dht
 
     @property
-    def optimizer(self) -> OutcomeOptimizer:
+    def optimizer(self) -> hivemind.Optimizer:
         """The ``hivemind.Optimizer`` (also ``trainer.optimizers[0]``); kept, shut down, after fit."""
         if self._optimizer is None:
             raise SwarmNotStartedError("the hivemind.Optimizer is built in HivemindStrategy.setup (fit)")
@@ -216,7 +217,7 @@ class HivemindStrategy(Strategy):
     def averaging_outcomes(self) -> AveragingCounts | None:
         """Outcomes of the swarm epochs this peer stepped through in this fit (``worker/swarm_outcomes.py``);
         None before ``setup``."""
-        return self._optimizer.outcomes.snapshot() if self._optimizer is not None else None
+        return self._outcomes.counter.snapshot() if self._outcomes is not None else None
 
     def swarm_progress(self) -> SwarmProgress:
         """The swarm as this peer sees it now; after fit, as it was last seen. Raises before setup."""
@@ -322,6 +323,7 @@ class HivemindStrategy(Strategy):
         self._start_dht()
         optimizer = self._make_hivemind_optimizer(torch_optimizer)
         self._optimizer = optimizer
+        self._outcomes = count_outcomes(optimizer)
         self._rate_reader = SwarmRateReader(self.dht, self.run_id)
         self.lr_scheduler_configs = follow_swarm_epochs(
             self.lr_scheduler_configs, optimizer, self.scheduler_fn, self._hivemind_creates_optimizer
@@ -343,7 +345,7 @@ class HivemindStrategy(Strategy):
             line = initial_peers_line(self._dht.get_visible_maddrs())
             log.info("Started a new swarm (run_id=%s). Other peers can join it with:\n%s", self.run_id, line)
 
-    def _make_hivemind_optimizer(self, torch_optimizer: torch.optim.Optimizer) -> OutcomeOptimizer:
+    def _make_hivemind_optimizer(self, torch_optimizer: torch.optim.Optimizer) -> hivemind.Optimizer:
         tracker_opts = dict(self._tracker_opts)
         if self._owns_dht:
             # a key of our own, so peers forked from one parent never share a progress record
@@ -383,7 +385,8 @@ class HivemindStrategy(Strategy):
             else:
                 log.warning("No peer handed over its state: training from this peer's own state")
             self._sync_schedulers()
-        optimizer.start_counting_downloads()
+        if self._outcomes is not None:
+            self._outcomes.start_counting_downloads()
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

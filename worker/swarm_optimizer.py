@@ -22,7 +22,6 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from worker.checkpoint_format import HIVEMIND_SCHEDULER_KEY
 from worker.swarm_checks import warn_if_zero_grad_overridden
 from worker.swarm_keepalive import keep_averager_tasks_alive
-from worker.swarm_outcomes import OutcomeOptimizer
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import quiet_cancelled_rounds
 
@@ -31,23 +30,22 @@ _SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
 
 def build_hivemind_optimizer(
     torch_optimizer: torch.optim.Optimizer, *, hivemind_creates_optimizer: bool, **hivemind_kwargs: Any
-) -> OutcomeOptimizer:
-    """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind.
-    Either way the optimizer counts each swarm epoch's outcome (``worker/swarm_outcomes.py``)."""
+) -> hivemind.Optimizer:
+    """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
     if not hivemind_creates_optimizer:
-        return expose_defaults(OutcomeOptimizer(optimizer=torch_optimizer, **hivemind_kwargs))
+        return expose_defaults(hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
     groups = [dict(group) for group in torch_optimizer.param_groups]
     return expose_defaults(
-        OutcomeOptimizer(
+        hivemind.Optimizer(
             optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **hivemind_kwargs
         )
     )
 
 
-def expose_defaults(optimizer: OutcomeOptimizer) -> OutcomeOptimizer:
+def expose_defaults(optimizer: hivemind.Optimizer) -> hivemind.Optimizer:
     """Give ``optimizer`` the ``defaults`` of the torch optimizer it drives, as every torch optimizer has.
 
     hivemind 1.1.12's ``Optimizer`` subclasses ``torch.optim.Optimizer`` without calling its ``__init__``,

@@ -3,8 +3,8 @@ caught up by downloading the swarm's state.
 
 hivemind 1.1.12 only logs these (``Averaged gradients with N peers``, ``Skipping pre-scheduled averaging
 round``, ``Averaging gradients failed``...), so a run whose peers all train alone looks, from the outside,
-like one that trains together. :class:`OutcomeOptimizer` is ``hivemind.Optimizer`` with the three
-methods where an epoch's fate is decided wrapped, counting outcomes instead of parsing log text:
+like one that trains together. :func:`count_outcomes` wraps, on one ``hivemind.Optimizer``, the three
+methods where an epoch's fate is decided, counting outcomes instead of parsing log text:
 
 - ``_update_global_epoch``: one call per swarm epoch this peer steps through;
 - ``_average_gradients_and_load_into_optimizer``: its step control tells averaged (the group's size),
@@ -74,35 +74,50 @@ def round_outcome(control: Any) -> tuple[Outcome, int]:
     return Outcome.failed, 0
 
 
-class OutcomeOptimizer(hivemind.Optimizer):  # type: ignore[misc]
-    """``hivemind.Optimizer`` that counts each swarm epoch's outcome in ``outcomes``."""
+class OutcomeRecorder:
+    """Counts each swarm epoch's outcome of one ``hivemind.Optimizer`` (see :func:`count_outcomes`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.outcomes = OutcomeCounter()
-        self._epoch_outcome: threading.local = threading.local()
+    def __init__(self, optimizer: hivemind.Optimizer) -> None:
+        self.counter = OutcomeCounter()
+        self._optimizer = optimizer
+        self._recorded = False
         self._training = False
-        super().__init__(*args, **kwargs)
+        self._update_global_epoch = optimizer._update_global_epoch
+        self._average = optimizer._average_gradients_and_load_into_optimizer
+        self._load_state = optimizer.load_state_from_peers
 
-    def _update_global_epoch(self, grad_scaler: Any) -> None:
-        peers_before = self.tracker.global_progress.num_peers
-        self._epoch_outcome.recorded = False
-        super()._update_global_epoch(grad_scaler)
-        if not self._epoch_outcome.recorded and not self.delay_grad_averaging:
+    def update_global_epoch(self, grad_scaler: Any) -> None:
+        optimizer = self._optimizer
+        peers_before = optimizer.tracker.global_progress.num_peers
+        self._recorded = False
+        self._update_global_epoch(grad_scaler)
+        if not self._recorded and not optimizer.delay_grad_averaging:
             # no round was run: hivemind applied this peer's own gradients
-            self.outcomes.add(Outcome.alone if peers_before <= 1 else Outcome.failed)
+            self.counter.add(Outcome.alone if peers_before <= 1 else Outcome.failed)
 
-    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
-        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+    def average_gradients(self, maybe_step_control: Any) -> None:
+        self._average(maybe_step_control)
         outcome, group_size = round_outcome(maybe_step_control)
-        self.outcomes.add(outcome, group_size)
-        self._epoch_outcome.recorded = True
+        self.counter.add(outcome, group_size)
+        self._recorded = True
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
-        epoch = self.local_epoch
-        super().load_state_from_peers(**kwargs)
-        if self._training and self.local_epoch > epoch:
-            self.outcomes.add(Outcome.downloaded)
+        epoch = self._optimizer.local_epoch
+        self._load_state(**kwargs)
+        if self._training and self._optimizer.local_epoch > epoch:
+            self.counter.add(Outcome.downloaded)
 
     def start_counting_downloads(self) -> None:
         """From now on a state download is an outcome (the download that joins a swarm is not)."""
         self._training = True
+
+
+def count_outcomes(optimizer: hivemind.Optimizer) -> OutcomeRecorder:
+    """Wrap, on this instance only, the three methods of hivemind 1.1.12's ``Optimizer`` where an epoch's
+    fate is decided. The optimizer stays a plain ``hivemind.Optimizer`` (Lightning names its learning-rate
+    metrics after the class: ``lr-Optimizer``)."""
+    recorder = OutcomeRecorder(optimizer)
+    optimizer._update_global_epoch = recorder.update_global_epoch
+    optimizer._average_gradients_and_load_into_optimizer = recorder.average_gradients
+    optimizer.load_state_from_peers = recorder.load_state_from_peers
+    return recorder
