@@ -41,7 +41,9 @@ class Reached:
     samples: int
 
 
-def run_peer(status_path: str, initial_peers: list[str], run_id: str, threads: int, args: Any) -> None:
+def run_peer(
+    status_path: str, initial_peers: list[str], run_id: str, threads: int, peers: int, args: Any
+) -> None:
     """One peer (a forked child): trains until the parent kills it, reporting accuracy per swarm epoch."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -96,6 +98,8 @@ def run_peer(status_path: str, initial_peers: list[str], run_id: str, threads: i
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         matchmaking_time=args.matchmaking_time,
         averaging_timeout=args.averaging_timeout,
+        # a full group starts averaging at once instead of waiting out matchmaking_time
+        averager_opts={"target_group_size": peers} if args.full_groups else None,
     )
     trainer = Trainer(
         strategy=strategy,
@@ -127,7 +131,8 @@ def trial(peers: int, index: int, args: Any, workdir: Path) -> Reached | None:
     context = mp.get_context("fork")  # hivemind cannot be pickled into a spawned process
     run_id = f"tta-{peers}-{index}-{os.getpid()}"
     procs = [
-        context.Process(target=run_peer, args=(str(s), initial, run_id, threads, args)) for s in statuses
+        context.Process(target=run_peer, args=(str(s), initial, run_id, threads, peers, args))
+        for s in statuses
     ]
     try:
         for proc in procs:
@@ -187,6 +192,12 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--matchmaking-time", type=float, default=1.0)
     parser.add_argument("--averaging-timeout", type=float, default=10.0)
+    parser.add_argument(
+        "--full-groups",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="averager_opts target_group_size = peers: a round starts once every peer joined it",
+    )
     parser.add_argument("--accelerator", default="cpu", help="cpu or cuda (one device per peer process)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="give up on a trial after this")
     parser.add_argument("--quick", action="store_true", help="1 and 2 peers, 1 trial, target 0.8")
@@ -211,7 +222,9 @@ def main() -> int:
     print(
         f"settings: digits MLP hidden {args.hidden}, Adam lr {args.lr}, batch {args.batch_size}, "
         f"target_batch_size {args.target_batch_size}, validation accuracy >= {args.target}, "
-        f"{args.accelerator}, CPU threads split evenly over the peers, {args.trials} trial(s), medians"
+        f"target_group_size {'= peers' if args.full_groups else 'unset'}, matchmaking_time "
+        f"{args.matchmaking_time} s, {args.accelerator}, CPU threads split evenly over the peers, "
+        f"{args.trials} trial(s), medians"
     )
     print("| peers | threads/peer | time to target | samples to target | T(1)/T(N) | samples(N)/samples(1) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
