@@ -66,7 +66,7 @@ def check_upload(run: Run, worker_id: int, epoch: int, dht_epoch: int | None = N
         raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
     if run.checkpointer_worker_id != worker_id:
         raise Conflict(f"worker {worker_id} is not the run's checkpointer: only the checkpointer uploads")
-    swarm_epoch, _ = runs.swarm_progress(run, dht_epoch)
+    swarm_epoch = runs.swarm_epoch(run, dht_epoch)
     if epoch > swarm_epoch + run.checkpoint_every_epochs:
         raise Conflict(
             f"epoch {epoch} is ahead of the swarm (epoch {swarm_epoch} as read from the DHT, checkpoints "

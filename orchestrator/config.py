@@ -79,6 +79,19 @@ class Settings(BaseSettings):
     progress_sample_interval_s: float = Field(
         default=10.0, gt=0, le=3600, description="At most one stored progress sample per run this often."
     )
+    averaging_window_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="Window over which a run's averaged fraction is measured (and its warning judged).",
+    )
+    averaging_warning_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="A run with 2+ live workers averaging fewer of its epochs than this over the whole "
+        "window gets a run.averaging event and a warning.",
+    )
     progress_max_points: int = Field(
         default=2000, ge=10, le=1_000_000, description="Progress samples kept per run (older ones thinned)."
     )

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator import progress_samples, runs
+from orchestrator import averaging, progress_samples, runs
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Checkpoint, Run, Worker
@@ -375,6 +375,17 @@ class HeartbeatHub:
         samples = progress_samples.write(
             session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points
         )
+        for sample in samples:
+            run = session.get(Run, sample.run_id)
+            if run is not None:
+                averaging.judge(
+                    session,
+                    run,
+                    now,
+                    sample.live_workers,
+                    self._settings.averaging_window_s,
+                    self._settings.averaging_warning_fraction,
+                )
         with self._lock:
             self._last_sample_at.update({run_id: now for run_id in due})
         return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
@@ -445,6 +456,7 @@ _HEARTBEAT_UPDATE = (
         phase=bindparam("phase"),
         peer_maddrs=bindparam("peer_maddrs", type_=Worker.__table__.c.peer_maddrs.type),
         metrics=bindparam("metrics", type_=Worker.__table__.c.metrics.type),
+        averaging=bindparam("averaging", type_=Worker.__table__.c.averaging.type),
     )
 )
 
@@ -465,6 +477,7 @@ def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, dateti
             "phase": hb.phase,
             "peer_maddrs": hb.visible_maddrs,
             "metrics": hb.metrics,
+            "averaging": hb.averaging.model_dump() if hb.averaging is not None else None,
         }
         for worker_id, (hb, at) in batch.items()
     ]

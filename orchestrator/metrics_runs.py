@@ -16,10 +16,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from orchestrator import queries
+from orchestrator import averaging, queries
 from orchestrator.context import AppContext, BackgroundService
 from orchestrator.db.models import Checkpoint, Run, Worker
-from worker.wire import RunState, WorkerState
+from worker.wire import AVERAGING_OUTCOMES, RunState, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,11 @@ class _RunSnapshot:
         self.numbers: dict[int, queries.RunNumbers] = {}
         self.checkpoints: dict[int, tuple[int, int, int, datetime]] = {}  # count, bytes, epoch, created
         self.cost_usd: dict[int, float] = {}
+        self.averaging: dict[int, dict[str, int]] = {}  # outcome counts summed over the run's workers
 
 
 def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _RunSnapshot:
-    """Five queries, whatever the number of runs."""
+    """Six queries, whatever the number of runs."""
     snap = _RunSnapshot(now)
     snap.runs = list(session.scalars(select(Run).order_by(Run.id)))
     ids = [r.id for r in snap.runs]
@@ -102,6 +103,7 @@ def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _
         if rid in newest
     }
     snap.cost_usd = _costs(session, now)
+    snap.averaging = averaging.run_totals(session, ids)
     return snap
 
 
@@ -173,15 +175,33 @@ def _run_families(snap: _RunSnapshot, ctx: AppContext) -> Iterator[Any]:
     samples = CounterMetricFamily(
         "spotswarm_run_samples", "Samples trained by all workers of the run.", labels=["run"]
     )
+    f["fraction"] = _gauge(
+        "spotswarm_run_averaged_fraction",
+        "Worker-epochs on averaged gradients over the recent window (averaging_window_s).",
+    )
+    f["group"] = _gauge("spotswarm_run_averaging_group_size", "Mean peers per averaged round in the window.")
+    f["warning"] = _gauge(
+        "spotswarm_run_averaging_warning", "1 while the run's averaged fraction is below the threshold."
+    )
+    outcomes = CounterMetricFamily(
+        "spotswarm_run_averaging_epochs",
+        "Worker-epochs of the run by averaging outcome (averaged, alone, no_group, timeout, failed, "
+        "downloaded), summed over its workers.",
+        labels=["run", "outcome"],
+    )
     runs_by_state = _gauge("spotswarm_runs", "Runs by state.", ("state",))
     counts = {s.value: 0 for s in RunState}
     for run in snap.runs:
         counts[run.state] = counts.get(run.state, 0) + 1
         _add_run(f, samples, snap, ctx, run)
+        for outcome, n in snap.averaging.get(run.id, {}).items():
+            if outcome in AVERAGING_OUTCOMES:
+                outcomes.add_metric([run.name, outcome], n)
     for state, count in counts.items():
         runs_by_state.add_metric([state], count)
     yield runs_by_state
     yield samples
+    yield outcomes
     yield from f.values()
 
 
@@ -221,6 +241,13 @@ def _add_run(
         f["ckpt_age"].add_metric([name], max(0.0, (snap.now - created_at).total_seconds()))
     if run.id in snap.cost_usd:
         f["cost"].add_metric([name], snap.cost_usd[run.id])
+    window = run.averaging or {}
+    if window.get("averaged_fraction") is not None:
+        f["fraction"].add_metric([name], window["averaged_fraction"])
+    if window.get("mean_group_size") is not None:
+        f["group"].add_metric([name], window["mean_group_size"])
+    if window:
+        f["warning"].add_metric([name], 1.0 if window.get("warning") else 0.0)
 
 
 def _reconciler_families(reconcilers: Sequence[Any]) -> Iterator[Any]:

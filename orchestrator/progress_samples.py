@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator import queries
+from orchestrator import averaging, queries
 from orchestrator.db.models import ProgressSample
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.forwarding import RunPoint
@@ -34,6 +34,7 @@ def write(
     """Add a sample for each run of ``due`` (run id -> swarm id) and return them; workers silent since
     ``fresh_after`` count for neither loss, metrics nor throughput (``queries.run_numbers``)."""
     written = []
+    totals = averaging.run_totals(session, list(due))
     for run_id, numbers in queries.run_numbers(session, list(due), fresh_after).items():
         progress = swarm.get(due[run_id])
         sample = ProgressSample(
@@ -48,6 +49,7 @@ def write(
             dht_samples=progress.samples_accumulated if progress else None,
             dht_peers=progress.num_peers if progress else None,
             metrics=numbers.metrics,
+            averaging=totals.get(run_id),
         )
         session.add(sample)
         written.append(sample)

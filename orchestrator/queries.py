@@ -14,7 +14,7 @@ from typing import TypeVar
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator import checkpoints, reported, runs
+from orchestrator import averaging, checkpoints, reported, runs
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.dht import SwarmProgressCache
 from orchestrator.launchers.base import PUBLIC_DETAILS
@@ -24,12 +24,13 @@ from orchestrator.schemas import (
     ProgressPoint,
     ProgressSeries,
     ReportedProgress,
+    RunAveraging,
     RunOut,
     SwarmProgress,
     WorkerCounts,
     WorkerOut,
 )
-from worker.wire import RunSpec, RunState, WorkerState
+from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 
 T = TypeVar("T")
 MAX_WORKER_PEERS = 16
@@ -171,6 +172,7 @@ def _run_out(
         swarm=SwarmProgress.model_validate(progress, from_attributes=True) if progress else None,
         checkpointer_worker_id=str(run.checkpointer_worker_id) if run.checkpointer_worker_id else None,
         latest_checkpoint=checkpoints.to_ref(run, latest) if latest else None,
+        averaging=RunAveraging.model_validate(run.averaging) if run.averaging else None,
         redacted=not full,
     )
 
@@ -244,6 +246,7 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
             dht_samples=p.dht_samples,
             dht_peers=p.dht_peers,
             metrics=dict(p.metrics or {}),
+            averaging=p.averaging,
         )
         for p in downsample(rows, max_points)
     ]
@@ -282,6 +285,8 @@ def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
         num_peers=worker.num_peers,
         phase=worker.phase,
         metrics=dict(worker.metrics or {}),
+        averaging=AveragingCounts.model_validate(worker.averaging) if worker.averaging else None,
+        averaged_fraction=averaging.worker_fraction(worker.averaging),
         checkpointer=run.checkpointer_worker_id == worker.id,
         redacted=not full,
     )

@@ -75,8 +75,8 @@ class RunView:
     state: RunState
     desired_workers: int
     stop: StopCondition
+    target_batch_size: int = 1
     swarm_epoch: int = 0
-    swarm_samples: int = 0
     consecutive_start_failures: int = 0
     last_start_failure_at: float | None = None
     stop_requested_at: float | None = None
@@ -115,9 +115,9 @@ ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
 
 
 def stop_condition_reached(run: RunView) -> bool:
-    """True when the swarm reached the run's target epochs or samples (``RunView.swarm_epoch`` and
-    ``swarm_samples`` come from ``runs.swarm_progress``: what the DHT showed, not what workers said)."""
-    return run.stop.reached(run.swarm_epoch, run.swarm_samples)
+    """True when the swarm reached the run's target epochs or samples (``RunView.swarm_epoch`` comes
+    from ``runs.swarm_epoch``: what the DHT showed, not what workers said)."""
+    return run.stop.reached(run.swarm_epoch, run.target_batch_size)
 
 
 def plan_run(

@@ -198,14 +198,13 @@ class Reconciler:
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
     def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
-        epoch, samples = runs.swarm_progress(run, self.swarm_epoch(run.swarm_id))
         return RunView(
             name=run.name,
             state=RunState(run.state),
             desired_workers=run.desired_workers,
             stop=runs.stop_condition(run),
-            swarm_epoch=epoch,
-            swarm_samples=samples,
+            target_batch_size=run.target_batch_size,
+            swarm_epoch=runs.swarm_epoch(run, self.swarm_epoch(run.swarm_id)),
             consecutive_start_failures=run.consecutive_start_failures,
             last_start_failure_at=_ts(run.last_start_failure_at),
             stop_requested_at=_ts(run.stop_requested_at),

@@ -146,17 +146,16 @@ def stop_condition(run: Run) -> StopCondition:
     return StopCondition(target_epochs=run.target_epochs, target_samples=run.target_samples)
 
 
-def swarm_progress(run: Run, dht_epoch: int | None = None) -> tuple[int, int]:
-    """(epoch, samples) of the run's swarm as the orchestrator knows it, for the stop condition and the
-    epochs of checkpoint uploads: the highest epoch its DHT reader saw (``run.swarm_epoch``, or
-    ``dht_epoch`` just read), and that many epochs' worth of samples.
+def swarm_epoch(run: Run, dht_epoch: int | None = None) -> int:
+    """The run's swarm epoch as the orchestrator knows it, for the stop condition and the epochs of
+    checkpoint uploads: the highest epoch its DHT reader saw (``run.swarm_epoch``, or ``dht_epoch`` just
+    read).
 
     What workers report about themselves in heartbeats never counts here: a worker token, or a join
     token that makes one, would end a run with one made-up number. (A peer admitted to the swarm can
     still publish a false epoch in the DHT; hivemind's own peers follow it too.)
     """
-    epoch = max(run.swarm_epoch, dht_epoch or 0)
-    return epoch, epoch * run.target_batch_size
+    return max(run.swarm_epoch, dht_epoch or 0)
 
 
 def counted_epoch(reported: int, swarm_epoch: int) -> int:
@@ -264,7 +263,9 @@ def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
     """
     if run.state != RunState.stopping.value or live_workers(session, run.id):
         return
-    reached = run.state_reason == STOP_CONDITION_REACHED or stop_condition(run).reached(*swarm_progress(run))
+    reached = run.state_reason == STOP_CONDITION_REACHED or stop_condition(run).reached(
+        swarm_epoch(run), run.target_batch_size
+    )
     final = RunState.completed if reached else RunState.stopped
     set_run_state(session, run, final, "all workers have left", now)
 
@@ -385,7 +386,7 @@ def resume_run(session: Session, run: Run, now: datetime, stop: StopCondition | 
         run.target_epochs, run.target_samples = stop.target_epochs, stop.target_samples
     latest = session.scalar(select(func.max(Checkpoint.epoch)).where(Checkpoint.run_id == run.id)) or 0
     run.swarm_epoch = int(latest)
-    if stop_condition(run).reached(*swarm_progress(run)):
+    if stop_condition(run).reached(swarm_epoch(run), run.target_batch_size):
         raise Conflict(
             f"run {run.name!r} reached its stop condition already (its latest checkpoint is of epoch "
             f"{latest}): resume it with a higher target"

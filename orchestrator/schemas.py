@@ -12,7 +12,16 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from worker.wire import CheckpointRef, PlainText, RunSpec, RunState, StopCondition, StrictModel, WorkerState
+from worker.wire import (
+    AveragingCounts,
+    CheckpointRef,
+    PlainText,
+    RunSpec,
+    RunState,
+    StopCondition,
+    StrictModel,
+    WorkerState,
+)
 
 
 class ScaleRequest(StrictModel):
@@ -70,6 +79,23 @@ class SwarmProgress(BaseModel):
     read_at: datetime
 
 
+class RunAveraging(BaseModel):
+    """Whether the run's workers train one model: their averaging outcomes over the recent window
+    (``averaging_window_s``), judged when the run's progress is sampled."""
+
+    window_s: float
+    covered: bool = Field(description="The samples span the whole window (the warning needs that).")
+    epochs: int = Field(description="Worker-epochs in the window: each worker's epochs, summed.")
+    outcomes: dict[str, int] = Field(
+        description="Worker-epochs by outcome: averaged, alone, no_group, timeout, failed, downloaded."
+    )
+    averaged_fraction: float | None = Field(description="averaged / epochs (null without epochs).")
+    mean_group_size: float | None = Field(description="Peers per averaged round, on average.")
+    live_workers: int
+    warning: str | None = Field(description="Set while the averaged fraction stays below the threshold.")
+    at: datetime
+
+
 class RunOut(BaseModel):
     """A run as the API shows it: its spec, lifecycle and live numbers."""
 
@@ -87,6 +113,9 @@ class RunOut(BaseModel):
     swarm: SwarmProgress | None = Field(description="Null until the DHT has been read for this run.")
     checkpointer_worker_id: str | None
     latest_checkpoint: CheckpointRef | None
+    averaging: RunAveraging | None = Field(
+        default=None, description="Null until the run's workers reported averaging outcomes."
+    )
     redacted: bool = Field(
         description="True in the public view (no admin token): the spec's free-form values "
         "(module_args, datamodule_args, strategy_options, launcher_options, env, secret_env, requirements, "
@@ -139,6 +168,11 @@ class ProgressPoint(BaseModel):
     metrics: dict[str, float] = Field(
         default_factory=dict, description="The run's reported metrics at that moment (empty before any)."
     )
+    averaging: dict[str, int] | None = Field(
+        default=None,
+        description="The run's averaging outcome counts, summed over its workers, at that moment: the "
+        "difference between two points tells which epochs between them were averaged or local.",
+    )
 
 
 class ProgressSeries(BaseModel):
@@ -177,6 +211,12 @@ class WorkerOut(BaseModel):
     phase: str
     metrics: dict[str, float] = Field(
         default_factory=dict, description="Latest values of the run's report_metrics from this worker."
+    )
+    averaging: AveragingCounts | None = Field(
+        default=None, description="Outcomes of the swarm epochs it stepped through since it started."
+    )
+    averaged_fraction: float | None = Field(
+        default=None, description="Its epochs on averaged gradients since it started (null before any)."
     )
     checkpointer: bool
     redacted: bool = Field(

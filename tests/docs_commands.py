@@ -140,6 +140,7 @@ RUN_ELSEWHERE = {
     "spotswarm runs watch NAME [--interval 2] # live table until the run ends; exit 0 completed, 1 failed/stopped": "tests/integration/test_cli_usability.py::test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the_run_stops",
     "spotswarm checkpoints download NAME [EPOCH] [-o PATH] # latest by default; SHA-256 verified": "tests/integration/test_cli_workers.py::test_checkpoints_list_and_download_verified",
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",
+    ".venv/bin/python bench/time_to_accuracy.py --quick # 1 and 2 peers, one trial, target 0.8: about a minute": "tests/integration/test_bench_time_to_accuracy.py::test_time_to_accuracy_quick_mode_prints_its_table",
 }
 
 # Commands that cannot run on a test machine, and why.
@@ -178,6 +179,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/recovery.py --heartbeat-timeout-s 10 --rounds 2": "a benchmark of minutes with real training workers",
     ".venv/bin/python -m worker.examples.local_swarm --peers 2 --seconds 60": "trains two real peers for 60 s; tests/integration/test_swarm_training.py trains real peers",
     ".venv/bin/python bench/strategy_overhead.py # CPU, ~15 min on 2 busy cores": "a benchmark of about 15 minutes",
+    ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 3 --target 0.95 [--accelerator cuda]": "a benchmark of many minutes (or a CUDA GPU); tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
     ".venv/bin/python bench/strategy_overhead.py --accelerator cuda --hidden 4096 --depth 4 --batch-size 1024": "needs a CUDA GPU",
     ".venv/bin/python -m pytest tests/unit/test_strategy_*.py tests/integration/test_swarm_training.py": "runs tests (make test runs these and every other)",
     "SPOTSWARM_TENSORBOARD_DIR=data/tensorboard spotswarm serve": "port 8000; tests/e2e/test_trainer_and_metrics.py starts an orchestrator with SPOTSWARM_TENSORBOARD_DIR",

@@ -50,7 +50,7 @@ from worker.agent_config import (
 )
 from worker.agent_state import AgentState
 from worker.client import ApiError, OrchestratorClient
-from worker.wire import DeregisterReason
+from worker.wire import DeregisterReason, RunSpec
 
 logger = logging.getLogger("worker.agent")
 
@@ -97,8 +97,7 @@ class Agent:
         self._checkpointer: Any = None
         self._spot_watcher: Any = None
         self._dht: Any = None
-        self._stop_condition: Any = None
-        self._run_name: str | None = None
+        self._run: RunSpec | None = None  # the run this worker joined (its stop condition, batch)
 
     def run(self) -> int:
         self._install_signal_handlers()
@@ -147,8 +146,7 @@ class Agent:
         context.publish(registration.worker_id, registration.worker_index, registration.num_workers)
         latest = registration.resume_checkpoint.epoch if registration.resume_checkpoint else None
         self.state.configure(registration.run.checkpoint_every_epochs, latest)
-        self._stop_condition = registration.run.stop
-        self._run_name = registration.run.name
+        self._run = registration.run
         logger.info(
             "registered%s: swarm %s, %d initial peer(s), heartbeat every %.1f s",
             " (from cache: orchestrator unreachable)" if boot.from_cache else "",
@@ -246,10 +244,10 @@ class Agent:
 
     def _fresh_peers(self) -> list[str]:
         """The run's current initial peers from the orchestrator ([] if it does not answer)."""
-        if self._run_name is None:
+        if self._run is None:
             return []
         try:
-            return self.client.run_peers(self._run_name).initial_peers
+            return self.client.run_peers(self._run.name).initial_peers
         except ApiError as exc:
             logger.info("could not refresh the initial peers: %s", exc)
             return []
@@ -305,13 +303,11 @@ class Agent:
             logger.info("deregistered: %s%s", reason.value, f" ({message})" if message else "")
 
     def _condition_reached(self) -> bool:
-        from worker.agent_callback import stop_condition_reached
-
-        if self._stop_condition is None:
+        if self._run is None:
             return False
         progress = self.state.progress
         epoch = max(progress.swarm_epoch, progress.local_epoch)
-        return stop_condition_reached(self._stop_condition, epoch, 0, 1)
+        return self._run.stop.reached(epoch, self._run.target_batch_size)
 
     def _done(self, exit_code: int) -> int:
         self._finished.set()

@@ -28,13 +28,6 @@ logger = logging.getLogger(__name__)
 FINAL_CHECKPOINT_MIN_S = 5.0  # skip the final checkpoint when the deadline is closer than this
 
 
-def stop_condition_reached(
-    stop: StopCondition, epoch: int, samples_in_epoch: int, target_batch_size: int
-) -> bool:
-    """True once the swarm reached ``target_epochs`` or (approximately) ``target_samples``."""
-    return stop.reached(epoch, epoch * target_batch_size + samples_in_epoch)
-
-
 class AgentCallback(Callback):
     """Connects the Lightning training loop of one worker to the agent's shared state."""
 
@@ -105,7 +98,7 @@ class AgentCallback(Callback):
 
     def _condition_reached(self, trainer: Trainer) -> bool:
         epoch = max(self._state.progress.swarm_epoch, self._local_epoch(trainer))
-        return stop_condition_reached(self._stop_condition, epoch, 0, self._target_batch_size)
+        return self._stop_condition.reached(epoch, self._target_batch_size)
 
     def _snapshot(self, trainer: Trainer) -> None:
         """Publish progress for the heartbeat thread (cheap reads only)."""
@@ -130,4 +123,5 @@ class AgentCallback(Callback):
             ),
             samples_per_s=rate,
             num_peers=int(swarm.num_peers),
+            averaging=strategy.averaging_outcomes(),
         )

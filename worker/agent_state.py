@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from worker import context
-from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerAction
+from worker.wire import AveragingCounts, DeregisterReason, Heartbeat, HeartbeatReply, WorkerAction
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Progress:
     visible_maddrs: tuple[str, ...] = field(default_factory=tuple)
     phase: str = "starting"
     metrics: dict[str, float] = field(default_factory=dict)  # the run's report_metrics (bounded)
+    averaging: AveragingCounts | None = None  # outcomes of the swarm epochs so far
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class AgentState:
             visible_maddrs=list(progress.visible_maddrs[:16]),
             phase=progress.phase,
             metrics=dict(progress.metrics),
+            averaging=progress.averaging,
         )
 
     # -- orchestrator's answers (heartbeat thread writes, training thread reads) -----------------

@@ -22,7 +22,8 @@ from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admissio
 
 logger = logging.getLogger(__name__)
 
-# strategy_options that configure the DHT, which the agent starts: they go to start_dht instead.
+# The strategy's own DHT keywords. They, and every other keyword hivemind's DHT takes
+# (worker/swarm_keywords.py), configure the DHT, which the agent starts: they go to start_dht instead.
 DHT_OPTION_NAMES = ("host_maddrs", "announce_maddrs", "identity_path", "client_mode")
 
 
@@ -34,8 +35,11 @@ class SplitOptions:
 
 def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
     """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
-    dht = {k: v for k, v in options.items() if k in DHT_OPTION_NAMES}
-    not_strategy = {*DHT_OPTION_NAMES, "initial_peers", SWARM_ADMISSION_OPTION}  # the agent handles these
+    from worker.swarm_keywords import dht_keywords
+
+    dht_names = {*DHT_OPTION_NAMES, *dht_keywords()}
+    dht = {k: v for k, v in options.items() if k in dht_names}
+    not_strategy = {*dht_names, "initial_peers", SWARM_ADMISSION_OPTION}  # the agent handles these
     strategy = {k: v for k, v in options.items() if k not in not_strategy}
     if config.host_maddrs:
         dht["host_maddrs"] = config.host_maddrs
@@ -95,7 +99,9 @@ def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any], au
 
     from worker.swarm_dht import start_dht
 
-    dht = start_dht(initial_peers=initial_peers, authorizer=authorizer, **dht_options)
+    named = {k: v for k, v in dht_options.items() if k in DHT_OPTION_NAMES}
+    extra = {k: v for k, v in dht_options.items() if k not in DHT_OPTION_NAMES}
+    dht = start_dht(initial_peers=initial_peers, authorizer=authorizer, extra=extra, **named)
     dht.add_validators([RSASignatureValidator()])
     return dht
 

@@ -31,6 +31,7 @@ from typing_extensions import override
 from worker import swarm_checks as checks
 from worker.swarm_checks import HivemindStrategyError, SwarmNotStartedError
 from worker.swarm_dht import initial_peers_line, parse_initial_peers, start_dht
+from worker.swarm_keywords import route_keywords
 from worker.swarm_metrics import (
     MetricsThrottle,
     SwarmProgress,
@@ -46,9 +47,11 @@ from worker.swarm_optimizer import (
     hivemind_state_dict,
     load_hivemind_state_dict,
 )
+from worker.swarm_outcomes import OutcomeRecorder, count_outcomes
 from worker.swarm_precision import HivemindMixedPrecision
 from worker.swarm_schedulers import SwarmEpochScheduler
 from worker.swarm_shutdown import shutdown_optimizer
+from worker.wire import AveragingCounts
 
 if TYPE_CHECKING:
     from worker.swarm_auth import SwarmAuthorizer
@@ -89,13 +92,17 @@ class HivemindStrategy(Strategy):
         authorizer: a ``worker.swarm_auth.SwarmAuthorizer`` holding this peer's token from the
             orchestrator: join a swarm with admission (docs/readme/security.md); the DHT then uses the
             authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
-        **optimizer_kwargs: passed to ``hivemind.Optimizer`` (``grad_compression``,
-            ``state_averaging_compression``, ``grad_averager_factory``, ``load_state_timeout``...).
+        **optimizer_kwargs: each goes to the hivemind class that takes it (worker/swarm_keywords.py):
+            ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
+            ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
+            ``force_reachability``... for peers behind NAT). A keyword neither takes is an error.
 
     Raises ``HivemindStrategyError`` (a Lightning ``MisconfigurationException``) for settings it cannot run.
     """
 
     strategy_name = "hivemind"
+    #: read for initial peers (``INITIAL_PEERS`` is too: worker/swarm_dht.py), as in lightning-hivemind
+    INITIAL_PEERS_ENV = "PL_INITIAL_PEERS"
 
     def __init__(
         self,
@@ -127,6 +134,11 @@ class HivemindStrategy(Strategy):
         checks.check_constructor_args(
             target_batch_size, batch_size, delay_state_averaging, delay_optimizer_step, delay_grad_averaging
         )
+        checks.check_timeouts(matchmaking_time, averaging_timeout)
+        checks.warn_if_scheduler_fn_needed(
+            scheduler_fn, delay_state_averaging, delay_optimizer_step, offload_optimizer
+        )
+        routed = route_keywords(optimizer_kwargs)
         self.target_batch_size = target_batch_size
         self.run_id = run_id
         self.batch_size = batch_size
@@ -143,7 +155,7 @@ class HivemindStrategy(Strategy):
             averaging_timeout=averaging_timeout,
             verbose=verbose,
             averager_opts=averager_opts,
-            **optimizer_kwargs,
+            **routed.optimizer,
         )
         # hivemind can only offload or delay an optimizer it builds itself
         self._hivemind_creates_optimizer = bool(
@@ -156,6 +168,7 @@ class HivemindStrategy(Strategy):
             identity_path=identity_path,
             client_mode=client_mode,
             authorizer=authorizer,
+            extra=routed.dht,
         )
         self._dht: hivemind.DHT | None = dht
         self._owns_dht = dht is None
@@ -163,6 +176,7 @@ class HivemindStrategy(Strategy):
         # DHT until it expires, so the orchestrator reads the final epoch (worker/swarm_shutdown.py).
         self.keep_progress_record = False
         self._optimizer: hivemind.Optimizer | None = None
+        self._outcomes: OutcomeRecorder | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
         self._parallel_devices: list[torch.device] | None = None
@@ -191,6 +205,19 @@ class HivemindStrategy(Strategy):
         if self._optimizer is None:
             raise SwarmNotStartedError("the hivemind.Optimizer is built in HivemindStrategy.setup (fit)")
         return self._optimizer
+
+    @property
+    def num_peers(self) -> int:
+        """Peers in the swarm as this peer's progress tracker last saw them, as in lightning-hivemind:
+        1 before ``setup``; a lone peer may read 0 until its own progress record is in the DHT."""
+        if self._optimizer is None:
+            return 1
+        return int(self._optimizer.tracker.global_progress.num_peers)
+
+    def averaging_outcomes(self) -> AveragingCounts | None:
+        """Outcomes of the swarm epochs this peer stepped through in this fit (``worker/swarm_outcomes.py``);
+        None before ``setup``."""
+        return self._outcomes.counter.snapshot() if self._outcomes is not None else None
 
     def swarm_progress(self) -> SwarmProgress:
         """The swarm as this peer sees it now; after fit, as it was last seen. Raises before setup."""
@@ -296,6 +323,7 @@ class HivemindStrategy(Strategy):
         self._start_dht()
         optimizer = self._make_hivemind_optimizer(torch_optimizer)
         self._optimizer = optimizer
+        self._outcomes = count_outcomes(optimizer)
         self._rate_reader = SwarmRateReader(self.dht, self.run_id)
         self.lr_scheduler_configs = follow_swarm_epochs(
             self.lr_scheduler_configs, optimizer, self.scheduler_fn, self._hivemind_creates_optimizer
@@ -307,9 +335,9 @@ class HivemindStrategy(Strategy):
 
     def _start_dht(self) -> None:
         if self._dht is not None:
-            address_opts = ("host_maddrs", "announce_maddrs", "identity_path", "authorizer")
+            address_opts = ("host_maddrs", "announce_maddrs", "identity_path", "authorizer", "extra")
             if self.initial_peers or any(self._dht_opts[key] for key in address_opts):
-                log.warning("HivemindStrategy(dht=...) given: initial_peers and address options are ignored")
+                log.warning("HivemindStrategy(dht=...) given: initial_peers and DHT options are ignored")
             return
         self._dht = start_dht(initial_peers=self.initial_peers, **self._dht_opts)
         self._owns_dht = True
@@ -357,6 +385,8 @@ class HivemindStrategy(Strategy):
             else:
                 log.warning("No peer handed over its state: training from this peer's own state")
             self._sync_schedulers()
+        if self._outcomes is not None:
+            self._outcomes.start_counting_downloads()
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

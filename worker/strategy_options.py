@@ -1,16 +1,15 @@
 """Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords.
 
 They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
-``hivemind.Optimizer``'s (the strategy passes unknown keywords on to it), less what the run spec or the
-strategy sets itself. The create-time probe (``orchestrator/import_probe.py``) and the agent both ask
-:func:`strategy_option_problem`, so a Trainer option such as ``precision`` put there is refused when the
-run is created, not inside ``hivemind.Optimizer`` on every worker. Imports torch, Lightning and hivemind
-when first called.
+those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.swarm_keywords`),
+less what the run spec or the agent sets itself. The create-time probe (``orchestrator/import_probe.py``)
+and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
+there is refused when the run is created, not inside ``hivemind.Optimizer`` on every worker. Imports
+torch, Lightning and hivemind when first called.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -26,25 +25,17 @@ SET_BY_AGENT = {
     "dht": "the agent starts the worker's DHT",
     "authorizer": "the agent holds the worker's swarm token",
 }
-#: ``hivemind.Optimizer`` keywords ``HivemindStrategy`` fills itself when it builds the optimizer.
-SET_BY_STRATEGY = ("optimizer", "params", "scheduler", "batch_size_per_step")
-
-
-def _keywords(function: Any) -> set[str]:
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {p.name for p in inspect.signature(function).parameters.values() if p.kind in kinds} - {"self"}
 
 
 @cache
 def strategy_keywords() -> frozenset[str]:
     """Every key ``strategy_options`` may hold (``swarm_admission``, the agent's own, included)."""
-    import hivemind
-
     from worker.strategy import HivemindStrategy
+    from worker.swarm_keywords import dht_keywords, optimizer_keywords, signature_keywords
 
-    own = _keywords(HivemindStrategy.__init__)
-    passed_on = _keywords(hivemind.Optimizer.__init__) - own - set(SET_BY_STRATEGY)
-    return frozenset((own | passed_on | {SWARM_ADMISSION_OPTION}) - set(SET_BY_AGENT))
+    own = signature_keywords(HivemindStrategy.__init__)
+    routed = optimizer_keywords() | dht_keywords()
+    return frozenset((own | routed | {SWARM_ADMISSION_OPTION}) - set(SET_BY_AGENT))
 
 
 def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
@@ -55,10 +46,27 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     for key in options:
         if key in SET_BY_AGENT:
             return f"{key} cannot be set in strategy_options: {SET_BY_AGENT[key]}"
+    from worker.swarm_keywords import unknown_keyword_message
+
     unknown = sorted(set(options) - strategy_keywords())
     if unknown:
-        return (
-            f"not a HivemindStrategy keyword: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(strategy_keywords()))})"
-        )
+        return unknown_keyword_message(unknown[0])
+    return _timeouts_problem(options)
+
+
+def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
+    """The strategy's own timeout check, on the options and the strategy's defaults for what is left out."""
+    import inspect
+
+    from worker.strategy import HivemindStrategy
+    from worker.swarm_checks import HivemindStrategyError, check_timeouts
+
+    defaults = inspect.signature(HivemindStrategy.__init__).parameters
+    times = [options.get(name, defaults[name].default) for name in ("matchmaking_time", "averaging_timeout")]
+    if not all(isinstance(value, (int, float)) for value in times):
+        return None  # hivemind reports a wrong type itself
+    try:
+        check_timeouts(*times)
+    except HivemindStrategyError as exc:
+        return str(exc)
     return None

@@ -48,6 +48,36 @@ def check_constructor_args(
         )
 
 
+def check_timeouts(matchmaking_time: float, averaging_timeout: float) -> None:
+    """hivemind schedules each round ``matchmaking_time`` ahead within ``averaging_timeout``: a timeout
+    that does not leave room for it fails every peer's training with an AssertionError at the first
+    scheduled round ("Scheduled start time does not fit within timeout")."""
+    if averaging_timeout <= matchmaking_time:
+        raise HivemindStrategyError(
+            f"averaging_timeout ({averaging_timeout:g} s) must be longer than matchmaking_time "
+            f"({matchmaking_time:g} s): a round is scheduled matchmaking_time ahead and must then finish "
+            f"within averaging_timeout (a few times matchmaking_time is usual)"
+        )
+
+
+def warn_if_scheduler_fn_needed(
+    scheduler_fn: Any,
+    delay_state_averaging: bool,
+    delay_optimizer_step: bool | None,
+    offload_optimizer: bool | None,
+) -> None:
+    """Warn, as lightning-hivemind does, that a learning-rate schedule needs ``scheduler_fn`` here."""
+    if scheduler_fn is None and (delay_state_averaging or delay_optimizer_step or offload_optimizer):
+        warnings.warn(
+            "HivemindStrategy: with delay_state_averaging, delay_optimizer_step or offload_optimizer, give "
+            "a learning-rate schedule as scheduler_fn=lambda optimizer: YourScheduler(optimizer, ...): "
+            "hivemind then steps it with the optimizer, once per swarm epoch, also when the step runs in "
+            "the background or on an optimizer hivemind re-creates.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def check_trainer(trainer: Trainer, reuse_grad_buffers: bool) -> None:
     """Gradient accumulation belongs to hivemind; clipping cannot touch hivemind's accumulation buffer."""
     if trainer.accumulate_grad_batches != 1:

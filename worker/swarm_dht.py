@@ -10,7 +10,7 @@ import ipaddress
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hivemind
 
@@ -57,6 +57,7 @@ def start_dht(
     identity_path: str | None = None,
     client_mode: bool = False,
     authorizer: SwarmAuthorizer | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> hivemind.DHT:
     """Start a DHT peer and wait until it is ready (and has joined ``initial_peers`` if any).
 
@@ -65,10 +66,12 @@ def start_dht(
     defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
     (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
     ``authorizer``: take part in a swarm with admission (``worker/swarm_guard.py``: DHT calls signed and
-    checked, averaging guarded); the peer then uses the authorizer's identity.
+    checked, averaging guarded); the peer then uses the authorizer's identity. ``extra``: further
+    keywords of ``hivemind.DHT`` and what it passes on (``use_relay``, ``use_auto_relay``...:
+    :mod:`worker.swarm_keywords`).
     """
     quiet_dead_sender_errors()
-    kwargs: dict[str, object] = {
+    kwargs: dict[str, Any] = {
         # long enough to outlast the pause (3 s) hivemind's DHT takes after a failed request, so that
         # shutdown() ends cleanly instead of terminating the DHT process (and orphaning its p2pd)
         "shutdown_timeout": DHT_SHUTDOWN_TIMEOUT_S,
@@ -79,6 +82,7 @@ def start_dht(
         kwargs["announce_maddrs"] = list(announce_maddrs)
     if identity_path is not None:
         kwargs["identity_path"] = identity_path
+    kwargs.update(extra or {})
     peers = usable_initial_peers(initial_peers)
     if authorizer is not None:
         from worker.swarm_guard import AdmissionDHT

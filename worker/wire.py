@@ -130,11 +130,22 @@ class StopCondition(StrictModel):
         default=None, ge=1, le=MAX_INT64, description="Samples accumulated by the swarm."
     )
 
-    def reached(self, epoch: int, samples: int) -> bool:
-        """True once the swarm is at ``target_epochs`` or has accumulated ``target_samples``."""
+    def reached(self, epoch: int, target_batch_size: int) -> bool:
+        """True once the swarm is at ``target_epochs`` or has accumulated ``target_samples``.
+
+        Both sides judge by the swarm's epoch: its samples are :func:`swarm_samples` of that epoch (what a
+        peer accumulated towards an epoch still in progress is not counted, so a run ends at the first
+        epoch boundary at or past its target samples, the same on the worker and the orchestrator).
+        """
         return (self.target_epochs is not None and epoch >= self.target_epochs) or (
-            self.target_samples is not None and samples >= self.target_samples
+            self.target_samples is not None and swarm_samples(epoch, target_batch_size) >= self.target_samples
         )
+
+
+def swarm_samples(epoch: int, target_batch_size: int) -> int:
+    """Samples a swarm has accumulated after ``epoch`` epochs, counted as whole epochs of the run's
+    ``target_batch_size`` (hivemind ends an epoch once the swarm has at least that many)."""
+    return epoch * target_batch_size
 
 
 class RunSpec(StrictModel):
@@ -320,6 +331,33 @@ class WorkerRegistered(BaseModel):
     )
 
 
+class AveragingCounts(StrictModel):
+    """What became of the swarm epochs a worker stepped through, counted since it started
+    (``worker/swarm_outcomes.py``): cumulative, so a lost heartbeat loses nothing."""
+
+    averaged: int = Field(default=0, ge=0, le=MAX_INT64, description="Epochs on averaged gradients.")
+    alone: int = Field(default=0, ge=0, le=MAX_INT64, description="Local: no other peer in the swarm.")
+    no_group: int = Field(default=0, ge=0, le=MAX_INT64, description="Local: no peer joined the round.")
+    timeout: int = Field(default=0, ge=0, le=MAX_INT64, description="Local: the round timed out.")
+    failed: int = Field(default=0, ge=0, le=MAX_INT64, description="Local: the round failed.")
+    downloaded: int = Field(default=0, ge=0, le=MAX_INT64, description="Behind: state downloaded.")
+    group_size_sum: int = Field(
+        default=0, ge=0, le=MAX_INT64, description="Sum of the averaged rounds' group sizes."
+    )
+
+    @property
+    def local(self) -> int:
+        return self.alone + self.no_group + self.timeout + self.failed
+
+    @property
+    def epochs(self) -> int:
+        return self.averaged + self.local + self.downloaded
+
+
+#: outcome names, as the API and /metrics label them (bounded: these and no others)
+AVERAGING_OUTCOMES = ("averaged", "alone", "no_group", "timeout", "failed", "downloaded")
+
+
 class Heartbeat(StrictModel):
     """Progress a worker reports every few seconds."""
 
@@ -339,6 +377,9 @@ class Heartbeat(StrictModel):
         default_factory=dict,
         max_length=MAX_REPORTED_METRICS,
         description="Latest values of the run's report_metrics this worker has (e.g. val_loss).",
+    )
+    averaging: AveragingCounts | None = Field(
+        default=None, description="Outcomes of the swarm epochs since the worker started (None: not known)."
     )
 
 

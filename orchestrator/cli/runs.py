@@ -13,6 +13,7 @@ from typing import Any
 import click
 import yaml
 
+from orchestrator.averaging import window_text
 from orchestrator.cli.client import CliError
 from orchestrator.cli.context import ApiContext, api_command
 from orchestrator.cli.log_follow import follow_worker_log
@@ -258,6 +259,7 @@ def _show_lines(
         ("samples", f"{_samples_total(reported, workers, all_listed)}, {speed}/s"),
         ("loss", fmt_number(reported.get("loss"))),
         *[(name, fmt_number(value)) for name, value in (reported.get("metrics") or {}).items()],
+        *_averaging_lines(run.get("averaging")),
         ("stop at", target),
         ("eta", fmt_duration(eta_s(run))),
         ("cost so far", fmt_usd(run_cost_usd(workers, now))),
@@ -268,6 +270,22 @@ def _show_lines(
         ("launcher", spec.get("launcher", "-")),
         *_code_lines(spec),
     ]
+    return lines
+
+
+def _averaging_lines(window: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The averaged fraction over the recent window, and the warning while it is below the threshold."""
+    if not window or not window.get("epochs"):
+        return [("averaged", "-")]
+    fraction, group = window.get("averaged_fraction") or 0.0, window.get("mean_group_size")
+    local = {k: n for k, n in window["outcomes"].items() if k != "averaged" and n}
+    detail = ", ".join(f"{k} {n}" for k, n in local.items())
+    text = f"{fraction:.0%} of {window['epochs']} worker-epochs in the last {window_text(window['window_s'])}"
+    text += f", groups of {group:.1f}" if group else ""
+    text += f" ({detail})" if detail else ""
+    lines = [("averaged", text)]
+    if window.get("warning"):
+        lines.append(("WARNING", str(window["warning"])))
     return lines
 
 

@@ -22,7 +22,7 @@ from worker.wire_trainer import LOSS_METRIC_NAMES
 LIVE_STATES = frozenset({"launching", "running"})
 WORKER_COLUMNS = (
     *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
-    *("loss", "metrics", "ckpt", "cost", "ended"),
+    *("loss", "averaged", "metrics", "ckpt", "cost", "ended"),
 )
 
 
@@ -40,6 +40,15 @@ def _ended(worker: dict[str, Any]) -> str:
     return f"{worker['state']}: {why[:60]}" if why else worker["state"]
 
 
+def _averaged(worker: dict[str, Any]) -> str:
+    """Its epochs on averaged gradients since it started, e.g. ``92% of 50``."""
+    fraction, counts = worker.get("averaged_fraction"), worker.get("averaging") or {}
+    if fraction is None:
+        return "-"
+    epochs = sum(v for k, v in counts.items() if k != "group_size_sum")
+    return f"{fraction:.0%} of {epochs}"
+
+
 def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
     return [
         worker["id"],
@@ -50,6 +59,7 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
         worker.get("samples", 0),
         fmt_number(worker.get("samples_per_s"), 3),
         fmt_number(worker.get("loss")),
+        _averaged(worker),
         fmt_metrics(worker.get("metrics"), skip=LOSS_METRIC_NAMES),
         "yes" if worker.get("checkpointer") else "",
         fmt_usd(worker_cost_usd(worker, now)),

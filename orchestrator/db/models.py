@@ -113,6 +113,7 @@ class Run(Base):
     stop_requested_at: Mapped[datetime | None]
     # What the run's workers reported last, kept when it finishes (orchestrator/reported.py).
     final_loss: Mapped[float | None] = mapped_column(Float)
+    averaging: Mapped[dict[str, Any] | None]  # the recent window of outcomes and its warning (averaging.py)
     final_metrics: Mapped[dict[str, Any] | None]
     consecutive_start_failures: Mapped[int] = mapped_column(Integer, default=0)
     last_start_failure_at: Mapped[datetime | None]
@@ -164,6 +165,7 @@ class Worker(Base):
     num_peers: Mapped[int] = mapped_column(Integer, default=0)
     phase: Mapped[str] = mapped_column(String(16), default="starting")
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the run's report_metrics: name -> value
+    averaging: Mapped[dict[str, Any] | None]  # outcome counts of its latest heartbeat (wire.AveragingCounts)
 
     run: Mapped[Run] = relationship(back_populates="workers")
 
@@ -186,6 +188,7 @@ class ProgressSample(Base):
     dht_samples: Mapped[int | None] = mapped_column(BigInteger)
     dht_peers: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any] | None]  # mean over workers with a fresh heartbeat, by name
+    averaging: Mapped[dict[str, Any] | None]  # the run's outcome counts summed over its workers
 
 
 class Checkpoint(Base):

@@ -4,6 +4,7 @@
   trains on, with the worker context it saw, to ``record_dir/<worker id>.json``.
 - :class:`CrashingDigitsModule` raises the same error once it has trained ``crash_after_batches`` batches
   for at least ``crash_after_s`` seconds (long enough for a heartbeat to report its samples).
+- :class:`NoAveragingDigitsModule` blocks its worker's gradient averager: the worker trains alone.
 """
 
 from __future__ import annotations
@@ -59,3 +60,17 @@ class CrashingDigitsModule(DigitsModule):
         if self.batches > self.crash_after_batches and trained_s > self.crash_after_s:
             raise RuntimeError("the model diverged in a buggy layer")
         return super().training_step(batch, batch_idx)
+
+
+def _refuse_round(**kwargs: object) -> None:
+    raise RuntimeError("this worker's averager is blocked by the test")
+
+
+class NoAveragingDigitsModule(DigitsModule):
+    """Digits whose worker can never average: its gradient averager refuses every round (hivemind then
+    applies local gradients), so the swarm trains as N models."""
+
+    def on_train_start(self) -> None:
+        averager = self.trainer.strategy.optimizer.grad_averager  # type: ignore[attr-defined]
+        averager.schedule_step = lambda **kwargs: None  # no pre-scheduled round
+        averager.step = _refuse_round

@@ -41,10 +41,8 @@ def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
         "datamodule": "worker.examples.digits:DigitsDataModule",
         "target_batch_size": 128,
         "batch_size": 32,
-        # Swarm admission off: with it on, averaging under a loaded 2-core machine left the completion
-        # test's loss above its bound in 1 of 2 full runs (the round-success work of "one model, not N"
-        # is what fixes that). The agent swarm, HA and workdir-run tests train with admission on.
-        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "swarm_admission": False},
+        # swarm admission at its default (on): the configuration users get
+        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
         "min_workers": 0,
         "max_workers": 4,
         "desired_workers": 2,

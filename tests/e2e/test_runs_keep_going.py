@@ -56,6 +56,12 @@ def test_run_of_two_workers_completes_with_falling_loss(
     assert losses and max(losses) < CHANCE_LOSS and min(losses) < 0.5 * CHANCE_LOSS, losses
     assert max(losses) < _first_loss(reader), (losses, _first_loss(reader))
     assert max(c["epoch"] for c in reader.checkpoints()) >= 10, "the final checkpoint is kept"
+    # the workers trained one model: some epochs on averaged gradients, groups of both, no warning (the
+    # run is shorter than the judged window, so the warning could only come from a bug)
+    counts = [w["averaging"] for w in workers if w["averaging"]]
+    assert sum(c["averaged"] for c in counts) >= 1, counts
+    assert all(c["group_size_sum"] >= 2 * c["averaged"] for c in counts), counts
+    assert final["averaging"] is not None and final["averaging"]["warning"] is None, final["averaging"]
 
 
 @pytest.mark.timeout(600)

@@ -79,3 +79,28 @@ def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
     wait_ticks(orch, 6)
     assert len(reader.workers()) == launched, "workers were launched after the run failed"
     assert elapsed_s < 2 * BOOT_S
+
+
+@pytest.mark.timeout(300)
+def test_a_run_with_a_sample_target_completes_at_the_first_epoch_past_it(
+    processes: ProcessRegistry, loop_data_dir: Path
+) -> None:
+    # 3 epochs of 128 samples are 384: one short of the target, so the run ends at epoch 4 (512 samples)
+    orch = start_loop_orchestrator(processes, loop_data_dir)
+    admin_post(
+        orch, "/api/v1/runs", digits_run("by-samples", desired_workers=1, stop={"target_samples": 385})
+    )
+    reader = RunReader(orch, "by-samples")
+    run = wait_until(
+        lambda: (r := reader.run())["state"] in ("failed", "stopped", "completed") and r,
+        2 * BOOT_S,
+        message="the run ends",
+    )
+    assert run["state"] == "completed", run["state_reason"]
+    assert run["reported"]["swarm_epoch"] >= 4, run["reported"]
+    workers = wait_until(
+        lambda: (ws := reader.workers()) and all(w["state"] == "exited" for w in ws) and ws,
+        60,
+        message="the worker leaves",
+    )
+    assert all(str(w["exit_reason"]).startswith("completed") for w in workers), workers

@@ -121,6 +121,8 @@ class Recorder(Callback):
             )
             self.status["lr"][str(epoch)] = trainer.optimizers[0].param_groups[0]["lr"]
             self.status["metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            outcomes = strategy.averaging_outcomes()
+            self.status["averaging"] = outcomes.model_dump() if outcomes else None
             self.write()
 
     def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:

@@ -241,7 +241,8 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
                 ({"trainer": {"callbacks": [{"path": LR_MONITOR, "args": {"interval": 1}}]}}, "'interval'"),
                 ({"trainer": {"loggers": [LR_MONITOR]}}, "trainer.loggers[0]"),
                 ({"strategy_options": {"precision": "bf16-mixed"}}, "set it in the trainer section"),
-                ({"strategy_options": {"matchmaking_tme": 1.0}}, "not a HivemindStrategy keyword"),
+                ({"strategy_options": {"matchmaking_tme": 1.0}}, "did you mean 'matchmaking_time'"),
+                ({"strategy_options": {"use_rellay": True}}, "did you mean 'use_relay'"),
                 ({"strategy_options": {"target_batch_size": 64}}, "run spec's target_batch_size"),
                 ({"report_metrics": [f"m{n}" for n in range(17)]}, "report_metrics"),
             ]

@@ -177,6 +177,21 @@ def test_parameters_of_the_two_peers_agree_after_each_averaged_epoch(swarm: Swar
 
 
 @pytest.mark.timeout(300)
+def test_each_peer_counts_what_became_of_its_epochs(swarm: SwarmRun) -> None:
+    for name in ("a", "b"):
+        status = swarm.statuses[name]
+        counts = status["averaging"]
+        stepped = status["epochs"][-1]["epoch"] - status["joined_epoch"]
+        local = counts["alone"] + counts["no_group"] + counts["timeout"] + counts["failed"]
+        # the epochs whose parameters agree bit for bit were averaged: at least 2 (the test above)
+        assert counts["averaged"] >= 2, counts
+        assert counts["group_size_sum"] >= 2 * counts["averaged"], counts  # groups of 2 or 3 peers
+        # one outcome per epoch stepped through (a download may skip several epochs at once)
+        assert counts["averaged"] + local + counts["downloaded"] <= stepped + 1, (counts, stepped)
+        assert counts["averaged"] + local >= stepped - 2 * (counts["downloaded"] + 1) - 1, (counts, stepped)
+
+
+@pytest.mark.timeout(300)
 def test_late_peer_starts_at_the_swarm_epoch_with_the_swarm_parameters(swarm: SwarmRun) -> None:
     status = swarm.statuses["c"]
     joined = status["joined_epoch"]

@@ -19,7 +19,6 @@ from worker.agent_boot import (
     build_user_objects,
     register,
 )
-from worker.agent_callback import stop_condition_reached
 from worker.agent_config import AgentConfig, parse_config
 from worker.agent_metrics import read_loss
 from worker.agent_state import AgentState
@@ -198,10 +197,19 @@ def test_small_readers() -> None:
     assert seconds_until("soon", now) is None
     assert read_loss({"train_loss": 0.5, "loss": 9.0}) == 0.5
     assert read_loss({"train_loss": float("nan")}) is None and read_loss({}) is None
-    assert stop_condition_reached(StopCondition(target_epochs=3), 3, 0, 64)
-    assert not stop_condition_reached(StopCondition(target_samples=200), 3, 7, 64)
-    assert stop_condition_reached(StopCondition(target_samples=200), 3, 8, 64)
-    assert not stop_condition_reached(StopCondition(), 10**6, 0, 64)
+
+
+def test_the_stop_condition_counts_samples_as_whole_epochs_of_the_target_batch() -> None:
+    assert StopCondition(target_epochs=3).reached(3, 64)
+    assert not StopCondition(target_epochs=3).reached(2, 64)
+    # 3 epochs of 64 are 192 samples: short of 200; the 4th epoch's boundary (256) passes it
+    assert not StopCondition(target_samples=200).reached(3, 64)
+    assert StopCondition(target_samples=200).reached(4, 64)
+    # an epoch count is never compared with a sample target as if it were samples
+    assert not StopCondition(target_samples=200).reached(199, 1) and StopCondition(
+        target_samples=200
+    ).reached(4, 50)
+    assert not StopCondition().reached(10**6, 64)
 
 
 def test_flags_win_over_the_environment_and_missing_values_are_usage_errors(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ function drawLegend(svg, series, box) {
 
 /** Draw series into svg (replacing what was there). */
 export function drawLineChart(
-  svg, series, { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet" } = {},
+  svg, series, { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet", marks = [] } = {},
 ) {
   const width = Math.max(240, Math.round(svg.clientWidth || svg.parentNode.clientWidth || 600));
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -150,6 +150,14 @@ export function drawLineChart(
     y: (v) => MARGIN.top + (1 - (v - ext.y0) / (ext.y1 - ext.y0)) * plotH,
   };
   drawAxes(svg, box, ext, formatY);
+  for (const [t0, t1, title] of marks) { // shaded time spans, drawn under the lines
+    const x0 = Math.max(MARGIN.left, box.x(t0));
+    const x1 = Math.min(width - MARGIN.right, box.x(t1));
+    if (x1 <= x0) continue;
+    const rect = svgEl("rect", { x: x0, y: MARGIN.top, width: x1 - x0, height: plotH, class: "mark" });
+    rect.append(svgEl("title", {}, title));
+    svg.append(rect);
+  }
   series.forEach((s, i) => {
     const points = decimate(s.points, ext.x0, ext.x1, plotW);
     const color = s.main ? "#111827" : PALETTE[i % PALETTE.length];

@@ -39,6 +39,7 @@ function renderRun(run) {
   setText("t-metric-label", shown || "validation");
   setText("t-metric", shown ? fmtNumber((run.reported.metrics || {})[shown]) : "-");
   setText("t-samples", fmtInt(run.reported.samples_total));
+  renderAveraging(run.averaging);
   setText("t-eta", fmtDuration(etaSeconds(run)));
   setText("t-age", fmtDuration(ageSeconds(run.created_at)));
   const input = document.getElementById("scale-input");
@@ -50,6 +51,17 @@ function renderRun(run) {
   document.getElementById("stop-button").hidden = terminal;
   document.getElementById("stop-button").disabled = run.state === "stopping";
   document.getElementById("resume-button").hidden = !(run.state === "stopped" || run.state === "failed");
+}
+
+/** The averaged fraction over the recent window, its mean group size, and the warning when one is up. */
+function renderAveraging(window) {
+  const epochs = window ? window.epochs : 0;
+  setText("t-averaged", epochs ? `${Math.round(100 * (window.averaged_fraction || 0))}%` : "-");
+  const group = window && window.mean_group_size ? `, groups of ${fmtNumber(window.mean_group_size, 2)}` : "";
+  setText("t-averaged-detail", epochs ? `of ${fmtInt(epochs)} worker-epochs${group}` : "");
+  const warning = document.getElementById("averaging-warning");
+  warning.hidden = !(window && window.warning);
+  warning.textContent = window && window.warning ? `Averaging: ${window.warning}` : "";
 }
 
 let seenCheckpoint;
@@ -142,6 +154,8 @@ function workerRow(w) {
     el("td", { class: "num" }, fmtInt(w.samples)),
     el("td", { class: "num" }, fmtNumber(w.samples_per_s, 3)),
     el("td", { class: "num" }, fmtNumber(w.loss)),
+    el("td", { class: "num averaged" }, w.averaged_fraction === null || w.averaged_fraction === undefined
+      ? "-" : `${Math.round(100 * w.averaged_fraction)}%`),
     el("td", { class: "metrics mono" }, metricsText(w.metrics)),
     el("td", { class: "num" }, fmtUsd(workerCost(w))),
     el("td", { class: "ended" }, ended(w)),
@@ -199,6 +213,22 @@ function updateMetricChoice(points) {
   select.value = keep;
 }
 
+const LOCAL_OUTCOMES = ["alone", "no_group", "timeout", "failed"];
+
+/** Spans between progress points in which most worker-epochs were applied locally (not averaged). */
+function localSpans(points, times) {
+  const spans = [];
+  for (let i = 1; i < points.length; i++) {
+    const now = points[i].averaging, before = points[i - 1].averaging;
+    if (!now || !before) continue;
+    const delta = (key) => Math.max(0, (now[key] || 0) - (before[key] || 0));
+    const local = LOCAL_OUTCOMES.reduce((sum, key) => sum + delta(key), 0);
+    const averaged = delta("averaged");
+    if (local > averaged) spans.push([times[i - 1], times[i], `${local} of ${local + averaged} worker-epochs local`]);
+  }
+  return spans;
+}
+
 function drawCharts() {
   const points = state.progress ? state.progress.points : [];
   const times = points.map((p) => parseTime(p.at));
@@ -215,7 +245,8 @@ function drawCharts() {
   const metric = [{ name: name || "metric", main: true,
     points: points.map((p, i) => [times[i], (p.metrics || {})[name] ?? null]) }];
   const xRange = times.length ? [times[0], times[times.length - 1]] : null; // one time axis for all
-  drawLineChart(document.getElementById("loss-chart"), loss, { xRange, empty: "no loss reported yet" });
+  drawLineChart(document.getElementById("loss-chart"), loss,
+    { xRange, empty: "no loss reported yet", marks: localSpans(points, times) });
   drawLineChart(document.getElementById("metric-chart"), metric,
     { xRange, empty: name ? `no ${name} yet` : "no metric reported yet (report_metrics)" });
   drawLineChart(document.getElementById("speed-chart"), speed, { xRange, zeroBased: true, empty: "no throughput yet" });
