@@ -24,12 +24,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import signal
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.forked_peers import kill_peers  # noqa: E402
 
 AVERAGED_LINE = "Averaged gradients with"
 EPOCH_LINE = "Transitioning to epoch"
@@ -109,12 +111,7 @@ def trial(args: argparse.Namespace, keep: bool, index: int, workdir: Path) -> Ou
         for proc in procs:
             proc.join(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        for proc in procs:
-            if proc.pid is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the peer's DHT, averagers and p2pd with it
-                except ProcessLookupError:
-                    pass
+        kill_peers(procs)
         bootstrap.shutdown()
     outcome = Outcome()
     for log in logs:

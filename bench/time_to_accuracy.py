@@ -22,7 +22,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.forked_peers import kill_peers  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -149,13 +151,7 @@ def trial(peers: int, index: int, args: Any, workdir: Path) -> Reached | None:
             time.sleep(0.2)
         return None
     finally:
-        for proc in procs:
-            if proc.pid is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the peer's DHT, averagers and p2pd with it
-                except ProcessLookupError:
-                    pass
-            proc.join(timeout=5)
+        kill_peers(procs)
         bootstrap.shutdown()
 
 

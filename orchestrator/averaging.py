@@ -89,7 +89,12 @@ def judge(
     fraction = window["averaged_fraction"]
     if live_workers < 2 or (covered and fraction is not None and fraction >= threshold):
         if warning:
-            runs.record_event(session, run.id, EVENT_KIND, f"averaging recovered: {_share(window)}", now)
+            why = (
+                f"fewer than 2 live workers ({live_workers})"
+                if live_workers < 2
+                else f"averaging recovered: {_share(window)}"
+            )
+            runs.record_event(session, run.id, EVENT_KIND, f"averaging warning cleared: {why}", now)
         warning = None
     elif covered and fraction is not None and fraction < threshold and not warning:
         warning = f"{_share(window)} with {live_workers} live workers, below {threshold:.0%}: {ADVICE}"

@@ -1,0 +1,103 @@
+"""A run's averaging window and its warning (orchestrator/averaging.py) on a fresh SQLite database: the
+fraction is taken between stored progress samples; the warning needs a whole window below the threshold
+with 2+ live workers, is raised once, and is cleared once (recovery, or fewer than 2 live workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from orchestrator import averaging, runs
+from orchestrator.db.models import Event, ProgressSample, Run
+from orchestrator.db.session import Database
+from worker.wire import RunSpec
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+WINDOW_S = 60.0
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'unit.db'}")
+    database.upgrade()
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def new_run(db: Database) -> int:
+    spec = RunSpec.model_validate(
+        {"name": "r", "module": "a.b:C", "datamodule": "a.b:D", "target_batch_size": 64, "batch_size": 8}
+    )
+    with db.begin() as session:
+        run, _ = runs.create_run(session, spec, T0)
+        return run.id
+
+
+def sample(db: Database, run_id: int, at_s: float, averaged: int, alone: int, live: int = 2) -> None:
+    """Store a progress sample with the run's cumulative counts, then judge the run at that moment."""
+    now = T0 + timedelta(seconds=at_s)
+    with db.begin() as session:
+        session.add(
+            ProgressSample(
+                run_id=run_id,
+                at=now,
+                swarm_epoch=0,
+                samples_total=0,
+                samples_per_s=0.0,
+                live_workers=live,
+                averaging={"averaged": averaged, "alone": alone, "group_size_sum": 2 * averaged},
+            )
+        )
+        session.flush()
+        run = session.get(Run, run_id)
+        assert run is not None
+        averaging.judge(session, run, now, live, WINDOW_S, 0.5)
+
+
+def state(db: Database, run_id: int) -> tuple[dict, list[str]]:
+    with db.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        kinds = session.scalars(select(Event.message).where(Event.kind == averaging.EVENT_KIND)).all()
+        return dict(run.averaging or {}), list(kinds)
+
+
+def test_the_warning_needs_a_whole_window_then_is_raised_once_and_cleared_once(db: Database) -> None:
+    run_id = new_run(db)
+    sample(db, run_id, 0, averaged=0, alone=0)
+    sample(db, run_id, 30, averaged=0, alone=40)
+    window, events = state(db, run_id)
+    assert window["averaged_fraction"] == 0.0 and not window["covered"] and window["warning"] is None
+    assert events == []  # half a window: not judged yet
+    sample(db, run_id, 61, averaged=1, alone=80)
+    sample(db, run_id, 70, averaged=2, alone=90)
+    window, events = state(db, run_id)
+    assert window["covered"] and window["epochs"] == 92 and window["outcomes"]["alone"] == 90
+    assert window["warning"] and "below 50%" in window["warning"] and len(events) == 1
+    # the window slides: the sample at 30 s becomes its start; still below, no second event
+    sample(db, run_id, 95, averaged=10, alone=120)
+    window, events = state(db, run_id)
+    assert window["warning"] and len(events) == 1
+    # a whole window mostly averaged clears it, with one event
+    sample(db, run_id, 130, averaged=200, alone=130)
+    sample(db, run_id, 160, averaged=400, alone=135)
+    window, events = state(db, run_id)
+    assert window["warning"] is None and window["averaged_fraction"] > 0.5, window
+    assert len(events) == 2 and "averaging recovered" in events[1]
+    assert window["mean_group_size"] == 2.0
+
+
+def test_fewer_than_two_live_workers_clear_the_warning(db: Database) -> None:
+    run_id = new_run(db)
+    sample(db, run_id, 0, averaged=0, alone=0)
+    sample(db, run_id, 61, averaged=0, alone=50)
+    assert state(db, run_id)[0]["warning"]
+    sample(db, run_id, 70, averaged=0, alone=60, live=1)
+    window, events = state(db, run_id)
+    assert window["warning"] is None and "fewer than 2 live workers" in events[-1]
