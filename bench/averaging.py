@@ -1,0 +1,115 @@
+"""How many epochs two orchestrated workers train on averaged gradients, with swarm admission on and off.
+
+One real orchestrator (`spotswarm serve`, reconcile loop, local launcher); for each trial a run of the
+digits example with 2 workers, admission on and off alternating trial by trial (a machine that gets
+busier meanwhile hurts both alike). Each run trains for ``--seconds`` once both workers contribute, then
+the workers' averaging outcome counts (what the API shows: ``worker/swarm_outcomes.py``) are read and the
+run is deleted. Prints, per configuration, the worker-epochs by outcome and the averaged fraction, with
+the machine's load and the commit.
+
+``.venv/bin/python bench/averaging.py [--trials 2] [--seconds 60] [--target-batch-size 256]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.e2e.runs_support import (  # noqa: E402
+    RunReader,
+    admin_post,
+    digits_run,
+    kill_local_workers,
+    start_loop_orchestrator,
+)
+from tests.helpers import ProcessRegistry, wait_until  # noqa: E402
+from worker.wire import AVERAGING_OUTCOMES  # noqa: E402
+
+CONFIGS = {"admission on": True, "admission off": False}
+
+
+def one_run(orch: Any, name: str, admission: bool, args: argparse.Namespace) -> dict[str, int]:
+    """Train a 2-worker run for ``args.seconds`` once both contribute; its workers' outcome counts."""
+    options: dict[str, Any] = {"matchmaking_time": args.matchmaking_time, "averaging_timeout": 10.0}
+    if not admission:
+        options["swarm_admission"] = False
+    spec = digits_run(name, strategy_options=options, target_batch_size=args.target_batch_size)
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, name)
+    wait_until(
+        lambda: len([w for w in reader.running() if w["samples"] > 0]) >= 2, 300, message="two workers train"
+    )
+    before = totals(reader)
+    time.sleep(args.seconds)  # the measured training time
+    after = totals(reader)
+    admin_post(orch, f"/api/v1/runs/{name}/stop")
+    wait_until(lambda: reader.run()["state"] in ("stopped", "completed", "failed"), 120, message="stopped")
+    return {key: after[key] - before[key] for key in after}
+
+
+def totals(reader: RunReader) -> dict[str, int]:
+    counts = dict.fromkeys(AVERAGING_OUTCOMES, 0)
+    for worker in reader.workers():
+        for key in counts:
+            counts[key] += int((worker.get("averaging") or {}).get(key, 0))
+    return counts
+
+
+def commit() -> str:
+    command = ["git", "rev-parse", "--short", "HEAD"]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--trials", type=int, default=2, help="runs per configuration (they alternate)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured training time per run")
+    parser.add_argument("--target-batch-size", type=int, default=256)
+    parser.add_argument("--matchmaking-time", type=float, default=1.0)
+    args = parser.parse_args()
+    results = {label: dict.fromkeys(AVERAGING_OUTCOMES, 0) for label in CONFIGS}
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="spotswarm-bench-") as tmp:
+        data_dir = Path(tmp) / "orch"
+        processes = ProcessRegistry(Path(tmp))
+        try:
+            orch = start_loop_orchestrator(processes, data_dir)
+            for index in range(args.trials):
+                for label, admission in CONFIGS.items():
+                    counts = one_run(orch, f"avg-{index}-{'on' if admission else 'off'}", admission, args)
+                    epochs = sum(counts.values())
+                    line = f"trial {index + 1}, {label}: {counts['averaged']} of {epochs} averaged"
+                    print(line, flush=True)
+                    for key in counts:
+                        results[label][key] += counts[key]
+        finally:
+            processes.kill_all()
+            kill_local_workers(data_dir)
+    print(
+        f"\nmachine: {os.cpu_count()} cores; load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after; commit {commit()}"
+    )
+    print(
+        f"settings: digits, 2 workers, target_batch_size {args.target_batch_size}, batch 32, matchmaking "
+        f"{args.matchmaking_time} s, averaging timeout 10 s, {args.trials} run(s) of {args.seconds:g} s each"
+    )
+    print("| configuration | worker-epochs | averaged | alone | no_group | timeout | failed | downloaded |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, counts in results.items():
+        epochs = sum(counts.values())
+        share = f"{counts['averaged']} ({counts['averaged'] / epochs:.0%})" if epochs else "0"
+        rest = " | ".join(str(counts[k]) for k in AVERAGING_OUTCOMES[1:])
+        print(f"| {label} | {epochs} | {share} | {rest} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
