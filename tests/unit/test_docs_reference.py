@@ -1,4 +1,5 @@
-"""The generators of the site's reference pages (``docs/hooks/``).
+"""The generators of the site's reference pages (``docs/hooks/``), and the links of the pages read outside
+the site (README.md, CONTRIBUTING.md).
 
 The settings generator is checked against pydantic-settings itself: the environment variable it
 documents for a field, nested ones included, is the one that sets that field.
@@ -7,6 +8,7 @@ documents for a field, nested ones included, is the one that sets that field.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from types import ModuleType
 from typing import Any
@@ -122,3 +124,12 @@ def test_error_answers_every_operation_shares_are_listed_once() -> None:
         {"openapi": "3.1.0", "info": {"title": "t", "version": "1"}, **document}, "REST API", "Intro."
     )
     assert page.startswith("# REST API\n\nIntro.\n") and "| 401 | no token |" in page
+
+
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md"])
+def test_relative_links_outside_the_site_point_at_files_that_exist(name: str) -> None:
+    text = (REPO_ROOT / name).read_text()
+    targets = [t for t in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in t]
+    assert targets, f"{name} links nowhere"
+    missing = [t for t in targets if not (REPO_ROOT / t).exists()]
+    assert missing == [], missing
