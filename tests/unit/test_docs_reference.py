@@ -1,5 +1,5 @@
 """The generators of the site's reference pages (``docs/hooks/``), and the links of the pages read outside
-the site (README.md, CONTRIBUTING.md).
+the site (README.md, CONTRIBUTING.md, CHANGELOG.md).
 
 The settings generator is checked against pydantic-settings itself: the environment variable it
 documents for a field, nested ones included, is the one that sets that field.
@@ -126,7 +126,7 @@ def test_error_answers_every_operation_shares_are_listed_once() -> None:
     assert page.startswith("# REST API\n\nIntro.\n") and "| 401 | no token |" in page
 
 
-@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md"])
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "CHANGELOG.md"])
 def test_relative_links_outside_the_site_point_at_files_that_exist(name: str) -> None:
     text = (REPO_ROOT / name).read_text()
     targets = [t for t in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if "://" not in t]
