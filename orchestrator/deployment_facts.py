@@ -1,10 +1,10 @@
 """Facts every orchestrator on one database must agree on, recorded by the first one to start.
 
-The swarm authority's public key is the first: orchestrators that share a database (the HA set-up) each
-sign swarm tokens, and a worker trusts only the key of its first token (``worker/swarm_auth.py``). Two
-keys would split a run's swarm between the workers each orchestrator admitted, with every averaging
-call between the halves refused, and renewals from the other orchestrator refused too. So the first
-orchestrator records its key; one with another key refuses to start and says which file to copy.
+The swarm authority's public key is the first: orchestrators that share a database (the HA set-up) each sign
+swarm tokens, and a worker trusts only the key of its first token (``worker/admission/authorizer.py``). Two
+keys would split a run's swarm between the workers each orchestrator admitted, with every averaging call
+between the halves refused, and renewals from the other orchestrator refused too. So the first orchestrator
+records its key; one with another key refuses to start and says which file to copy.
 """
 
 from __future__ import annotations

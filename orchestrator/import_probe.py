@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.proctree import exit_with_parent
-from worker.agent_boot import call_arguments
-from worker.runtime_env import activate
+from worker.agent.boot import call_arguments
+from worker.runtime.env import activate
 
 
 def _check_class(
@@ -88,7 +88,7 @@ def _check(check: dict[str, Any]) -> tuple[str, str] | None:
     """None when ``check`` (see the module docstring) passes, else (the field that failed, the reason)."""
     field = str(check["field"])
     if check["kind"] == "strategy_options":
-        from worker.strategy_options import strategy_option_problem
+        from worker.strategy.options import strategy_option_problem
 
         problem = strategy_option_problem(dict.fromkeys(check["keys"]))
         return (field, problem) if problem else None
@@ -144,7 +144,7 @@ def main() -> None:
     os.dup2(2, 1)  # anything printed by Lightning or user code goes to stderr, not into the protocol
     import lightning.pytorch  # noqa: F401 - imported once here, inherited by every child
 
-    from worker.strategy_options import strategy_keywords
+    from worker.strategy.options import strategy_keywords
 
     strategy_keywords()  # imports hivemind and the strategy once, for every child
 

@@ -8,7 +8,7 @@ of the strategy.
 imported already and forks a child per check, so a check takes a fraction of a second after the first
 (which waits for the probe's own start-up, a few seconds). A run with a code package (``workdir``) is
 checked against that package, with its requirements installed, as a worker prepares them
-(:mod:`worker.runtime_env`), in the checker's own temporary cache; a run without one against the
+(:mod:`worker.runtime.env`), in the checker's own temporary cache; a run without one against the
 server's interpreter and working directory (first on the probe's ``PYTHONPATH``), which is what a local
 worker imports. Importing a module runs its code: the probe and the installer get only the allow-listed
 environment of :mod:`orchestrator.childenv` (not the admin token, the database URL or cloud keys) plus
@@ -35,8 +35,8 @@ from typing import IO, Any
 
 from orchestrator.childenv import child_env
 from orchestrator.errors import InvalidRequest, Unavailable
-from worker.runtime_env import InstallFailed, Runtime, find_installer, prepare_runtime, redact
-from worker.runtime_package import UnsafePackage
+from worker.runtime.env import InstallFailed, Runtime, find_installer, prepare_runtime, redact
+from worker.runtime.package import UnsafePackage
 from worker.wire import RunSpec
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ with ``!``), over built-in defaults (``.git/``, ``.venv/``, ``__pycache__/``, ``
 directory is not entered. Links stay links when they point inside the directory, and are refused
 otherwise; anything but files, directories and links is refused.
 
-The archive is deterministic (see :mod:`worker.runtime_package`: sorted entries, fixed times, owners and
+The archive is deterministic (see :mod:`worker.runtime.package`: sorted entries, fixed times, owners and
 modes, no name or time in the gzip header), so the same tree gives the same SHA-256 and is uploaded
 once. A tree bigger than the cap is refused with its biggest files named: it usually holds data or an
 environment that should be ignored.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pathspec
 
-from worker.runtime_package import FIXED_MTIME, sha256_of
+from worker.runtime.package import FIXED_MTIME, sha256_of
 
 IGNORE_FILE = ".spotswarmignore"
 DEFAULT_IGNORES = (".git/", ".venv/", "__pycache__/", "*.py[cod]", ".DS_Store")

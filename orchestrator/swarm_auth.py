@@ -1,7 +1,7 @@
 """Swarm admission, orchestrator side: the signing key, tokens for registered workers, opted-out runs.
 
 The orchestrator is the authority of every run's swarm: it signs short-lived tokens (see
-:mod:`worker.swarm_token`) binding a worker's peer key to its run, and only for workers it registered
+:mod:`worker.admission.tokens`) binding a worker's peer key to its run, and only for workers it registered
 and that have not ended. The key lives in ``<data dir>/swarm_authority.pem`` (mode 0600; setting
 ``swarm_authority_key_file``) and is made on first start; whoever holds it can admit anyone to any run,
 so guard it like the admin token. Orchestrators sharing a database share it
@@ -32,7 +32,7 @@ from orchestrator import runs
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
-from worker.swarm_token import (
+from worker.admission.tokens import (
     ANY_SWARM,
     ORCHESTRATOR_SUBJECT,
     SwarmTokenError,

@@ -3,7 +3,7 @@
 The orchestrator's peer is every worker's initial peer and reads each run's progress key, so it takes
 part in every swarm with its own token (``*/orchestrator``, minted locally with the authority key;
 workers accept it for DHT calls, never for averaging). Because one peer serves all runs, it is stricter
-than a worker's :class:`~worker.swarm_auth.SwarmAuthorizer`:
+than a worker's :class:`~worker.admission.authorizer.SwarmAuthorizer`:
 
 - it keeps no run data: store requests of any worker are emptied before hivemind handles them (the
   caller gets an empty, successful answer), and it neither caches what it reads nor caches it on others
@@ -37,8 +37,8 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from orchestrator.dht import OrchestratorDHT, progress_key
 from orchestrator.swarm_auth import SwarmAuthority
-from worker.swarm_auth import ensure_identity, from_access_token, load_identity, to_access_token
-from worker.swarm_token import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
+from worker.admission.authorizer import ensure_identity, from_access_token, load_identity, to_access_token
+from worker.admission.tokens import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ A package is stored once in the CheckpointStore under ``packages/<sha256>.tar.gz
 runs that name the same bytes share it; it is deleted with the last run that names it). An upload is
 checked before it is stored: its SHA-256 must be the one in the path, its size within
 ``package_max_bytes`` (the body-limit middleware refuses more before reading), and the archive one that
-workers can extract (:func:`worker.runtime_package.inspect_archive`: relative paths, no link leaving it,
+workers can extract (:func:`worker.runtime.package.inspect_archive`: relative paths, no link leaving it,
 at most ``package_max_bytes`` unpacked).
 """
 
@@ -27,7 +27,7 @@ from orchestrator.context import AppContext
 from orchestrator.errors import InvalidRequest, NotFound
 from orchestrator.schemas import PackageRef
 from orchestrator.storage.base import CheckpointNotFound, package_key
-from worker.runtime_package import UnsafePackage, inspect_archive
+from worker.runtime.package import UnsafePackage, inspect_archive
 from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN
 
 logger = logging.getLogger(__name__)

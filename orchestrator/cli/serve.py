@@ -89,7 +89,7 @@ def check_swarm_authority(settings: Settings) -> None:
     from orchestrator.db.session import Database
     from orchestrator.deployment_facts import AuthorityMismatch, claim_authority
     from orchestrator.swarm_auth import load_or_create_key
-    from worker.swarm_token import openssh_public_key
+    from worker.admission.tokens import openssh_public_key
 
     path = settings.swarm_authority_key_path()
     database = Database(settings.resolved_database_url())

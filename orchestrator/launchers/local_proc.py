@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-# The worker's exit-code convention (worker/agent_config.py EXIT_*): 0 clean exit, 1 training crashed
+# The worker's exit-code convention (worker/agent/config.py EXIT_*): 0 clean exit, 1 training crashed
 # (retryable), 2 bad command line (argparse), 3 permanent configuration error (bad join token, a module
 # that does not import, a bad spec), 4 left after the orchestrator was unreachable for its timeout
 # (retryable: a replacement may find it back). Codes 128+N mean "killed by signal N".

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from orchestrator.import_probe import _bind_error
 from orchestrator.queries import public_spec
-from worker.agent_boot import call_arguments
+from worker.agent.boot import call_arguments
 from worker.wire import RunSpec
 
 BASE: dict[str, Any] = {

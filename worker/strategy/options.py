@@ -1,7 +1,7 @@
 """Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords.
 
 They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
-those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.swarm_keywords`),
+those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
 less what the run spec or the agent sets itself. The create-time probe (``orchestrator/import_probe.py``)
 and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
 there is refused when the run is created, not inside ``hivemind.Optimizer`` on every worker. Imports
@@ -30,8 +30,8 @@ SET_BY_AGENT = {
 @cache
 def strategy_keywords() -> frozenset[str]:
     """Every key ``strategy_options`` may hold (``swarm_admission``, the agent's own, included)."""
-    from worker.strategy import HivemindStrategy
-    from worker.swarm_keywords import dht_keywords, optimizer_keywords, signature_keywords
+    from worker.strategy.keywords import dht_keywords, optimizer_keywords, signature_keywords
+    from worker.strategy.strategy import HivemindStrategy
 
     own = signature_keywords(HivemindStrategy.__init__)
     routed = optimizer_keywords() | dht_keywords()
@@ -46,7 +46,7 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     for key in options:
         if key in SET_BY_AGENT:
             return f"{key} cannot be set in strategy_options: {SET_BY_AGENT[key]}"
-    from worker.swarm_keywords import unknown_keyword_message
+    from worker.strategy.keywords import unknown_keyword_message
 
     unknown = sorted(set(options) - strategy_keywords())
     if unknown:
@@ -58,8 +58,8 @@ def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
     """The strategy's own timeout check, on the options and the strategy's defaults for what is left out."""
     import inspect
 
-    from worker.strategy import HivemindStrategy
-    from worker.swarm_checks import HivemindStrategyError, check_timeouts
+    from worker.strategy.checks import HivemindStrategyError, check_timeouts
+    from worker.strategy.strategy import HivemindStrategy
 
     defaults = inspect.signature(HivemindStrategy.__init__).parameters
     times = [options.get(name, defaults[name].default) for name in ("matchmaking_time", "averaging_timeout")]

@@ -7,7 +7,7 @@ hivemind DHT and average gradients once every ``target_batch_size`` samples (a *
 Lifecycle: ``setup`` (fit only) starts the DHT and wraps the module's optimizer in a
 ``hivemind.Optimizer``; ``on_train_start`` joins a running swarm by downloading its state;
 ``optimizer_step`` feeds each batch to hivemind and logs swarm metrics; ``teardown`` says goodbye
-to peers and stops what it started. Helpers live in ``swarm_*`` modules next to this one.
+to peers and stops what it started. Helpers live in the other modules of this package (see its docstring).
 """
 
 from __future__ import annotations
@@ -28,18 +28,18 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from typing_extensions import override
 
-from worker import swarm_checks as checks
-from worker.swarm_checks import HivemindStrategyError, SwarmNotStartedError
-from worker.swarm_dht import initial_peers_line, parse_initial_peers, start_dht
-from worker.swarm_keywords import route_keywords
-from worker.swarm_metrics import (
+from worker.strategy import checks
+from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
+from worker.strategy.dht import initial_peers_line, parse_initial_peers, start_dht
+from worker.strategy.keywords import route_keywords
+from worker.strategy.metrics import (
     MetricsThrottle,
     SwarmProgress,
     SwarmRateReader,
     log_swarm_metrics,
     progress_from_tracker,
 )
-from worker.swarm_optimizer import (
+from worker.strategy.optimizer import (
     SwarmLightningOptimizer,
     ZeroGradSwitch,
     build_hivemind_optimizer,
@@ -47,14 +47,14 @@ from worker.swarm_optimizer import (
     hivemind_state_dict,
     load_hivemind_state_dict,
 )
-from worker.swarm_outcomes import OutcomeRecorder, count_outcomes
-from worker.swarm_precision import HivemindMixedPrecision
-from worker.swarm_schedulers import SwarmEpochScheduler
-from worker.swarm_shutdown import shutdown_optimizer
+from worker.strategy.outcomes import OutcomeRecorder, count_outcomes
+from worker.strategy.precision import HivemindMixedPrecision
+from worker.strategy.schedulers import SwarmEpochScheduler
+from worker.strategy.shutdown import shutdown_optimizer
 from worker.wire import AveragingCounts
 
 if TYPE_CHECKING:
-    from worker.swarm_auth import SwarmAuthorizer
+    from worker.admission.authorizer import SwarmAuthorizer
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
@@ -89,10 +89,10 @@ class HivemindStrategy(Strategy):
         dht: an already running ``hivemind.DHT`` to use (this strategy will not shut it down).
         announce_maddrs: multiaddrs to announce to other peers (public address behind NAT).
         tracker_opts: options of hivemind's ``ProgressTracker`` (e.g. ``metadata_expiration``).
-        authorizer: a ``worker.swarm_auth.SwarmAuthorizer`` holding this peer's token from the
+        authorizer: a ``worker.admission.authorizer.SwarmAuthorizer`` holding this peer's token from the
             orchestrator: join a swarm with admission (docs/readme/security.md); the DHT then uses the
             authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
-        **optimizer_kwargs: each goes to the hivemind class that takes it (worker/swarm_keywords.py):
+        **optimizer_kwargs: each goes to the hivemind class that takes it (worker/strategy/keywords.py):
             ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
             ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
             ``force_reachability``... for peers behind NAT). A keyword neither takes is an error.
@@ -101,7 +101,7 @@ class HivemindStrategy(Strategy):
     """
 
     strategy_name = "hivemind"
-    #: read for initial peers (``INITIAL_PEERS`` is too: worker/swarm_dht.py), as in lightning-hivemind
+    #: read for initial peers (``INITIAL_PEERS`` is too: worker/strategy/dht.py), as in lightning-hivemind
     INITIAL_PEERS_ENV = "PL_INITIAL_PEERS"
 
     def __init__(
@@ -173,7 +173,7 @@ class HivemindStrategy(Strategy):
         self._dht: hivemind.DHT | None = dht
         self._owns_dht = dht is None
         # Set when the run reached its target: teardown leaves this peer's last progress record in the
-        # DHT until it expires, so the orchestrator reads the final epoch (worker/swarm_shutdown.py).
+        # DHT until it expires, so the orchestrator reads the final epoch (worker/strategy/shutdown.py).
         self.keep_progress_record = False
         self._optimizer: hivemind.Optimizer | None = None
         self._outcomes: OutcomeRecorder | None = None
@@ -215,8 +215,8 @@ class HivemindStrategy(Strategy):
         return int(self._optimizer.tracker.global_progress.num_peers)
 
     def averaging_outcomes(self) -> AveragingCounts | None:
-        """Outcomes of the swarm epochs this peer stepped through in this fit (``worker/swarm_outcomes.py``);
-        None before ``setup``."""
+        """Outcomes of the swarm epochs this peer stepped through in this fit
+        (``worker/strategy/outcomes.py``); None before ``setup``."""
         return self._outcomes.counter.snapshot() if self._outcomes is not None else None
 
     def swarm_progress(self) -> SwarmProgress:

@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.agent_boot import save_peers
-from worker.agent_state import AgentState
-from worker.client import (
+from worker.agent.boot import save_peers
+from worker.agent.client import (
     ApiError,
     Conflict,
     NotFound,
@@ -27,6 +26,7 @@ from worker.client import (
     Unauthorized,
     Unreachable,
 )
+from worker.agent.state import AgentState
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply
 
 logger = logging.getLogger(__name__)

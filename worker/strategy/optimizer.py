@@ -19,11 +19,11 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from worker.checkpoint_format import HIVEMIND_SCHEDULER_KEY
-from worker.swarm_checks import warn_if_zero_grad_overridden
-from worker.swarm_keepalive import keep_averager_tasks_alive
-from worker.swarm_schedulers import SwarmEpochScheduler
-from worker.swarm_shutdown import quiet_cancelled_rounds
+from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
+from worker.strategy.checks import warn_if_zero_grad_overridden
+from worker.strategy.hivemind_fixes import keep_averager_tasks_alive
+from worker.strategy.schedulers import SwarmEpochScheduler
+from worker.strategy.shutdown import quiet_cancelled_rounds
 
 _SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
 

@@ -14,16 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.agent_config import AgentConfig
-from worker.checkpoints import fetch_checkpoint, live_record_max_age_s, read_live_peer_epochs, should_resume
-from worker.client import ApiError, OrchestratorClient, Unreachable
+from worker.agent.checkpoints import (
+    fetch_checkpoint,
+    live_record_max_age_s,
+    read_live_peer_epochs,
+    should_resume,
+)
+from worker.agent.client import ApiError, OrchestratorClient, Unreachable
+from worker.agent.config import AgentConfig
 from worker.trainer_options import QUIET, build_plugins
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
 
 # The strategy's own DHT keywords. They, and every other keyword hivemind's DHT takes
-# (worker/swarm_keywords.py), configure the DHT, which the agent starts: they go to start_dht instead.
+# (worker/strategy/keywords.py), configure the DHT, which the agent starts: they go to start_dht instead.
 DHT_OPTION_NAMES = ("host_maddrs", "announce_maddrs", "identity_path", "client_mode")
 
 
@@ -35,7 +40,7 @@ class SplitOptions:
 
 def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
     """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
-    from worker.swarm_keywords import dht_keywords
+    from worker.strategy.keywords import dht_keywords
 
     dht_names = {*DHT_OPTION_NAMES, *dht_keywords()}
     dht = {k: v for k, v in options.items() if k in dht_names}
@@ -54,13 +59,13 @@ def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig, identi
     None when the run spec opts out (``swarm_admission: false``) or the orchestrator does not admit by
     token. The peer's identity is ``identity`` (the run spec's ``identity_path``) or a key kept in the
     worker directory for this worker id, and every token obtained is cached there
-    (:mod:`worker.swarm_token_cache`): when the orchestrator cannot be reached, an unexpired cached token
+    (:mod:`worker.agent.token_cache`): when the orchestrator cannot be reached, an unexpired cached token
     lets a restarted worker rejoin its swarm.
     Raises ``ApiError`` (orchestrator unreachable, nothing cached), ``SwarmTokenUnavailable`` (no token
     for this worker) or ``SwarmTokenError`` (an unusable answer): without a token there is no swarm.
     """
-    from worker.swarm_auth import ClientTokenSource, SwarmAuthorizer
-    from worker.swarm_token_cache import CachingTokenSource, identity_path, load_token
+    from worker.admission.authorizer import SwarmAuthorizer
+    from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path, load_token
 
     if not swarm_admission_requested(registration.run.strategy_options):
         logger.info("swarm admission: off for this run (any peer may join its swarm)")
@@ -97,7 +102,7 @@ def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any], au
     """
     from hivemind.dht.crypto import RSASignatureValidator
 
-    from worker.swarm_dht import start_dht
+    from worker.strategy.dht import start_dht
 
     named = {k: v for k, v in dht_options.items() if k in DHT_OPTION_NAMES}
     extra = {k: v for k, v in dht_options.items() if k not in DHT_OPTION_NAMES}
@@ -170,7 +175,7 @@ def build_trainer(
     from lightning.pytorch import Trainer
 
     from worker.strategy import HivemindStrategy
-    from worker.strategy_options import strategy_option_problem
+    from worker.strategy.options import strategy_option_problem
 
     spec = registration.run
     problem = strategy_option_problem(strategy_options)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.files import locked
-from worker.runtime_package import ensure_package
+from worker.runtime.package import ensure_package
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker import runtime_env
-from worker.agent_config import AgentConfig
-from worker.client import (
+from worker.agent.client import (
     ApiError,
     Conflict,
     NotFound,
@@ -35,8 +33,10 @@ from worker.client import (
     Unauthorized,
     Unreachable,
 )
+from worker.agent.config import AgentConfig
 from worker.files import write_json
-from worker.runtime_package import UnsafePackage
+from worker.runtime import env as runtime_env
+from worker.runtime.package import UnsafePackage
 from worker.wire import RunSpec, WorkerRegister, WorkerRegistered
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from worker.agent_state import AgentState
-from worker.client import ApiError, NotFound, OrchestratorClient, Unreachable
+from worker.agent.client import ApiError, NotFound, OrchestratorClient, Unreachable
+from worker.agent.state import AgentState
 from worker.wire import CheckpointRef
 
 logger = logging.getLogger(__name__)

@@ -6,12 +6,13 @@ they do know is the caller's peer id, which libp2p authenticates for every strea
 
 - every admitted peer serves its current token on the handler :data:`ADMISSION_HANDLER` (from its DHT
   process, where the authorizer renews it); a token is no secret, it is useless without the key;
-- :class:`AdmissionDHT` (a ``hivemind.DHT`` with a :class:`~worker.swarm_auth.SwarmAuthorizer`) hands
-  averagers a :class:`GuardedP2P`, whose every registered handler first asks :class:`AdmissionGuard`:
-  has the calling peer a token for this run, signed by the orchestrator, unexpired, *whose key is the
-  caller's peer id*? The guard fetches the caller's token once and remembers the answer until the
-  token expires (refusals for ``refusal_ttl_s``, so a stranger cannot make us call it back in a loop);
-  expired answers are dropped, so new identities cannot grow that memory without bound.
+- :class:`AdmissionDHT` (a ``hivemind.DHT`` with a
+  :class:`~worker.admission.authorizer.SwarmAuthorizer`) hands averagers a :class:`GuardedP2P`, whose every
+  registered handler first asks :class:`AdmissionGuard`: has the calling peer a token for this run, signed by
+  the orchestrator, unexpired, *whose key is the caller's peer id*? The guard fetches the caller's token once
+  and remembers the answer until the token expires (refusals for ``refusal_ttl_s``, so a stranger cannot make
+  us call it back in a loop); expired answers are dropped, so new identities cannot grow that memory without
+  bound.
 
 A refused call fails on the caller's side with hivemind's ``P2PHandlerError``; it never reaches the
 averager, so an unknown peer cannot join a group, send parts of an all-reduce or download the model.
@@ -33,9 +34,9 @@ from hivemind.p2p import P2P, P2PContext, P2PDaemonError, P2PHandlerError, PeerI
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.timed_storage import get_dht_time
 
-from worker.swarm_auth import SwarmAuthorizer, from_access_token
-from worker.swarm_dht import LifelineDHT
-from worker.swarm_token import TokenFields, TokenVerifier
+from worker.admission.authorizer import SwarmAuthorizer, from_access_token
+from worker.admission.tokens import TokenFields, TokenVerifier
+from worker.strategy.dht import LifelineDHT
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class AdmissionDHT(LifelineDHT):
     Its DHT calls are signed and checked by ``authorizer``; it uses the authorizer's identity (so its
     peer id is the one named in the token); it serves the token on :data:`ADMISSION_HANDLER`; and the
     P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started; its
-    process ends with the one that created it (:class:`worker.swarm_dht.LifelineDHT`).
+    process ends with the one that created it (:class:`worker.strategy.dht.LifelineDHT`).
     """
 
     def __init__(

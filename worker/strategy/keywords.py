@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from worker.swarm_checks import HivemindStrategyError
+from worker.strategy.checks import HivemindStrategyError
 
 #: DHT keywords the strategy (or the agent) sets itself: a run cannot hand them in as extras.
 DHT_SET_BY_STRATEGY = frozenset(

@@ -16,9 +16,9 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from worker.agent_metrics import ReportingLogger, read_loss, reported_metrics
-from worker.agent_state import AgentState
-from worker.checkpoints import Checkpointer
+from worker.agent.checkpoints import Checkpointer
+from worker.agent.metrics import ReportingLogger, read_loss, reported_metrics
+from worker.agent.state import AgentState
 from worker.context import seed_sampling
 from worker.wire import DeregisterReason, StopCondition
 from worker.wire_trainer import DEFAULT_REPORT_METRICS

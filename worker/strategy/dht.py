@@ -19,7 +19,7 @@ from worker.logsetup import install_filter
 from worker.peer_addresses import usable_initial_peers
 
 if TYPE_CHECKING:
-    from worker.swarm_auth import SwarmAuthorizer
+    from worker.admission.authorizer import SwarmAuthorizer
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,10 @@ def start_dht(
     with a warning: one bad address would otherwise stop the peer from starting at all. ``host_maddrs``
     defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
     (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
-    ``authorizer``: take part in a swarm with admission (``worker/swarm_guard.py``: DHT calls signed and
+    ``authorizer``: take part in a swarm with admission (``worker/admission/guard.py``: DHT calls signed and
     checked, averaging guarded); the peer then uses the authorizer's identity. ``extra``: further
     keywords of ``hivemind.DHT`` and what it passes on (``use_relay``, ``use_auto_relay``...:
-    :mod:`worker.swarm_keywords`).
+    :mod:`worker.strategy.keywords`).
     """
     quiet_dead_sender_errors()
     kwargs: dict[str, Any] = {
@@ -85,7 +85,7 @@ def start_dht(
     kwargs.update(extra or {})
     peers = usable_initial_peers(initial_peers)
     if authorizer is not None:
-        from worker.swarm_guard import AdmissionDHT
+        from worker.admission.guard import AdmissionDHT
 
         return AdmissionDHT(peers, authorizer=authorizer, **kwargs)
     return LifelineDHT(initial_peers=peers, start=True, **kwargs)

@@ -4,25 +4,27 @@ A swarm token is bound to the peer's identity key (its peer id), so both are kep
 workers may share a directory): ``swarm/<worker id>/identity.key`` (the libp2p identity, owner-read-only)
 and ``swarm/<worker id>/token.json`` (the last token the orchestrator granted, owner-only). A worker that
 restarts while the orchestrator is down boots from its cached registration and peers
-(:mod:`worker.agent_boot`) and, with this, still presents a token the swarm accepts until the token
+(:mod:`worker.agent.boot`) and, with this, still presents a token the swarm accepts until the token
 expires (``swarm_token_ttl_s`` on the orchestrator, 10 minutes by default); it renews as soon as the
 orchestrator answers again.
 
-Nothing here imports hivemind.
+Nothing here imports hivemind at import time.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from worker.admission.tokens import SwarmTokenError, parse_expiration
+from worker.agent.client import ApiError, OrchestratorClient
 from worker.files import write_json
-from worker.swarm_token import SwarmTokenError, parse_expiration
 from worker.wire import SwarmToken
 
 logger = logging.getLogger(__name__)
@@ -88,3 +90,29 @@ class CachingTokenSource:
         except OSError as exc:  # a full or read-only disk costs the cache, not the token
             logger.warning("could not cache the swarm token: %s", exc)
         return grant
+
+
+class ClientTokenSource:
+    """``fetch`` for :class:`~worker.admission.authorizer.SwarmAuthorizer` over the worker's HTTP client,
+    safe to call after a fork.
+
+    hivemind calls ``fetch`` from the DHT's forked process; an HTTP client (and its pooled sockets)
+    must not be shared across processes, so each process makes its own with ``make_client()``.
+    Failures of the client (:class:`~worker.agent.client.ApiError`) become ``SwarmTokenUnavailable``.
+    """
+
+    def __init__(self, make_client: Callable[[], OrchestratorClient], worker_id: str) -> None:
+        self._make_client = make_client
+        self._worker_id = worker_id
+        self._client: OrchestratorClient | None = None
+        self._pid = -1
+
+    def __call__(self, public_key: str) -> SwarmToken:
+        from worker.admission.authorizer import SwarmTokenUnavailable  # hivemind: loaded by the caller
+
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = self._make_client(), os.getpid()
+        try:
+            return self._client.swarm_token(self._worker_id, public_key)
+        except ApiError as exc:
+            raise SwarmTokenUnavailable(f"the orchestrator gave no swarm token: {exc}") from exc

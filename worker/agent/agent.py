@@ -10,7 +10,7 @@ worker is gone ``stop_grace_s`` after a stop request (or before a spot deadline)
 An orchestrator that answers no heartbeat for ``orchestrator_lost_timeout_s`` is taken for gone: the
 agent leaves the swarm without uploading or deregistering (it cannot) and exits with code 4.
 
-Exit codes (see :mod:`worker.agent_config`): 0 left cleanly, 1 crashed / orchestrator unreachable at
+Exit codes (see :mod:`worker.agent.config`): 0 left cleanly, 1 crashed / orchestrator unreachable at
 registration (retryable), 2 bad command line, 3 permanent configuration error (bad token, module does
 not import), 4 the orchestrator was gone for ``orchestrator_lost_timeout_s``.
 """
@@ -21,7 +21,6 @@ import faulthandler
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from worker import context, lifeline, logsetup
-from worker.agent_boot import (
+from worker.agent.boot import (
     Boot,
     OrchestratorUnavailable,
     PermanentError,
@@ -40,7 +39,8 @@ from worker.agent_boot import (
     prepare_run_code,
     register,
 )
-from worker.agent_config import (
+from worker.agent.client import ApiError, OrchestratorClient
+from worker.agent.config import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_OK,
@@ -48,8 +48,7 @@ from worker.agent_config import (
     AgentConfig,
     parse_config,
 )
-from worker.agent_state import AgentState
-from worker.client import ApiError, OrchestratorClient
+from worker.agent.state import AgentState
 from worker.wire import DeregisterReason, RunSpec
 
 logger = logging.getLogger("worker.agent")
@@ -156,8 +155,8 @@ class Agent:
         )
 
     def _start_threads(self, boot: Boot) -> None:
-        from worker.checkpoints import Checkpointer
-        from worker.heartbeat import Heartbeater
+        from worker.agent.checkpoints import Checkpointer
+        from worker.agent.heartbeat import Heartbeater
 
         registration = boot.registration
         upload_client = OrchestratorClient(self.config.url, registration.worker_token, timeout_s=300.0)
@@ -180,7 +179,7 @@ class Agent:
         self._start_spot_watcher()
 
     def _start_spot_watcher(self) -> None:
-        from worker.spot import SpotWatcher
+        from worker.agent.spot import SpotWatcher
 
         # Only where a launcher says there is an instance metadata service (the ec2 launcher sets
         # SPOTSWARM_METADATA_URL): a local worker must never probe the link-local metadata address.
@@ -194,20 +193,20 @@ class Agent:
 
     def _train(self, boot: Boot, module: Any, datamodule: Any) -> int:
         """Train until a stop; returns the exit code and leaves the deregistration reason in the state."""
-        from worker import agent_train
-        from worker.agent_callback import AgentCallback
-        from worker.swarm_checks import HivemindStrategyError
+        from worker.agent import training
+        from worker.agent.callback import AgentCallback
+        from worker.strategy.checks import HivemindStrategyError
 
         registration = boot.registration
         configure_logging(self.config.log_level, self.config.log_format, training=True)
-        options = agent_train.split_strategy_options(registration.run.strategy_options, self.config)
+        options = training.split_strategy_options(registration.run.strategy_options, self.config)
         try:
             identity = options.dht.get("identity_path")
-            authorizer = agent_train.swarm_authorizer(registration, self.config, identity)
-            self._dht = agent_train.start_swarm_dht_retrying(
+            authorizer = training.swarm_authorizer(registration, self.config, identity)
+            self._dht = training.start_swarm_dht_retrying(
                 boot.initial_peers, options.dht, authorizer, self._fresh_peers
             )
-            ckpt_path = agent_train.choose_resume_checkpoint(
+            ckpt_path = training.choose_resume_checkpoint(
                 self._dht, registration, self.client, self.config.worker_dir
             )
             if self.state.stop is not None:
@@ -220,10 +219,10 @@ class Agent:
                 report_metrics=tuple(registration.run.report_metrics),
                 worker_id=registration.worker_id,
             )
-            trainer = agent_train.build_trainer(
+            trainer = training.build_trainer(
                 registration, self._dht, options.strategy, callback, self.config
             )
-            agent_train.fit(trainer, module, datamodule, ckpt_path)
+            training.fit(trainer, module, datamodule, ckpt_path)
         except (TypeError, HivemindStrategyError) as exc:
             if self.state.stop is not None:
                 return self._stopped_despite(exc)
@@ -403,7 +402,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit_code = Agent(config).run()
     _exit_guard(exit_code, EXIT_GUARD_S)
     return exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

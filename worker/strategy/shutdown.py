@@ -9,7 +9,7 @@ late, so plain ``hivemind.Optimizer.shutdown`` followed by ``DHT.shutdown`` ofte
 and ends by terminating the DHT. ``shutdown_optimizer`` cancels pending matchmaking first, says
 goodbye, waits until the DHT has read everything queued so far, and only then stops the averagers.
 This narrows hivemind's race a lot; it cannot close it (an averager may still send a request in its
-last milliseconds), so ``worker.swarm_dht`` also turns the resulting error into a debug line.
+last milliseconds), so ``worker.strategy.dht`` also turns the resulting error into a debug line.
 
 A round cancelled just as it found its group races the same way inside the averager's process: its
 ``_step`` then sets the result of the cancelled step and asyncio logs "Task exception was never

@@ -3,13 +3,14 @@
 :class:`SwarmAuthorizer` is a hivemind ``TokenAuthorizerBase``: given to ``hivemind.DHT(authorizer=...)``
 it signs every DHT request and response of this peer with its token and refuses requests and responses
 whose token is missing, not signed by the orchestrator, for another run or expired (see
-:mod:`worker.swarm_token`). Its key *is* the peer's libp2p identity key, so the token also names the
-peer id; :mod:`worker.swarm_guard` relies on that to guard averaging, which hivemind does not authorize.
+:mod:`worker.admission.tokens`). Its key *is* the peer's libp2p identity key, so the token also names the
+peer id; :mod:`worker.admission.guard` relies on that to guard averaging, which hivemind does not authorize.
 
 Tokens come from an injected callable ``fetch(public_key) -> SwarmToken`` (the agent passes
-:class:`ClientTokenSource`, which calls ``POST /workers/{id}/swarm-token``). hivemind calls it from the
-DHT's own (forked) process whenever the token has less than half its lifetime left. If the orchestrator
-cannot be reached, the peer keeps its token until it expires, asking again every ``retry_interval_s``.
+:class:`worker.agent.token_cache.ClientTokenSource`, which calls ``POST /workers/{id}/swarm-token``).
+hivemind calls it from the DHT's own (forked) process whenever the token has less than half its lifetime
+left. If the orchestrator cannot be reached, the peer keeps its token until it expires, asking again
+every ``retry_interval_s``.
 
 Nothing here imports the orchestrator.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +31,7 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
-from worker.swarm_token import SwarmTokenError, TokenFields, TokenVerifier
+from worker.admission.tokens import SwarmTokenError, TokenFields, TokenVerifier
 from worker.wire import SwarmToken
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
     Build it with :meth:`create`, which also fetches the first token (so a refusal shows at once, not
     as a DHT that cannot reach anyone). ``identity_path`` is this peer's libp2p identity file; a new
     one is made in a private temporary directory when it is None. Pass the same file to the DHT
-    (:class:`worker.swarm_guard.AdmissionDHT` does).
+    (:class:`worker.admission.guard.AdmissionDHT` does).
     """
 
     def __init__(
@@ -237,29 +237,3 @@ class SwarmAuthorizer(TokenAuthorizerBase):
             return True
         return remaining_s < self._renew_before_s
 
-
-class ClientTokenSource:
-    """``fetch`` for :class:`SwarmAuthorizer` over the worker's HTTP client, safe to call after a fork.
-
-    hivemind calls ``fetch`` from the DHT's forked process; an HTTP client (and its pooled sockets)
-    must not be shared across processes, so each process makes its own with ``make_client()``, which
-    returns an object with ``swarm_token(worker_id, public_key) -> SwarmToken`` (``OrchestratorClient``).
-    Failures of the client (``worker.client.ApiError``) become :class:`SwarmTokenUnavailable`.
-    """
-
-    def __init__(self, make_client: Callable[[], object], worker_id: str) -> None:
-        self._make_client = make_client
-        self._worker_id = worker_id
-        self._client: object | None = None
-        self._pid = -1
-
-    def __call__(self, public_key: str) -> SwarmToken:
-        from worker.client import ApiError
-
-        if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = self._make_client(), os.getpid()
-        try:
-            token: SwarmToken = self._client.swarm_token(self._worker_id, public_key)  # type: ignore[attr-defined]
-        except ApiError as exc:
-            raise SwarmTokenUnavailable(f"the orchestrator gave no swarm token: {exc}") from exc
-        return token

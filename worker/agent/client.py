@@ -168,7 +168,8 @@ class OrchestratorClient:
 
     def swarm_token(self, worker_id: str, public_key: str) -> SwarmToken:
         """A signed swarm token for this worker's peer key (``public_key``, OpenSSH); see
-        ``worker/swarm_auth.py``. :class:`Conflict` when the run or the orchestrator uses no tokens."""
+        ``worker/admission/authorizer.py``. :class:`Conflict` when the run or the orchestrator uses no
+        tokens."""
         body = SwarmTokenRequest(public_key=public_key)
         response = self._call("POST", f"/workers/{worker_id}/swarm-token", json=body.model_dump())
         return SwarmToken.model_validate(response.json())
