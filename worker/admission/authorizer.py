@@ -236,4 +236,3 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         except SwarmTokenError:
             return True
         return remaining_s < self._renew_before_s
-

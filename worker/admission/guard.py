@@ -37,6 +37,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from worker.admission.authorizer import SwarmAuthorizer, from_access_token
 from worker.admission.tokens import TokenFields, TokenVerifier
 from worker.strategy.dht import LifelineDHT
+from worker.strategy.hivemind_fixes import quiet_refusal_tracebacks
 
 logger = logging.getLogger(__name__)
 
@@ -226,22 +227,4 @@ async def serve_token(_dht: hivemind.DHT, node: Any) -> None:
     await node.p2p.add_protobuf_handler(ADMISSION_HANDLER, own_token, AccessToken)
 
 
-class _RefusalFilter(logging.Filter):
-    """hivemind logs every failing handler with a traceback; a refused peer is logged once by the guard."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, PeerNotAdmitted)
-
-
-_REFUSAL_FILTER = _RefusalFilter()
-
-
-def quiet_refusal_tracebacks() -> None:
-    """Install :class:`_RefusalFilter` on hivemind's P2P logger (idempotent; inherited by forks)."""
-    p2p_logger = logging.getLogger("hivemind.p2p.p2p_daemon")
-    if _REFUSAL_FILTER not in p2p_logger.filters:
-        p2p_logger.addFilter(_REFUSAL_FILTER)
-
-
-quiet_refusal_tracebacks()
+quiet_refusal_tracebacks(PeerNotAdmitted)  # refused peers are logged once, by the guard

@@ -219,9 +219,7 @@ class Agent:
                 report_metrics=tuple(registration.run.report_metrics),
                 worker_id=registration.worker_id,
             )
-            trainer = training.build_trainer(
-                registration, self._dht, options.strategy, callback, self.config
-            )
+            trainer = training.build_trainer(registration, self._dht, options.strategy, callback, self.config)
             training.fit(trainer, module, datamodule, ckpt_path)
         except (TypeError, HivemindStrategyError) as exc:
             if self.state.stop is not None:

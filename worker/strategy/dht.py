@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import hivemind
 
 from worker.lifeline import exit_with_parent
-from worker.logsetup import install_filter
 from worker.peer_addresses import usable_initial_peers
+from worker.strategy.hivemind_fixes import quiet_dead_sender_errors
 
 if TYPE_CHECKING:
     from worker.admission.authorizer import SwarmAuthorizer
@@ -127,47 +127,3 @@ def shareable_maddrs(maddrs: Sequence[object]) -> list[str]:
 def initial_peers_line(maddrs: Sequence[object]) -> str:
     """The ``INITIAL_PEERS=...`` line another peer can put in its environment to join this one."""
     return "INITIAL_PEERS=" + ",".join(shareable_maddrs(maddrs))
-
-
-class _DeadSenderFilter(logging.Filter):
-    """Turns one known-benign hivemind DHT error into a debug line.
-
-    Every request to the DHT process carries a pipe end that the DHT fetches from the *sender's*
-    ``multiprocessing`` resource sharer. When an averager process exits right after its last request
-    (it does, at shutdown), fetching fails with ``FileNotFoundError`` and hivemind logs a traceback,
-    although only the reply to a process that no longer exists is lost.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, (OSError, EOFError)) and _raised_in_resource_sharer(exc):
-            log.debug("DHT dropped a request from a process that already exited: %r %s", exc, _sender(exc))
-            return False
-        return True
-
-
-def _sender(exc: BaseException) -> str:
-    """The resource-sharer address and key the failed request pointed at (for the debug line)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "detach":
-            return str(getattr(tb.tb_frame.f_locals.get("self"), "_id", None))
-        tb = tb.tb_next
-    return "?"
-
-
-def _raised_in_resource_sharer(exc: BaseException) -> bool:
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
-            return True
-        tb = tb.tb_next
-    return False
-
-
-_DEAD_SENDER_FILTER = _DeadSenderFilter()
-
-
-def quiet_dead_sender_errors() -> None:
-    """Install ``_DeadSenderFilter`` on hivemind's DHT logger (idempotent; inherited by forked DHTs)."""
-    install_filter("hivemind.dht.dht", _DEAD_SENDER_FILTER)

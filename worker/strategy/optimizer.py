@@ -21,9 +21,8 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
 from worker.strategy.checks import warn_if_zero_grad_overridden
-from worker.strategy.hivemind_fixes import keep_averager_tasks_alive
+from worker.strategy.hivemind_fixes import expose_defaults, keep_averager_tasks_alive, quiet_cancelled_rounds
 from worker.strategy.schedulers import SwarmEpochScheduler
-from worker.strategy.shutdown import quiet_cancelled_rounds
 
 _SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
 
@@ -43,18 +42,6 @@ def build_hivemind_optimizer(
             optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **hivemind_kwargs
         )
     )
-
-
-def expose_defaults(optimizer: hivemind.Optimizer) -> hivemind.Optimizer:
-    """Give ``optimizer`` the ``defaults`` of the torch optimizer it drives, as every torch optimizer has.
-
-    hivemind 1.1.12's ``Optimizer`` subclasses ``torch.optim.Optimizer`` without calling its ``__init__``,
-    so ``defaults`` is missing, and Lightning code that reads it fails: a stock ``LearningRateMonitor``
-    crashed every worker with ``'Optimizer' object has no attribute 'defaults'``. The dict is the
-    wrapped optimizer's own (``param_groups`` is already hivemind's faithful view of its groups).
-    """
-    optimizer.defaults = optimizer.opt.defaults
-    return optimizer
 
 
 def follow_swarm_epochs(

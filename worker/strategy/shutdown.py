@@ -9,28 +9,22 @@ late, so plain ``hivemind.Optimizer.shutdown`` followed by ``DHT.shutdown`` ofte
 and ends by terminating the DHT. ``shutdown_optimizer`` cancels pending matchmaking first, says
 goodbye, waits until the DHT has read everything queued so far, and only then stops the averagers.
 This narrows hivemind's race a lot; it cannot close it (an averager may still send a request in its
-last milliseconds), so ``worker.strategy.dht`` also turns the resulting error into a debug line.
-
-A round cancelled just as it found its group races the same way inside the averager's process: its
-``_step`` then sets the result of the cancelled step and asyncio logs "Task exception was never
-retrieved" with an ``InvalidStateError``. The result was no longer wanted; :func:`quiet_cancelled_rounds`
-turns that record into a debug line (installed before the averagers fork, so they inherit it).
+last milliseconds), so :func:`worker.strategy.hivemind_fixes.quiet_dead_sender_errors` also turns the
+resulting error into a debug line. A round cancelled just as it found its group races the same way
+inside the averager's process (:func:`worker.strategy.hivemind_fixes.quiet_cancelled_rounds`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import logging
 import time
-from concurrent.futures import InvalidStateError
 from typing import Any
 
 import hivemind
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 
-from worker.logsetup import install_filter
+from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +64,7 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer, keep_progress: bool = Fals
     left_at = time.monotonic()
     optimizer.shutdown()  # tags along rounds already running, then stops the averagers
     optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
-    _quiet_abandoned_event_loops()
+    quiet_abandoned_event_loops()
     log.debug(
         "optimizer shut down: %.2f s to leave groups and drain the DHT, %.2f s to stop the averagers",
         left_at - started_at,
@@ -131,42 +125,3 @@ def _drain_dht_requests(dht: hivemind.DHT) -> None:
     """
     if dht.is_alive():
         dht.get(_DRAIN_KEY, latest=False)
-
-
-def _quiet_abandoned_event_loops() -> None:
-    """Keep hivemind's abandoned event loops from logging errors when the process exits.
-
-    The progress tracker's thread stops its event loop right after cancelling its last tasks, so
-    they stay pending, and asyncio logs "Task was destroyed but it is pending!" when they are
-    finally collected (at interpreter exit). Loops that are neither running nor closed but still
-    have pending tasks are abandoned; they get a handler that drops just that message.
-    """
-    pending = [obj for obj in gc.get_objects() if type(obj) is asyncio.Task and not obj.done()]
-    for loop in {task.get_loop() for task in pending}:
-        if not loop.is_running() and not loop.is_closed():
-            loop.set_exception_handler(_drop_destroyed_pending_task)
-
-
-def _drop_destroyed_pending_task(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
-        return
-    loop.default_exception_handler(context)
-
-
-class _CancelledRoundFilter(logging.Filter):
-    """Drops asyncio's "never retrieved" record of an averaging round whose step had been cancelled."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, InvalidStateError) and "future that is CANCELLED" in str(exc):
-            log.debug("an averaging round finished after its step was cancelled: %s", exc)
-            return False
-        return True
-
-
-_CANCELLED_ROUND_FILTER = _CancelledRoundFilter()
-
-
-def quiet_cancelled_rounds() -> None:
-    """Install ``_CancelledRoundFilter`` on asyncio's logger (idempotent; inherited by forked averagers)."""
-    install_filter("asyncio", _CANCELLED_ROUND_FILTER)
