@@ -21,26 +21,35 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
-from orchestrator.api import checkpoints, health, packages, peers, runs, swarm_auth, worker_logs, workers
-from orchestrator.api import metrics as metrics_api
 from orchestrator.api.deps import ERROR_RESPONSES
-from orchestrator.bodylimit import BodyLimitMiddleware
+from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
+from orchestrator.api.routes import (
+    checkpoints,
+    health,
+    packages,
+    peers,
+    runs,
+    swarm_tokens,
+    worker_logs,
+    workers,
+)
+from orchestrator.api.routes import metrics as metrics_api
 from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.session import Database
-from orchestrator.deployment_facts import claim_authority
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
-from orchestrator.forwarding import TensorBoardForwarder
-from orchestrator.heartbeat_fastpath import HeartbeatFastPath
-from orchestrator.heartbeats import HeartbeatHub
-from orchestrator.importcheck import ImportChecker, RuntimeLimits
+from orchestrator.domain.deployment_facts import claim_authority
+from orchestrator.heartbeats.fast_path import HeartbeatFastPath
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.importcheck.checker import ImportChecker, RuntimeLimits
 from orchestrator.launchers.base import Launcher
-from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
+from orchestrator.metrics.service import RequestMetricsMiddleware, ServiceMetrics
+from orchestrator.metrics.tensorboard import TensorBoardForwarder
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
 from orchestrator.storage.local import LocalCheckpointStore
-from orchestrator.swarm_auth import SwarmAdmission
+from orchestrator.swarm.admission import SwarmAdmission
+from orchestrator.swarm.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.tokens import hash_token
 from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
@@ -148,7 +157,7 @@ def create_app(
         redoc_url=None,
     )
     _install_error_handlers(app)
-    for module in (runs, workers, checkpoints, packages, peers, worker_logs, swarm_auth):
+    for module in (runs, workers, checkpoints, packages, peers, worker_logs, swarm_tokens):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)

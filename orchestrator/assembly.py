@@ -20,8 +20,8 @@ from orchestrator.app import create_app
 from orchestrator.config import Settings
 from orchestrator.launchers.base import Launcher
 from orchestrator.launchers.local import LocalLauncher
-from orchestrator.reconcile_policy import ReconcilePolicy
-from orchestrator.reconciler import reconciler_service
+from orchestrator.reconciler.loop import reconciler_service
+from orchestrator.reconciler.policy import ReconcilePolicy
 from orchestrator.storage.base import CheckpointStore
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def build_launchers(settings: Settings) -> dict[str, Launcher]:
         ),
     }
     if settings.ec2_launch_template:
-        from orchestrator.launchers.ec2 import Ec2Launcher, Ec2LauncherConfig
+        from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig
 
         config = Ec2LauncherConfig(
             orchestrator_id=settings.ec2_orchestrator_id,

@@ -14,19 +14,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.checkpoints import UploadSlots
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.crash_budget import CrashPolicy
 from orchestrator.db.session import Database
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
-from orchestrator.forwarding import Forwarder
-from orchestrator.heartbeats import HeartbeatHub
-from orchestrator.importcheck import ImportChecker
+from orchestrator.domain.checkpoints import UploadSlots
+from orchestrator.domain.crash_budget import CrashPolicy
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
+from orchestrator.metrics.tensorboard import Forwarder
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
-from orchestrator.swarm_auth import SwarmAdmission
+from orchestrator.swarm.admission import SwarmAdmission
+from orchestrator.swarm.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 (the default) or ``json``; when not given, ``SPOTSWARM_LOG_FORMAT`` decides. Every line carries the
 same fields, so logs of both sides can be searched alike:
 
-- text: ``2026-01-02 03:04:05,678 INFO [run=digits worker=3] orchestrator.runs: worker.state: a -> b``
+- text: ``2026-01-02 03:04:05,678 INFO [run=digits worker=3] orchestrator.domain.runs: worker.state: a -> b``
   (the event kind, when there is one, in front of the message)
 - json: ``{"timestamp": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "...", "run": "digits",
   "worker": "3", "event": "worker.state", "message": "..."}`` (plus ``exception`` with a traceback)

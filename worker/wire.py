@@ -96,7 +96,7 @@ class StrictModel(BaseModel):
 
 
 class RunState(str, Enum):
-    """Lifecycle of a run; the allowed transitions live in ``orchestrator/runs.py``."""
+    """Lifecycle of a run; the allowed transitions live in ``orchestrator/domain/runs.py``."""
 
     pending = "pending"
     running = "running"
@@ -107,7 +107,7 @@ class RunState(str, Enum):
 
 
 class WorkerState(str, Enum):
-    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/runs.py``."""
+    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/runs.py``."""
 
     launching = "launching"
     running = "running"

@@ -30,11 +30,12 @@ from fastapi import Path as PathParam
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator import runs, tokens
+from orchestrator import tokens
+from orchestrator.api.schemas import ErrorOut
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
+from orchestrator.domain import runs
 from orchestrator.errors import Forbidden, Unauthorized
-from orchestrator.schemas import ErrorOut
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.checkpoints import checkpoints
-from orchestrator.cli.context import connection_options
+from orchestrator.cli.command import connection_options
 from orchestrator.cli.demo import demo
 from orchestrator.cli.export import export
 from orchestrator.cli.peers import peers

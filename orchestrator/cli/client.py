@@ -1,6 +1,6 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
-The CLI is a client like any other: it never imports the server, only :mod:`orchestrator.schemas` and
+The CLI is a client like any other: it never imports the server, only :mod:`orchestrator.api.schemas` and
 :mod:`worker.wire` for nothing more than names. Every failure becomes a :class:`CliError` carrying a
 one-line message and the process exit code (see ``EXIT_*``); the command layer prints it and exits.
 

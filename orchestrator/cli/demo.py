@@ -22,7 +22,7 @@ import click
 import httpx
 import uvicorn
 
-from orchestrator.cli.context import EXIT_INTERRUPTED
+from orchestrator.cli.command import EXIT_INTERRUPTED
 from orchestrator.cli.stopping import StoppingServer
 
 DEMO_RUN = "digits-demo"

@@ -17,7 +17,7 @@ import click
 
 from orchestrator.cli.checkpoints import pick_checkpoint
 from orchestrator.cli.client import EXIT_ERROR, CliError
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import echo_json, fmt_bytes
 from worker.strategy.checkpoint_format import SPOTSWARM_KEY, exported
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.client import EXIT_NOT_FOUND, CliError
-from orchestrator.cli.context import ApiContext
+from orchestrator.cli.command import ApiContext
 from worker.wire import LIVE_WORKER_STATES
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the API's largest answer for a worker log

@@ -71,7 +71,7 @@ def build_settings(options: dict[str, Any]) -> Settings:
 
 def stop_stale_dht_peer(settings: Settings) -> None:
     """Stop a DHT peer that a crashed server left on this data dir; a one-line error if its server runs."""
-    from orchestrator.dht_process import StalePeerRunning, stop_stale_peer
+    from orchestrator.swarm.dht_process import StalePeerRunning, stop_stale_peer
 
     try:
         stop_stale_peer(settings.dht_pid_path())
@@ -87,8 +87,8 @@ def check_swarm_authority(settings: Settings) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.db.session import Database
-    from orchestrator.deployment_facts import AuthorityMismatch, claim_authority
-    from orchestrator.swarm_auth import load_or_create_key
+    from orchestrator.domain.deployment_facts import AuthorityMismatch, claim_authority
+    from orchestrator.swarm.admission import load_or_create_key
     from worker.admission.tokens import openssh_public_key
 
     path = settings.swarm_authority_key_path()
@@ -118,7 +118,7 @@ def serve(**options: Any) -> None:
     import uvicorn
 
     from orchestrator.assembly import build_app
-    from orchestrator.cli.context import EXIT_INTERRUPTED
+    from orchestrator.cli.command import EXIT_INTERRUPTED
     from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
     from orchestrator.cli.stopping import StoppingServer
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import (
     echo_json,
     echo_table,

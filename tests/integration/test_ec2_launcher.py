@@ -19,7 +19,7 @@ import yaml
 from botocore.awsrequest import AWSResponse
 
 from orchestrator.launchers.base import Launcher, LauncherConfigError, LaunchRequest
-from orchestrator.launchers.ec2 import Ec2Launcher, Ec2LauncherConfig
+from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig
 from tests import aws_fixture
 from tests.aws_fixture import FakeAws
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
+from orchestrator.domain import runs, workers
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.import_probe import _bind_error
-from orchestrator.queries import public_spec
+from orchestrator.domain.views import public_spec
+from orchestrator.importcheck.probe import _bind_error
 from worker.agent.boot import call_arguments
 from worker.wire import RunSpec
 

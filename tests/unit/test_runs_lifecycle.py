@@ -1,4 +1,4 @@
-"""Run and worker lifecycles (orchestrator/runs.py, workers.py) on a fresh SQLite database per test."""
+"""Run and worker lifecycles (orchestrator/domain/runs.py, workers.py) on a fresh SQLite database per test."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator import checkpoints, runs, workers
 from orchestrator.db.models import Event, Run, Worker
 from orchestrator.db.session import Database
+from orchestrator.domain import checkpoints, runs, workers
 from orchestrator.errors import (
     Conflict,
     Forbidden,
@@ -22,7 +22,7 @@ from orchestrator.errors import (
     RunNotAcceptingWorkers,
     Unauthorized,
 )
-from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
+from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

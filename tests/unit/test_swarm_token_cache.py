@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.swarm_auth import SwarmAuthority, load_or_create_key
+from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
 from tests.helpers import free_port
 from worker.admission.authorizer import ensure_identity, load_identity
 from worker.agent.client import Unreachable

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from orchestrator.swarm_auth import SwarmAuthority, load_or_create_key
+from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
 from worker.admission.tokens import (
     SwarmTokenError,
     TokenFields,
@@ -178,7 +178,7 @@ def test_the_orchestrator_peer_stores_nothing_for_workers_and_reads_only_their_o
     from hivemind.dht.routing import DHTID
     from hivemind.proto import dht_pb2
 
-    from orchestrator.swarm_peer_auth import _empty_store, _values_only_for
+    from orchestrator.swarm.peer_authorizer import _empty_store, _values_only_for
 
     store = dht_pb2.StoreRequest(
         keys=[b"k"], subkeys=[b"s"], values=[b"v"], expiration_time=[NOW], in_cache=[False]

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Exit codes, read by launchers (orchestrator/launchers/local_proc.py: PERMANENT_EXIT_CODES).
+# Exit codes, read by launchers (orchestrator/launchers/local_files.py: PERMANENT_EXIT_CODES).
 EXIT_OK = 0  # stopped, completed, interrupted: left the run cleanly
 EXIT_FAILED = 1  # training crashed or the orchestrator stayed unreachable: worth another worker
 EXIT_USAGE = 2  # bad command line (argparse's own code)

@@ -1,7 +1,7 @@
 """A run's code package on a worker: check an archive, extract it safely, keep it cached by digest.
 
 A package is a gzip-compressed tar of the user's project directory, made by ``spotswarm runs create
---workdir`` (``orchestrator/packaging.py``) and addressed by the SHA-256 of its bytes, which the run spec
+--workdir`` (``orchestrator/cli/packaging.py``) and addressed by the SHA-256 of its bytes, which the run spec
 records (``RunSpec.workdir``). The format is fixed so that the same tree gives the same bytes: entries
 sorted by path, regular files and symlinks only, mtimes :data:`FIXED_MTIME`, owner 0, modes 0644 or 0755.
 

@@ -2,7 +2,7 @@
 
 They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
 those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
-less what the run spec or the agent sets itself. The create-time probe (``orchestrator/import_probe.py``)
+less what the run spec or the agent sets itself. The create-time probe (``orchestrator/importcheck/probe.py``)
 and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
 there is refused when the run is created, not inside ``hivemind.Optimizer`` on every worker. Imports
 torch, Lightning and hivemind when first called.

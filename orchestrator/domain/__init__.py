@@ -1,0 +1,13 @@
+"""The service layer: the rules of runs and workers. Functions take a session and ``now``, raise the
+typed errors of ``orchestrator/errors.py`` and never commit (the caller's transaction does).
+
+- ``runs.py``: the run and worker lifecycles and the functions that change a state; run operations.
+- ``workers.py``: launch intents, registration, leaving, retiring.
+- ``checkpoints.py``: checkpoint records (newest first, the last K kept) and upload slots.
+- ``views.py``: the read side: runs with their live numbers, events, progress series, workers, peers.
+- ``crash_budget.py``: launched workers failing with the same error fail the run.
+- ``averaging.py``: whether a run's workers average together, and its warning.
+- ``reported.py``: a run's loss and metrics from its workers' latest reports.
+- ``progress_samples.py``: one aggregated progress point per run and interval, thinned.
+- ``deployment_facts.py``: what every orchestrator on one database must agree on (the swarm authority).
+"""

@@ -1,0 +1,7 @@
+"""What the orchestrator reports about itself and its runs.
+
+- ``service.py``: the Prometheus registry of one app, its counters and histograms, the request-timing
+  middleware and the launcher wrapper that counts launches.
+- ``collector.py``: values read at scrape time from the database, the DHT cache and the reconcile loop.
+- ``tensorboard.py``: each run's progress samples forwarded to TensorBoard (optional).
+"""
