@@ -12,3 +12,5 @@
 """
 
 API_PREFIX = "/api/v1"
+#: The heartbeat's route template: the route, its fast path and its request metrics all use it.
+HEARTBEAT_ROUTE = f"{API_PREFIX}/workers/{{worker_id}}/heartbeat"

@@ -31,7 +31,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator import tokens
-from orchestrator.api.schemas import ErrorOut
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import runs
@@ -41,25 +40,6 @@ from orchestrator.errors import Forbidden, Unauthorized
 # database driver and fail there (a 500) instead of being refused here (a 422).
 MAX_ID = 2**31 - 1
 WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
-
-# Every error answer is ``{"detail": ...}`` (see app.py); documented on every API route so that the
-# OpenAPI schema describes what clients can really receive (the fuzz tests check this).
-ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorOut, "description": description}
-    for status, description in (
-        (400, "Malformed body or checksum mismatch"),
-        (401, "Missing or unknown token"),
-        (403, "The token does not grant this call"),
-        (404, "Unknown run, worker or checkpoint"),
-        (409, "Conflicts with the current state"),
-        (413, "Body too large"),
-        (422, "Invalid input"),
-        (429, "Too many requests (a join token's registrations); retry after Retry-After seconds"),
-        (500, "Unexpected server error (logged; never a traceback)"),
-        (503, "Database or DHT unavailable; retry"),
-        (507, "Too little free disk space for a checkpoint upload; retry"),
-    )
-}
 
 
 async def get_ctx(request: Request) -> AppContext:

@@ -1,15 +1,11 @@
-"""The heartbeat hot path: answer from memory, write to the database in batches.
+"""The heartbeat hot path: answer from memory; the batch writer (``writer.py``) writes to the database.
 
 A heartbeat is authenticated and answered from an in-memory table (:class:`HeartbeatHub`) without
 touching the database: the worker's token digest, state and run (state, checkpointer, checkpoint
-policy) are cached. The heartbeat itself is put in a "latest per worker" buffer. Once per flush
-interval (``heartbeat_flush_interval_s``, 1 s) :meth:`HeartbeatHub.flush` writes the whole buffer in one
-transaction (one executemany UPDATE), revives lost workers that spoke again, records each run's highest
-swarm epoch read from the DHT, re-elects checkpointers that went silent or fell behind, stores at most
-one aggregated progress sample per run every ``progress_sample_interval_s`` (thinning old ones beyond
-``progress_max_points``; once committed, they also go to the forwarder, if any: TensorBoard) and reloads
-the cache. A heartbeat's metrics are kept only where their names match the run's ``report_metrics``.
-A crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
+policy) are cached. The heartbeat itself is put in a "latest per worker" buffer, which the batch writer
+takes once per flush interval (``heartbeat_flush_interval_s``, 1 s), and then the cache is reloaded
+(:meth:`HeartbeatHub.refresh`). A heartbeat's metrics are kept only where their names match the run's
+``report_metrics``.
 
 The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
 worker's own peer are kept (``worker/peer_addresses.py``): its peer id is the one its swarm token was
@@ -22,19 +18,18 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain import averaging, progress_samples, runs
+from orchestrator.domain import runs
 from orchestrator.errors import Forbidden, Unauthorized
-from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
 from orchestrator.tokens import token_matches
 from worker.peer_addresses import announced_addresses
@@ -81,13 +76,6 @@ class RunEntry:
     name: str = ""
 
 
-@dataclass
-class FlushStats:
-    heartbeats: int = 0
-    revived: list[int] = field(default_factory=list)
-    samples: int = 0
-
-
 class HeartbeatHub:
     """In-memory view of live workers and active runs, and the buffer of their latest heartbeats."""
 
@@ -97,19 +85,14 @@ class HeartbeatHub:
         settings: Settings,
         clock: Clock,
         swarm: SwarmProgressCache | None = None,
-        forwarder: Forwarder | None = None,
     ) -> None:
         self._db, self._settings, self._clock = db, settings, clock
-        self._forwarder = forwarder
         self._swarm = swarm or SwarmProgressCache()
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
         self._pending: dict[int, tuple[Heartbeat, datetime]] = {}
         self._workers: dict[int, WorkerEntry] = {}
         self._runs: dict[int, RunEntry] = {}
-        self._last_sample_at: dict[int, datetime] = {}
         self._running: Counter[int] = Counter()  # run id -> its running workers (heartbeat replies say it)
-        self._started_at = clock()
         # worker id -> (the addresses and peer id last filtered, what was kept): parsing costs ~0.3 ms an
         # address, and a worker reports the same ones heartbeat after heartbeat
         self._announced: dict[int, tuple[tuple[tuple[str, ...], str | None], list[str]]] = {}
@@ -179,9 +162,10 @@ class HeartbeatHub:
         """The highest swarm epoch of the run the DHT showed (recorded, or read since); 0 if unknown."""
         with self._lock:
             run = self._runs.get(run_id)
-        return self._known_epoch(run) if run is not None else 0
+        return self.known_epoch(run) if run is not None else 0
 
-    def _known_epoch(self, run: RunEntry) -> int:
+    def known_epoch(self, run: RunEntry) -> int:
+        """The run's highest swarm epoch: recorded in the database, or read from the DHT since."""
         progress = self._swarm.get(run.swarm_id)
         return max(run.swarm_epoch, progress.epoch if progress is not None else 0)
 
@@ -263,136 +247,27 @@ class HeartbeatHub:
             self._workers, self._runs = worker_entries, run_entries
             self._running = Counter(e.run_id for e in worker_entries.values() if e.state == _RUNNING)
             self._announced = {k: v for k, v in self._announced.items() if k in worker_entries}
-            self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in run_entries}
 
-    # -- the batch writer ---------------------------------------------------------------------------
+    # -- the batch writer's side (heartbeats/writer.py) ---------------------------------------
 
-    def flush(self) -> FlushStats:
-        """Write buffered heartbeats, revive, elect, sample, reload; one transaction. Raises DB errors."""
-        with self._flush_lock:
-            with self._lock:
-                batch, self._pending = self._pending, {}
-            stats = FlushStats(heartbeats=len(batch))
-            now = self._clock()
-            try:
-                with self._db.begin() as session:
-                    _write_heartbeats(session, batch)
-                    stats.revived = self._revive(session, batch, now)
-                    self._record_swarm_epochs(session)
-                    self._elect(session, now)
-                    points = self._sample(session, now)
-            except BaseException:
-                with self._lock:  # keep what failed to write unless newer heartbeats arrived meanwhile
-                    self._pending = {**batch, **self._pending}
-                raise
-            stats.samples = len(points)
-            if self._forwarder is not None and points:  # only what was stored
-                self._forwarder.write(points)
-            self.refresh()
-            return stats
-
-    def _revive(
-        self, session: Session, batch: dict[int, tuple[Heartbeat, datetime]], now: datetime
-    ) -> list[int]:
+    def take_pending(self) -> dict[int, tuple[Heartbeat, datetime]]:
+        """The buffered heartbeats (the latest per worker, with when it came), leaving the buffer empty."""
         with self._lock:
-            stale = [w for w in batch if (e := self._workers.get(w)) and e.state != WorkerState.running.value]
-        revived = []
-        reviving = (WorkerState.launching.value, WorkerState.lost.value)
-        for start in range(0, len(stale), _REVIVE_CHUNK):  # one query per chunk, not one per worker
-            chunk = stale[start : start + _REVIVE_CHUNK]
-            query = select(Worker).where(Worker.id.in_(chunk), Worker.state.in_(reviving)).order_by(Worker.id)
-            for worker in session.scalars(query):
-                runs.set_worker_state(session, worker, WorkerState.running, "heartbeat received", now)
-                revived.append(worker.id)
-        return revived
+            batch, self._pending = self._pending, {}
+        return batch
 
-    def _record_swarm_epochs(self, session: Session) -> None:
-        """Write each run's swarm epoch read from the DHT where it passed the recorded one: the stop
-        condition is judged by it, also after a restart (the progress cache lives in memory only)."""
+    def restore_pending(self, batch: dict[int, tuple[Heartbeat, datetime]]) -> None:
+        """Put back a batch that failed to write, unless newer heartbeats of its workers arrived meanwhile."""
         with self._lock:
-            higher = {r.run_id: e for r in self._runs.values() if (e := self._known_epoch(r)) > r.swarm_epoch}
-        for run_id, epoch in higher.items():
-            run = session.get(Run, run_id)
-            if run is not None and epoch > run.swarm_epoch:
-                run.swarm_epoch = epoch
+            self._pending = {**batch, **self._pending}
 
-    def _elect(self, session: Session, now: datetime) -> None:
-        """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
-        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker; reported
-        epochs count only up to the swarm epoch the DHT showed).
-
-        Silence is not held against anyone during the first heartbeat timeout after start-up: workers
-        could not reach a stopped orchestrator.
-        """
-        timeout_s = self._settings.heartbeat_timeout_s
-        fresh_after = now - timedelta(seconds=timeout_s)
-        in_grace = now - self._started_at < timedelta(seconds=timeout_s)
+    def snapshot(self) -> tuple[dict[int, WorkerEntry], dict[int, RunEntry]]:
+        """The cached workers and runs, by id (the dicts are copies; the entries are the cache's own)."""
         with self._lock:
-            known = {r.run_id: self._known_epoch(r) for r in self._runs.values()}
-            lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
-            for w in self._workers.values():
-                if (
-                    w.state == WorkerState.running.value
-                    and not w.retiring
-                    and w.last_seen is not None
-                    and w.last_seen >= fresh_after
-                ):
-                    epoch = runs.counted_epoch(w.epoch, known.get(w.run_id, 0))
-                    lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
-            need = []
-            for entry in self._runs.values():
-                current = self._workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
-                healthy = (
-                    current is not None
-                    and current.state == WorkerState.running.value
-                    and not current.retiring
-                    and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
-                    and runs.counted_epoch(current.epoch, known[entry.run_id])
-                    >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
-                )
-                if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
-                    need.append(entry.run_id)
-        for run_id in need:
-            run = session.get(Run, run_id)
-            if run is not None and run.state in runs.ACTIVE_RUN_STATES:
-                runs.elect_checkpointer(session, run, now, timeout_s)
-
-    def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
-        """Store a progress sample of each run that is due; returns them as points to forward."""
-        interval = timedelta(seconds=self._settings.progress_sample_interval_s)
-        with self._lock:
-            due = {
-                r.run_id: r
-                for r in self._runs.values()
-                if r.state != RunState.pending.value
-                and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo))
-                >= interval
-            }
-        if not due:
-            return []
-        fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
-        swarms = {run_id: entry.swarm_id for run_id, entry in due.items()}
-        samples = progress_samples.write(
-            session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points
-        )
-        for sample in samples:
-            run = session.get(Run, sample.run_id)
-            if run is not None:
-                averaging.judge(
-                    session,
-                    run,
-                    now,
-                    sample.live_workers,
-                    self._settings.averaging_window_s,
-                    self._settings.averaging_warning_fraction,
-                )
-        with self._lock:
-            self._last_sample_at.update({run_id: now for run_id in due})
-        return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
+            return dict(self._workers), dict(self._runs)
 
 
 _RUNNING = WorkerState.running.value
-_REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
 _ENTRY_COLUMNS = (
     Worker.id,
     Worker.run_id,
@@ -439,46 +314,3 @@ def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) 
         )
         for r in rows
     }
-
-
-_HEARTBEAT_UPDATE = (
-    update(Worker.__table__)  # type: ignore[arg-type]
-    .where(Worker.__table__.c.id == bindparam("wid"))
-    .values(
-        last_heartbeat_at=bindparam("at", type_=Worker.__table__.c.last_heartbeat_at.type),
-        local_step=bindparam("local_step"),
-        swarm_epoch=bindparam("swarm_epoch"),
-        samples=bindparam("samples"),
-        launch_token_hash=None,  # the worker used its worker token: its launch token is void from now on
-        loss=bindparam("loss"),
-        samples_per_s=bindparam("samples_per_s"),
-        num_peers=bindparam("num_peers"),
-        phase=bindparam("phase"),
-        peer_maddrs=bindparam("peer_maddrs", type_=Worker.__table__.c.peer_maddrs.type),
-        metrics=bindparam("metrics", type_=Worker.__table__.c.metrics.type),
-        averaging=bindparam("averaging", type_=Worker.__table__.c.averaging.type),
-    )
-)
-
-
-def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, datetime]]) -> None:
-    if not batch:
-        return
-    params = [
-        {
-            "wid": worker_id,
-            "at": at,
-            "local_step": hb.local_step,
-            "swarm_epoch": hb.swarm_epoch,
-            "samples": hb.samples,
-            "loss": hb.loss,
-            "samples_per_s": hb.samples_per_s,
-            "num_peers": hb.num_peers,
-            "phase": hb.phase,
-            "peer_maddrs": hb.visible_maddrs,
-            "metrics": hb.metrics,
-            "averaging": hb.averaging.model_dump() if hb.averaging is not None else None,
-        }
-        for worker_id, (hb, at) in batch.items()
-    ]
-    session.connection().execute(_HEARTBEAT_UPDATE, params)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -16,10 +16,13 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from orchestrator.context import AppContext, BackgroundService
+from orchestrator.context import AppContext
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.domain import averaging, views
 from worker.wire import AVERAGING_OUTCOMES, RunState, WorkerState
+
+if TYPE_CHECKING:
+    from orchestrator.reconciler.loop import Reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +38,11 @@ class OrchestratorCollector(Collector):
 
     def __init__(self) -> None:
         self._ctx: AppContext | None = None
-        self._reconcilers: list[Any] = []
+        self._reconcilers: list[Reconciler] = []
 
-    def attach(self, ctx: AppContext, services: Sequence[BackgroundService]) -> None:
+    def attach(self, ctx: AppContext, reconcilers: Sequence[Reconciler]) -> None:
         self._ctx = ctx
-        self._reconcilers = [s.reconciler for s in services if hasattr(s, "reconciler")]
+        self._reconcilers = list(reconcilers)
 
     def detach(self) -> None:
         self._ctx, self._reconcilers = None, []
@@ -250,7 +253,7 @@ def _add_run(
         f["warning"].add_metric([name], 1.0 if window.get("warning") else 0.0)
 
 
-def _reconciler_families(reconcilers: Sequence[Any]) -> Iterator[Any]:
+def _reconciler_families(reconcilers: Sequence[Reconciler]) -> Iterator[Any]:
     if not reconcilers:
         return
     ticks = CounterMetricFamily("spotswarm_reconcile_ticks", "Reconcile loop ticks.")
@@ -269,9 +272,9 @@ def _reconciler_families(reconcilers: Sequence[Any]) -> Iterator[Any]:
     ticks.add_metric([], sum(r.ticks for r in reconcilers))
     errors.add_metric([], sum(r.errors for r in reconcilers))
     busy.add_metric([], sum(r.busy_s for r in reconcilers))
-    ticked = [r for r in reconcilers if r.last_tick is not None and r.last_tick_at is not None]
+    ticked = [(r.last_tick_at, r.last_tick) for r in reconcilers if r.last_tick and r.last_tick_at]
     if ticked:
-        latest = max(ticked, key=lambda r: r.last_tick_at)
-        last.add_metric([], latest.last_tick.duration_s)
-        last_at.add_metric([], latest.last_tick_at.timestamp())
+        latest_at, latest = max(ticked, key=lambda pair: pair[0])
+        last.add_metric([], latest.duration_s)
+        last_at.add_metric([], latest_at.timestamp())
     yield from (ticks, errors, busy, last, last_at)

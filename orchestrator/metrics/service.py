@@ -4,7 +4,7 @@ Two kinds, in one :class:`prometheus_client.CollectorRegistry` per app (never th
 process starts many apps):
 
 - **Service counters and histograms**, updated as things happen: request latency by route template and
-  status (:class:`RequestMetricsMiddleware`), heartbeats accepted/rejected (derived from the heartbeat
+  status (``middleware.py``), heartbeats accepted/rejected (derived from the heartbeat
   route's status), launches, terminations and launch failures per launcher (:class:`CountedLauncher`
   wraps each launcher), database errors (an engine ``handle_error`` hook).
 - **Current values read at scrape time** by :class:`OrchestratorCollector` from the database, the DHT
@@ -20,26 +20,26 @@ path or a message. The metric names are listed in docs/readme/operability.md.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError, OperationalError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator.context import AppContext, BackgroundService
+from orchestrator.api import HEARTBEAT_ROUTE
+from orchestrator.context import AppContext
 from orchestrator.db.session import Database
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.metrics.collector import OrchestratorCollector
 
+if TYPE_CHECKING:
+    from orchestrator.reconciler.loop import Reconciler
+
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_ROUTE = "/api/v1/workers/{worker_id}/heartbeat"
-UNMATCHED_ROUTE = "unmatched"  # 404s of paths no route knows: one label value, whatever the path
 HEARTBEAT_RESULTS = ("accepted", "rejected", "error")
 DB_ERROR_KINDS = ("disconnect", "integrity", "operational", "other")
 LAUNCH_FAILURE_KINDS = ("rejected", "reported")
@@ -108,9 +108,9 @@ class ServiceMetrics:
                 self.launch_failures.labels(name, kind)
         return {name: CountedLauncher(name, launcher, self) for name, launcher in launchers.items()}
 
-    def attach(self, ctx: AppContext, services: Sequence[BackgroundService]) -> None:
+    def attach(self, ctx: AppContext, reconcilers: Sequence[Reconciler]) -> None:
         """Start reading run values from ``ctx`` at scrape time and count ``ctx.db``'s errors."""
-        self.collector.attach(ctx, services)
+        self.collector.attach(ctx, reconcilers)
         event.listen(ctx.db.engine, "handle_error", self._on_db_error)
 
     def detach(self, db: Database) -> None:
@@ -138,52 +138,6 @@ def _db_error_kind(context: ExceptionContext) -> str:
     if isinstance(error, OperationalError):
         return "operational"
     return "other"
-
-
-class RequestMetricsMiddleware:
-    """Times every HTTP request and records it under its route template (``/api/v1/runs/{name}``)."""
-
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # what the client gets when the app raises before answering
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            seconds = time.perf_counter() - started
-            self.metrics.observe_request(route_template(scope), scope["method"], status, seconds)
-
-
-def route_template(scope: Scope) -> str:
-    """The full template of the matched route (``/api/v1/runs/{name}``), or ``unmatched``.
-
-    The router records the matched route in the scope with its path relative to the router it was
-    included from; the literal prefix is the part of the request path in front of the template's
-    segments. A template with a ``{...:path}`` parameter spans any number of segments: it is kept
-    relative (still a bounded label).
-    """
-    template = getattr(scope.get("route"), "path", None)
-    if not isinstance(template, str) or not template:
-        return UNMATCHED_ROUTE
-    if ":path}" in template:
-        return template
-    segments = [s for s in scope["path"].split("/") if s]
-    own = [s for s in template.split("/") if s]
-    prefix = segments[: max(0, len(segments) - len(own))]
-    return "".join(f"/{s}" for s in prefix) + template
 
 
 class CountedLauncher:

@@ -12,8 +12,9 @@ Each tick has three steps:
    orchestrator process launches those once (launchers are idempotent by request id).
 
 The loop never raises into its caller: a failed tick is logged and counted, and the next tick tries
-again. Launcher calls block (boto3, process spawning), so :func:`reconciler_service` runs ticks in a
-worker thread and the API's event loop never waits on them.
+again. Launcher calls block (boto3, process spawning), so the service that runs the loop
+(``orchestrator/reconciler/service.py``) runs ticks in a worker thread and the API's event loop never
+waits on them.
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from orchestrator.clock import Clock
-from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.errors import IllegalTransition, ServiceError
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
-from orchestrator.reconciler.leader import AlwaysLeader, LeaderElection, leader_election
 from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
@@ -371,56 +370,6 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
 
 def _failure_view(failure: LaunchFailure) -> FailureView:
     return FailureView(failure.request_id, failure.reason, failure.retryable)
-
-
-class ReconcilerService:
-    """The reconciler as a background service of the app: ticks in a thread, closes launchers at stop.
-
-    With several orchestrators on one database only the leader ticks (``orchestrator/reconciler/leader.py``);
-    the others check every interval and take over when the leader's lock is released.
-    """
-
-    name = "reconciler"
-
-    def __init__(
-        self, reconciler: Reconciler, tick_interval_s: float, leader: LeaderElection | None = None
-    ) -> None:
-        self.reconciler = reconciler
-        self.leader = leader or AlwaysLeader()
-        self._leading = False
-        self._periodic = PeriodicService(self.name, tick_interval_s, self._tick_if_leader)
-
-    def _tick_if_leader(self) -> None:
-        leading = self.leader.check()
-        if leading and not self._leading:
-            self.reconciler.started_at = self.reconciler.clock()  # grace periods count from the takeover
-        self._leading = leading
-        if leading:
-            self.reconciler.tick()
-
-    async def start(self) -> None:
-        logger.info("reconcile loop started with launchers: %s", ", ".join(self.reconciler.launchers))
-        await self._periodic.start()
-
-    async def stop(self) -> None:
-        await self._periodic.stop()
-        self.leader.release()
-        for launcher in self.reconciler.launchers.values():
-            launcher.close()  # workers keep running: they outlive an orchestrator restart
-
-
-def reconciler_service(api_url: str, policy: ReconcilePolicy, tick_interval_s: float) -> ServiceFactory:
-    """A factory for ``create_app(services=[...])``: the loop over the app's database and launchers."""
-
-    def make(ctx: AppContext) -> BackgroundService:
-        def swarm_epoch(swarm_id: str) -> int | None:
-            progress = ctx.swarm.get(swarm_id)
-            return progress.epoch if progress is not None else None
-
-        reconciler = Reconciler(ctx.db, ctx.launchers, api_url, policy, ctx.clock, swarm_epoch)
-        return ReconcilerService(reconciler, tick_interval_s, leader_election(ctx.db.url))
-
-    return make
 
 
 def _copy_launch_details(rows: list[Worker], instances: dict[str, tuple[str, Instance]]) -> None:

@@ -10,18 +10,18 @@ so guard it like the admin token. Orchestrators sharing a database share it
 Runs are admitted by default; a run spec with ``strategy_options: {"swarm_admission": false}`` opts out
 (its peers use no tokens). :class:`SwarmAdmission` keeps the set of active opted-out runs and pushes it
 to the orchestrator's DHT peer, which then lets token-less peers use it for routing (see
-:mod:`orchestrator.swarm.peer_authorizer`). The design and threat model: ``docs/readme/security.md``.
+:mod:`orchestrator.swarm.peer_authorizer`; ``create_app`` wires the two together). The design and threat
+model: ``docs/readme/security.md``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -48,9 +48,6 @@ from worker.wire import (
     WorkerState,
     swarm_admission_requested,
 )
-
-if TYPE_CHECKING:
-    from orchestrator.context import AppContext, BackgroundService
 
 logger = logging.getLogger(__name__)
 
@@ -162,21 +159,6 @@ class SwarmAdmission:
         worker.peer_id = token.peer_id
         logger.debug("swarm token for worker %d (peer %s) of run %s", worker.id, token.peer_id, run.name)
         return token
-
-    def dht_options(self, identity_path: Path) -> dict[str, Any]:
-        """``hivemind.DHT`` keywords of the orchestrator's peer: its authorizer and no caching."""
-        from orchestrator.swarm.peer_authorizer import peer_dht_options  # imports hivemind
-
-        return peer_dht_options(self.authority, identity_path)
-
-    def sync_service(self, ctx: AppContext) -> BackgroundService:
-        """A background service that keeps the DHT peer's set of opted-out runs current."""
-        from orchestrator.context import PeriodicService
-        from orchestrator.swarm.peer_authorizer import push_open_swarms
-
-        push = functools.partial(push_open_swarms, ctx.dht)
-        interval_s = ctx.settings.dht_refresh_interval_s
-        return PeriodicService("swarm-admission", interval_s, lambda: self.sync_open_swarms(ctx.db, push))
 
     def sync_open_swarms(self, db: Database, push: Callable[[frozenset[str]], Any]) -> None:
         """Read which active runs opted out; hand the set to ``push`` (the DHT peer) when it changed."""

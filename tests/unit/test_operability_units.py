@@ -18,7 +18,8 @@ from orchestrator.errors import Conflict, NotFound
 from orchestrator.launchers.base import LauncherConfigError, LaunchRequest
 from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.worker_logs import read_tail, worker_log_path
-from orchestrator.metrics.service import ServiceMetrics, route_template
+from orchestrator.metrics.middleware import route_template
+from orchestrator.metrics.service import ServiceMetrics
 from tests.helpers import wait_until
 from worker.logsetup import configure_logging, log_fields, set_log_context
 

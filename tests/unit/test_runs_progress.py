@@ -10,7 +10,7 @@ from hivemind.utils import ValueWithExpiration
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from orchestrator import errors
-from orchestrator.app import _status_of
+from orchestrator.api.errors import _status_of
 from orchestrator.config import Settings
 from orchestrator.domain.views import downsample
 from orchestrator.swarm.dht import SwarmProgressCache, parse_progress, progress_key

@@ -106,7 +106,7 @@ def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
     live = entry is not None and entry.state in CACHED_WORKER_STATES
     if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
         ctx.read_swarm_now(entry.run_id)
-    ctx.hub.flush()
+    ctx.heartbeat_writer.flush()
     with ctx.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
         workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock(), ctx.crash_policy)
