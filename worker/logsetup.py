@@ -34,7 +34,6 @@ from worker.wire import CONTROL_CHARACTER_RE
 FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
 HIVEMIND_LEVEL_ENV = "SPOTSWARM_HIVEMIND_LOG_LEVEL"
 FORMATS = ("text", "json")
-CONTEXT_FIELDS = ("run", "worker", "event")
 # Loggers that say too much at INFO for a service log, and the level they are kept at.
 QUIET_LOGGERS = {"httpx": logging.WARNING, "httpcore": logging.WARNING, "urllib3": logging.WARNING}
 

@@ -75,7 +75,6 @@ ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
 # Worker states that can still change: their tokens still work (an ended worker's grant nothing).
 UNENDED_WORKER_STATES = tuple(s.value for s, after in WORKER_TRANSITIONS.items() if after)
 FINISHED_RUN_STATES = (RunState.stopped, RunState.completed, RunState.failed)
-ACCEPTING_RUN_STATES = (RunState.pending, RunState.running)
 LIVE_STATES = tuple(s.value for s in LIVE_WORKER_STATES)
 
 
@@ -461,9 +460,3 @@ def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_time
         message = f"worker {chosen} checkpoints the run" if chosen else "no live worker can checkpoint"
         record_event(session, run.id, "run.checkpointer", message, now, chosen)
     return chosen
-
-
-def elect_checkpointers(session: Session, now: datetime, heartbeat_timeout_s: float) -> None:
-    """Run :func:`elect_checkpointer` for every pending, running or stopping run."""
-    for run in list_active_runs(session):
-        elect_checkpointer(session, run, now, heartbeat_timeout_s)

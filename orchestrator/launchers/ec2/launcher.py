@@ -12,7 +12,7 @@ How a launch goes (see :mod:`orchestrator.launchers.ec2.fleet` for the request i
 
 Every instance carries ``spotswarm:orchestrator``, ``spotswarm:run``, ``spotswarm:request-id`` and
 ``Name``; :meth:`Ec2Launcher.describe` finds them by the first two tags, so a restarted orchestrator
-adopts its workers, and :meth:`Ec2Launcher.reconcile_orphans` ends the ones nobody knows. An instance
+adopts its workers, and its reconcile loop ends the ones no worker row knows. An instance
 without a request id was not launched by this launcher (the orchestrator's own machine, or one made by
 hand): it is never listed, so never terminated. The Terraform module's IAM policy says the same.
 """
@@ -23,7 +23,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,15 +242,6 @@ class Ec2Launcher:
     def describe(self) -> list[Instance]:
         """Every instance tagged by this orchestrator that EC2 still lists (terminated ones for ~1 h)."""
         return list(self._instances())
-
-    def reconcile_orphans(self, known_request_ids: Collection[str]) -> list[Instance]:
-        """Terminate live instances of this orchestrator whose request id is not known; return them."""
-        known = set(known_request_ids)
-        orphans = [i for i in self.describe() if i.alive and i.request_id not in known]
-        if orphans:
-            log.warning("terminating %d orphan instance(s): %s", len(orphans), [o.handle for o in orphans])
-            self._terminate_ids([o.handle for o in orphans], "orphans")
-        return orphans
 
     def poll_errors(self) -> list[LaunchFailure]:
         """Launch failures since the last call, each once."""
