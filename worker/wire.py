@@ -96,7 +96,7 @@ class StrictModel(BaseModel):
 
 
 class RunState(str, Enum):
-    """Lifecycle of a run; the allowed transitions live in ``orchestrator/domain/runs.py``."""
+    """Lifecycle of a run; the allowed transitions live in ``orchestrator/domain/states.py``."""
 
     pending = "pending"
     running = "running"
@@ -107,7 +107,7 @@ class RunState(str, Enum):
 
 
 class WorkerState(str, Enum):
-    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/runs.py``."""
+    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/states.py``."""
 
     launching = "launching"
     running = "running"
@@ -115,9 +115,6 @@ class WorkerState(str, Enum):
     interrupted = "interrupted"
     exited = "exited"
     failed = "failed"
-
-
-LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
 
 
 class StopCondition(StrictModel):

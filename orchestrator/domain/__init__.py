@@ -1,7 +1,10 @@
 """The service layer: the rules of runs and workers. Functions take a session and ``now``, raise the
 typed errors of ``orchestrator/errors.py`` and never commit (the caller's transaction does).
 
-- ``runs.py``: the run and worker lifecycles and the functions that change a state; run operations.
+- ``states.py``: the allowed run and worker transitions, and every set of states a rule names.
+- ``runs.py``: run operations and the only functions that change a run's or a worker's state.
+- ``events.py``: a run's history (each event is a row and a log line).
+- ``checkpointer.py``: which live worker of a run saves its checkpoints (the election).
 - ``workers.py``: launch intents, registration, leaving, retiring.
 - ``checkpoints.py``: checkpoint records (newest first, the last K kept) and upload slots.
 - ``views.py``: the read side: runs with their live numbers, events, progress series, workers, peers.

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample, Run, Worker
-from orchestrator.domain import runs
+from orchestrator.domain import events
 from worker.wire import AVERAGING_OUTCOMES, AveragingCounts
 
 EVENT_KIND = "run.averaging"
@@ -94,11 +94,11 @@ def judge(
                 if live_workers < 2
                 else f"averaging recovered: {_share(window)}"
             )
-            runs.record_event(session, run.id, EVENT_KIND, f"averaging warning cleared: {why}", now)
+            events.record_event(session, run.id, EVENT_KIND, f"averaging warning cleared: {why}", now)
         warning = None
     elif covered and fraction is not None and fraction < threshold and not warning:
         warning = f"{_share(window)} with {live_workers} live workers, below {threshold:.0%}: {ADVICE}"
-        runs.record_event(session, run.id, EVENT_KIND, warning, now)
+        events.record_event(session, run.id, EVENT_KIND, warning, now)
     run.averaging = {**window, "live_workers": live_workers, "warning": warning, "at": now.isoformat()}
 
 

@@ -18,7 +18,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Checkpoint, Run
-from orchestrator.domain import runs
+from orchestrator.domain import events, runs
+from orchestrator.domain.states import ACTIVE_RUN_STATES, values
 from orchestrator.errors import Conflict, NotFound
 from worker.wire import CheckpointRef
 
@@ -62,7 +63,7 @@ def check_upload(run: Run, worker_id: int, epoch: int, dht_epoch: int | None = N
     other worker, or made-up epochs far ahead, would prune the run's real checkpoints and make the heartbeat
     replies' ``latest_checkpoint_epoch`` keep the real checkpointer from uploading again.
     """
-    if run.state not in {s.value for s in runs.ACTIVE_RUN_STATES}:
+    if run.state not in values(ACTIVE_RUN_STATES):
         raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
     if run.checkpointer_worker_id != worker_id:
         raise Conflict(f"worker {worker_id} is not the run's checkpointer: only the checkpointer uploads")
@@ -138,12 +139,12 @@ def record_checkpoint(
     session.add(checkpoint)
     session.flush()
     size_mib = size_bytes / (1 << 20)
-    runs.record_event(
+    events.record_event(
         session, run.id, "checkpoint.stored", f"epoch {epoch}, {size_mib:.1f} MiB", now, worker_id
     )
     old = list_checkpoints(session, run.id)[run.keep_checkpoints :]
     if old:
         session.execute(delete(Checkpoint).where(Checkpoint.id.in_([c.id for c in old])))
         epochs = ", ".join(str(c.epoch) for c in old)
-        runs.record_event(session, run.id, "checkpoint.pruned", f"epochs {epochs}", now)
+        events.record_event(session, run.id, "checkpoint.pruned", f"epochs {epochs}", now)
     return checkpoint, [c.key for c in old]

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Worker
 from orchestrator.domain import runs
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, values
 from worker.wire import RunState, WorkerState
 
 
@@ -59,7 +60,7 @@ def same_crashes(session: Session, worker: Worker, since: datetime) -> int:
 def judge(session: Session, worker: Worker, policy: CrashPolicy, now: datetime) -> bool:
     """After ``worker`` failed: fail its run when the crash budget is spent; True if it did."""
     run = worker.run
-    if not counts(worker) or run.state not in (RunState.pending.value, RunState.running.value):
+    if not counts(worker) or run.state not in values(ACCEPTING_RUN_STATES):
         return False
     budget = run.max_worker_crashes or policy.default_budget
     session.flush()

@@ -1,10 +1,11 @@
-"""Run and worker lifecycles: the allowed transitions and the only functions that change a state.
+"""Run operations and the only functions that change a run's or a worker's state.
 
 The API and the reconcile loop both change states through :func:`set_run_state` and
-:func:`set_worker_state` (``orchestrator/domain/workers.py`` uses them for registration and leaving). Every
-change writes an event. Functions take a session inside a transaction (``with db.begin() as s``) and
-``now`` (from the injected clock); they never commit. Failures raise the typed errors of
-``orchestrator/errors.py``: :class:`IllegalTransition` (409), :class:`NotFound`, :class:`InvalidRequest`.
+:func:`set_worker_state` (``workers.py`` uses them for registration and leaving), which allow only the
+transitions of ``states.py``. Every change writes an event (``events.py``). Functions take a session
+inside a transaction (``with db.begin() as s``) and ``now`` (from the injected clock); they never commit.
+Failures raise the typed errors of ``orchestrator/errors.py``: :class:`IllegalTransition` (409),
+:class:`NotFound`, :class:`InvalidRequest`.
 """
 
 from __future__ import annotations
@@ -13,87 +14,35 @@ import logging
 import re
 import secrets
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator import tokens
-from orchestrator.db.models import Checkpoint, Event, Run, Worker
+from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.domain import reported
+from orchestrator.domain.events import record_event
+from orchestrator.domain.states import (
+    ACCEPTING_RUN_STATES,
+    ACTIVE_RUN_STATES,
+    FINISHED_RUN_STATES,
+    LIVE_WORKER_STATES,
+    RUN_TRANSITIONS,
+    WORKER_TRANSITIONS,
+    values,
+)
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
 from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from orchestrator.storage.base import package_key
-from worker.logsetup import log_fields
-from worker.wire import LIVE_WORKER_STATES, RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
+from worker.wire import RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 from worker.wire_trainer import TrainerSection
 
 logger = logging.getLogger(__name__)
 RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)
 
-# Allowed run transitions. A run is created ``pending`` and becomes ``running`` when its first worker
-# registers. ``stopping`` waits for workers to leave (the reconciler, or the last worker leaving, ends
-# it in ``stopped``, or ``completed`` when the stop condition was reached). Every finished run can be
-# resumed (back to ``pending``; a completed one with a target it has not reached yet). A transition to
-# the current state is a no-op, not an error.
-RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.pending: frozenset({RunState.running, RunState.stopping, RunState.failed}),
-    RunState.running: frozenset({RunState.stopping, RunState.completed, RunState.failed}),
-    RunState.stopping: frozenset({RunState.stopped, RunState.completed, RunState.failed}),
-    RunState.stopped: frozenset({RunState.pending}),
-    RunState.failed: frozenset({RunState.pending}),
-    RunState.completed: frozenset({RunState.pending}),
-}
-
-# Allowed worker transitions. ``launching`` is the intent written before the launcher is called;
-# ``running`` starts at registration. ``lost`` (silent past the heartbeat timeout, or its machine
-# vanished) is not final: a lost worker that heartbeats again is running again. ``interrupted``
-# (spot notice), ``exited`` (left or terminated cleanly) and ``failed`` are final.
-WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    WorkerState.launching: frozenset(
-        {
-            WorkerState.running,
-            WorkerState.lost,
-            WorkerState.interrupted,
-            WorkerState.exited,
-            WorkerState.failed,
-        }
-    ),
-    WorkerState.running: frozenset(
-        {WorkerState.lost, WorkerState.interrupted, WorkerState.exited, WorkerState.failed}
-    ),
-    WorkerState.lost: frozenset(
-        {WorkerState.running, WorkerState.interrupted, WorkerState.exited, WorkerState.failed}
-    ),
-    WorkerState.interrupted: frozenset(),
-    WorkerState.exited: frozenset(),
-    WorkerState.failed: frozenset(),
-}
-
-ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
-# Worker states that can still change: their tokens still work (an ended worker's grant nothing).
-UNENDED_WORKER_STATES = tuple(s.value for s, after in WORKER_TRANSITIONS.items() if after)
-FINISHED_RUN_STATES = (RunState.stopped, RunState.completed, RunState.failed)
-LIVE_STATES = tuple(s.value for s in LIVE_WORKER_STATES)
-
-
-# -- events and look-ups ----------------------------------------------------------------------------
-
-
-def record_event(
-    session: Session, run_id: int, kind: str, message: str, now: datetime, worker_id: int | None = None
-) -> Event:
-    """Append an event to the run's history (kinds: ``run.*``, ``worker.*``, ``checkpoint.*``).
-
-    Each event is also a log line with the same fields (run name, worker id, kind, message).
-    """
-    event = Event(run_id=run_id, at=now, kind=kind, message=message[:4000], worker_id=worker_id)
-    session.add(event)
-    run = session.get(Run, run_id)  # loaded already by every caller: no query
-    fields = log_fields(run=run.name if run is not None else str(run_id), worker=worker_id, event=kind)
-    logger.info("%s", event.message, extra=fields)
-    return event
+# -- look-ups ----------------------------------------------------------------------------------
 
 
 def get_run(session: Session, name: str, *, for_update: bool = False) -> Run:
@@ -119,7 +68,7 @@ def get_worker(session: Session, worker_id: int) -> Worker:
 
 def list_active_runs(session: Session) -> Sequence[Run]:
     """Runs the reconciler must look after: pending, running or stopping."""
-    states = [s.value for s in ACTIVE_RUN_STATES]
+    states = values(ACTIVE_RUN_STATES)
     return session.scalars(select(Run).where(Run.state.in_(states)).order_by(Run.id)).all()
 
 
@@ -128,7 +77,7 @@ def live_workers(
 ) -> Sequence[Worker]:
     """Workers of the run that are launching or running; only those joined by hand (``manual=True``) or
     launched (``False``) when given, only those silent since before ``silent_before`` when given."""
-    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(LIVE_STATES))
+    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(values(LIVE_WORKER_STATES)))
     if manual is not None:
         query = query.where(Worker.manual.is_(manual))
     if silent_before is not None:
@@ -139,7 +88,8 @@ def live_workers(
 def count_live_workers(session: Session, run_id: int) -> int:
     """How many workers of the run are launching or running."""
     query = select(func.count()).select_from(Worker)
-    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(LIVE_STATES))) or 0)
+    live = values(LIVE_WORKER_STATES)
+    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(live))) or 0)
 
 
 def stop_condition(run: Run) -> StopCondition:
@@ -156,11 +106,6 @@ def swarm_epoch(run: Run, dht_epoch: int | None = None) -> int:
     still publish a false epoch in the DHT; hivemind's own peers follow it too.)
     """
     return max(run.swarm_epoch, dht_epoch or 0)
-
-
-def counted_epoch(reported: int, swarm_epoch: int) -> int:
-    """A worker's reported epoch as far as it counts (checkpointer election): up to the swarm's."""
-    return min(reported, swarm_epoch)
 
 
 def run_spec(run: Run) -> RunSpec:
@@ -347,7 +292,7 @@ def scale_run(
     Raises :class:`IllegalTransition` for a stopping or finished run and :class:`InvalidRequest` when
     ``desired`` is outside [min, max] or min > max.
     """
-    if run.state not in (RunState.pending.value, RunState.running.value):
+    if run.state not in values(ACCEPTING_RUN_STATES):
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only pending or running runs scale")
     low = run.min_workers if min_workers is None else min_workers
     high = run.max_workers if max_workers is None else max_workers
@@ -380,7 +325,7 @@ def resume_run(session: Session, run: Run, now: datetime, stop: StopCondition | 
     Raises :class:`IllegalTransition` unless the run has finished, and :class:`Conflict` when the run
     would meet its stop condition at once (a completed run resumed without a higher target).
     """
-    if run.state not in {s.value for s in FINISHED_RUN_STATES}:
+    if run.state not in values(FINISHED_RUN_STATES):
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only finished runs resume")
     if stop is not None:
         run.target_epochs, run.target_samples = stop.target_epochs, stop.target_samples
@@ -410,7 +355,7 @@ def delete_run(session: Session, run: Run) -> list[str]:
 
     Raises :class:`IllegalTransition` unless the run is stopped, completed or failed.
     """
-    if run.state not in {s.value for s in FINISHED_RUN_STATES}:
+    if run.state not in values(FINISHED_RUN_STATES):
         raise IllegalTransition(f"run {run.name!r} is {run.state}; stop it before deleting it")
     keys = list(session.scalars(select(Checkpoint.key).where(Checkpoint.run_id == run.id)))
     if run.workdir is not None:
@@ -419,44 +364,3 @@ def delete_run(session: Session, run: Run) -> list[str]:
             keys.append(package_key(run.workdir))
     session.delete(run)
     return keys
-
-
-# -- the checkpointer -------------------------------------------------------------------------------
-
-
-def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_timeout_s: float) -> int | None:
-    """Make sure exactly one live worker of ``run`` is its checkpointer, if any can be; return its id.
-
-    The current one keeps the role while it runs with a fresh heartbeat, is not retiring and keeps up
-    (its swarm epoch within ``checkpoint_every_epochs`` of the most advanced candidate's: a worker
-    still joining, or stuck, would otherwise keep the run from ever checkpointing; reported epochs
-    count only up to the swarm's, so claiming to be ahead takes nobody's role); otherwise the
-    longest-registered such worker takes over (an event records the hand-over). A stopping run keeps
-    the checkpointer it had when the stop began: that worker uploads the final checkpoint.
-    """
-    if run.state == RunState.stopping.value:
-        return run.checkpointer_worker_id
-    fresh_after = now - timedelta(seconds=heartbeat_timeout_s)
-    query = (
-        select(Worker)
-        .where(
-            Worker.run_id == run.id,
-            Worker.state == WorkerState.running.value,
-            Worker.last_heartbeat_at >= fresh_after,
-            Worker.retire_requested_at.is_(None),
-        )
-        .order_by(Worker.registered_at, Worker.id)
-    )
-    candidates = list(session.scalars(query).all())
-    if candidates:
-        epochs = {w.id: counted_epoch(w.swarm_epoch, run.swarm_epoch) for w in candidates}
-        lead = max(epochs.values())
-        candidates = [w for w in candidates if epochs[w.id] >= lead - run.checkpoint_every_epochs]
-    if run.checkpointer_worker_id in {w.id for w in candidates}:
-        return run.checkpointer_worker_id
-    chosen = candidates[0].id if candidates else None
-    if chosen != run.checkpointer_worker_id:
-        run.checkpointer_worker_id = chosen
-        message = f"worker {chosen} checkpoints the run" if chosen else "no live worker can checkpoint"
-        record_event(session, run.id, "run.checkpointer", message, now, chosen)
-    return chosen

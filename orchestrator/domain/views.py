@@ -28,6 +28,7 @@ from orchestrator.api.schemas import (
 )
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.domain import averaging, checkpoints, reported, runs
+from orchestrator.domain.states import FINISHED_RUN_STATES, values
 from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
@@ -179,7 +180,7 @@ def _run_out(
 
 def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
     """What the run's workers reported: live numbers, and for a finished run its last loss and metrics."""
-    finished = run.state in {s.value for s in runs.FINISHED_RUN_STATES}
+    finished = run.state in values(FINISHED_RUN_STATES)
     return ReportedProgress(
         swarm_epoch=numbers.swarm_epoch,
         samples_total=numbers.samples_total,

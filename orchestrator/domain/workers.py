@@ -31,7 +31,8 @@ from sqlalchemy.orm import Session
 
 from orchestrator import tokens
 from orchestrator.db.models import Run, Worker
-from orchestrator.domain import crash_budget, runs
+from orchestrator.domain import crash_budget, events, runs
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES, values
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
 from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
@@ -93,7 +94,7 @@ def create_launch_intent(
 
     Raises :class:`RunNotAcceptingWorkers` when the run is not pending or running.
     """
-    if run.state not in (RunState.pending.value, RunState.running.value):
+    if run.state not in values(ACCEPTING_RUN_STATES):
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
     token = tokens.new_token(tokens.LAUNCH_PREFIX)
     worker = _new_worker(run, new_request_id(run), run.launcher, WorkerState.launching, now)
@@ -101,7 +102,7 @@ def create_launch_intent(
     worker.launch_details = dict(launch_details or {})
     session.add(worker)
     session.flush()
-    runs.record_event(session, run.id, "worker.launching", f"request {worker.request_id}", now, worker.id)
+    events.record_event(session, run.id, "worker.launching", f"request {worker.request_id}", now, worker.id)
     return LaunchIntent(worker, token)
 
 
@@ -128,7 +129,7 @@ def record_start_failure(session: Session, run: Run, reason: str, now: datetime)
     """Count a worker that failed before registering (the reconciler backs off on the streak)."""
     run.consecutive_start_failures += 1
     run.last_start_failure_at = now
-    runs.record_event(session, run.id, "run.start_failure", reason, now)
+    events.record_event(session, run.id, "run.start_failure", reason, now)
 
 
 def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple[Run, Worker | None, str]:
@@ -180,7 +181,8 @@ def _new_manual_worker(
     worker.manual = True
     session.add(worker)
     session.flush()
-    runs.record_event(session, run.id, "worker.joined", f"manual worker from {body.hostname}", now, worker.id)
+    message = f"manual worker from {body.hostname}"
+    events.record_event(session, run.id, "worker.joined", message, now, worker.id)
     return worker
 
 
@@ -195,11 +197,11 @@ def register_worker(
     id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
     """
     run, worker, worker_token = _resolve_caller(session, token, body)
-    if run.state not in (RunState.pending.value, RunState.running.value):
+    if run.state not in values(ACCEPTING_RUN_STATES):
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
     if worker is None:
         worker = _new_manual_worker(session, run, body, now, limiter)
-    elif not runs.WORKER_TRANSITIONS[WorkerState(worker.state)]:
+    elif worker.state in values(ENDED_WORKER_STATES):
         raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
     else:
         runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
@@ -214,7 +216,7 @@ def register_worker(
     # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending.value:
         runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
-    runs.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
+    events.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
     return Registration(worker, run, worker_token)
 
 
@@ -257,7 +259,7 @@ def assign_worker_index(session: Session, worker: Worker) -> int:
         session.scalars(
             select(Worker.worker_index).where(
                 Worker.run_id == worker.run_id,
-                Worker.state.in_(runs.LIVE_STATES),
+                Worker.state.in_(values(LIVE_WORKER_STATES)),
                 Worker.id != worker.id,
                 Worker.worker_index.is_not(None),
             )
@@ -285,4 +287,4 @@ def request_retire(session: Session, worker: Worker, reason: str, now: datetime)
     worker.retire_requested_at = now
     if worker.run.checkpointer_worker_id == worker.id:
         worker.run.checkpointer_worker_id = None
-    runs.record_event(session, worker.run_id, "worker.retire", reason, now, worker.id)
+    events.record_event(session, worker.run_id, "worker.retire", reason, now, worker.id)

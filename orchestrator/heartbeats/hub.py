@@ -29,6 +29,7 @@ from orchestrator.config import Settings
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import runs
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, ACTIVE_RUN_STATES, UNENDED_WORKER_STATES, values
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.swarm.dht import SwarmProgressCache
 from orchestrator.tokens import token_matches
@@ -36,7 +37,6 @@ from worker.peer_addresses import announced_addresses
 from worker.wire import (
     Heartbeat,
     HeartbeatReply,
-    RunState,
     WorkerAction,
     WorkerState,
     swarm_admission_requested,
@@ -45,8 +45,8 @@ from worker.wire_trainer import select_metrics
 
 logger = logging.getLogger(__name__)
 
-CACHED_WORKER_STATES = runs.UNENDED_WORKER_STATES
-PROCEED_RUN_STATES = (RunState.pending.value, RunState.running.value)
+_CACHED_WORKER_STATES = values(UNENDED_WORKER_STATES)
+_PROCEED_RUN_STATES = values(ACCEPTING_RUN_STATES)
 
 
 @dataclass
@@ -121,12 +121,12 @@ class HeartbeatHub:
             heartbeat.metrics = select_metrics(heartbeat.metrics, run.report_metrics if run else ())
         with self._lock:
             run = self._runs.get(entry.run_id)
-            ended = entry.state not in CACHED_WORKER_STATES
+            ended = entry.state not in _CACHED_WORKER_STATES
             if not ended:
                 self._pending[entry.worker_id] = (heartbeat, now)
                 entry.last_seen = now
                 entry.epoch = heartbeat.swarm_epoch
-            stop = ended or entry.retiring or run is None or run.state not in PROCEED_RUN_STATES
+            stop = ended or entry.retiring or run is None or run.state not in _PROCEED_RUN_STATES
             return HeartbeatReply(
                 action=WorkerAction.stop if stop else WorkerAction.proceed,
                 # kept with a stop: the checkpointer of a stopping run saves and uploads a final checkpoint
@@ -186,7 +186,7 @@ class HeartbeatHub:
             run_entry = _run_entries(session, [worker.run], self._settings.swarm_admission).get(worker.run_id)
         with self._lock:
             self._workers[worker_id] = entry
-            if run_entry is not None and run_entry.state in runs.ACTIVE_RUN_STATES:
+            if run_entry is not None and run_entry.state in values(ACTIVE_RUN_STATES):
                 self._runs.setdefault(run_entry.run_id, run_entry)
         return entry
 
@@ -229,7 +229,7 @@ class HeartbeatHub:
             # Only the cached columns, as plain rows: loading whole ORM objects (JSON columns and all) of
             # every live worker once a second was the orchestrator's largest CPU cost under load.
             query = select(*_ENTRY_COLUMNS).where(
-                Worker.run_id.in_(list(run_entries)), Worker.state.in_(CACHED_WORKER_STATES)
+                Worker.run_id.in_(list(run_entries)), Worker.state.in_(_CACHED_WORKER_STATES)
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
             worker_entries = {

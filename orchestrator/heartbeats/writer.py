@@ -23,6 +23,8 @@ from orchestrator.config import Settings
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import averaging, progress_samples, runs
+from orchestrator.domain.checkpointer import counted_epoch, elect_checkpointer
+from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES, values
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
@@ -86,7 +88,7 @@ class HeartbeatWriter:
     ) -> list[int]:
         stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running.value]
         revived = []
-        reviving = (WorkerState.launching.value, WorkerState.lost.value)
+        reviving = values(REVIVABLE_WORKER_STATES)
         for start in range(0, len(stale), _REVIVE_CHUNK):  # one query per chunk, not one per worker
             chunk = stale[start : start + _REVIVE_CHUNK]
             query = select(Worker).where(Worker.id.in_(chunk), Worker.state.in_(reviving)).order_by(Worker.id)
@@ -128,7 +130,7 @@ class HeartbeatWriter:
                 and w.last_seen is not None
                 and w.last_seen >= fresh_after
             ):
-                epoch = runs.counted_epoch(w.epoch, known.get(w.run_id, 0))
+                epoch = counted_epoch(w.epoch, known.get(w.run_id, 0))
                 lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
         need = []
         for entry in cached_runs.values():
@@ -138,15 +140,15 @@ class HeartbeatWriter:
                 and current.state == WorkerState.running.value
                 and not current.retiring
                 and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
-                and runs.counted_epoch(current.epoch, known[entry.run_id])
+                and counted_epoch(current.epoch, known[entry.run_id])
                 >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
             )
             if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
                 need.append(entry.run_id)
         for run_id in need:
             run = session.get(Run, run_id)
-            if run is not None and run.state in runs.ACTIVE_RUN_STATES:
-                runs.elect_checkpointer(session, run, now, timeout_s)
+            if run is not None and run.state in values(ACTIVE_RUN_STATES):
+                elect_checkpointer(session, run, now, timeout_s)
 
     def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
         """Store a progress sample of each run that is due; returns them as points to forward."""

@@ -32,7 +32,8 @@ from sqlalchemy.orm import Session
 from orchestrator.clock import Clock
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain import runs, workers
+from orchestrator.domain import events, runs, workers
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES, values
 from orchestrator.errors import IllegalTransition, ServiceError
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.reconciler.policy import (
@@ -181,7 +182,7 @@ class Reconciler:
         by_id = {str(w.id): w for w in rows}
         self._record_plan(session, run, plan, by_id, now)
         actions.terminations.extend((run.launcher, rid) for rid in plan.terminate)
-        if run.state in (RunState.pending.value, RunState.running.value):
+        if run.state in values(ACCEPTING_RUN_STATES):
             actions.launches.extend(self._intents(session, run, plan, by_id, now))
 
     def _expire_manual_workers(self, session: Session, run: Run, now: datetime) -> None:
@@ -258,7 +259,7 @@ class Reconciler:
             if worker.created_at >= self.started_at:
                 continue  # launched by this process moments ago; the launcher has not listed it yet
             token = workers.reissue_launch_token(session, worker)
-            runs.record_event(
+            events.record_event(
                 session, run.id, "worker.relaunch", "launch intent found without instance", now, worker.id
             )
             requests.append((run.launcher, self._request(run, worker, token)))
@@ -296,11 +297,10 @@ class Reconciler:
         columns = (Worker.request_id, Worker.state, Worker.ended_at, Worker.last_heartbeat_at)
         query = select(*columns).where(Worker.request_id.in_(alive))
         rows = {rid: (state, ended, beat) for rid, state, ended, beat in session.execute(query)}
-        live_states = {WorkerState.launching.value, WorkerState.running.value}
         already = {rid for _, rid in actions.terminations}
         for request_id, launcher_name in alive.items():
             state, ended_at, last_beat = rows.get(request_id, (None, None, None))
-            if state in live_states or request_id in already:
+            if state in values(LIVE_WORKER_STATES) or request_id in already:
                 continue
             if state == WorkerState.lost.value:
                 # Lost but its machine is up: give it one more heartbeat timeout to come back.
@@ -339,7 +339,7 @@ class Reconciler:
                 return
             if error is None:
                 workers.set_launch_details(worker, handle, {})
-                runs.record_event(
+                events.record_event(
                     session, worker.run_id, "worker.launched", f"handle {handle}", now, worker.id
                 )
                 return

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
 from worker.wire import RunState, StopCondition, WorkerState
 
 # The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed`` (runs.py).
@@ -110,10 +111,6 @@ class Plan:
         )
 
 
-LIVE = (WorkerState.launching, WorkerState.running)
-ACTIVE_RUN_STATES = (RunState.pending, RunState.running, RunState.stopping)
-
-
 def stop_condition_reached(run: RunView) -> bool:
     """True when the swarm reached the run's target epochs or samples (``RunView.swarm_epoch`` comes
     from ``runs.swarm_epoch``: what the DHT showed, not what workers said)."""
@@ -130,12 +127,12 @@ def plan_run(
 ) -> Plan:
     """Decide one tick for ``run``. ``instances`` is keyed by request id; ``failures`` are new ones."""
     plan = Plan()
-    live = [w for w in workers if w.state in LIVE]
+    live = [w for w in workers if w.state in LIVE_WORKER_STATES]
     failure_by_request = {f.request_id: f for f in failures}
     survivors = _passive_transitions(live, instances, failure_by_request, now, policy, plan)
     if run.state == RunState.stopping:
         _wind_down(run, survivors, now, policy, plan)
-    elif run.state in (RunState.pending, RunState.running):
+    elif run.state in ACCEPTING_RUN_STATES:
         _keep_at_desired(run, survivors, instances, now, policy, plan)
     return plan
 

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain import runs
+from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES, values
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
 from worker.admission.tokens import (
     ANY_SWARM,
@@ -45,14 +45,10 @@ from worker.wire import (
     SwarmAuthInfo,
     SwarmToken,
     SwarmTokenRequest,
-    WorkerState,
     swarm_admission_requested,
 )
 
 logger = logging.getLogger(__name__)
-
-#: Registered workers that may hold a token (``lost`` ones come back to running when they speak again).
-TOKEN_WORKER_STATES = (WorkerState.running.value, WorkerState.lost.value)
 
 
 def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
@@ -148,9 +144,9 @@ class SwarmAdmission:
         run = worker.run
         if not swarm_admission_requested(run.strategy_options):
             raise Conflict(f"run {run.name!r} admits any peer (swarm_admission is false): no token needed")
-        if run.state not in {s.value for s in runs.ACTIVE_RUN_STATES}:
+        if run.state not in values(ACTIVE_RUN_STATES):
             raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}")
-        if worker.state not in TOKEN_WORKER_STATES:
+        if worker.state not in values(TOKEN_WORKER_STATES):
             raise Conflict(f"worker {worker_id} is {worker.state}; only registered, live workers get tokens")
         try:
             token = self.authority.grant(run.swarm_id, f"worker-{worker.id}", body.public_key, now)
@@ -163,7 +159,7 @@ class SwarmAdmission:
     def sync_open_swarms(self, db: Database, push: Callable[[frozenset[str]], Any]) -> None:
         """Read which active runs opted out; hand the set to ``push`` (the DHT peer) when it changed."""
         with db.read() as session:
-            active = [s.value for s in runs.ACTIVE_RUN_STATES]
+            active = values(ACTIVE_RUN_STATES)
             rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
             now_open = frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))
         with self._lock:

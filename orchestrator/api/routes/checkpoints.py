@@ -28,17 +28,17 @@ from orchestrator.api.schemas import CheckpointList
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.domain import checkpoints, runs
+from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.storage.base import checkpoint_key
-from worker.wire import CHECKSUM_HEADER, CheckpointRef, WorkerState
+from worker.wire import CHECKSUM_HEADER, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
-ENDED_WORKER_STATES = (WorkerState.exited.value, WorkerState.failed.value, WorkerState.interrupted.value)
 
 
 @router.put(
@@ -59,7 +59,7 @@ async def upload_checkpoint(
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
-    if entry.state in ENDED_WORKER_STATES:
+    if entry.state in values(ENDED_WORKER_STATES):
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
@@ -115,7 +115,7 @@ def _store_and_record(
         previous = checkpoints.existing_upload(session, run, epoch, sha256)
         if previous is not None:
             return checkpoints.to_ref(run, previous)
-        if run.state not in runs.ACTIVE_RUN_STATES:
+        if run.state not in values(ACTIVE_RUN_STATES):
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
         key = checkpoint_key(run.swarm_id, epoch, sha256)
     ctx.store.put_file(key, path, sha256)
