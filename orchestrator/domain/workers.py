@@ -11,7 +11,7 @@ Who binds which row at registration:
 
 - a **launch token** binds its own row and gets a fresh worker token. It stays usable (each use issues
   a new worker token: the earlier reply may have been lost) until the worker has used its worker token
-  once: the heartbeat writer voids it (``heartbeats.py``). It may sit in EC2 user data for the
+  once: the heartbeat writer voids it (``heartbeats/writer.py``). It may sit in EC2 user data for the
   instance's life; from then on it grants nothing.
 - a **worker token** re-binds its own row and keeps itself (an agent restarted with its cached
   registration, a lost worker come back).

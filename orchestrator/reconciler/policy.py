@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
 from worker.wire import RunState, StopCondition, WorkerState
 
-# The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed`` (runs.py).
+# The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed``
+# (domain/runs.py).
 STOP_CONDITION_REACHED = "stop condition reached"
 
 
@@ -211,7 +212,7 @@ def _keep_at_desired(
     if stop_condition_reached(run):
         plan.run_state = (RunState.stopping, STOP_CONDITION_REACHED)
         return
-    # The streak is reset when a worker registers (runs.py); failures of this tick extend it.
+    # The streak is reset when a worker registers (domain/runs.py); failures of this tick extend it.
     streak = run.consecutive_start_failures + plan.start_failures
     if streak >= policy.max_start_failures:
         plan.run_state = (RunState.failed, f"{streak} workers in a row failed at start-up")
