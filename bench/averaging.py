@@ -3,7 +3,7 @@
 One real orchestrator (`spotswarm serve`, reconcile loop, local launcher); for each trial a run of the
 digits example with 2 workers, admission on and off alternating trial by trial (a machine that gets
 busier meanwhile hurts both alike). Each run trains for ``--seconds`` once both workers contribute, then
-the workers' averaging outcome counts (what the API shows: ``worker/swarm_outcomes.py``) are read and the
+the workers' averaging outcome counts (what the API shows: ``worker/strategy/outcomes.py``) are read and the
 run is deleted. Prints, per configuration, the worker-epochs by outcome and the averaged fraction, with
 the machine's load and the commit.
 

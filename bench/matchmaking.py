@@ -1,5 +1,5 @@
 """Averaging rounds that succeed between two peers that start together, with and without the keep-alive
-of ``worker/swarm_keepalive.py``.
+of ``worker/strategy/hivemind_fixes.py``.
 
 While a swarm forms, each new peer briefly thinks it is alone and calls off the averaging rounds it had
 pre-scheduled. hivemind cancels the matchmaking task of such a round without awaiting it; the garbage
@@ -65,13 +65,13 @@ def run_peer(
     import torch
     from lightning.pytorch import Trainer
 
-    import worker.swarm_optimizer
+    import worker.strategy.optimizer
     from worker.examples.digits import DigitsDataModule, DigitsModule
     from worker.strategy import HivemindStrategy
     from worker.trainer_options import NO_VALIDATION, QUIET
 
     if not keep:  # the baseline: hivemind's averagers as they are
-        worker.swarm_optimizer.keep_averager_tasks_alive = lambda: None  # type: ignore[assignment]
+        worker.strategy.optimizer.keep_averager_tasks_alive = lambda: None  # type: ignore[assignment]
     torch.set_num_threads(1)
     strategy = HivemindStrategy(
         target_batch_size=args.target_batch_size,

@@ -3,7 +3,7 @@ not even the installer's own download cache) against a cached digest, with uv an
 
     python bench/runtime_env.py [--requirement SPEC ...] [--repeat N]
 
-For each installer it packs a small project, then times :func:`worker.runtime_env.prepare_runtime` (the
+For each installer it packs a small project, then times :func:`worker.runtime.env.prepare_runtime` (the
 agent's step between registration and importing the run's module: extract the package, install the
 requirements into the layered environment) on an empty cache and again on the filled one. The package
 is copied from disk, so the download from the orchestrator is not in the figures. The requirements come
@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.packaging import pack  # noqa: E402
-from worker.runtime_env import find_installer, prepare_runtime  # noqa: E402
+from orchestrator.cli.packaging import pack  # noqa: E402
+from worker.runtime.env import find_installer, prepare_runtime  # noqa: E402
 
 DEFAULT_REQUIREMENTS = ("torchmetrics", "einops", "tabulate")
 

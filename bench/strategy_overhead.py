@@ -159,8 +159,8 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from worker.swarm_dht import start_dht
-    from worker.swarm_shutdown import shutdown_optimizer
+    from worker.strategy.dht import start_dht
+    from worker.strategy.shutdown import shutdown_optimizer
 
     module, loader = _model_and_data(args)
     device = _device(args)

@@ -1,138 +1,109 @@
-"""``create_app(settings)``: the FastAPI application, its lifespan and its one error-mapping table.
+"""``create_app(settings)``: the orchestrator's one composition root. Every part is built and wired here.
 
-Lifespan, in order: the admin token (generated into the data dir when unset), the DHT peer (first, so
-its process forks before any thread exists), the database (migrations run at start-up), the heartbeat
-hub, the import probe (warmed in the background), then the background services: the heartbeat flusher,
-the DHT progress reader, and whatever ``services`` factories the caller adds (the reconciler). They
-stop in reverse order; the flusher writes what it holds before the database closes.
+Production defaults, each replaceable by a keyword (tests pass their own):
+
+- launchers: ``local`` always (workers are subprocesses of this machine, logs in the data dir), and
+  ``ec2`` when ``SPOTSWARM_EC2_LAUNCH_TEMPLATE`` is set (the Terraform module sets it);
+- checkpoint store: S3 when ``SPOTSWARM_S3_BUCKET`` is set, else ``<data_dir>/checkpoints``;
+- the DHT peer: a hivemind DHT in its own process, with the peer authorizer under swarm admission.
+
+Nothing starts until the ASGI lifespan runs (uvicorn does that). Lifespan, in order: the admin token
+(read, or generated into the data dir when unset), the DHT peer (first, so its process forks before any
+thread exists), the database (migrations run at start-up), the heartbeat hub, the import probe (warmed
+in the background), then the background services: the heartbeat flusher, the DHT progress reader, the
+sync of opted-out runs to the DHT peer (under swarm admission) and the reconcile loop (unless
+``reconcile`` is off). They stop in reverse order; the flusher writes what it holds before the database
+closes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from fastapi import FastAPI
 
-from orchestrator import errors
-from orchestrator.api import checkpoints, health, packages, peers, runs, swarm_auth, worker_logs, workers
-from orchestrator.api import metrics as metrics_api
-from orchestrator.api.deps import ERROR_RESPONSES
-from orchestrator.bodylimit import BodyLimitMiddleware
+from orchestrator.api import API_PREFIX
+from orchestrator.api.errors import ERROR_RESPONSES, install_error_handlers
+from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
+from orchestrator.api.routes import (
+    checkpoints,
+    health,
+    packages,
+    peers,
+    runs,
+    swarm_tokens,
+    worker_logs,
+    workers,
+)
+from orchestrator.api.routes import metrics as metrics_api
+from orchestrator.background import BackgroundService, PeriodicService
 from orchestrator.clock import Clock, utc_now
 from orchestrator.config import Settings, ensure_admin_token
-from orchestrator.context import AppContext, BackgroundService, PeriodicService, ServiceFactory
+from orchestrator.context import AppContext
 from orchestrator.db.session import Database
-from orchestrator.deployment_facts import claim_authority
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
-from orchestrator.forwarding import TensorBoardForwarder
-from orchestrator.heartbeat_fastpath import HeartbeatFastPath
-from orchestrator.heartbeats import HeartbeatHub
-from orchestrator.importcheck import ImportChecker, RuntimeLimits
+from orchestrator.domain.deployment_facts import claim_authority
+from orchestrator.heartbeats.fast_path import HeartbeatFastPath
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.heartbeats.writer import HeartbeatWriter
+from orchestrator.importcheck.checker import ImportChecker, RuntimeLimits
 from orchestrator.launchers.base import Launcher
-from orchestrator.metrics import RequestMetricsMiddleware, ServiceMetrics
+from orchestrator.launchers.local import LocalLauncher
+from orchestrator.metrics.middleware import RequestMetricsMiddleware
+from orchestrator.metrics.service import ServiceMetrics
+from orchestrator.metrics.tensorboard import TensorBoardForwarder
 from orchestrator.ratelimit import RateLimiter
-from orchestrator.storage.base import CheckpointNotFound, CheckpointStore
-from orchestrator.storage.local import LocalCheckpointStore
-from orchestrator.swarm_auth import SwarmAdmission
+from orchestrator.reconciler.leader import leader_election
+from orchestrator.reconciler.loop import Reconciler
+from orchestrator.reconciler.policy import ReconcilePolicy
+from orchestrator.reconciler.service import ReconcilerService
+from orchestrator.storage.base import CheckpointStore
+from orchestrator.swarm.admission import SwarmAdmission, SwarmAuthority
+from orchestrator.swarm.dht import OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.tokens import hash_token
 from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
 
 logger = logging.getLogger(__name__)
-API_PREFIX = "/api/v1"
 
-# The one table from typed failures to HTTP statuses (the most specific class is matched first).
-ERROR_STATUS: dict[type[Exception], int] = {
-    errors.Unauthorized: 401,
-    errors.Forbidden: 403,
-    errors.NotFound: 404,
-    CheckpointNotFound: 404,
-    errors.Conflict: 409,
-    errors.ChecksumMismatch: 400,
-    errors.InvalidRequest: 422,
-    errors.PayloadTooLarge: 413,
-    errors.Unavailable: 503,
-    errors.InsufficientStorage: 507,
-    errors.TooManyRequests: 429,
-    DHTUnavailable: 503,
-    OperationalError: 503,
-}
-
-
-def _status_of(exc: Exception) -> int:
-    for cls in type(exc).__mro__:
-        if cls in ERROR_STATUS:
-            return ERROR_STATUS[cls]
-    return 500
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def service_error(request: Request, exc: Exception) -> JSONResponse:
-        status = _status_of(exc)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if isinstance(exc, errors.TooManyRequests):
-            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-        detail = str(exc) if isinstance(exc, errors.ServiceError) else _generic_detail(exc)
-        if isinstance(exc, CheckpointNotFound):
-            detail = "checkpoint file missing from the store"
-        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
-
-    async def database_error(request: Request, exc: Exception) -> JSONResponse:
-        status = _status_of(exc)
-        logger.error("%s %s: database error: %s", request.method, request.url.path, exc, exc_info=exc)
-        detail = "database unavailable, retry later" if status == 503 else "internal database error"
-        return JSONResponse({"detail": detail}, status_code=status)
-
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
-        return JSONResponse({"detail": "internal server error"}, status_code=500)
-
-    async def validation(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        details = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
-        return JSONResponse({"detail": details}, status_code=422)
-
-    for cls in (errors.ServiceError, CheckpointNotFound, DHTUnavailable):
-        app.add_exception_handler(cls, service_error)
-    app.add_exception_handler(SQLAlchemyError, database_error)
-    app.add_exception_handler(RequestValidationError, validation)
-    app.add_exception_handler(Exception, unexpected)
-
-
-def _generic_detail(exc: Exception) -> str:
-    return "service unavailable, retry later" if _status_of(exc) == 503 else "request failed"
+#: Starts the orchestrator's DHT peer: given the settings and, under swarm admission, the authority its
+#: peer authorizer signs with (None: no admission). Returns the running peer.
+DhtFactory = Callable[[Settings, SwarmAuthority | None], OrchestratorDHT]
 
 
 def create_app(
     settings: Settings,
     *,
     launchers: Mapping[str, Launcher] | None = None,
+    store: CheckpointStore | None = None,
+    dht_factory: DhtFactory | None = None,
     clock: Clock = utc_now,
-    services: Sequence[ServiceFactory] = (),
-    store_factory: Callable[[Settings], CheckpointStore] | None = None,
 ) -> FastAPI:
-    """Build the app. Nothing starts until the ASGI lifespan runs (uvicorn does that).
+    """Build the orchestrator's app; nothing starts until its lifespan runs.
 
-    ``launchers`` (by name) restricts the launchers a run may name and is handed to services;
-    ``services`` are factories of extra background services (e.g. the reconciler) given the context;
-    ``store_factory`` replaces the local checkpoint directory (e.g. with S3).
+    ``launchers`` (by name) are the launchers runs may name (default: :func:`build_launchers`);
+    ``store`` holds checkpoints and code packages (default: :func:`build_store`); ``dht_factory`` starts
+    the DHT peer (default: :func:`start_dht`). Defaults are built when the lifespan starts.
     """
-
     metrics = ServiceMetrics()  # this app's own registry (never the global one)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        counted = metrics.count_launches(launchers or {})
-        ctx, started = await _start(settings, counted, clock, services, store_factory)
+        chosen = launchers if launchers is not None else build_launchers(settings)
+        counted = metrics.count_launches(chosen)
+        ctx = _build_context(settings, counted, store, dht_factory or start_dht, clock)
         app.state.ctx = ctx
-        metrics.attach(ctx, started)
+        services, reconcilers = _services(ctx)
+        started = await _start(services)
+        metrics.attach(ctx, reconcilers)
+        logger.info(
+            "orchestrator ready on %s:%d (database: %s)", settings.host, settings.port, ctx.db.dialect
+        )
         try:
             yield
         finally:
@@ -147,8 +118,8 @@ def create_app(
         docs_url=None,  # served by orchestrator.web.apidocs, without a CDN
         redoc_url=None,
     )
-    _install_error_handlers(app)
-    for module in (runs, workers, checkpoints, packages, peers, worker_logs, swarm_auth):
+    install_error_handlers(app)
+    for module in (runs, workers, checkpoints, packages, peers, worker_logs, swarm_tokens):
         app.include_router(module.router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     app.include_router(health.router)
     app.include_router(metrics_api.router, responses=ERROR_RESPONSES)  # /metrics (Prometheus)
@@ -168,40 +139,119 @@ def create_app(
     return app
 
 
+# -- production defaults --------------------------------------------------------------------------------
+
+
+def build_launchers(settings: Settings) -> dict[str, Launcher]:
+    """The launchers this orchestrator offers, by name."""
+    launchers: dict[str, Launcher] = {
+        "local": LocalLauncher(
+            settings.data_dir, grace_s=settings.retire_grace_s, pass_env=settings.worker_env
+        ),
+    }
+    if settings.ec2_launch_template:
+        from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig  # imports boto3
+
+        config = Ec2LauncherConfig(
+            orchestrator_id=settings.ec2_orchestrator_id,
+            launch_template=settings.ec2_launch_template,
+            worker_image=settings.ec2_worker_image,
+            region=settings.ec2_region,
+            endpoint_url=settings.ec2_endpoint_url,
+            instance_types=tuple(settings.ec2_instance_types),
+            subnet_ids=tuple(settings.ec2_subnet_ids),
+            max_price=settings.ec2_max_price,
+            on_demand_fallback_after=settings.ec2_on_demand_fallback_after,
+        )
+        if settings.ec2_user_data_template is not None:
+            config = replace(config, user_data_template=settings.ec2_user_data_template)
+        launchers["ec2"] = Ec2Launcher(config)
+    return launchers
+
+
+def build_store(settings: Settings) -> CheckpointStore:
+    """S3 when a bucket is configured, else the local checkpoint directory."""
+    if settings.s3_bucket:
+        from orchestrator.storage.s3 import S3Store, S3StoreConfig  # imports boto3
+
+        return S3Store(
+            S3StoreConfig(
+                bucket=settings.s3_bucket,
+                prefix=settings.s3_prefix,
+                region=settings.s3_region or settings.ec2_region,
+                endpoint_url=settings.s3_endpoint_url,
+            )
+        )
+    from orchestrator.storage.local import LocalCheckpointStore
+
+    return LocalCheckpointStore(settings.resolved_checkpoint_dir())
+
+
+def start_dht(settings: Settings, authority: SwarmAuthority | None) -> OrchestratorDHT:
+    """The orchestrator's DHT peer, started; under swarm admission with its peer authorizer."""
+    options: dict[str, Any] | None = None
+    if authority is not None:
+        from orchestrator.swarm.peer_authorizer import peer_dht_options  # imports hivemind
+
+        options = peer_dht_options(authority, settings.dht_identity_path())
+    dht = OrchestratorDHT(
+        settings.dht_identity_path(),
+        settings.dht_pid_path(),
+        settings.resolved_dht_host_maddrs(),
+        settings.dht_announce_maddrs,
+        dht_options=options,
+    )
+    dht.start()
+    return dht
+
+
+def public_url(settings: Settings) -> str:
+    """The URL workers use to reach the API: the configured one, else the bind address."""
+    if settings.public_url:
+        return settings.public_url.rstrip("/")
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def reconcile_policy(settings: Settings) -> ReconcilePolicy:
+    """The loop's timeouts and limits, from settings."""
+    return ReconcilePolicy(
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        launch_timeout_s=settings.launch_timeout_s,
+        retire_grace_s=settings.retire_grace_s,
+        backoff_base_s=settings.launch_backoff_base_s,
+        backoff_cap_s=settings.launch_backoff_cap_s,
+        max_start_failures=settings.max_start_failures,
+    )
+
+
+# -- the lifespan -----------------------------------------------------------------------------------------
+
+
 def _hub(app: FastAPI) -> HeartbeatHub | None:
     """The running app's heartbeat hub (None outside its lifespan)."""
     ctx: AppContext | None = getattr(app.state, "ctx", None)
     return ctx.hub if ctx is not None else None
 
 
-async def _start(
+def _build_context(
     settings: Settings,
     launchers: Mapping[str, Launcher],
+    store: CheckpointStore | None,
+    dht_factory: DhtFactory,
     clock: Clock,
-    factories: Sequence[ServiceFactory],
-    store_factory: Callable[[Settings], CheckpointStore] | None,
-) -> tuple[AppContext, list[BackgroundService]]:
+) -> AppContext:
+    """The running parts: admin token, DHT peer, database (migrated), hub, import probe, store."""
     _private_data_dir(settings.data_dir)
     admin_token, generated = ensure_admin_token(settings)
-    if generated:
-        # Only where it is: the token itself must not end up in journald or `docker logs`.
-        path = settings.admin_token_path()
-        print(f"spotswarm admin token: generated into {path} (read it with: cat {path})", flush=True)
-    elif settings.admin_token is None:
+    if not generated and settings.admin_token is None:
         logger.info("admin token: read from %s", settings.admin_token_path())
     admission = (
         SwarmAdmission.from_key_file(settings.swarm_authority_key_path(), settings.swarm_token_ttl_s)
         if settings.swarm_admission
         else None
     )
-    dht = OrchestratorDHT(
-        settings.dht_identity_path(),
-        settings.dht_pid_path(),
-        settings.resolved_dht_host_maddrs(),
-        settings.dht_announce_maddrs,
-        dht_options=admission.dht_options(settings.dht_identity_path()) if admission else None,
-    )
-    dht.start()
+    dht = dht_factory(settings, admission.authority if admission else None)
     db = Database(settings.resolved_database_url())
     try:
         db.upgrade()
@@ -212,25 +262,23 @@ async def _start(
         raise
     swarm = SwarmProgressCache()
     forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None
-    hub = HeartbeatHub(db, settings, clock, swarm, forwarder)
+    hub = HeartbeatHub(db, settings, clock, swarm)
     hub.refresh()
-    limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
+    writer = HeartbeatWriter(hub, db, settings, clock, swarm, forwarder)
     imports = None
     if settings.check_imports:
+        limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
         imports = ImportChecker(settings.import_timeout_s, settings.worker_env, limits)
-    if imports is not None:
         imports.warm_up()
-    store = (
-        store_factory(settings) if store_factory else LocalCheckpointStore(settings.resolved_checkpoint_dir())
-    )
-    ctx = AppContext(
+    return AppContext(
         settings=settings,
         db=db,
         clock=clock,
         dht=dht,
         swarm=swarm,
         hub=hub,
-        store=store,
+        heartbeat_writer=writer,
+        store=store if store is not None else build_store(settings),
         imports=imports,
         admin_token_hash=hash_token(admin_token),
         launchers=dict(launchers),
@@ -238,19 +286,45 @@ async def _start(
         join_limiter=RateLimiter(settings.join_rate_per_s, settings.join_burst),
         forwarder=forwarder,
     )
+
+
+def _services(ctx: AppContext) -> tuple[list[BackgroundService], list[Reconciler]]:
+    """The background services over ``ctx``, in start order, and the reconcilers among them."""
+    settings = ctx.settings
     services: list[BackgroundService] = [
-        PeriodicService("heartbeat-flush", settings.heartbeat_flush_interval_s, hub.flush, final_tick=True),
-        PeriodicService("swarm-progress", settings.dht_refresh_interval_s, lambda: _read_swarms(ctx)),
+        PeriodicService(
+            "heartbeat-flush",
+            settings.heartbeat_flush_interval_s,
+            ctx.heartbeat_writer.flush,
+            final_tick=True,
+        ),
+        PeriodicService(
+            "swarm-progress", settings.dht_refresh_interval_s, functools.partial(_read_swarms, ctx)
+        ),
     ]
-    if admission is not None:
-        services.append(admission.sync_service(ctx))
-    services.extend(factory(ctx) for factory in factories)
+    if ctx.swarm_admission is not None:
+        push = functools.partial(_push_open_swarms, ctx.dht)
+        sync = functools.partial(ctx.swarm_admission.sync_open_swarms, ctx.db, push)
+        services.append(PeriodicService("swarm-admission", settings.dht_refresh_interval_s, sync))
+    reconcilers = []
+    if settings.reconcile:
+        swarm_epoch = functools.partial(_swarm_epoch, ctx.swarm)
+        reconciler = Reconciler(
+            ctx.db, ctx.launchers, public_url(settings), reconcile_policy(settings), ctx.clock, swarm_epoch
+        )
+        reconcilers.append(reconciler)
+        services.append(
+            ReconcilerService(reconciler, settings.reconcile_interval_s, leader_election(ctx.db.url))
+        )
+    return services, reconcilers
+
+
+async def _start(services: list[BackgroundService]) -> list[BackgroundService]:
     started: list[BackgroundService] = []
     for service in services:
         await service.start()
         started.append(service)
-    logger.info("orchestrator ready on %s:%d (database: %s)", settings.host, settings.port, db.dialect)
-    return ctx, started
+    return started
 
 
 def _private_data_dir(data_dir: Path) -> None:
@@ -269,6 +343,18 @@ def _read_swarms(ctx: AppContext) -> None:
         return
     refresh_progress(ctx.dht, ctx.swarm, swarms, ctx.settings.dht_timeout_s, ctx.clock)
     ctx.swarm.forget_except(set(swarms))
+
+
+def _swarm_epoch(swarm: SwarmProgressCache, swarm_id: str) -> int | None:
+    progress = swarm.get(swarm_id)
+    return progress.epoch if progress is not None else None
+
+
+def _push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str]) -> None:
+    """Hand the set of opted-out runs' swarms to the peer authorizer in the DHT's process."""
+    from orchestrator.swarm.peer_authorizer import push_open_swarms  # imports hivemind
+
+    push_open_swarms(dht, swarms)
 
 
 async def _stop(ctx: AppContext, started: list[BackgroundService]) -> None:

@@ -287,7 +287,7 @@ class Settings(BaseSettings):
     @field_validator("tensorboard_dir")
     @classmethod
     def _tensorboard_installed(cls, value: Path | None) -> Path | None:
-        from orchestrator.forwarding import tensorboard_available
+        from orchestrator.metrics.tensorboard import tensorboard_available
 
         if value is not None and not tensorboard_available():
             raise ValueError("needs tensorboardX: pip install 'spotswarm[tensorboard]'")

@@ -1,32 +1,32 @@
-"""What a running orchestrator is made of, handed to routes and background services alike.
+"""What a running orchestrator is made of, handed to routes: :class:`AppContext`.
 
-``create_app`` builds one :class:`AppContext` in its lifespan (after the database and the DHT are up)
-and stores it on ``app.state.ctx``. A background service (the heartbeat flusher, the DHT progress
-reader, later the reconciler) is made by a factory ``(ctx) -> BackgroundService`` passed to
-``create_app(services=[...])``, started after the built-in ones and stopped before them.
+``create_app`` (``orchestrator/app.py``) builds one in its lifespan, after the database and the DHT are
+up, and stores it on ``app.state.ctx``; it also makes the background services from its parts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from orchestrator.checkpoints import UploadSlots
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.crash_budget import CrashPolicy
 from orchestrator.db.session import Database
-from orchestrator.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
-from orchestrator.forwarding import Forwarder
-from orchestrator.heartbeats import HeartbeatHub
-from orchestrator.importcheck import ImportChecker
+from orchestrator.domain.checkpoints import UploadSlots
+from orchestrator.domain.crash_budget import CrashPolicy
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.heartbeats.writer import HeartbeatWriter
+from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
+from orchestrator.metrics.tensorboard import Forwarder
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
-from orchestrator.swarm_auth import SwarmAdmission
+from orchestrator.swarm.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
+
+if TYPE_CHECKING:
+    from orchestrator.swarm.admission import SwarmAdmission
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class AppContext:
     dht: OrchestratorDHT
     swarm: SwarmProgressCache
     hub: HeartbeatHub
+    heartbeat_writer: HeartbeatWriter
     store: CheckpointStore
     imports: ImportChecker | None
     admin_token_hash: str
@@ -81,63 +82,3 @@ class AppContext:
     def crash_policy(self) -> CrashPolicy:
         """The server's crash budget defaults (a run's spec may set its own budget)."""
         return CrashPolicy(self.settings.max_worker_crashes, self.settings.crash_window_s)
-
-
-class BackgroundService(Protocol):
-    """Something that runs beside the API for the server's lifetime."""
-
-    name: str
-
-    async def start(self) -> None:
-        """Begin work (return quickly: spawn a task)."""
-        ...
-
-    async def stop(self) -> None:
-        """Finish work and release resources; must not raise for an already stopped service."""
-        ...
-
-
-ServiceFactory = Callable[[AppContext], BackgroundService]
-
-
-class PeriodicService:
-    """Calls a blocking ``tick`` in a worker thread every ``interval_s`` (and once more at stop if asked).
-
-    A tick that raises is logged with its traceback and the loop goes on: a database hiccup must not
-    end the flusher for good. Ticks never overlap.
-    """
-
-    def __init__(
-        self, name: str, interval_s: float, tick: Callable[[], object], final_tick: bool = False
-    ) -> None:
-        self.name = name
-        self.interval_s = interval_s
-        self._tick = tick
-        self._final_tick = final_tick
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=self.name)
-
-    async def _loop(self) -> None:
-        while not self._stopping.is_set():
-            await self._run_once()
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=self.interval_s)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _run_once(self) -> None:
-        try:
-            await asyncio.to_thread(self._tick)
-        except Exception:  # noqa: BLE001 - logged with traceback; the loop must survive one bad tick
-            logger.exception("%s: tick failed", self.name)
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-            if self._final_tick:
-                await self._run_once()

@@ -1,4 +1,4 @@
-"""Typed failures of the service layer. ``app.py`` maps each class to an HTTP status in one table.
+"""Typed failures of the service layer. ``api/errors.py`` maps each class to an HTTP status in one table.
 
 Raise the most specific class with a message a user can act on; the message is sent as ``detail``.
 The reconciler catches these too (e.g. :class:`IllegalTransition` when a run was stopped meanwhile).

@@ -123,7 +123,7 @@ def process_family(pid: int) -> dict[int, int]:
 
     Taken before a stop, it says afterwards what is still running of that process (see :func:`alive_of`).
     """
-    from orchestrator.proctree import descendants, proc_start_ticks
+    from orchestrator.processes import descendants, proc_start_ticks
 
     members = {pid, *descendants(pid), *group_members(pid)}
     family = {member: proc_start_ticks(member) for member in members}
@@ -132,7 +132,7 @@ def process_family(pid: int) -> dict[int, int]:
 
 def group_members(pgid: int) -> list[int]:
     """Live processes of the process group ``pgid`` (orphans keep their group when init adopts them)."""
-    from orchestrator.proctree import stat_fields
+    from orchestrator.processes import stat_fields
 
     members = []
     for entry in os.listdir("/proc"):
@@ -144,14 +144,14 @@ def group_members(pgid: int) -> list[int]:
 
 def alive_of(family: dict[int, int]) -> dict[int, str]:
     """The processes of a :func:`process_family` snapshot that still run, with their command lines."""
-    from orchestrator.proctree import proc_start_ticks
+    from orchestrator.processes import proc_start_ticks
 
     return {pid: command_line(pid) for pid, ticks in family.items() if proc_start_ticks(pid) == ticks}
 
 
 def orphans_with_env(name: str, value: str) -> dict[int, str]:
     """Processes adopted by init (parent PID 1) whose environment holds ``name=value``, by command line."""
-    from orchestrator.proctree import parent_of
+    from orchestrator.processes import parent_of
 
     needle = f"{name}={value}".encode()
     found = {}

@@ -3,8 +3,8 @@
 hivemind's DHT is a forked process that runs ``p2pd`` as its own child. Killed with SIGKILL, the process
 that started it (a worker agent, a server) can run no cleanup, and the DHT and ``p2pd`` would live on with
 parent 1, holding ports and announcing a peer that no longer trains. The child calls
-:func:`exit_with_parent` first thing; the worker's DHT does (``worker/swarm_dht.py LifelineDHT``), and so
-does the orchestrator's (``orchestrator/proctree.py`` reads its process tree with these functions).
+:func:`exit_with_parent` first thing; the worker's DHT does (``worker/strategy/dht.py LifelineDHT``), and so
+does the orchestrator's (``orchestrator/processes.py`` reads its process tree with these functions).
 Linux only: processes are read from ``/proc``.
 """
 

@@ -4,7 +4,7 @@
 (the default) or ``json``; when not given, ``SPOTSWARM_LOG_FORMAT`` decides. Every line carries the
 same fields, so logs of both sides can be searched alike:
 
-- text: ``2026-01-02 03:04:05,678 INFO [run=digits worker=3] orchestrator.runs: worker.state: a -> b``
+- text: ``2026-01-02 03:04:05,678 INFO [run=digits worker=3] orchestrator.domain.runs: worker.state: a -> b``
   (the event kind, when there is one, in front of the message)
 - json: ``{"timestamp": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "...", "run": "digits",
   "worker": "3", "event": "worker.state", "message": "..."}`` (plus ``exception`` with a traceback)
@@ -34,7 +34,6 @@ from worker.wire import CONTROL_CHARACTER_RE
 FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
 HIVEMIND_LEVEL_ENV = "SPOTSWARM_HIVEMIND_LOG_LEVEL"
 FORMATS = ("text", "json")
-CONTEXT_FIELDS = ("run", "worker", "event")
 # Loggers that say too much at INFO for a service log, and the level they are kept at.
 QUIET_LOGGERS = {"httpx": logging.WARNING, "httpcore": logging.WARNING, "urllib3": logging.WARNING}
 

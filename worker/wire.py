@@ -96,7 +96,7 @@ class StrictModel(BaseModel):
 
 
 class RunState(str, Enum):
-    """Lifecycle of a run; the allowed transitions live in ``orchestrator/runs.py``."""
+    """Lifecycle of a run; the allowed transitions live in ``orchestrator/domain/states.py``."""
 
     pending = "pending"
     running = "running"
@@ -107,7 +107,7 @@ class RunState(str, Enum):
 
 
 class WorkerState(str, Enum):
-    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/runs.py``."""
+    """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/states.py``."""
 
     launching = "launching"
     running = "running"
@@ -115,9 +115,6 @@ class WorkerState(str, Enum):
     interrupted = "interrupted"
     exited = "exited"
     failed = "failed"
-
-
-LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
 
 
 class StopCondition(StrictModel):
@@ -222,7 +219,7 @@ class RunSpec(StrictModel):
 
     @model_validator(mode="after")
     def _clipping_needs_own_buffers(self) -> RunSpec:
-        # HivemindStrategy refuses it too, but only once each worker has started (swarm_checks.py)
+        # HivemindStrategy refuses it too, but only once each worker has started (worker/strategy/checks.py)
         if self.trainer.gradient_clip_val and self.strategy_options.get("reuse_grad_buffers"):
             raise ValueError(
                 "trainer.gradient_clip_val with strategy_options reuse_grad_buffers=true would clip the sum "
@@ -333,7 +330,7 @@ class WorkerRegistered(BaseModel):
 
 class AveragingCounts(StrictModel):
     """What became of the swarm epochs a worker stepped through, counted since it started
-    (``worker/swarm_outcomes.py``): cumulative, so a lost heartbeat loses nothing."""
+    (``worker/strategy/outcomes.py``): cumulative, so a lost heartbeat loses nothing."""
 
     averaged: int = Field(default=0, ge=0, le=MAX_INT64, description="Epochs on averaged gradients.")
     alone: int = Field(default=0, ge=0, le=MAX_INT64, description="Local: no other peer in the swarm.")

@@ -61,7 +61,7 @@ ImportPath = Annotated[
 ]
 
 #: Precisions ``HivemindStrategy`` trains with: fp32, bf16 autocast, and fp16 autocast with hivemind's
-#: gradient scaler (``worker/swarm_precision.py``). On a CPU, Lightning runs "16-mixed" as bf16.
+#: gradient scaler (``worker/strategy/precision.py``). On a CPU, Lightning runs "16-mixed" as bf16.
 TRAINER_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 MAX_TRAINER_PLUGINS = 16  # callbacks, and loggers, per run
 MAX_REPORT_PATTERNS = 16  # entries of report_metrics

@@ -4,7 +4,7 @@
 set -eu
 if [ -z "${SPOTSWARM_URL:-}" ] || [ -z "${SPOTSWARM_JOIN_TOKEN:-}" ]; then
   echo "spotswarm worker: set SPOTSWARM_URL and SPOTSWARM_JOIN_TOKEN (a run's join token)" >&2
-  exit 3  # permanent configuration error (worker/agent_config.py: EXIT_CONFIG)
+  exit 3  # permanent configuration error (worker/agent/config.py: EXIT_CONFIG)
 fi
 mkdir -p "${SPOTSWARM_WORKER_DIR:-$HOME/work}"
 exec spotswarm-worker "$@"

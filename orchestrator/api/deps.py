@@ -30,35 +30,16 @@ from fastapi import Path as PathParam
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator import runs, tokens
+from orchestrator import tokens
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
+from orchestrator.domain.states import UNENDED_WORKER_STATES, values
 from orchestrator.errors import Forbidden, Unauthorized
-from orchestrator.schemas import ErrorOut
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).
 MAX_ID = 2**31 - 1
 WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
-
-# Every error answer is ``{"detail": ...}`` (see app.py); documented on every API route so that the
-# OpenAPI schema describes what clients can really receive (the fuzz tests check this).
-ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorOut, "description": description}
-    for status, description in (
-        (400, "Malformed body or checksum mismatch"),
-        (401, "Missing or unknown token"),
-        (403, "The token does not grant this call"),
-        (404, "Unknown run, worker or checkpoint"),
-        (409, "Conflicts with the current state"),
-        (413, "Body too large"),
-        (422, "Invalid input"),
-        (429, "Too many requests (a join token's registrations); retry after Retry-After seconds"),
-        (500, "Unexpected server error (logged; never a traceback)"),
-        (503, "Database or DHT unavailable; retry"),
-        (507, "Too little free disk space for a checkpoint upload; retry"),
-    )
-}
 
 
 async def get_ctx(request: Request) -> AppContext:
@@ -135,7 +116,7 @@ def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | N
         ).first()
         if owner is not None and owner.run_id != run.id:
             raise Forbidden(f"this worker token does not belong to run {run.name!r}")
-        if owner is not None and owner.state not in runs.UNENDED_WORKER_STATES:
+        if owner is not None and owner.state not in values(UNENDED_WORKER_STATES):
             raise Forbidden(f"worker {owner.id} has ended ({owner.state}); its token no longer grants access")
         if owner is not None:
             return

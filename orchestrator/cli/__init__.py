@@ -1,5 +1,14 @@
-"""The ``spotswarm`` command. Server commands live in :mod:`orchestrator.cli.serve` (``serve``,
-``db upgrade``); client commands talk to the API over HTTP only and add themselves to :data:`main`."""
+"""The ``spotswarm`` command: :data:`main` and its subcommands.
+
+- Server commands: ``serve.py`` (``serve``, ``db upgrade``), ``demo.py`` (``demo``); around the server:
+  ``http_server.py`` (checks and limits before it starts), ``stopping.py`` (a bounded stop).
+- Client commands, which talk to the API over HTTP only: ``runs.py`` and ``runs_live.py`` (``runs ...``),
+  ``workers.py``, ``checkpoints.py``, ``peers.py``, ``export.py`` (``runs export``: reads checkpoints
+  with torch), ``log_follow.py`` (``runs logs -f``), ``run_code.py`` and ``packaging.py`` (a run's code
+  from ``--workdir``, packed and uploaded once).
+- Shared: ``command.py`` (connection flags, ``--json``, one-line errors), ``client.py`` (the HTTP
+  client, where its URL and token come from), ``output.py`` (tables, JSON, charts).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.checkpoints import checkpoints
-from orchestrator.cli.context import connection_options
+from orchestrator.cli.command import connection_options
 from orchestrator.cli.demo import demo
 from orchestrator.cli.export import export
 from orchestrator.cli.peers import peers

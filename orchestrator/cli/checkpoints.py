@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.client import EXIT_NOT_FOUND, CliError
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import echo_json, echo_table, fmt_bytes
 
 

@@ -1,8 +1,9 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
-The CLI is a client like any other: it never imports the server, only :mod:`orchestrator.schemas` and
-:mod:`worker.wire` for nothing more than names. Every failure becomes a :class:`CliError` carrying a
-one-line message and the process exit code (see ``EXIT_*``); the command layer prints it and exits.
+The CLI is a client like any other: it never starts or calls the server's parts, only imports names and
+pure rules (:mod:`orchestrator.api.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
+failure becomes a :class:`CliError` carrying a one-line message and the process exit code (see ``EXIT_*``);
+the command layer prints it and exits.
 
 Connection settings, first found wins: ``--url``/``--token``/``--ca-cert`` flags,
 ``SPOTSWARM_URL``/``SPOTSWARM_TOKEN``/``SPOTSWARM_CA_CERT`` environment variables, then the TOML config

@@ -22,7 +22,7 @@ import click
 import httpx
 import uvicorn
 
-from orchestrator.cli.context import EXIT_INTERRUPTED
+from orchestrator.cli.command import EXIT_INTERRUPTED
 from orchestrator.cli.stopping import StoppingServer
 
 DEMO_RUN = "digits-demo"
@@ -65,7 +65,7 @@ def _port_free(host: str, port: int) -> bool:
 @click.option("--workers", type=click.IntRange(1, 8), default=2, show_default=True)
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
-    from orchestrator.assembly import build_app
+    from orchestrator.app import create_app
     from orchestrator.cli.serve import _configure_logging, keep_new_files_private, stop_stale_dht_peer
     from orchestrator.config import Settings, ensure_admin_token
 
@@ -91,7 +91,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     base = f"http://127.0.0.1:{port}"
     client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
     config = uvicorn.Config(
-        build_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
+        create_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
     )
     server = _DemoServer(config, settings.shutdown_grace_s, on_exit=lambda: _stop_run(client))
     driver = threading.Thread(

@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from orchestrator.cli.client import EXIT_NOT_FOUND, CliError
-from orchestrator.cli.context import ApiContext
-from worker.wire import LIVE_WORKER_STATES
+from orchestrator.cli.command import ApiContext
+from orchestrator.domain.states import LIVE_WORKER_STATES, values
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the API's largest answer for a worker log
 
@@ -21,7 +21,7 @@ def follow_worker_log(ctx: ApiContext, name: str, worker_id: str, tail_bytes: in
     """Print the end of a worker's log, then what it writes, until the worker has ended."""
     offset = _print_chunk(ctx, ctx.api.worker_log(name, worker_id, tail_bytes))
     while True:
-        ended = _worker_state(ctx, name, worker_id) not in LIVE_WORKER_STATES
+        ended = _worker_state(ctx, name, worker_id) not in values(LIVE_WORKER_STATES)
         while True:  # after the state check: nothing the worker wrote before it ended is missed
             chunk = ctx.api.worker_log(name, worker_id, MAX_CHUNK_BYTES, from_offset=offset)
             if chunk["next_offset"] == offset:

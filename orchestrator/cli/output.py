@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 
-TERMINAL_RUN_STATES = frozenset({"stopped", "completed", "failed"})
+from orchestrator.domain.states import FINISHED_RUN_STATES, values
+
+TERMINAL_RUN_STATES = values(FINISHED_RUN_STATES)
 PRICE_KEYS = ("price_per_hour", "price_usd_per_hour")
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import echo_json
 
 

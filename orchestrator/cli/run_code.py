@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 import click
 
 from orchestrator.cli.client import ApiClient, CliError
-from orchestrator.packaging import PackagingError, pack
+from orchestrator.cli.packaging import PackagingError, pack
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")

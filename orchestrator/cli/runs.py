@@ -13,9 +13,8 @@ from typing import Any
 import click
 import yaml
 
-from orchestrator.averaging import window_text
 from orchestrator.cli.client import CliError
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.log_follow import follow_worker_log
 from orchestrator.cli.output import (
     TERMINAL_RUN_STATES,
@@ -32,6 +31,7 @@ from orchestrator.cli.output import (
     validation_metric,
 )
 from orchestrator.cli.run_code import apply_code_flags, code_options
+from orchestrator.domain.averaging import window_text
 from worker.wire import RunSpec
 
 CHART_WIDTH = 60

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from orchestrator.cli.client import EXIT_ERROR, CliError
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import TERMINAL_RUN_STATES, echo_json, echo_table, format_table
 from orchestrator.cli.runs import RUN_COLUMNS, run_row
 from orchestrator.cli.workers import WORKER_COLUMNS, worker_row

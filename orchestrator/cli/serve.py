@@ -18,7 +18,7 @@ from typing import Any, get_args
 import click
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.config import ENV_PREFIX, Settings
+from orchestrator.config import ENV_PREFIX, Settings, ensure_admin_token
 
 _BOOL, _INT, _FLOAT = "bool", "int", "float"
 # Files and directories the server creates (database, checkpoints, uploads, worker logs) are its user's
@@ -69,9 +69,22 @@ def build_settings(options: dict[str, Any]) -> Settings:
         raise click.UsageError(f"invalid settings: {problems}") from exc
 
 
+def announce_admin_token(settings: Settings) -> None:
+    """Generate the admin token into the data dir when none is set, and say where it is (only where: the
+    token itself must not end up in journald or ``docker logs``). Exits with a one-line error when the
+    data dir is not writable."""
+    try:
+        _, generated = ensure_admin_token(settings)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the admin token into {settings.data_dir}: {exc}") from exc
+    if generated:
+        path = settings.admin_token_path()
+        click.echo(f"spotswarm admin token: generated into {path} (read it with: cat {path})")
+
+
 def stop_stale_dht_peer(settings: Settings) -> None:
     """Stop a DHT peer that a crashed server left on this data dir; a one-line error if its server runs."""
-    from orchestrator.dht_process import StalePeerRunning, stop_stale_peer
+    from orchestrator.swarm.dht_process import StalePeerRunning, stop_stale_peer
 
     try:
         stop_stale_peer(settings.dht_pid_path())
@@ -87,9 +100,9 @@ def check_swarm_authority(settings: Settings) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.db.session import Database
-    from orchestrator.deployment_facts import AuthorityMismatch, claim_authority
-    from orchestrator.swarm_auth import load_or_create_key
-    from worker.swarm_token import openssh_public_key
+    from orchestrator.domain.deployment_facts import AuthorityMismatch, claim_authority
+    from orchestrator.swarm.admission import load_or_create_key
+    from worker.admission.tokens import openssh_public_key
 
     path = settings.swarm_authority_key_path()
     database = Database(settings.resolved_database_url())
@@ -117,19 +130,20 @@ def serve(**options: Any) -> None:
     """Run the orchestrator: REST API, DHT peer and background services."""
     import uvicorn
 
-    from orchestrator.assembly import build_app
-    from orchestrator.cli.context import EXIT_INTERRUPTED
+    from orchestrator.app import create_app
+    from orchestrator.cli.command import EXIT_INTERRUPTED
     from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
     from orchestrator.cli.stopping import StoppingServer
 
     settings = build_settings(options)
     _configure_logging(settings)
     keep_new_files_private()
+    announce_admin_token(settings)
     stop_stale_dht_peer(settings)  # the app checks too, but a failing lifespan prints a traceback
     check_swarm_authority(settings)
     warn_if_plain_http(settings)
     raise_open_files_limit()
-    app = build_app(settings)
+    app = create_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -24,9 +24,9 @@ from types import FrameType
 
 import uvicorn
 
-from orchestrator import proctree
+from orchestrator import processes
 from orchestrator.cli.client import EXIT_ERROR
-from orchestrator.cli.context import EXIT_INTERRUPTED
+from orchestrator.cli.command import EXIT_INTERRUPTED
 from orchestrator.launchers.local import LAUNCH_MARKER_ENV
 
 logger = logging.getLogger(__name__)
@@ -37,18 +37,18 @@ TORCH_SHM_MANAGER = "torch_shm_manager"
 
 def is_local_worker(pid: int) -> bool:
     """True for a process started by the local launcher (or one of its children)."""
-    return proctree.has_env(pid, LAUNCH_MARKER_ENV)
+    return processes.has_env(pid, LAUNCH_MARKER_ENV)
 
 
 def own_processes(include_workers: bool) -> list[int]:
     """This server's processes to end (see the module docstring), parents first."""
 
     def left_alone(pid: int) -> bool:
-        if proctree.command_name(pid) == TORCH_SHM_MANAGER:
+        if processes.command_name(pid) == TORCH_SHM_MANAGER:
             return True
         return not include_workers and is_local_worker(pid)
 
-    return proctree.descendants(os.getpid(), prune=left_alone)
+    return processes.descendants(os.getpid(), prune=left_alone)
 
 
 class StoppingServer(uvicorn.Server):
@@ -89,7 +89,7 @@ class StoppingServer(uvicorn.Server):
 
     def exit_now(self, why: str, exit_code: int) -> None:
         """Kill this server's processes (see the module docstring) and end the process with ``exit_code``."""
-        killed = proctree.signal_all(own_processes(self.include_workers), signal.SIGKILL)
+        killed = processes.signal_all(own_processes(self.include_workers), signal.SIGKILL)
         logger.error("%s: killed %d process(es) of the server, exiting now", why, len(killed))
         logging.shutdown()
         os._exit(exit_code)
@@ -99,6 +99,6 @@ class StoppingServer(uvicorn.Server):
         await super().shutdown(sockets)
         left = own_processes(self.include_workers)
         if left:
-            names = ", ".join(f"{pid} ({proctree.command_name(pid)})" for pid in left)
+            names = ", ".join(f"{pid} ({processes.command_name(pid)})" for pid in left)
             logger.warning("stopping what is left of the server: %s", names)
-            proctree.signal_all(left, signal.SIGKILL)
+            processes.signal_all(left, signal.SIGKILL)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.context import ApiContext, api_command
+from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import (
     echo_json,
     echo_table,
@@ -17,9 +17,10 @@ from orchestrator.cli.output import (
     fmt_usd,
     worker_cost_usd,
 )
+from orchestrator.domain.states import LIVE_WORKER_STATES, values
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
-LIVE_STATES = frozenset({"launching", "running"})
+LIVE_STATES = values(LIVE_WORKER_STATES)
 WORKER_COLUMNS = (
     *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
     *("loss", "averaged", "metrics", "ckpt", "cost", "ended"),

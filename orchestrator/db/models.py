@@ -2,7 +2,7 @@
 
 Runs own everything else: deleting a run deletes its workers, events, progress samples and checkpoint
 rows (``ON DELETE CASCADE``). States are stored as short strings (values of ``worker.wire.RunState`` and
-``WorkerState``); ``orchestrator/runs.py`` is the only code that changes them. Tokens are stored as
+``WorkerState``); ``orchestrator/domain/runs.py`` is the only code that changes them. Tokens are stored as
 SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
 """
 
@@ -111,7 +111,7 @@ class Run(Base):
     # of checkpoint uploads are judged by (workers' own reports never count for either).
     swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop_requested_at: Mapped[datetime | None]
-    # What the run's workers reported last, kept when it finishes (orchestrator/reported.py).
+    # What the run's workers reported last, kept when it finishes (orchestrator/domain/reported.py).
     final_loss: Mapped[float | None] = mapped_column(Float)
     averaging: Mapped[dict[str, Any] | None]  # the recent window of outcomes and its warning (averaging.py)
     final_metrics: Mapped[dict[str, Any] | None]

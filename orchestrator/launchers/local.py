@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator.childenv import child_env
-from orchestrator.launchers import local_proc as proc
+from orchestrator.launchers import local_files as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
-from orchestrator.proctree import proc_start_ticks
+from orchestrator.launchers.childenv import child_env
+from orchestrator.processes import proc_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,9 @@ class LocalLauncher:
     import check does). ``grace_s`` is how long a worker has between SIGTERM and SIGKILL.
     ``keep_gone_s`` is how long a finished worker stays listed (and its request id stays reserved)
     after its exit was reported by :meth:`poll_errors`. A worker's environment is the request's env
-    over an allow-list of this process's (:mod:`orchestrator.childenv`, plus the names in ``pass_env``),
-    never the whole: the server's may hold the admin token, the database password and cloud keys.
+    over an allow-list of this process's (:mod:`orchestrator.launchers.childenv`, plus the names in
+    ``pass_env``), never the whole: the server's may hold the admin token, the database password and cloud
+    keys.
     """
 
     name = "local"

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import hivemind
 from hivemind.dht.crypto import RSASignatureValidator
 
-from orchestrator.dht import parse_progress, progress_key
+from orchestrator.swarm.dht import parse_progress, progress_key
 
 
 def main() -> None:

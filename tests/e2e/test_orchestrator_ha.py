@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.swarm_auth import load_or_create_key
+from orchestrator.swarm.admission import load_or_create_key
 from tests.e2e.runs_support import LOOP_ENV, RunReader, admin_post, digits_run, kill_local_workers
 from tests.failover_proxy import FailoverProxy
 from tests.helpers import ProcessRegistry, free_port, wait_until

@@ -26,7 +26,7 @@ from tests import aws_fixture
 from tests.aws_fixture import FakeAws
 from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.helpers import ProcessRegistry, wait_until
-from worker.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
+from worker.agent.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
 
 aws = aws_fixture.aws  # the moto server fixtures, used by name below
 moto_endpoint = aws_fixture.moto_endpoint

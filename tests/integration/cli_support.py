@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from orchestrator.cli import main
 from tests.helpers import wait_until
 from tests.orchestrator_fixture import Orchestrator
-from worker.client import OrchestratorClient
+from worker.agent.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
 
 # Orchestrator settings for tests whose workers are joined by hand: no reconcile loop (it would launch

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hivemind
 
-from orchestrator.dht_process import record_peer
+from orchestrator.swarm.dht_process import record_peer
 
 
 def main() -> None:

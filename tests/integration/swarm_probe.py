@@ -42,17 +42,17 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
-from worker.client import OrchestratorClient
-from worker.files import wait_for_file
-from worker.swarm_auth import (
-    ClientTokenSource,
+from worker.admission.authorizer import (
     SwarmAuthorizer,
     ensure_identity,
     load_identity,
     to_access_token,
 )
-from worker.swarm_guard import AdmissionDHT, serve_token
-from worker.swarm_token import sign_token
+from worker.admission.guard import AdmissionDHT, serve_token
+from worker.admission.tokens import sign_token
+from worker.agent.client import OrchestratorClient
+from worker.agent.token_cache import ClientTokenSource
+from worker.files import wait_for_file
 from worker.trainer_options import NO_VALIDATION, QUIET
 
 INTRUDER_EPOCH = 10**6
@@ -267,7 +267,7 @@ def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 def main() -> None:
     import worker.examples.digits  # noqa: F401 - import Lightning and the model before waiting
-    import worker.strategy  # noqa: F401
+    import worker.strategy.strategy  # noqa: F401
 
     config_path = Path(sys.argv[1])
     config = json.loads(wait_for_file(config_path, CONFIG_WAIT_S, poll_s=0.2).read_text())

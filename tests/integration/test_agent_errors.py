@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import VENV_BIN, ProcessRegistry, free_port, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.agent_config import EXIT_CONFIG, EXIT_FAILED
+from worker.agent.config import EXIT_CONFIG, EXIT_FAILED
 
 FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import ProcessRegistry, group_members, wait_until
 from tests.integration.agent_support import start_training_agent
-from worker.agent_config import EXIT_ORCHESTRATOR_LOST
+from worker.agent.config import EXIT_ORCHESTRATOR_LOST
 
 pytestmark = [pytest.mark.swarm]
 LOST_TIMEOUT_S = 10.0

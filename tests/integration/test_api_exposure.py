@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import workers
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
+from orchestrator.domain import workers
 from tests.helpers import wait_until
 from tests.integration.cli_support import HAND_ONLY
 from tests.integration.worker_support import become_checkpointer
@@ -156,7 +156,9 @@ def test_every_authenticated_route_checks_the_token_before_the_body(
 
 # -- control characters ---------------------------------------------------------------------------------
 
-FORGED = "\n2026-11-23 14:40:00,000 WARNING [run=exposed worker=-] orchestrator.runs: run.deleted FORGED"
+FORGED = (
+    "\n2026-11-23 14:40:00,000 WARNING [run=exposed worker=-] orchestrator.domain.runs: run.deleted FORGED"
+)
 
 
 CONTROLLED = [FORGED, "gpu-1\rFORGED", "red\x1b[31mFORGED", "tab\tFORGED", "ls\u2028FORGED"]

@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import create_model
 
-from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
+from orchestrator.domain import runs, workers
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, swarm_token_peer_id
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator

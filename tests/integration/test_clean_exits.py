@@ -47,7 +47,7 @@ def full_family(orch: Orchestrator) -> dict[int, int]:
     def complete() -> dict[int, int] | None:
         family = process_family(orch.proc.pid)
         names = " ".join(command_line(pid) for pid in family)
-        has_probe = "orchestrator.import_probe" in names
+        has_probe = "orchestrator.importcheck.probe" in names
         has_dht = sum("spotswarm serve" in command_line(pid) for pid in family) >= 2  # server + its fork
         return family if has_probe and has_dht and "p2pd" in names else None
 

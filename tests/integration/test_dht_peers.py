@@ -14,7 +14,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from tests.helpers import ProcessRegistry, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.swarm_dht import start_dht
+from worker.strategy.dht import start_dht
 
 pytestmark = pytest.mark.swarm
 

@@ -19,7 +19,7 @@ import hivemind
 import pytest
 from hivemind.utils import get_dht_time
 
-from orchestrator.dht import progress_key
+from orchestrator.swarm.dht import progress_key
 from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks

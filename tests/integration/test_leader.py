@@ -1,5 +1,5 @@
-"""Leader election of the reconcile loop (orchestrator/leader.py) on a real PostgreSQL and on SQLite files:
-one leader at a time, a standby takes over once the leader releases, dies (kill -9) or loses its
+"""Leader election of the reconcile loop (orchestrator/reconciler/leader.py) on a real PostgreSQL and on
+SQLite files: one leader at a time, a standby takes over once the leader releases, dies (kill -9) or loses its
 database session."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.leader import (
+from orchestrator.reconciler.leader import (
     AlwaysLeader,
     FileLockLeader,
     LeaderElection,
@@ -22,7 +22,7 @@ from tests.postgres import PostgresCluster
 
 HOLDER = """
 import sys, time
-from orchestrator.leader import leader_election
+from orchestrator.reconciler.leader import leader_election
 election = leader_election(sys.argv[1])
 while not election.check():
     time.sleep(0.1)

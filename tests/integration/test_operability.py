@@ -18,14 +18,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
+from orchestrator.domain import runs, workers
 from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.client import OrchestratorClient
+from worker.agent.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
 
 _names = itertools.count()

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.worker_support import heartbeat, new_public_key, register, swarm_token_peer_id
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.swarm_token import peer_id_of
+from worker.admission.tokens import peer_id_of
 
 _names = itertools.count()
 HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.packaging import pack
+from orchestrator.cli.packaging import pack
 from tests import aws_fixture
 from tests.aws_fixture import FakeAws
 from tests.helpers import ProcessRegistry

@@ -14,12 +14,12 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.wheels import build_wheel
-from worker.runtime_env import InstallFailed, ensure_requirements_env, find_installer, requirements_key
+from worker.runtime.env import InstallFailed, ensure_requirements_env, find_installer, requirements_key
 
 CHECK = """
 import sys
 from pathlib import Path
-from worker.runtime_env import activate
+from worker.runtime.env import activate
 activate(None, Path(sys.argv[1]))
 import {name}, torch
 print({name}.VALUE, "|", torch.__file__)

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.swarm_auth import load_or_create_key
+from orchestrator.swarm.admission import load_or_create_key
 from tests.helpers import ProcessRegistry
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.helpers import free_port, wait_until
-from worker.spot import (
+from worker.agent.spot import (
     INSTANCE_ACTION_PATH,
     METADATA_URL_ENV,
     REBALANCE_PATH,

@@ -26,7 +26,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.swarm_token import TokenFields, TokenVerifier, openssh_public_key, parse_expiration, peer_id_of
+from worker.admission.tokens import (
+    TokenFields,
+    TokenVerifier,
+    openssh_public_key,
+    parse_expiration,
+    peer_id_of,
+)
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 150.0  # two agents importing torch, Lightning and hivemind on a busy 2-core machine

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.launchers.ec2_userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
+from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
 from tests.helpers import REPO_ROOT
 from tests.terraform_support import (
     init,

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator import runs, workers
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
+from orchestrator.domain import runs, workers
 from tests.helpers import ProcessRegistry, wait_until
 from tests.integration.cli_support import cli
 from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks
 from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from worker.agent_boot import register as agent_register
-from worker.agent_config import AgentConfig
-from worker.client import OrchestratorClient
+from worker.agent.boot import register as agent_register
+from worker.agent.client import OrchestratorClient
+from worker.agent.config import AgentConfig
 from worker.wire import CHECKSUM_HEADER
 
 _names = itertools.count()

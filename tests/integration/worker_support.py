@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.helpers import wait_until
 from tests.orchestrator_fixture import Orchestrator
-from worker.swarm_token import openssh_public_key
+from worker.admission.tokens import openssh_public_key
 
 
 def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:

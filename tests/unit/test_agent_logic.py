@@ -11,19 +11,19 @@ from typing import Any
 import httpx
 import pytest
 
-from worker.agent import seconds_until
-from worker.agent_boot import (
+from worker.agent.agent import seconds_until
+from worker.agent.boot import (
     OrchestratorUnavailable,
     PermanentError,
     RunNotAccepting,
     build_user_objects,
     register,
 )
-from worker.agent_config import AgentConfig, parse_config
-from worker.agent_metrics import read_loss
-from worker.agent_state import AgentState
-from worker.checkpoints import Checkpointer, live_peer_epochs, live_record_max_age_s, should_resume
-from worker.client import OrchestratorClient
+from worker.agent.checkpoints import Checkpointer, live_peer_epochs, live_record_max_age_s, should_resume
+from worker.agent.client import OrchestratorClient
+from worker.agent.config import AgentConfig, parse_config
+from worker.agent.metrics import read_loss
+from worker.agent.state import AgentState
 from worker.wire import CheckpointRef, DeregisterReason, HeartbeatReply, RunSpec, StopCondition, WorkerAction
 
 SPEC = {
@@ -240,7 +240,7 @@ def test_a_crafted_checkpoint_is_refused_and_runs_no_code(
     from lightning.pytorch import Trainer
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from worker import agent_train
+    from worker.agent import training
 
     # torch < 2.6 unpickled everything by default; this variable restores that default on newer torch
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
@@ -249,5 +249,5 @@ def test_a_crafted_checkpoint_is_refused_and_runs_no_code(
     torch.save({"state_dict": {}, "payload": _RunsCodeWhenUnpickled(marker)}, crafted)
     trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        agent_train.fit(trainer, BoringModel(), None, str(crafted))
+        training.fit(trainer, BoringModel(), None, str(crafted))
     assert not marker.exists()

@@ -1,4 +1,4 @@
-"""A run's averaging window and its warning (orchestrator/averaging.py) on a fresh SQLite database: the
+"""A run's averaging window and its warning (orchestrator/domain/averaging.py) on a fresh SQLite database: the
 fraction is taken between stored progress samples; the warning needs a whole window below the threshold
 with 2+ live workers, is raised once, and is cleared once (recovery, or fewer than 2 live workers)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator import averaging, runs
 from orchestrator.db.models import Event, ProgressSample, Run
 from orchestrator.db.session import Database
+from orchestrator.domain import averaging, runs
 from worker.wire import RunSpec
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from orchestrator.launchers.base import LauncherConfigError
-from orchestrator.launchers.ec2_userdata import (
+from orchestrator.launchers.ec2.userdata import (
     DEFAULT_WORKER_TEMPLATE,
     check_template,
     render_worker_user_data,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.launchers.base import LauncherConfigError
-from orchestrator.launchers.ec2_fleet import (
+from orchestrator.launchers.ec2.fleet import (
     ErrorKind,
     LaunchPlan,
     Market,

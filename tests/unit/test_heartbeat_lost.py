@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from tests.unit.test_worker_client import FakeServer
-from worker.agent_config import EXIT_USAGE, parse_config
-from worker.agent_state import AgentState
-from worker.client import OrchestratorClient
-from worker.heartbeat import Heartbeater
+from worker.agent.client import OrchestratorClient
+from worker.agent.config import EXIT_USAGE, parse_config
+from worker.agent.heartbeat import Heartbeater
+from worker.agent.state import AgentState
 from worker.wire import DeregisterReason
 
 REFUSED = httpx.ConnectError("connection refused")

@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.launchers.base import LauncherConfigError, LaunchRequest
 from orchestrator.launchers.local import LocalLauncher
-from orchestrator.metrics import ServiceMetrics, route_template
-from orchestrator.worker_logs import read_tail, worker_log_path
+from orchestrator.launchers.worker_logs import read_tail, worker_log_path
+from orchestrator.metrics.middleware import route_template
+from orchestrator.metrics.service import ServiceMetrics
 from tests.helpers import wait_until
 from worker.logsetup import configure_logging, log_fields, set_log_context
 
@@ -42,7 +43,7 @@ def restore_logging() -> Iterator[None]:
 def test_json_lines_carry_run_worker_event_and_tracebacks(restore_logging: None) -> None:
     out = io.StringIO()
     assert configure_logging("INFO", "json", stream=out, hivemind=False, lightning=False) == "json"
-    log = logging.getLogger("orchestrator.runs")
+    log = logging.getLogger("orchestrator.domain.runs")
     log.info("launching -> running", extra=log_fields(run="digits", worker=3, event="worker.state"))
     set_log_context(run="digits", worker="7")
     try:
@@ -53,7 +54,7 @@ def test_json_lines_carry_run_worker_event_and_tracebacks(restore_logging: None)
     assert first == {
         "timestamp": first["timestamp"],
         "level": "info",
-        "logger": "orchestrator.runs",
+        "logger": "orchestrator.domain.runs",
         "run": "digits",
         "worker": "3",
         "event": "worker.state",
@@ -75,8 +76,9 @@ def test_text_is_the_default_and_the_env_variable_picks_json(
     out = io.StringIO()
     monkeypatch.delenv("SPOTSWARM_LOG_FORMAT", raising=False)
     assert configure_logging("INFO", stream=out, hivemind=False, lightning=False) == "text"
-    logging.getLogger("orchestrator.runs").warning("x -> y", extra=log_fields(run="r", event="run.state"))
-    assert "WARNING [run=r] orchestrator.runs: run.state: x -> y" in out.getvalue()
+    runs_logger = logging.getLogger("orchestrator.domain.runs")
+    runs_logger.warning("x -> y", extra=log_fields(run="r", event="run.state"))
+    assert "WARNING [run=r] orchestrator.domain.runs: run.state: x -> y" in out.getvalue()
     monkeypatch.setenv("SPOTSWARM_LOG_FORMAT", "JSON")
     assert configure_logging("INFO", stream=out, hivemind=False, lightning=False) == "json"
     with pytest.raises(ValueError, match="text, json"):
@@ -86,16 +88,17 @@ def test_text_is_the_default_and_the_env_variable_picks_json(
 def test_text_lines_escape_control_characters_so_values_cannot_forge_lines(restore_logging: None) -> None:
     out = io.StringIO()
     configure_logging("INFO", "text", stream=out, hivemind=False, lightning=False)
-    forged = "gpu-1\n2026-11-23 14:40:00,000 WARNING orchestrator.runs: run.deleted FORGED"
-    logging.getLogger("orchestrator.workers").info("joined from %s", forged, extra=log_fields(run="r\rx"))
+    forged = "gpu-1\n2026-11-23 14:40:00,000 WARNING orchestrator.domain.runs: run.deleted FORGED"
+    workers_logger = logging.getLogger("orchestrator.domain.workers")
+    workers_logger.info("joined from %s", forged, extra=log_fields(run="r\rx"))
     try:
         raise RuntimeError("boom")
     except RuntimeError:
         logging.getLogger("worker.agent").exception("failed \x1b[31m\u2028")
     lines = out.getvalue().splitlines()
     assert lines[0].endswith(
-        "[run=r\\rx] orchestrator.workers: joined from gpu-1\\n2026-11-23 14:40:00,000 "
-        "WARNING orchestrator.runs: run.deleted FORGED"
+        "[run=r\\rx] orchestrator.domain.workers: joined from gpu-1\\n2026-11-23 14:40:00,000 "
+        "WARNING orchestrator.domain.runs: run.deleted FORGED"
     ), lines
     assert lines[1].endswith("worker.agent: failed \\x1b[31m\\u2028"), lines
     assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "RuntimeError: boom"

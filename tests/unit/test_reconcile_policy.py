@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.reconcile_policy import (
+from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
     ReconcilePolicy,

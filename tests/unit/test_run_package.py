@@ -1,5 +1,5 @@
 """A run's code package: what `runs create --workdir` packs (ignore rules, determinism, size cap, links)
-and what a worker accepts and extracts (orchestrator/packaging.py, worker/runtime_package.py)."""
+and what a worker accepts and extracts (orchestrator/cli/packaging.py, worker/runtime/package.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.packaging import PackagingError, collect, pack
-from worker.runtime_package import (
+from orchestrator.cli.packaging import PackagingError, collect, pack
+from worker.runtime.package import (
     UnsafePackage,
     ensure_package,
     extract,

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.import_probe import _bind_error
-from orchestrator.queries import public_spec
-from worker.agent_boot import call_arguments
+from orchestrator.domain.views import public_spec
+from orchestrator.importcheck.probe import _bind_error
+from worker.agent.boot import call_arguments
 from worker.wire import RunSpec
 
 BASE: dict[str, Any] = {

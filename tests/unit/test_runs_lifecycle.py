@@ -1,4 +1,5 @@
-"""Run and worker lifecycles (orchestrator/runs.py, workers.py) on a fresh SQLite database per test."""
+"""Run and worker lifecycles (orchestrator/domain/states.py, runs.py, workers.py, checkpointer.py) on a fresh
+SQLite database per test."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestrator import checkpoints, runs, workers
 from orchestrator.db.models import Event, Run, Worker
 from orchestrator.db.session import Database
+from orchestrator.domain import checkpoints, runs, states, workers
+from orchestrator.domain.checkpointer import elect_checkpointer
 from orchestrator.errors import (
     Conflict,
     Forbidden,
@@ -22,7 +24,7 @@ from orchestrator.errors import (
     RunNotAcceptingWorkers,
     Unauthorized,
 )
-from orchestrator.reconcile_policy import STOP_CONDITION_REACHED
+from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -76,7 +78,7 @@ def test_run_transitions_follow_the_table(db: Database, old: RunState, new: RunS
         run = runs.get_run(session, name)
         if old == new:
             assert runs.set_run_state(session, run, new, "again", T0) is False
-        elif new in runs.RUN_TRANSITIONS[old]:
+        elif new in states.RUN_TRANSITIONS[old]:
             assert runs.set_run_state(session, run, new, "test", T0) is True
             assert run.state == new.value and run.state_reason == "test"
         else:
@@ -96,19 +98,19 @@ def test_worker_transitions_follow_the_table(db: Database, old: WorkerState, new
         worker = runs.get_worker(session, worker_id)
         if old == new:
             assert runs.set_worker_state(session, worker, new, "again", T0) is False
-        elif new in runs.WORKER_TRANSITIONS[old]:
+        elif new in states.WORKER_TRANSITIONS[old]:
             assert runs.set_worker_state(session, worker, new, "test", T0) is True
-            assert (worker.ended_at is not None) == (not runs.WORKER_TRANSITIONS[new])
+            assert (worker.ended_at is not None) == (not states.WORKER_TRANSITIONS[new])
         else:
             with pytest.raises(IllegalTransition):
                 runs.set_worker_state(session, worker, new, "test", T0)
 
 
 def test_finished_runs_resume_and_ended_workers_are_final() -> None:
-    for state in runs.FINISHED_RUN_STATES:
-        assert runs.RUN_TRANSITIONS[state] == {RunState.pending}
+    for state in states.FINISHED_RUN_STATES:
+        assert states.RUN_TRANSITIONS[state] == {RunState.pending}
     for state in (WorkerState.interrupted, WorkerState.exited, WorkerState.failed):
-        assert runs.WORKER_TRANSITIONS[state] == frozenset()
+        assert states.WORKER_TRANSITIONS[state] == frozenset()
 
 
 @pytest.mark.timeout(30)
@@ -285,18 +287,18 @@ def test_one_checkpointer_is_elected_and_replaced_when_it_goes(db: Database) -> 
     first, second = join(db, token, T0), join(db, token, T0 + timedelta(seconds=1))
     now = T0 + timedelta(seconds=5)
     with db.begin() as session:
-        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == first
-        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == first  # stable
+        assert elect_checkpointer(session, runs.get_run(session, name), now, 30) == first
+        assert elect_checkpointer(session, runs.get_run(session, name), now, 30) == first  # stable
     with db.begin() as session:
         workers.request_retire(session, runs.get_worker(session, first), "scale down", now)
-        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) == second
+        assert elect_checkpointer(session, runs.get_run(session, name), now, 30) == second
     with db.begin() as session:
         runs.set_worker_state(session, runs.get_worker(session, second), WorkerState.lost, "silent", now)
         assert runs.get_run(session, name).checkpointer_worker_id is None
-        assert runs.elect_checkpointer(session, runs.get_run(session, name), now, 30) is None
+        assert elect_checkpointer(session, runs.get_run(session, name), now, 30) is None
     late = T0 + timedelta(seconds=60)  # the retiring one is excluded, a silent one too
     with db.begin() as session:
-        assert runs.elect_checkpointer(session, runs.get_run(session, name), late, 30) is None
+        assert elect_checkpointer(session, runs.get_run(session, name), late, 30) is None
 
 
 @pytest.mark.timeout(30)

@@ -10,10 +10,10 @@ from hivemind.utils import ValueWithExpiration
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from orchestrator import errors
-from orchestrator.app import _status_of
+from orchestrator.api.errors import _status_of
 from orchestrator.config import Settings
-from orchestrator.dht import SwarmProgressCache, parse_progress, progress_key
-from orchestrator.queries import downsample
+from orchestrator.domain.views import downsample
+from orchestrator.swarm.dht import SwarmProgressCache, parse_progress, progress_key
 from orchestrator.tokens import bearer_token, hash_token, token_matches
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from lightning.pytorch.loggers import CSVLogger
 
 from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
-from worker.agent_metrics import ReportingLogger, reported_metrics
+from worker.agent.metrics import ReportingLogger, reported_metrics
 from worker.examples.digits import DigitsModule
 from worker.trainer_options import TrainerPluginError, build_plugins, plugin_class_problem
 from worker.wire_trainer import TrainerPlugin

@@ -1,5 +1,5 @@
 """Checkpoints carry hivemind's optimizer state and swarm epoch: a resumed peer rejoins at that epoch.
-Resumes go through the agent's ``agent_train.fit`` (``weights_only=True``), so that state must load as
+Resumes go through the agent's ``training.fit`` (``weights_only=True``), so that state must load as
 plain tensors and values."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from tests.unit.strategy_helpers import digits, flat_params, make_strategy, make_trainer
-from worker import agent_train
+from worker.agent import training
 from worker.examples.digits import DigitsModule
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
@@ -55,7 +55,7 @@ def test_checkpoint_round_trip_restores_swarm_epoch_optimizer_state_and_schedule
     probe = AtTrainStart()
     resumed = make_strategy(target_batch_size=32)  # nobody else alive: it restarts the swarm from the file
     trainer = make_trainer(resumed, callbacks=[probe], max_steps=7)
-    agent_train.fit(
+    training.fit(
         trainer, ScheduledDigits(), digits(batch_size=32), str(path)
     )  # the agent's way: weights only
     assert probe.epoch == saved_epoch
@@ -79,7 +79,7 @@ def test_hivemind_owned_scheduler_is_saved_and_restored(tmp_path: Path) -> None:
 
     resumed = make_strategy(target_batch_size=32, scheduler_fn=step_lr)
     trainer = make_trainer(resumed, max_steps=6)  # already reached: restores, then stops at once
-    agent_train.fit(trainer, DigitsModule(lr=0.1), digits(batch_size=32), str(path))
+    training.fit(trainer, DigitsModule(lr=0.1), digits(batch_size=32), str(path))
     restored = resumed.optimizer.state_averager.scheduler.state_dict()
     assert restored["last_epoch"] == saved["last_epoch"] == 6
     assert resumed.optimizer.local_epoch == 6

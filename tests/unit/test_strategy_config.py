@@ -15,8 +15,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy, HivemindStrategyError, SwarmNotStartedError, SwarmProgress
-from worker.swarm_dht import initial_peers_line, parse_initial_peers, shareable_maddrs
-from worker.swarm_metrics import total_samples_per_second
+from worker.strategy.dht import initial_peers_line, parse_initial_peers, shareable_maddrs
+from worker.strategy.metrics import total_samples_per_second
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
-from worker.swarm_outcomes import Outcome, round_outcome
+from worker.strategy.outcomes import Outcome, round_outcome
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,12 +14,12 @@ from hivemind.dht import DHT, DHTNode
 from lightning.pytorch import Callback, Trainer
 
 from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
-from worker.agent_config import parse_config
-from worker.agent_train import split_strategy_options
+from worker.agent.config import parse_config
+from worker.agent.training import split_strategy_options
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy, HivemindStrategyError
-from worker.strategy_options import strategy_option_problem
-from worker.swarm_keywords import dht_keywords, optimizer_keywords, route_keywords
+from worker.strategy.keywords import dht_keywords, optimizer_keywords, route_keywords
+from worker.strategy.options import strategy_option_problem
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -23,7 +23,7 @@ from tests.unit.strategy_helpers import (
     make_trainer,
 )
 from worker.examples.digits import DigitsModule
-from worker.swarm_precision import HivemindMixedPrecision
+from worker.strategy.precision import HivemindMixedPrecision
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 

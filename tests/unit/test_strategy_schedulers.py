@@ -9,7 +9,7 @@ import torch
 
 from tests.unit.strategy_helpers import Recorder, digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
-from worker.swarm_schedulers import SwarmEpochScheduler
+from worker.strategy.schedulers import SwarmEpochScheduler
 
 BASE_LR = 0.1
 GAMMA = 0.5

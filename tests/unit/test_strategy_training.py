@@ -13,7 +13,7 @@ import torch
 from tests.unit.strategy_helpers import digits, fixed_loader, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategyError, SwarmNotStartedError
-from worker.swarm_dht import start_dht
+from worker.strategy.dht import start_dht
 
 pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
 

@@ -1,4 +1,4 @@
-"""The averaging guard's memory (worker/swarm_guard.py): what it remembers of callers is dropped once
+"""The averaging guard's memory (worker/admission/guard.py): what it remembers of callers is dropped once
 it has expired, so a stream of new peer identities cannot grow it without bound.
 
 The guard asks each new caller for its token through hivemind's P2P; here a small stand-in for that P2P
@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.p2p import P2PHandlerError, PeerID
 from hivemind.proto.auth_pb2 import AccessToken
 
-from worker.swarm_auth import to_access_token
-from worker.swarm_guard import AdmissionGuard, PeerNotAdmitted
-from worker.swarm_token import TokenVerifier, openssh_public_key, peer_id_of, sign_token
+from worker.admission.authorizer import to_access_token
+from worker.admission.guard import AdmissionGuard, PeerNotAdmitted
+from worker.admission.tokens import TokenVerifier, openssh_public_key, peer_id_of, sign_token
 
 NOW = 1_800_000_000.0
 TOKEN_TTL_S = 60.0

@@ -1,4 +1,4 @@
-"""worker/swarm_keepalive.py: a cancelled task that nobody awaits still runs its clean-up."""
+"""worker/strategy/hivemind_fixes.py: a cancelled task that nobody awaits still runs its clean-up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from hivemind.averaging import DecentralizedAverager
 
-from worker.swarm_keepalive import keep_alive_task_factory, keep_averager_tasks_alive, live_task_count
+from worker.strategy.hivemind_fixes import keep_alive_task_factory, keep_averager_tasks_alive, live_task_count
 
 
 async def _orphaned_round(cleaned: list[str]) -> None:

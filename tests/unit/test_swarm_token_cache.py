@@ -1,5 +1,5 @@
-"""The worker's cached swarm token and identity (worker/swarm_token_cache.py), and the agent joining its
-swarm with them while the orchestrator cannot be reached (worker.agent_train.swarm_authorizer)."""
+"""The worker's cached swarm token and identity (worker/agent/token_cache.py), and the agent joining its
+swarm with them while the orchestrator cannot be reached (worker.agent.training.swarm_authorizer)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.swarm_auth import SwarmAuthority, load_or_create_key
+from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
 from tests.helpers import free_port
-from worker.agent_config import AgentConfig, parse_config
-from worker.agent_train import swarm_authorizer
-from worker.client import Unreachable
-from worker.swarm_auth import ensure_identity, load_identity
-from worker.swarm_token_cache import CachingTokenSource, identity_path, load_token, save_token
+from worker.admission.authorizer import ensure_identity, load_identity
+from worker.agent.client import Unreachable
+from worker.agent.config import AgentConfig, parse_config
+from worker.agent.token_cache import CachingTokenSource, identity_path, load_token, save_token
+from worker.agent.training import swarm_authorizer
 from worker.wire import RunSpec, SwarmToken, WorkerRegistered
 
 SWARM = "spotswarm-cache-test"

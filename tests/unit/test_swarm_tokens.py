@@ -1,4 +1,4 @@
-"""Swarm tokens: what the orchestrator signs and what peers accept (worker/swarm_token.py), the worker's
+"""Swarm tokens: what the orchestrator signs and what peers accept (worker/admission/tokens.py), the worker's
 authorizer (renewal, fallback while the orchestrator is away) and the orchestrator peer's policy."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from orchestrator.swarm_auth import SwarmAuthority, load_or_create_key
-from worker.swarm_token import (
+from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
+from worker.admission.tokens import (
     SwarmTokenError,
     TokenFields,
     TokenVerifier,
@@ -99,7 +99,7 @@ def test_only_rsa_keys_of_2048_bits_or_more_get_tokens(authority_key) -> None:
 def test_peer_id_is_the_libp2p_id_of_the_identity_key(tmp_path: Path) -> None:
     from hivemind.p2p import PeerID
 
-    from worker.swarm_auth import ensure_identity, load_identity
+    from worker.admission.authorizer import ensure_identity, load_identity
 
     path = tmp_path / "identity.key"
     ensure_identity(path)
@@ -132,7 +132,7 @@ class FlakyOrchestrator:
         self.now = time.time()
 
     def __call__(self, public_key: str) -> SwarmToken:
-        from worker.swarm_auth import SwarmTokenUnavailable
+        from worker.admission.authorizer import SwarmTokenUnavailable
 
         self.calls += 1
         if not self.up:
@@ -141,7 +141,7 @@ class FlakyOrchestrator:
 
 
 def test_the_worker_renews_at_half_life_and_keeps_its_token_in_an_outage(authority_key, tmp_path) -> None:
-    from worker.swarm_auth import SwarmAuthorizer, SwarmTokenUnavailable, from_access_token
+    from worker.admission.authorizer import SwarmAuthorizer, SwarmTokenUnavailable, from_access_token
 
     source = FlakyOrchestrator(SwarmAuthority(authority_key, ttl_s=100), "run-a")
     clock = [source.now]
@@ -178,7 +178,7 @@ def test_the_orchestrator_peer_stores_nothing_for_workers_and_reads_only_their_o
     from hivemind.dht.routing import DHTID
     from hivemind.proto import dht_pb2
 
-    from orchestrator.swarm_peer_auth import _empty_store, _values_only_for
+    from orchestrator.swarm.peer_authorizer import _empty_store, _values_only_for
 
     store = dht_pb2.StoreRequest(
         keys=[b"k"], subkeys=[b"s"], values=[b"v"], expiration_time=[NOW], in_cache=[False]

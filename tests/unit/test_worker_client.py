@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from worker.agent_state import AgentState
-from worker.client import (
+from worker.agent.client import (
     ChecksumMismatch,
     Conflict,
     OrchestratorClient,
@@ -18,7 +17,8 @@ from worker.client import (
     Unauthorized,
     Unreachable,
 )
-from worker.heartbeat import Heartbeater
+from worker.agent.heartbeat import Heartbeater
+from worker.agent.state import AgentState
 from worker.wire import CHECKSUM_HEADER, DeregisterReason, Heartbeat
 
 

@@ -1,4 +1,4 @@
-"""Worker indexes and the crash budget (orchestrator/workers.py, crash_budget.py) on a fresh SQLite
+"""Worker indexes and the crash budget (orchestrator/domain/workers.py, crash_budget.py) on a fresh SQLite
 database."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from orchestrator import runs, workers
-from orchestrator.crash_budget import CrashPolicy
 from orchestrator.db.models import Event
 from orchestrator.db.session import Database
+from orchestrator.domain import runs, workers
+from orchestrator.domain.crash_budget import CrashPolicy
 from tests.unit.test_runs_lifecycle import T0, join, new_run
 from tests.unit.test_runs_lifecycle import db as db  # noqa: F401 - the fixture: a fresh SQLite database
 from worker.wire import DeregisterReason

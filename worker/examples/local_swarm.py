@@ -31,7 +31,6 @@ from worker.strategy import HivemindStrategy
 from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOP_GRACE_S = 20.0
-JOIN_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)

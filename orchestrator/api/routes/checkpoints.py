@@ -1,0 +1,206 @@
+"""Checkpoints: upload by a worker, list, and download (streamed).
+
+Before any byte of an upload is read, the worker must be the run's checkpointer, the epoch no more than
+``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
+another checkpoint, and the temp dir's disk must have room for it plus ``checkpoint_min_free_bytes``.
+The upload is then received as :mod:`orchestrator.api.uploads` does (size capped, SHA-256 computed);
+only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
+keeps its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is
+recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, status
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from orchestrator.api import uploads
+from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
+from orchestrator.api.routes.workers import CallingWorker
+from orchestrator.api.schemas import CheckpointList
+from orchestrator.context import AppContext
+from orchestrator.db.models import Run
+from orchestrator.domain import checkpoints, runs
+from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
+from orchestrator.errors import Conflict, InvalidRequest
+from orchestrator.heartbeats.hub import WorkerEntry
+from orchestrator.storage.base import checkpoint_key
+from worker.wire import CHECKSUM_HEADER, CheckpointRef
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["checkpoints"])
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
+
+
+@router.put(
+    "/workers/{worker_id}/checkpoints/{epoch}",
+    status_code=status.HTTP_201_CREATED,
+    summary="Upload a checkpoint (worker token)",
+    openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
+)
+async def upload_checkpoint(
+    worker_id: WorkerId,
+    entry: CallingWorker,
+    epoch: Epoch,
+    request: Request,
+    ctx: Ctx,
+    checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
+) -> CheckpointRef:
+    """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
+    409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
+    ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
+    other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
+    if entry.state in values(ENDED_WORKER_STATES):
+        raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
+    sha256 = (checksum or "").strip().lower()
+    if not SHA256_RE.match(sha256):
+        raise InvalidRequest(f"header {CHECKSUM_HEADER} must be the hex SHA-256 of the body")
+    with ctx.uploads.hold(worker_id):
+        size = uploads.declared_size(request, ctx.settings.checkpoint_max_bytes)
+        await run_in_threadpool(_admit, ctx, entry, epoch, size)
+        return await _receive_and_store(ctx, entry, epoch, request, sha256)
+
+
+def _admit(ctx: AppContext, entry: WorkerEntry, epoch: int, size_bytes: int) -> None:
+    """Raise unless the worker may upload ``size_bytes`` for ``epoch`` now (see the module docstring)."""
+    run = _run_of(ctx, entry)
+    try:
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
+    except Conflict:
+        if run.checkpointer_worker_id != entry.worker_id:
+            raise
+        # The checkpointer's own DHT peer may hold an epoch the periodic reader has not seen yet.
+        ctx.read_swarm_now(run.id)
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
+    uploads.check_free_space(ctx.settings, size_bytes)
+
+
+def _run_of(ctx: AppContext, entry: WorkerEntry) -> Run:
+    with ctx.db.read() as session:
+        run = session.get(Run, entry.run_id)
+    if run is None:
+        raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
+    return run
+
+
+def _dht_epoch(ctx: AppContext, run: Run) -> int | None:
+    progress = ctx.swarm.get(run.swarm_id)
+    return progress.epoch if progress is not None else None
+
+
+async def _receive_and_store(
+    ctx: AppContext, entry: WorkerEntry, epoch: int, request: Request, sha256: str
+) -> CheckpointRef:
+    max_bytes = ctx.settings.checkpoint_max_bytes
+    async with uploads.received(request, ctx.settings, max_bytes, sha256, "checkpoint") as upload:
+        return await run_in_threadpool(_store_and_record, ctx, entry, epoch, upload.path, sha256, upload.size)
+
+
+def _store_and_record(
+    ctx: AppContext, entry: WorkerEntry, epoch: int, path: Path, sha256: str, size: int
+) -> CheckpointRef:
+    with ctx.db.read() as session:
+        run = session.get(Run, entry.run_id)
+        if run is None:
+            raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
+        previous = checkpoints.existing_upload(session, run, epoch, sha256)
+        if previous is not None:
+            return checkpoints.to_ref(run, previous)
+        if run.state not in values(ACTIVE_RUN_STATES):
+            raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
+        key = checkpoint_key(run.swarm_id, epoch, sha256)
+    ctx.store.put_file(key, path, sha256)
+    try:
+        ref, dropped = _record(ctx, entry, run.name, epoch, key, sha256, size)
+    except Conflict:
+        ctx.store.delete(key)  # another upload of this epoch, with other bytes, was recorded first
+        raise
+    for old_key in dropped:  # its own key too when an older epoch arrived late and was pruned at once
+        ctx.store.delete(old_key)
+    ctx.hub.refresh()
+    return ref
+
+
+def _record(
+    ctx: AppContext, entry: WorkerEntry, name: str, epoch: int, key: str, sha256: str, size: int
+) -> tuple[CheckpointRef, list[str]]:
+    """Record the stored object; the ref and the keys of pruned checkpoints. Raises Conflict."""
+    with ctx.db.begin() as session:
+        run = runs.get_run(session, name, for_update=True)
+        if (previous := checkpoints.existing_upload(session, run, epoch, sha256)) is not None:
+            return checkpoints.to_ref(run, previous), []  # a concurrent retry of the same upload won
+        stored, dropped = checkpoints.record_checkpoint(
+            session,
+            run,
+            epoch=epoch,
+            key=key,
+            size_bytes=size,
+            sha256=sha256,
+            worker_id=entry.worker_id,
+            now=ctx.clock(),
+        )
+        return checkpoints.to_ref(run, stored), dropped
+
+
+@router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
+def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
+    with ctx.db.read() as session:
+        run = runs.get_run(session, name)
+        return CheckpointList(
+            items=[checkpoints.to_ref(run, c) for c in checkpoints.list_checkpoints(session, run.id)]
+        )
+
+
+# The bytes of a checkpoint, not JSON (documented so, for clients and the schema-driven fuzz tests).
+CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
+    200: {
+        "description": "The checkpoint's bytes; their SHA-256 is in X-Checksum-Sha256.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.get(
+    "/runs/{name}/checkpoints/latest/download",
+    summary="Download the newest checkpoint",
+    response_class=StreamingResponse,
+    responses=CHECKPOINT_BYTES,
+)
+def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
+    """Needs the admin token, the run's join token or a worker token of the run. Streamed; the
+    checksum is in ``X-Checksum-Sha256``."""
+    return _download(ctx, name, None, token)
+
+
+@router.get(
+    "/runs/{name}/checkpoints/{epoch}/download",
+    summary="Download a checkpoint",
+    response_class=StreamingResponse,
+    responses=CHECKPOINT_BYTES,
+)
+def download(name: str, epoch: Epoch, ctx: Ctx, token: Token) -> StreamingResponse:
+    """Same access rule as ``latest/download``."""
+    return _download(ctx, name, epoch, token)
+
+
+def _download(ctx: AppContext, name: str, epoch: int | None, token: str | None) -> StreamingResponse:
+    with ctx.db.read() as session:
+        run = runs.get_run(session, name)
+        check_run_access(ctx, session, run, token)
+        checkpoint = checkpoints.get_checkpoint(session, run, epoch)
+    stream = ctx.store.open_stream(checkpoint.key)
+    headers = {
+        CHECKSUM_HEADER: checkpoint.sha256,
+        "Content-Length": str(checkpoint.size_bytes),
+        "Content-Disposition": f'attachment; filename="{run.name}-epoch-{checkpoint.epoch}.ckpt"',
+    }
+    return StreamingResponse(stream, media_type="application/octet-stream", headers=headers)

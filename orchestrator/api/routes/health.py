@@ -1,0 +1,37 @@
+"""``/healthz`` (the process answers) and ``/readyz`` (the database and the DHT work: 503 otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+
+from orchestrator.api.deps import Ctx
+from orchestrator.api.schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
+READY_DB_TIMEOUT_S = 5.0
+
+
+@router.get("/healthz", summary="Liveness")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", summary="Readiness", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(ctx: Ctx) -> JSONResponse:
+    detail: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(asyncio.to_thread(ctx.db.ping), READY_DB_TIMEOUT_S)
+        database = True
+    except (SQLAlchemyError, asyncio.TimeoutError) as exc:
+        database = False
+        detail["database"] = type(exc).__name__
+    dht = ctx.dht.alive()
+    if not dht:
+        detail["dht"] = "the DHT peer is not running"
+    ready = database and dht
+    body = Readiness(status="ready" if ready else "unavailable", database=database, dht=dht, detail=detail)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

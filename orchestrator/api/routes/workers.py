@@ -1,0 +1,114 @@
+"""``/api/v1/workers``: register (join or launch token), heartbeat and deregister (worker token).
+
+The heartbeat is the hot path: it is answered from memory by the HeartbeatHub and written to the
+database in batches; only a worker missing from the cache costs a database read.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Response, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
+from orchestrator.context import AppContext
+from orchestrator.domain import checkpoints, runs, views, workers
+from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.errors import NotFound, Unauthorized
+from orchestrator.heartbeats.hub import WorkerEntry
+from worker.wire import (
+    Deregister,
+    Heartbeat,
+    HeartbeatReply,
+    WorkerRegister,
+    WorkerRegistered,
+    spec_for_workers,
+)
+
+router = APIRouter(prefix="/workers", tags=["workers"])
+
+
+@router.post(
+    "/register", summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
+)
+def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONResponse:
+    """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
+    row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
+    run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
+    ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
+    with ctx.db.begin() as session:
+        reg = workers.register_worker(session, token, body, ctx.clock(), ctx.join_limiter)
+        own = ctx.orchestrator_peers()
+        others = [m for m in views.worker_peers(session, reg.run.id) if m not in own]
+        latest = views.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
+        reply = WorkerRegistered(
+            worker_id=str(reg.worker.id),
+            worker_token=reg.token,
+            run=runs.run_spec(reg.run),
+            swarm_id=reg.run.swarm_id,
+            initial_peers=own + others,
+            heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
+            resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
+            secret_env=runs.secret_values(reg.run),
+            worker_index=reg.worker.worker_index or 0,
+            num_workers=workers.count_running_workers(session, reg.run.id),
+        )
+        cached = ctx.hub.entries_of(reg.worker)
+    ctx.hub.note(cached)
+    return JSONResponse({**reply.model_dump(mode="json"), "run": spec_for_workers(reply.run)})
+
+
+async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | None) -> WorkerEntry:
+    """The cached entry of ``worker_id`` if ``token`` is its token; 401/403/404 otherwise."""
+    if token is None:
+        raise Unauthorized("missing bearer token (the worker token)")
+    if not 0 <= worker_id <= MAX_ID:  # no such row; the database would fail on the number itself
+        raise NotFound(f"worker {worker_id} not found")
+    entry = ctx.hub.cached(worker_id) or await run_in_threadpool(ctx.hub.load, worker_id)
+    if entry is None:
+        raise NotFound(f"worker {worker_id} not found")
+    ctx.hub.authenticate(entry, token)
+    return entry
+
+
+async def calling_worker(worker_id: WorkerId, ctx: Ctx, token: WorkerToken) -> WorkerEntry:
+    """The route's worker, authenticated by its own token; a dependency, so it runs before the body
+    is validated (no token: 401 whatever the body)."""
+    return await authenticated_worker(ctx, worker_id, token)
+
+
+CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
+
+
+@router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
+async def heartbeat(worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, ctx: Ctx) -> HeartbeatReply:
+    """The reply says continue or stop, whether this worker is the run's checkpointer and the
+    checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
+    return ctx.hub.accept(entry, body)
+
+
+@router.post(
+    "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
+)
+async def deregister(worker_id: WorkerId, _: CallingWorker, body: Deregister, ctx: Ctx) -> Response:
+    """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
+    await run_in_threadpool(_deregister, ctx, worker_id, body)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
+    # A worker that reached its run's target leaves at once: the periodic DHT reader may not have seen
+    # that epoch. Its DHT peer still runs while it deregisters, so read the swarm now when it claims
+    # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
+    # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
+    entry = ctx.hub.cached(worker_id)
+    live = entry is not None and entry.state in values(UNENDED_WORKER_STATES)
+    if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
+        ctx.read_swarm_now(entry.run_id)
+    ctx.heartbeat_writer.flush()
+    with ctx.db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock(), ctx.crash_policy)
+    ctx.hub.refresh()

@@ -1,0 +1,93 @@
+"""The run and worker lifecycles: the allowed transitions, and every set of states a rule names.
+
+The state enums themselves (:class:`~worker.wire.RunState`, :class:`~worker.wire.WorkerState`) are in
+``worker/wire.py``: API answers carry them, and workers and clients read them. Rows store their string
+values; :func:`values` gives a set's stored strings, for queries and for comparing with a row.
+``runs.set_run_state`` and ``runs.set_worker_state`` are the only code that changes a state, and they
+allow only the transitions below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from worker.wire import RunState, WorkerState
+
+__all__ = [
+    "ACCEPTING_RUN_STATES",
+    "ACTIVE_RUN_STATES",
+    "ENDED_WORKER_STATES",
+    "FINISHED_RUN_STATES",
+    "LIVE_WORKER_STATES",
+    "REVIVABLE_WORKER_STATES",
+    "RUN_TRANSITIONS",
+    "TOKEN_WORKER_STATES",
+    "UNENDED_WORKER_STATES",
+    "WORKER_TRANSITIONS",
+    "RunState",
+    "WorkerState",
+    "values",
+]
+
+# Allowed run transitions. A run is created ``pending`` and becomes ``running`` when its first worker
+# registers. ``stopping`` waits for workers to leave (the reconciler, or the last worker leaving, ends
+# it in ``stopped``, or ``completed`` when the stop condition was reached). Every finished run can be
+# resumed (back to ``pending``; a completed one with a target it has not reached yet). A transition to
+# the current state is a no-op, not an error.
+RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.pending: frozenset({RunState.running, RunState.stopping, RunState.failed}),
+    RunState.running: frozenset({RunState.stopping, RunState.completed, RunState.failed}),
+    RunState.stopping: frozenset({RunState.stopped, RunState.completed, RunState.failed}),
+    RunState.stopped: frozenset({RunState.pending}),
+    RunState.failed: frozenset({RunState.pending}),
+    RunState.completed: frozenset({RunState.pending}),
+}
+
+# Allowed worker transitions. ``launching`` is the intent written before the launcher is called;
+# ``running`` starts at registration. ``lost`` (silent past the heartbeat timeout, or its machine
+# vanished) is not final: a lost worker that heartbeats again is running again. ``interrupted``
+# (spot notice), ``exited`` (left or terminated cleanly) and ``failed`` are final.
+WORKER_TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    WorkerState.launching: frozenset(
+        {
+            WorkerState.running,
+            WorkerState.lost,
+            WorkerState.interrupted,
+            WorkerState.exited,
+            WorkerState.failed,
+        }
+    ),
+    WorkerState.running: frozenset(
+        {WorkerState.lost, WorkerState.interrupted, WorkerState.exited, WorkerState.failed}
+    ),
+    WorkerState.lost: frozenset(
+        {WorkerState.running, WorkerState.interrupted, WorkerState.exited, WorkerState.failed}
+    ),
+    WorkerState.interrupted: frozenset(),
+    WorkerState.exited: frozenset(),
+    WorkerState.failed: frozenset(),
+}
+
+#: Runs the orchestrator looks after: the reconcile loop, the heartbeat cache, swarm tokens, checkpoints.
+ACTIVE_RUN_STATES = frozenset({RunState.pending, RunState.running, RunState.stopping})
+#: Runs that take workers: registrations, launches, and heartbeat replies that say "proceed".
+ACCEPTING_RUN_STATES = frozenset({RunState.pending, RunState.running})
+#: Runs that ended: they can be resumed or deleted, and keep their last reported values.
+FINISHED_RUN_STATES = frozenset({RunState.stopped, RunState.completed, RunState.failed})
+
+#: Workers that count towards a run's workers: launched and not yet registered, or registered and training.
+LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
+#: Workers that can still change: their tokens still work, the heartbeat cache holds them.
+UNENDED_WORKER_STATES = frozenset(s for s, after in WORKER_TRANSITIONS.items() if after)
+#: Workers that ended (no transition leaves these): their tokens grant nothing.
+ENDED_WORKER_STATES = frozenset(s for s, after in WORKER_TRANSITIONS.items() if not after)
+#: Workers a heartbeat brings back to running: not registered yet, or lost (``heartbeats/writer.py``).
+REVIVABLE_WORKER_STATES = frozenset(s for s, to in WORKER_TRANSITIONS.items() if WorkerState.running in to)
+#: Registered workers that may hold a swarm token (a lost one is running again when it speaks again).
+TOKEN_WORKER_STATES = frozenset({WorkerState.running, WorkerState.lost})
+
+
+def values(states: Iterable[Enum]) -> tuple[str, ...]:
+    """The stored strings of ``states``, sorted (rows hold the enums' values)."""
+    return tuple(sorted(str(state.value) for state in states))

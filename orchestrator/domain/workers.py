@@ -1,0 +1,290 @@
+"""Worker operations: launch intents (for the reconciler), registration, leaving, retiring.
+
+State changes go through :func:`orchestrator.domain.runs.set_worker_state`. The reconciler's order for a
+launch is: ``intent = create_launch_intent(...)``; commit; ``launcher.launch(LaunchRequest(
+intent.worker.request_id, run.name, env={... "SPOTSWARM_TOKEN": intent.token ...}))``. The launch token
+lets the worker register without the run's join token (which is never stored in clear). After a
+restart, a ``launching`` row whose launch never happened gets a new token from
+:func:`reissue_launch_token`.
+
+Who binds which row at registration:
+
+- a **launch token** binds its own row and gets a fresh worker token. It stays usable (each use issues
+  a new worker token: the earlier reply may have been lost) until the worker has used its worker token
+  once: the heartbeat writer voids it (``heartbeats/writer.py``). It may sit in EC2 user data for the
+  instance's life; from then on it grants nothing.
+- a **worker token** re-binds its own row and keeps itself (an agent restarted with its cached
+  registration, a lost worker come back).
+- a **join token** always makes a new, manual row (never someone else's: request ids are public), at
+  most up to the run's ``max_workers`` live workers, at the rate the caller's limiter allows.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from orchestrator import tokens
+from orchestrator.db.models import Run, Worker
+from orchestrator.domain import crash_budget, events, runs
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES, values
+from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
+from orchestrator.ratelimit import RateLimiter
+from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
+
+DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
+    DeregisterReason.interrupted: WorkerState.interrupted,
+    DeregisterReason.stopped: WorkerState.exited,
+    DeregisterReason.completed: WorkerState.exited,
+    DeregisterReason.error: WorkerState.failed,
+}
+
+
+@dataclass(frozen=True)
+class LaunchIntent:
+    """A ``launching`` worker row and the launch token to hand to the launcher (shown only here)."""
+
+    worker: Worker
+    token: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker: Worker
+    run: Run
+    token: str
+
+
+def _new_worker(run: Run, request_id: str, launcher: str, state: WorkerState, now: datetime) -> Worker:
+    return Worker(
+        run_id=run.id,
+        run=run,
+        request_id=request_id,
+        launcher=launcher,
+        manual=False,
+        state=state.value,
+        state_reason="",
+        hostname="",
+        peer_maddrs=[],
+        launch_details={},
+        created_at=now,
+        local_step=0,
+        swarm_epoch=0,
+        samples=0,
+        samples_per_s=0.0,
+        num_peers=0,
+        phase="starting",
+    )
+
+
+def new_request_id(run: Run) -> str:
+    """A unique, file-name-safe request id: ``<run name>-<12 hex>`` (at most 61 characters)."""
+    return f"{run.name[:48]}-{secrets.token_hex(6)}"
+
+
+def create_launch_intent(
+    session: Session, run: Run, now: datetime, launch_details: dict[str, Any] | None = None
+) -> LaunchIntent:
+    """Write a ``launching`` worker row with a fresh request id BEFORE the launcher is called.
+
+    Raises :class:`RunNotAcceptingWorkers` when the run is not pending or running.
+    """
+    if run.state not in values(ACCEPTING_RUN_STATES):
+        raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
+    token = tokens.new_token(tokens.LAUNCH_PREFIX)
+    worker = _new_worker(run, new_request_id(run), run.launcher, WorkerState.launching, now)
+    worker.launch_token_hash = tokens.hash_token(token)
+    worker.launch_details = dict(launch_details or {})
+    session.add(worker)
+    session.flush()
+    events.record_event(session, run.id, "worker.launching", f"request {worker.request_id}", now, worker.id)
+    return LaunchIntent(worker, token)
+
+
+def reissue_launch_token(session: Session, worker: Worker) -> str:
+    """A new launch token for a ``launching`` worker (the old one stops working).
+
+    Raises :class:`Conflict` when the worker has registered already.
+    """
+    if worker.state != WorkerState.launching.value:
+        raise Conflict(f"worker {worker.id} is {worker.state}; only launching workers get a new token")
+    token = tokens.new_token(tokens.LAUNCH_PREFIX)
+    worker.launch_token_hash = tokens.hash_token(token)
+    return token
+
+
+def set_launch_details(worker: Worker, handle: str | None, details: dict[str, Any]) -> None:
+    """Record what the launcher reported (instance id, type, zone, price...)."""
+    if handle is not None:
+        worker.launcher_handle = handle
+    worker.launch_details = {**worker.launch_details, **details}
+
+
+def record_start_failure(session: Session, run: Run, reason: str, now: datetime) -> None:
+    """Count a worker that failed before registering (the reconciler backs off on the streak)."""
+    run.consecutive_start_failures += 1
+    run.last_start_failure_at = now
+    events.record_event(session, run.id, "run.start_failure", reason, now)
+
+
+def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple[Run, Worker | None, str]:
+    """Which run (and own worker row, if any) a registration token designates, and the worker token
+    to hand back. See the module docstring for what each kind of token may bind."""
+    digest = tokens.hash_token(token)
+    if token.startswith(tokens.JOIN_PREFIX):
+        run = session.scalar(select(Run).where(Run.join_token_hash == digest))
+        if run is None:
+            raise Unauthorized("unknown join token")
+        if body.request_id and session.scalar(select(Worker.id).where(Worker.request_id == body.request_id)):
+            raise Conflict(
+                f"request id {body.request_id!r} is taken: a join token always joins as a new worker "
+                "(leave request_id out)"
+            )
+        return run, None, tokens.new_token(tokens.WORKER_PREFIX)
+    if token.startswith(tokens.LAUNCH_PREFIX):
+        worker = session.scalar(select(Worker).where(Worker.launch_token_hash == digest))
+        if worker is None:
+            raise Unauthorized("unknown launch token (it is void once its worker has used its worker token)")
+        fresh = tokens.new_token(tokens.WORKER_PREFIX)  # the launch token's use is never its worker token
+    elif token.startswith(tokens.WORKER_PREFIX):
+        worker = session.scalar(select(Worker).where(Worker.token_hash == digest))
+        if worker is None:
+            raise Unauthorized("unknown worker token")
+        fresh = token
+    else:
+        raise Unauthorized("registration needs the run's join token, a launch token or a worker token")
+    if body.request_id and body.request_id != worker.request_id:
+        raise Forbidden("the request id does not match the token")
+    return worker.run, worker, fresh
+
+
+def _new_manual_worker(
+    session: Session, run: Run, body: WorkerRegister, now: datetime, limiter: RateLimiter | None
+) -> Worker:
+    """A row for a worker joined with the join token; :class:`TooManyRequests` past the token's rate,
+    :class:`Conflict` when the run already has ``max_workers`` live workers."""
+    if limiter is not None:
+        limiter.take(f"join:{run.id}", "registrations with this join token")
+    live = runs.count_live_workers(session, run.id)
+    if live >= run.max_workers:
+        raise Conflict(
+            f"run {run.name!r} has {live} live workers, its max_workers: no room for another one "
+            "(the admin can raise it with scale --max)"
+        )
+    request_id = body.request_id or f"manual-{new_request_id(run)}"[:64]
+    worker = _new_worker(run, request_id, "manual", WorkerState.running, now)
+    worker.manual = True
+    session.add(worker)
+    session.flush()
+    message = f"manual worker from {body.hostname}"
+    events.record_event(session, run.id, "worker.joined", message, now, worker.id)
+    return worker
+
+
+def register_worker(
+    session: Session, token: str, body: WorkerRegister, now: datetime, limiter: RateLimiter | None = None
+) -> Registration:
+    """Bind a booting worker to its own row (launch or worker token) or create a manual row (join token).
+
+    A worker that registers again (a lost reply, a restarted agent, a lost worker come back) keeps its
+    row. The run goes from pending to running. Raises :class:`Unauthorized`, :class:`Forbidden`,
+    :class:`RunNotAcceptingWorkers` (run stopping or finished), :class:`Conflict` (worker ended, request
+    id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
+    """
+    run, worker, worker_token = _resolve_caller(session, token, body)
+    if run.state not in values(ACCEPTING_RUN_STATES):
+        raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
+    if worker is None:
+        worker = _new_manual_worker(session, run, body, now, limiter)
+    elif worker.state in values(ENDED_WORKER_STATES):
+        raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
+    else:
+        runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
+    worker.token_hash = tokens.hash_token(worker_token)
+    worker.hostname = body.hostname
+    if body.launcher_handle:
+        worker.launcher_handle = body.launcher_handle
+    worker.registered_at = worker.registered_at or now
+    worker.last_heartbeat_at = now
+    assign_worker_index(session, worker)
+    # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
+    # here: a worker can register and still fail to import the user's code.
+    if run.state == RunState.pending.value:
+        runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
+    events.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
+    return Registration(worker, run, worker_token)
+
+
+def deregister_worker(
+    session: Session,
+    worker: Worker,
+    reason: DeregisterReason,
+    message: str | None,
+    now: datetime,
+    crashes: crash_budget.CrashPolicy | None = None,
+) -> None:
+    """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
+
+    A launched worker that fails before contributing a sample counts as a start-up failure (the
+    reconciler backs off and, after enough in a row, fails the run); one that fails after training counts
+    toward the run's crash budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts
+    for neither: the join token's holder would fail the run at will. The ``worker.state`` event carries the
+    message. Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition`
+    otherwise.
+    """
+    new = DEREGISTER_STATES[reason]
+    old_state = worker.state
+    worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
+    if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
+        record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
+    runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
+    if reason == DeregisterReason.error and old_state != new.value:
+        crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
+
+
+def assign_worker_index(session: Session, worker: Worker) -> int:
+    """The worker's slot: its own while no other live worker holds it (a lost worker come back may find
+    its replacement there), else the lowest slot free among the run's live workers.
+
+    Slots of ended workers are free again, so a replacement takes its predecessor's. Registrations of one
+    run are serialized by a lock on its row, so two live workers never hold the same slot.
+    """
+    session.execute(select(Run.id).where(Run.id == worker.run_id).with_for_update())
+    held = set(
+        session.scalars(
+            select(Worker.worker_index).where(
+                Worker.run_id == worker.run_id,
+                Worker.state.in_(values(LIVE_WORKER_STATES)),
+                Worker.id != worker.id,
+                Worker.worker_index.is_not(None),
+            )
+        )
+    )
+    if worker.worker_index is None or worker.worker_index in held:
+        worker.worker_index = next(i for i in range(len(held) + 1) if i not in held)
+    return worker.worker_index
+
+
+def count_running_workers(session: Session, run_id: int) -> int:
+    """The run's registered, running workers: the live count user code shards by."""
+    query = (
+        select(func.count())
+        .select_from(Worker)
+        .where(Worker.run_id == run_id, Worker.state == WorkerState.running.value)
+    )
+    return int(session.scalar(query) or 0)
+
+
+def request_retire(session: Session, worker: Worker, reason: str, now: datetime) -> None:
+    """Ask a live worker to leave at its next heartbeat (scale-down); a no-op if already asked."""
+    if worker.retire_requested_at is not None:
+        return
+    worker.retire_requested_at = now
+    if worker.run.checkpointer_worker_id == worker.id:
+        worker.run.checkpointer_worker_id = None
+    events.record_event(session, worker.run_id, "worker.retire", reason, now, worker.id)

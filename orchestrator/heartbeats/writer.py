@@ -1,0 +1,225 @@
+"""The heartbeat batch writer: once per flush interval, what the hub buffered goes to the database.
+
+:meth:`HeartbeatWriter.flush` runs every ``heartbeat_flush_interval_s`` (1 s) and writes, in one
+transaction: the buffered heartbeats (one executemany UPDATE), lost or launching workers that spoke again
+(back to running), each run's highest swarm epoch read from the DHT, new checkpointers where the cached
+one went silent or fell behind, and at most one aggregated progress sample per run every
+``progress_sample_interval_s`` (thinned past ``progress_max_points``; once committed, also handed to
+the forwarder, if any: TensorBoard). Then it reloads the hub's cache. A failed write keeps the batch for
+the next flush; a crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
+from orchestrator.db.models import Run, Worker
+from orchestrator.db.session import Database
+from orchestrator.domain import averaging, progress_samples, runs
+from orchestrator.domain.checkpointer import counted_epoch, elect_checkpointer
+from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES, values
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.metrics.tensorboard import Forwarder, RunPoint
+from orchestrator.swarm.dht import SwarmProgressCache
+from worker.wire import Heartbeat, RunState, WorkerState
+
+_REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
+
+
+@dataclass
+class FlushStats:
+    heartbeats: int = 0
+    revived: list[int] = field(default_factory=list)
+    samples: int = 0
+
+
+class HeartbeatWriter:
+    """Writes what ``hub`` buffered, and what follows from it, to the database (see the module docstring)."""
+
+    def __init__(
+        self,
+        hub: HeartbeatHub,
+        db: Database,
+        settings: Settings,
+        clock: Clock,
+        swarm: SwarmProgressCache,
+        forwarder: Forwarder | None = None,
+    ) -> None:
+        self._hub, self._db, self._settings, self._clock = hub, db, settings, clock
+        self._swarm = swarm
+        self._forwarder = forwarder
+        self._flush_lock = threading.Lock()
+        self._last_sample_at: dict[int, datetime] = {}
+        self._started_at = clock()
+
+    def flush(self) -> FlushStats:
+        """Write buffered heartbeats, revive, elect, sample, reload; one transaction. Raises DB errors."""
+        with self._flush_lock:
+            batch = self._hub.take_pending()
+            stats = FlushStats(heartbeats=len(batch))
+            now = self._clock()
+            try:
+                with self._db.begin() as session:
+                    _write_heartbeats(session, batch)
+                    stats.revived = self._revive(session, batch, now)
+                    self._record_swarm_epochs(session)
+                    self._elect(session, now)
+                    points = self._sample(session, now)
+            except BaseException:
+                self._hub.restore_pending(batch)  # unless newer heartbeats arrived meanwhile
+                raise
+            stats.samples = len(points)
+            if self._forwarder is not None and points:  # only what was stored
+                self._forwarder.write(points)
+            self._hub.refresh()
+            _, active = self._hub.snapshot()
+            self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in active}
+            return stats
+
+    def _revive(
+        self, session: Session, batch: dict[int, tuple[Heartbeat, datetime]], now: datetime
+    ) -> list[int]:
+        stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running.value]
+        revived = []
+        reviving = values(REVIVABLE_WORKER_STATES)
+        for start in range(0, len(stale), _REVIVE_CHUNK):  # one query per chunk, not one per worker
+            chunk = stale[start : start + _REVIVE_CHUNK]
+            query = select(Worker).where(Worker.id.in_(chunk), Worker.state.in_(reviving)).order_by(Worker.id)
+            for worker in session.scalars(query):
+                runs.set_worker_state(session, worker, WorkerState.running, "heartbeat received", now)
+                revived.append(worker.id)
+        return revived
+
+    def _record_swarm_epochs(self, session: Session) -> None:
+        """Write each run's swarm epoch read from the DHT where it passed the recorded one: the stop
+        condition is judged by it, also after a restart (the progress cache lives in memory only)."""
+        _, cached_runs = self._hub.snapshot()
+        higher = {
+            r.run_id: e for r in cached_runs.values() if (e := self._hub.known_epoch(r)) > r.swarm_epoch
+        }
+        for run_id, epoch in higher.items():
+            run = session.get(Run, run_id)
+            if run is not None and epoch > run.swarm_epoch:
+                run.swarm_epoch = epoch
+
+    def _elect(self, session: Session, now: datetime) -> None:
+        """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
+        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker; reported
+        epochs count only up to the swarm epoch the DHT showed).
+
+        Silence is not held against anyone during the first heartbeat timeout after start-up: workers
+        could not reach a stopped orchestrator.
+        """
+        timeout_s = self._settings.heartbeat_timeout_s
+        fresh_after = now - timedelta(seconds=timeout_s)
+        in_grace = now - self._started_at < timedelta(seconds=timeout_s)
+        cached_workers, cached_runs = self._hub.snapshot()
+        known = {r.run_id: self._hub.known_epoch(r) for r in cached_runs.values()}
+        lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
+        for w in cached_workers.values():
+            if (
+                w.state == WorkerState.running.value
+                and not w.retiring
+                and w.last_seen is not None
+                and w.last_seen >= fresh_after
+            ):
+                epoch = counted_epoch(w.epoch, known.get(w.run_id, 0))
+                lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
+        need = []
+        for entry in cached_runs.values():
+            current = cached_workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
+            healthy = (
+                current is not None
+                and current.state == WorkerState.running.value
+                and not current.retiring
+                and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
+                and counted_epoch(current.epoch, known[entry.run_id])
+                >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
+            )
+            if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
+                need.append(entry.run_id)
+        for run_id in need:
+            run = session.get(Run, run_id)
+            if run is not None and run.state in values(ACTIVE_RUN_STATES):
+                elect_checkpointer(session, run, now, timeout_s)
+
+    def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
+        """Store a progress sample of each run that is due; returns them as points to forward."""
+        interval = timedelta(seconds=self._settings.progress_sample_interval_s)
+        _, cached_runs = self._hub.snapshot()
+        due = {
+            r.run_id: r
+            for r in cached_runs.values()
+            if r.state != RunState.pending.value
+            and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo)) >= interval
+        }
+        if not due:
+            return []
+        fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
+        swarms = {run_id: entry.swarm_id for run_id, entry in due.items()}
+        samples = progress_samples.write(
+            session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points
+        )
+        for sample in samples:
+            run = session.get(Run, sample.run_id)
+            if run is not None:
+                averaging.judge(
+                    session,
+                    run,
+                    now,
+                    sample.live_workers,
+                    self._settings.averaging_window_s,
+                    self._settings.averaging_warning_fraction,
+                )
+        self._last_sample_at.update({run_id: now for run_id in due})
+        return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
+
+
+_HEARTBEAT_UPDATE = (
+    update(Worker.__table__)  # type: ignore[arg-type]
+    .where(Worker.__table__.c.id == bindparam("wid"))
+    .values(
+        last_heartbeat_at=bindparam("at", type_=Worker.__table__.c.last_heartbeat_at.type),
+        local_step=bindparam("local_step"),
+        swarm_epoch=bindparam("swarm_epoch"),
+        samples=bindparam("samples"),
+        launch_token_hash=None,  # the worker used its worker token: its launch token is void from now on
+        loss=bindparam("loss"),
+        samples_per_s=bindparam("samples_per_s"),
+        num_peers=bindparam("num_peers"),
+        phase=bindparam("phase"),
+        peer_maddrs=bindparam("peer_maddrs", type_=Worker.__table__.c.peer_maddrs.type),
+        metrics=bindparam("metrics", type_=Worker.__table__.c.metrics.type),
+        averaging=bindparam("averaging", type_=Worker.__table__.c.averaging.type),
+    )
+)
+
+
+def _write_heartbeats(session: Session, batch: dict[int, tuple[Heartbeat, datetime]]) -> None:
+    if not batch:
+        return
+    params = [
+        {
+            "wid": worker_id,
+            "at": at,
+            "local_step": hb.local_step,
+            "swarm_epoch": hb.swarm_epoch,
+            "samples": hb.samples,
+            "loss": hb.loss,
+            "samples_per_s": hb.samples_per_s,
+            "num_peers": hb.num_peers,
+            "phase": hb.phase,
+            "peer_maddrs": hb.visible_maddrs,
+            "metrics": hb.metrics,
+            "averaging": hb.averaging.model_dump() if hb.averaging is not None else None,
+        }
+        for worker_id, (hb, at) in batch.items()
+    ]
+    session.connection().execute(_HEARTBEAT_UPDATE, params)

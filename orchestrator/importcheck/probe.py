@@ -1,0 +1,160 @@
+"""The import probe: ``python -m orchestrator.importcheck.probe``, driven by
+:mod:`orchestrator.importcheck.checker`.
+
+It imports Lightning once, then answers one JSON request per stdin line
+(``{"checks": [check, ...], "timeout_s": float}``, optionally with the run's ``package_dir``,
+``site_dir`` and ``env``) with one JSON line (``{"ok": bool, "error": str, "field": str}``: the first
+check that failed). A check is ``{"field": "module", "kind": "module" | "datamodule", "path":
+"pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, and that its constructor takes the
+arguments as the agent passes them; a failure there names ``module_args`` or ``datamodule_args``),
+``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a trainer callback or
+logger: the class and that its arguments bind) or
+``{"field": "strategy_options", "kind": "strategy_options", "keys": [...]}`` (keywords
+``HivemindStrategy`` takes). Each request is handled in a forked child, so a user's module is imported
+fresh, and whatever it does at import time (print, exit, crash, hang) cannot touch the server: the
+child's stdout goes to stderr, and a child that outlives ``timeout_s`` is killed. The child works in
+the run's package directory when it has one.
+
+The probe ends with the server: at end of file on stdin, and as soon as the server (whose PID is the
+first argument) exits, even killed with SIGKILL while the probe still imports Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.processes import exit_with_parent
+from worker.agent.boot import call_arguments
+from worker.runtime.env import activate
+
+
+def _check_class(
+    field: str, path: str, kind: str, args: dict[str, Any], batch_size: int | None
+) -> tuple[str, str] | None:
+    """None when ``path`` names a class fit for ``kind`` that takes ``args``, else (field, reason): a
+    module or datamodule whose constructor does not take ``args`` names ``<field>_args``."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from worker.trainer_options import arguments_problem, plugin_class_problem
+
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException as exc:  # noqa: BLE001 - the child reports anything the user's module raises
+        return field, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+    target = getattr(module, attr, None)
+    if target is None:
+        return field, f"module {module_name!r} has no attribute {attr!r}"
+    if kind in ("callback", "logger"):
+        problem = plugin_class_problem(target, "callback" if kind == "callback" else "logger")
+        problem = problem or arguments_problem(target, args)
+        return (field, f"{path}: {problem}") if problem else None
+    base = LightningModule if kind == "module" else LightningDataModule
+    if not inspect.isclass(target) or not issubclass(target, base):
+        return field, f"{path} is not a {base.__name__} subclass"
+    error = _bind_error(target, args, batch_size)
+    return (f"{field}_args", error) if error else None
+
+
+def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> str | None:
+    """Why ``target(**args)`` (as the agent calls it) would fail on its signature, or None."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (some extension types): the worker finds out
+        return None
+    params = signature.parameters
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = f"(it takes: {', '.join(n for n, p in params.items() if p.kind in kinds) or 'nothing'})"
+    arguments = call_arguments(target, args, batch_size)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = [repr(name) for name in arguments if name not in params or params[name].kind not in kinds]
+        if unknown:
+            return f"{target.__name__} takes no argument {', '.join(unknown)} {takes}"
+    try:
+        signature.bind(**arguments)
+    except TypeError as exc:
+        return f"{target.__name__}: {exc} {takes}"
+    return None
+
+
+def _check(check: dict[str, Any]) -> tuple[str, str] | None:
+    """None when ``check`` (see the module docstring) passes, else (the field that failed, the reason)."""
+    field = str(check["field"])
+    if check["kind"] == "strategy_options":
+        from worker.strategy.options import strategy_option_problem
+
+        problem = strategy_option_problem(dict.fromkeys(check["keys"]))
+        return (field, problem) if problem else None
+    args, batch_size = dict(check.get("args") or {}), check.get("batch_size")
+    return _check_class(field, str(check["path"]), str(check["kind"]), args, batch_size)
+
+
+def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
+    package_dir, site_dir = request.get("package_dir"), request.get("site_dir")
+    activate(Path(package_dir) if package_dir else None, Path(site_dir) if site_dir else None)
+    os.environ.update(request.get("env") or {})
+    for check in request["checks"]:
+        failed = _check(check)
+        if failed:
+            field, error = failed
+            return {"ok": False, "error": error, "field": field}
+    return {"ok": True, "error": "", "field": ""}
+
+
+def _in_child(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: import, report, leave without running any cleanup of the parent's
+        os.close(read_fd)
+        os.dup2(2, 1)
+        try:
+            reply = _first_failure(request)
+        except BaseException as exc:  # noqa: BLE001 - reported as the failure of this request
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "field": ""}
+        os.write(write_fd, json.dumps(reply).encode())
+        os._exit(0)
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], timeout_s)
+    what = ", ".join(str(c.get("path") or c["field"]) for c in request["checks"])
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        return {"ok": False, "error": f"checking {what} took longer than {timeout_s:.0f} s", "field": ""}
+    chunks = []
+    while chunk := os.read(read_fd, 65536):
+        chunks.append(chunk)
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:
+        return {"ok": False, "error": f"checking {what} ended the process (status {status})", "field": ""}
+    return dict(json.loads(b"".join(chunks)))
+
+
+def main() -> None:
+    exit_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything printed by Lightning or user code goes to stderr, not into the protocol
+    import lightning.pytorch  # noqa: F401 - imported once here, inherited by every child
+
+    from worker.strategy.options import strategy_keywords
+
+    strategy_keywords()  # imports hivemind and the strategy once, for every child
+
+    protocol.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply = _in_child(request, float(request.get("timeout_s", 30)))
+        protocol.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()

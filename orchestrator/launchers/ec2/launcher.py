@@ -1,0 +1,321 @@
+"""``ec2``: workers on EC2 spot instances, one instant EC2 Fleet per worker.
+
+How a launch goes (see :mod:`orchestrator.launchers.ec2.fleet` for the request itself):
+
+1. The run's ``launcher_options`` are merged over the launcher's defaults and checked
+   (:class:`LauncherConfigError` when they can never work).
+2. Idempotency: an instance already tagged with the request id (this orchestrator's) is the answer.
+   Otherwise one ``CreateFleet`` (type ``instant``) asks for one spot instance over every
+   (instance type, subnet) pool of the run, with the worker's user data and a per-attempt client token.
+3. No capacity anywhere: the failure is queued for :meth:`Ec2Launcher.poll_errors` (retryable), and after
+   ``on_demand_fallback_after`` consecutive spot failures of the run the same call tries on-demand.
+
+Every instance carries ``spotswarm:orchestrator``, ``spotswarm:run``, ``spotswarm:request-id`` and
+``Name``; :meth:`Ec2Launcher.describe` finds them by the first two tags, so a restarted orchestrator
+adopts its workers, and its reconcile loop ends the ones no worker row knows. An instance
+without a request id was not launched by this launcher (the orchestrator's own machine, or one made by
+hand): it is never listed, so never terminated. The Terraform module's IAM policy says the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.launchers.ec2.fleet import (
+    TAG_ORCHESTRATOR,
+    TAG_REQUEST,
+    TAG_RUN,
+    ErrorKind,
+    LaunchPlan,
+    Market,
+    build_fleet_request,
+    classify,
+    client_token,
+    instance_tags,
+    launched_instance_ids,
+    pool_errors,
+    resolve_plan,
+)
+from orchestrator.launchers.ec2.pricing import SpotPriceCache
+from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
+
+log = logging.getLogger(__name__)
+
+ALIVE_STATES = frozenset({"pending", "running"})
+GONE_STATES = frozenset({"shutting-down", "terminated"})
+SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"
+_ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
+LAUNCH_VISIBILITY_LAG_S = 120.0
+WORKER_DHT_PORT = 31331  # the Terraform module's worker security group opens this port between peers
+DEFAULT_WORKER_ENV: Mapping[str, str] = {
+    "SPOTSWARM_METADATA_URL": "http://169.254.169.254",  # turns on the agent's spot watcher
+    "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{WORKER_DHT_PORT}",
+}
+
+
+@dataclass(frozen=True)
+class Ec2LauncherConfig:
+    """Account-wide defaults; each run may override the :class:`LaunchPlan` fields in its options.
+
+    ``orchestrator_id`` is the value of the ``spotswarm:orchestrator`` tag: the IAM policy made by the
+    Terraform module lets the orchestrator launch and terminate only instances carrying it.
+    ``worker_env`` is added to every worker's environment under the request's own variables.
+    """
+
+    orchestrator_id: str
+    launch_template: str
+    worker_image: str
+    region: str | None = None
+    endpoint_url: str | None = None
+    instance_types: tuple[str, ...] = ()
+    subnet_ids: tuple[str, ...] = ()
+    max_price: str | None = None
+    on_demand_fallback_after: int | None = None
+    gpus: bool = True
+    user_data_template: Path = DEFAULT_WORKER_TEMPLATE
+    spot_price_ttl_s: float = 300.0
+    worker_env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_WORKER_ENV))
+
+    def default_plan(self) -> LaunchPlan:
+        return LaunchPlan(
+            instance_types=tuple(self.instance_types),
+            subnet_ids=tuple(self.subnet_ids),
+            launch_template=self.launch_template,
+            max_price=self.max_price,
+            on_demand_fallback_after=self.on_demand_fallback_after,
+            gpus=self.gpus,
+            worker_image=self.worker_image,
+        )
+
+
+def make_ec2_client(region: str | None, endpoint_url: str | None = None) -> Any:
+    """A boto3 EC2 client with the default credential chain, bounded timeouts and standard retries."""
+    config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+    return boto3.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    instance_id: str | None
+    reason: str = ""
+
+
+class Ec2Launcher:
+    """:class:`~orchestrator.launchers.base.Launcher` on EC2 spot. Thread-safe; calls are serialized."""
+
+    name = "ec2"
+
+    def __init__(
+        self,
+        config: Ec2LauncherConfig,
+        client: Any | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not _ORCHESTRATOR_ID.match(config.orchestrator_id):
+            raise LauncherConfigError(f"orchestrator_id {config.orchestrator_id!r}: 1-64 of [A-Za-z0-9._-]")
+        self.config = config
+        self._owns_client = client is None
+        self._client = client if client is not None else make_ec2_client(config.region, config.endpoint_url)
+        self._clock = clock
+        self._prices = SpotPriceCache(self._client, config.spot_price_ttl_s, clock)
+        self._lock = threading.Lock()
+        self._failures: list[LaunchFailure] = []
+        self._attempts: dict[str, int] = {}
+        self._spot_failures: dict[str, int] = {}  # consecutive, by run name
+        self._launched: dict[str, tuple[str, float]] = {}  # request id -> (instance id, when), this process
+
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan."""
+        resolve_plan(options, self.config.default_plan())
+
+    def launch(self, request: LaunchRequest) -> str:
+        """Start one instance for ``request`` and return its id; ``""`` when EC2 had no capacity.
+
+        Idempotent by request id: while an instance of the request is not gone, that one is returned
+        (a relaunch of the same request after its instance ended starts a new one). Raises
+        LauncherConfigError for options or AWS answers that say the request can never succeed as
+        given; capacity failures go to :meth:`poll_errors`.
+        """
+        plan = resolve_plan(request.options, self.config.default_plan())
+        env = {**self.config.worker_env, **request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
+        user_data = render_worker_user_data(
+            self.config.user_data_template, worker_image=plan.worker_image, env=env, gpus=plan.gpus
+        )
+        with self._lock:
+            existing = self._recently_launched(request.request_id) or self._existing_instance(
+                request.request_id
+            )
+            if existing:
+                log.info(
+                    "run %s request %s: already launched as %s",
+                    request.run_name,
+                    request.request_id,
+                    existing,
+                )
+                return existing
+            instance_id = self._launch_with_fallback(request, plan, user_data)
+            if instance_id:
+                self._launched[request.request_id] = (instance_id, self._clock())
+            return instance_id
+
+    def _launch_with_fallback(self, request: LaunchRequest, plan: LaunchPlan, user_data: str) -> str:
+        run = request.run_name
+        threshold = plan.on_demand_fallback_after
+        reasons = []
+        if threshold != 0:
+            spot = self._create_one(request, plan, Market.spot, user_data)
+            if spot.instance_id:
+                self._spot_failures[run] = 0
+                return spot.instance_id
+            self._spot_failures[run] = self._spot_failures.get(run, 0) + 1
+            reasons.append(spot.reason)
+        if threshold is not None and self._spot_failures.get(run, 0) >= threshold:
+            log.warning("run %s request %s: trying on-demand (%d spot failures in a row)",
+                        run, request.request_id, self._spot_failures.get(run, 0))  # fmt: skip
+            on_demand = self._create_one(request, plan, Market.on_demand, user_data)
+            if on_demand.instance_id:
+                return on_demand.instance_id
+            reasons.append(on_demand.reason)
+        failure = LaunchFailure(request.request_id, run, "; ".join(reasons), retryable=True)
+        log.warning("run %s request %s: launch failed: %s", run, request.request_id, failure.reason)
+        self._failures.append(failure)
+        return ""
+
+    def _create_one(
+        self, request: LaunchRequest, plan: LaunchPlan, market: Market, user_data: str
+    ) -> _Attempt:
+        attempt = self._attempts.get(request.request_id, 0) + 1
+        self._attempts[request.request_id] = attempt
+        tags = instance_tags(self.config.orchestrator_id, request.run_name, request.request_id, market)
+        token = client_token(self.config.orchestrator_id, request.request_id, attempt)
+        kwargs = build_fleet_request(plan, market, tags, user_data, token)
+        try:
+            response = self._client.create_fleet(**kwargs)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
+            if classify(code) is ErrorKind.config:
+                raise LauncherConfigError(
+                    f"EC2 refused the {market.value} launch: {code}: {message}"
+                ) from exc
+            return _Attempt(None, f"{market.value}: {code}: {message}")
+        ids = launched_instance_ids(response)
+        errors = pool_errors(response)
+        if ids:
+            if errors:
+                log.info("run %s request %s: pools skipped: %s", request.run_name, request.request_id,
+                         ", ".join(e.describe() for e in errors))  # fmt: skip
+            log.info(
+                "run %s request %s: launched %s %s",
+                request.run_name,
+                request.request_id,
+                market.value,
+                ids[0],
+            )
+            return _Attempt(ids[0])
+        if errors and all(classify(e.code) is ErrorKind.config for e in errors):
+            detail = "; ".join(f"{e.describe()} ({e.message})" for e in errors)
+            raise LauncherConfigError(f"EC2 refused every pool of the {market.value} launch: {detail}")
+        summary = ", ".join(e.describe() for e in errors) or "nothing launched, no error given"
+        return _Attempt(None, f"no {market.value} capacity ({summary})")
+
+    def terminate(self, request_id: str) -> None:
+        """Terminate the instances of ``request_id``; a no-op when none live. AWS errors are logged."""
+        with self._lock:
+            self._launched.pop(request_id, None)
+        ids = [i.handle for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
+        self._terminate_ids(ids, f"request {request_id}")
+
+    def describe(self) -> list[Instance]:
+        """Every instance tagged by this orchestrator that EC2 still lists (terminated ones for ~1 h)."""
+        return list(self._instances())
+
+    def poll_errors(self) -> list[LaunchFailure]:
+        """Launch failures since the last call, each once."""
+        with self._lock:
+            failures, self._failures = self._failures, []
+        return failures
+
+    def close(self) -> None:
+        """Close the client if this launcher made it; instances keep running."""
+        if self._owns_client:
+            self._client.close()
+
+    def _recently_launched(self, request_id: str) -> str | None:
+        entry = self._launched.get(request_id)
+        if entry and self._clock() - entry[1] < LAUNCH_VISIBILITY_LAG_S:
+            return entry[0]
+        return None
+
+    def _existing_instance(self, request_id: str) -> str | None:
+        found = [i for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
+        return found[0].handle if found else None
+
+    def _terminate_ids(self, ids: list[str], what: str) -> None:
+        if not ids:
+            return
+        try:
+            self._client.terminate_instances(InstanceIds=ids)
+        except ClientError as exc:
+            log.error("terminating %s (%s) failed; the next tick tries again: %s", what, ids, exc)
+            return
+        log.info("terminated %s: %s", what, ids)
+
+    def _instances(self, request_id: str | None = None) -> Iterator[Instance]:
+        """This orchestrator's workers (of ``request_id``): its tag *and* a request id, never less."""
+        filters = [
+            {"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.config.orchestrator_id]},
+            {"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]}
+            if request_id is not None
+            else {"Name": "tag-key", "Values": [TAG_REQUEST]},
+        ]
+        paginator = self._client.get_paginator("describe_instances")
+        for page in paginator.paginate(Filters=filters):
+            for reservation in page.get("Reservations", []):
+                for raw in reservation.get("Instances", []):
+                    if any(t["Key"] == TAG_REQUEST and t["Value"] for t in raw.get("Tags", [])):
+                        yield self._to_instance(raw)
+
+    def _to_instance(self, raw: dict[str, Any]) -> Instance:
+        tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+        state = raw.get("State", {}).get("Name", "unknown")
+        zone = raw.get("Placement", {}).get("AvailabilityZone", "")
+        market = "spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand"
+        reason = raw.get("StateReason", {}).get("Code", "")
+        price = None
+        if market == "spot" and state not in GONE_STATES and zone:
+            price = self._prices.price(raw["InstanceType"], zone)
+        launch_time = raw.get("LaunchTime")
+        details = {
+            "instance_type": raw.get("InstanceType"),
+            "availability_zone": zone,
+            "subnet_id": raw.get("SubnetId"),
+            "market": market,
+            "state": state,
+            "state_reason": reason,
+            "interrupted": reason == SPOT_INTERRUPTION_REASON,
+            "launch_time": launch_time.isoformat() if launch_time else None,
+            "private_ip": raw.get("PrivateIpAddress"),
+            "public_ip": raw.get("PublicIpAddress"),
+            "price_usd_per_hour": price,
+        }
+        return Instance(
+            request_id=tags[TAG_REQUEST],
+            handle=raw["InstanceId"],
+            run_name=tags.get(TAG_RUN, ""),
+            alive=state in ALIVE_STATES,
+            details=details,
+        )

@@ -1,0 +1,171 @@
+"""Swarm admission, orchestrator side: the signing key, tokens for registered workers, opted-out runs.
+
+The orchestrator is the authority of every run's swarm: it signs short-lived tokens (see
+:mod:`worker.admission.tokens`) binding a worker's peer key to its run, and only for workers it registered
+and that have not ended. The key lives in ``<data dir>/swarm_authority.pem`` (mode 0600; setting
+``swarm_authority_key_file``) and is made on first start; whoever holds it can admit anyone to any run,
+so guard it like the admin token. Orchestrators sharing a database share it
+(:mod:`orchestrator.domain.deployment_facts`).
+
+Runs are admitted by default; a run spec with ``strategy_options: {"swarm_admission": false}`` opts out
+(its peers use no tokens). :class:`SwarmAdmission` keeps the set of active opted-out runs and pushes it
+to the orchestrator's DHT peer, which then lets token-less peers use it for routing (see
+:mod:`orchestrator.swarm.peer_authorizer`; ``create_app`` wires the two together). The design and threat
+model: ``docs/readme/security.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import Run, Worker
+from orchestrator.db.session import Database
+from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES, values
+from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
+from worker.admission.tokens import (
+    ANY_SWARM,
+    ORCHESTRATOR_SUBJECT,
+    SwarmTokenError,
+    TokenFields,
+    openssh_public_key,
+    peer_id_of,
+    sign_token,
+)
+from worker.wire import (
+    SwarmAuthInfo,
+    SwarmToken,
+    SwarmTokenRequest,
+    swarm_admission_requested,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
+    """The RSA key in ``path`` (PEM, PKCS#8), or a new 2048-bit one written there with mode 0600.
+
+    Raises ``OSError`` when the file cannot be read or written and ``ValueError`` when it is no RSA key.
+    """
+    if path.exists():
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise ValueError(f"{path} does not hold an RSA private key")
+        return key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    logger.info("swarm admission: new signing key in %s", path)
+    return key
+
+
+class SwarmAuthority:
+    """Signs swarm tokens with the orchestrator's key; each lives ``ttl_s`` seconds."""
+
+    def __init__(self, key: rsa.RSAPrivateKey, ttl_s: float) -> None:
+        self._key = key
+        self.ttl_s = ttl_s
+        self.public_key = openssh_public_key(key.public_key())
+
+    def sign(self, swarm_id: str, subject: str, public_key: str, now: float) -> TokenFields:
+        """A token for ``public_key`` in ``swarm_id``; raises ``SwarmTokenError`` for an unusable key."""
+        return sign_token(self._key, swarm_id, subject, public_key, now + self.ttl_s)
+
+    def orchestrator_token(self, public_key: str, now: float) -> TokenFields:
+        """The token of the orchestrator's own DHT peer: valid in every run's swarm."""
+        return self.sign(ANY_SWARM, ORCHESTRATOR_SUBJECT, public_key, now)
+
+    def grant(self, swarm_id: str, subject: str, public_key: str, now: float) -> SwarmToken:
+        """A token with what a worker needs to use and check it (its peer id, the authority's key)."""
+        fields = self.sign(swarm_id, subject, public_key, now)
+        return SwarmToken(
+            username=fields.username,
+            public_key=fields.public_key,
+            expiration_time=fields.expiration_time,
+            signature=fields.signature,
+            swarm_id=swarm_id,
+            peer_id=peer_id_of(fields.public_key),
+            authority_public_key=self.public_key,
+        )
+
+
+class SwarmAdmission:
+    """The orchestrator's admission state: its authority and the active runs that opted out."""
+
+    def __init__(self, authority: SwarmAuthority) -> None:
+        self.authority = authority
+        self._lock = threading.Lock()
+        self._open_swarms: frozenset[str] | None = None  # None: not read yet
+
+    @classmethod
+    def from_key_file(cls, path: Path, ttl_s: float) -> SwarmAdmission:
+        return cls(SwarmAuthority(load_or_create_key(path), ttl_s))
+
+    @property
+    def open_swarms(self) -> frozenset[str]:
+        with self._lock:
+            return self._open_swarms or frozenset()
+
+    def info(self) -> SwarmAuthInfo:
+        return SwarmAuthInfo(
+            enabled=True,
+            authority_public_key=self.authority.public_key,
+            token_ttl_s=self.authority.ttl_s,
+            open_swarms=sorted(self.open_swarms),
+        )
+
+    def grant_for_worker(
+        self, session: Session, worker_id: int, body: SwarmTokenRequest, now: float
+    ) -> SwarmToken:
+        """A token for a registered, not ended worker of an active run that uses admission; the token's
+        peer id is recorded as the worker's (its heartbeats may announce addresses of that peer only).
+
+        Raises :class:`NotFound`, :class:`Conflict` (run opted out, worker not registered or ended),
+        :class:`RunNotAcceptingWorkers` (run finished) or :class:`InvalidRequest` (unusable key).
+        The caller has checked the worker token.
+        """
+        worker = session.get(Worker, worker_id)
+        if worker is None:
+            raise NotFound(f"worker {worker_id} not found")
+        run = worker.run
+        if not swarm_admission_requested(run.strategy_options):
+            raise Conflict(f"run {run.name!r} admits any peer (swarm_admission is false): no token needed")
+        if run.state not in values(ACTIVE_RUN_STATES):
+            raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}")
+        if worker.state not in values(TOKEN_WORKER_STATES):
+            raise Conflict(f"worker {worker_id} is {worker.state}; only registered, live workers get tokens")
+        try:
+            token = self.authority.grant(run.swarm_id, f"worker-{worker.id}", body.public_key, now)
+        except SwarmTokenError as exc:
+            raise InvalidRequest(f"unusable public key: {exc}") from exc
+        worker.peer_id = token.peer_id
+        logger.debug("swarm token for worker %d (peer %s) of run %s", worker.id, token.peer_id, run.name)
+        return token
+
+    def sync_open_swarms(self, db: Database, push: Callable[[frozenset[str]], Any]) -> None:
+        """Read which active runs opted out; hand the set to ``push`` (the DHT peer) when it changed."""
+        with db.read() as session:
+            active = values(ACTIVE_RUN_STATES)
+            rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
+            now_open = frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))
+        with self._lock:
+            if now_open == self._open_swarms:
+                return
+        push(now_open)
+        with self._lock:
+            self._open_swarms = now_open
+        logger.info("swarm admission: %d active run(s) without tokens", len(now_open))

@@ -1,0 +1,230 @@
+"""Guarding averaging: only peers with a valid swarm token of this run may call our averagers.
+
+hivemind authorizes DHT calls (``DHT(authorizer=...)``), but its averagers (``rpc_join_group``,
+``rpc_aggregate_part``, ``rpc_download_state``) accept calls from any peer that can reach them. What
+they do know is the caller's peer id, which libp2p authenticates for every stream. So:
+
+- every admitted peer serves its current token on the handler :data:`ADMISSION_HANDLER` (from its DHT
+  process, where the authorizer renews it); a token is no secret, it is useless without the key;
+- :class:`AdmissionDHT` (a ``hivemind.DHT`` with a
+  :class:`~worker.admission.authorizer.SwarmAuthorizer`) hands averagers a :class:`GuardedP2P`, whose every
+  registered handler first asks :class:`AdmissionGuard`: has the calling peer a token for this run, signed by
+  the orchestrator, unexpired, *whose key is the caller's peer id*? The guard fetches the caller's token once
+  and remembers the answer until the token expires (refusals for ``refusal_ttl_s``, so a stranger cannot make
+  us call it back in a loop); expired answers are dropped, so new identities cannot grow that memory without
+  bound.
+
+A refused call fails on the caller's side with hivemind's ``P2PHandlerError``; it never reaches the
+averager, so an unknown peer cannot join a group, send parts of an all-reduce or download the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import hivemind
+from google.protobuf.message import DecodeError
+from hivemind.p2p import P2P, P2PContext, P2PDaemonError, P2PHandlerError, PeerID
+from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils.timed_storage import get_dht_time
+
+from worker.admission.authorizer import SwarmAuthorizer, from_access_token
+from worker.admission.tokens import TokenFields, TokenVerifier
+from worker.strategy.dht import LifelineDHT
+from worker.strategy.hivemind_fixes import quiet_refusal_tracebacks
+
+logger = logging.getLogger(__name__)
+
+ADMISSION_HANDLER = "spotswarm.SwarmAdmission.rpc_token"
+
+
+class PeerNotAdmitted(PermissionError):
+    """A peer called an averaging handler without a valid swarm token of this run."""
+
+
+class AdmissionGuard:
+    """Decides, per calling peer, whether it holds a valid token of this run (cached until expiry)."""
+
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        *,
+        request_timeout_s: float = 5.0,
+        refusal_ttl_s: float = 5.0,
+        clock: Callable[[], float] = get_dht_time,
+    ) -> None:
+        self._verifier = verifier
+        self._timeout_s = request_timeout_s
+        self._refusal_ttl_s = refusal_ttl_s
+        self._clock = clock
+        self._admitted: dict[PeerID, float] = {}  # peer -> its token's expiry
+        self._refused: dict[PeerID, tuple[float, str]] = {}  # peer -> (until, reason)
+        self._checks: dict[PeerID, asyncio.Task[tuple[float | None, str]]] = {}
+        self._next_prune_at = 0.0
+
+    def remembered_peers(self) -> int:
+        """How many callers' answers the guard holds (admitted and refused)."""
+        return len(self._admitted) + len(self._refused)
+
+    async def require(self, p2p: P2P, peer: PeerID) -> None:
+        """Return if ``peer`` is admitted; raise :class:`PeerNotAdmitted` (with the reason) otherwise."""
+        now = self._clock()
+        if self._admitted.get(peer, 0.0) > now:
+            return
+        refused = self._refused.get(peer)
+        if refused is not None and refused[0] > now:
+            raise PeerNotAdmitted(f"peer {peer} is not admitted to this swarm: {refused[1]}")
+        task = self._checks.get(peer)
+        if task is None:
+            task = asyncio.create_task(self._check(p2p, peer))
+            self._checks[peer] = task
+            task.add_done_callback(lambda _: self._checks.pop(peer, None))
+        expires_at, reason = await asyncio.shield(task)
+        if expires_at is not None:
+            return
+        raise PeerNotAdmitted(f"peer {peer} is not admitted to this swarm: {reason}")
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop answers that no longer count (at most once per ``refusal_ttl_s``), so the guard holds the
+        callers of about one token lifetime, not every identity that ever called."""
+        if now < self._next_prune_at:
+            return
+        self._next_prune_at = now + self._refusal_ttl_s
+        self._admitted = {peer: until for peer, until in self._admitted.items() if until > now}
+        self._refused = {peer: refusal for peer, refusal in self._refused.items() if refusal[0] > now}
+
+    async def _check(self, p2p: P2P, peer: PeerID) -> tuple[float | None, str]:
+        started = time.monotonic()
+        self._forget_expired(self._clock())
+        fields, reason = await self._fetch_token(p2p, peer)
+        if fields is not None:
+            reason = self._verifier.problem_for_peer(fields, peer.to_base58()) or ""
+        if fields is not None and not reason:
+            expires_at = fields.expires_at()
+            self._admitted[peer] = expires_at
+            self._refused.pop(peer, None)
+            elapsed_ms = (time.monotonic() - started) * 1000
+            until = fields.expiration_time
+            logger.debug("peer %s admitted until %s (checked in %.0f ms)", peer, until, elapsed_ms)
+            return expires_at, ""
+        self._refused[peer] = (self._clock() + self._refusal_ttl_s, reason)
+        logger.warning("refusing averaging requests of peer %s: %s", peer, reason)
+        return None, reason
+
+    async def _fetch_token(self, p2p: P2P, peer: PeerID) -> tuple[TokenFields | None, str]:
+        """The token ``peer`` serves, or None and why not."""
+        try:
+            call = p2p.call_protobuf_handler(peer, ADMISSION_HANDLER, AccessToken(), AccessToken)
+            token = await asyncio.wait_for(call, self._timeout_s)
+        except (P2PHandlerError, P2PDaemonError, asyncio.TimeoutError, OSError, EOFError, DecodeError) as exc:
+            return None, f"it showed no token ({type(exc).__name__})"
+        return from_access_token(token), ""
+
+    def wrap(self, p2p: P2P, handler: Callable[..., Any], stream_output: bool) -> Callable[..., Any]:
+        """``handler`` behind the admission check (same calling convention as hivemind handlers)."""
+        if stream_output:
+
+            async def guarded_stream(request: Any, context: P2PContext) -> AsyncIterator[Any]:
+                await self.require(p2p, context.remote_id)
+                async for item in handler(request, context):
+                    yield item
+
+            return functools.wraps(handler)(guarded_stream)
+
+        async def guarded(request: Any, context: P2PContext) -> Any:
+            await self.require(p2p, context.remote_id)
+            return await handler(request, context)
+
+        return functools.wraps(handler)(guarded)
+
+
+class GuardedP2P(P2P):
+    """A hivemind P2P replica whose handlers all pass :class:`AdmissionGuard` first (when one is set)."""
+
+    admission_guard: AdmissionGuard | None = None
+
+    async def add_protobuf_handler(  # type: ignore[override]
+        self,
+        name: str,
+        handler: Callable[..., Any],
+        input_protobuf_type: Any,
+        *,
+        stream_input: bool = False,
+        stream_output: bool = False,
+        balanced: bool = False,
+    ) -> None:
+        if self.admission_guard is not None:
+            handler = self.admission_guard.wrap(self, handler, stream_output)
+        await super().add_protobuf_handler(
+            name,
+            handler,
+            input_protobuf_type,
+            stream_input=stream_input,
+            stream_output=stream_output,
+            balanced=balanced,
+        )
+
+
+class AdmissionDHT(LifelineDHT):
+    """A ``hivemind.DHT`` that takes part in a swarm with admission.
+
+    Its DHT calls are signed and checked by ``authorizer``; it uses the authorizer's identity (so its
+    peer id is the one named in the token); it serves the token on :data:`ADMISSION_HANDLER`; and the
+    P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started; its
+    process ends with the one that created it (:class:`worker.strategy.dht.LifelineDHT`).
+    """
+
+    def __init__(
+        self, initial_peers: list[str] | None = None, *, authorizer: SwarmAuthorizer, **kwargs: Any
+    ) -> None:
+        given = kwargs.pop("identity_path", None)
+        if given is not None and os.path.abspath(given) != os.path.abspath(authorizer.identity_path):
+            raise ValueError(
+                f"identity_path {given!r} differs from the swarm authorizer's identity "
+                f"{str(authorizer.identity_path)!r}; create the authorizer with that identity instead"
+            )
+        kwargs.pop("start", None)
+        self._admission_verifier = authorizer.verifier
+        super().__init__(
+            initial_peers,
+            start=True,
+            authorizer=authorizer,
+            identity_path=str(authorizer.identity_path),
+            check_if_identity_free=False,
+            **kwargs,
+        )
+        self.run_coroutine(serve_token)
+        authorizer.discard_temporary_identity()  # the daemon has read it
+
+    async def replicate_p2p(self) -> P2P:
+        """Like hivemind's, but the replica guards every handler registered on it (averagers')."""
+        # the same caching as hivemind.DHT.replicate_p2p: one replica per process
+        replica: P2P | None = getattr(self, "_p2p_replica", None)
+        if replica is None or getattr(self, "_origin_pid", None) != os.getpid():
+            self._origin_pid = os.getpid()
+            daemon_listen_maddr = self.run_coroutine(hivemind.DHT._get_p2p_daemon_listen_maddr)
+            guarded = await GuardedP2P.replicate(daemon_listen_maddr)
+            guarded.admission_guard = AdmissionGuard(self._admission_verifier)
+            self._p2p_replica = replica = guarded
+        return replica
+
+
+async def serve_token(_dht: hivemind.DHT, node: Any) -> None:
+    """``dht.run_coroutine(serve_token)``: in the DHT process, answer :data:`ADMISSION_HANDLER` with the
+    current token of the DHT's authorizer (one with ``refresh_token_if_needed`` and ``current_token``)."""
+    authorizer: SwarmAuthorizer = node.protocol.authorizer
+
+    async def own_token(_request: AccessToken, _context: P2PContext) -> AccessToken:
+        await authorizer.refresh_token_if_needed()
+        return authorizer.current_token()
+
+    await node.p2p.add_protobuf_handler(ADMISSION_HANDLER, own_token, AccessToken)
+
+
+quiet_refusal_tracebacks(PeerNotAdmitted)  # refused peers are logged once, by the guard

@@ -1,0 +1,29 @@
+"""``spotswarm-worker``: the agent that joins a run, trains in its swarm, reports and leaves cleanly.
+
+- ``agent.py``: the lifecycle (register, train, stop, deregister) and the exit codes.
+- ``config.py``: flags and ``SPOTSWARM_*`` environment variables; exit codes.
+- ``boot.py``: registration (retried, or from the cached registration), the run's code and environment.
+- ``state.py``: what the training thread, the heartbeat and the stop logic share.
+- ``training.py``: the swarm's DHT, the resume decision, the Trainer and ``fit``.
+- ``callback.py``: the Lightning callback that reports progress and stops at a swarm epoch boundary.
+- ``metrics.py``: the loss and the metrics a run reports, read from Lightning.
+- ``heartbeat.py``: the heartbeat thread and what the orchestrator answers.
+- ``checkpoints.py``: uploading the checkpointer's checkpoints, fetching one to resume from.
+- ``client.py``: the typed HTTP client of the orchestrator's worker API.
+- ``spot.py``: the watcher of the cloud's spot interruption notice.
+- ``token_cache.py``: the cached swarm token and identity, and the token source over the HTTP client.
+
+Importing this package loads no torch, Lightning or hivemind (the orchestrator imports some of these
+modules); :func:`main` imports the agent when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``spotswarm-worker`` and ``python -m worker.agent``; returns the exit code."""
+    from worker.agent.agent import main as run_agent
+
+    return run_agent(argv)

@@ -1,0 +1,49 @@
+"""``HivemindStrategy`` for Lightning 2.x and its hivemind pieces; nothing here knows the orchestrator.
+
+- ``strategy.py``: the strategy (setup starts the DHT and wraps the optimizer, teardown leaves the swarm).
+- ``checks.py``: the errors and the checks of keywords and timeouts made at construction and setup.
+- ``keywords.py``: which extra keyword goes to ``hivemind.DHT`` and which to ``hivemind.Optimizer``.
+- ``options.py``: a run spec's ``strategy_options`` checked against the strategy's keywords (create time).
+- ``dht.py``: initial peers, starting the DHT, the addresses to tell others.
+- ``optimizer.py``: building the ``hivemind.Optimizer``, its schedulers and its state in checkpoints.
+- ``schedulers.py``: learning-rate schedulers stepped once per swarm epoch.
+- ``precision.py``: mixed precision with hivemind's gradient scaler.
+- ``metrics.py``: swarm progress and throughput, logged as Lightning metrics.
+- ``outcomes.py``: each swarm epoch's averaging outcome, counted.
+- ``shutdown.py``: leaving the swarm cleanly.
+- ``checkpoint_format.py``: what hivemind adds to a checkpoint, and the plain export.
+- ``hivemind_fixes.py``: the workarounds of hivemind 1.1.12's behaviour, each naming what it covers.
+
+``from worker.strategy import HivemindStrategy`` works as with lightning-hivemind. Importing this package
+alone is cheap: the strategy (torch, Lightning, hivemind) loads on first use of one of its names, so that
+``worker.strategy.checkpoint_format`` or ``worker.strategy.dht`` can be imported without Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
+    from worker.strategy.metrics import SwarmProgress
+    from worker.strategy.strategy import HivemindStrategy
+
+__all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
+
+_HOMES = {
+    "HivemindStrategy": "worker.strategy.strategy",
+    "HivemindStrategyError": "worker.strategy.checks",
+    "SwarmNotStartedError": "worker.strategy.checks",
+    "SwarmProgress": "worker.strategy.metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported from their modules on first use (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

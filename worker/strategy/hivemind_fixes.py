@@ -1,0 +1,265 @@
+"""Workarounds of hivemind 1.1.12's behaviour, in one place.
+
+hivemind is pinned (``hivemind==1.1.12``). Each fix below says what hivemind does, why that hurts here,
+the version it was written against, and the upstream issue where one was found; when the pin moves,
+re-check each against its test (named in its docstring) and delete what upstream has fixed.
+
+- :func:`keep_averager_tasks_alive`: averagers' matchmaking tasks destroyed half-way by the garbage
+  collector, leaving a peer that never finds a group again.
+- :func:`expose_defaults`: ``hivemind.Optimizer`` without the ``defaults`` every torch optimizer has.
+- :func:`quiet_dead_sender_errors`: the DHT's traceback for a request whose sender already exited.
+- :func:`quiet_cancelled_rounds`: asyncio's "never retrieved" record of a round cancelled as it found
+  its group.
+- :func:`quiet_abandoned_event_loops`: "Task was destroyed but it is pending!" at exit, from the progress
+  tracker's stopped event loop.
+- :func:`quiet_refusal_tracebacks`: a traceback per call refused by the averaging guard.
+
+Not here: ``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
+``hivemind.Optimizer.__del__`` it would inherit (collecting a discarded wrapper shut down the shared
+averagers; hivemind 1.1.12, no upstream issue found). It subclasses Lightning's wrapper, and this module
+must load without Lightning: plain DHT peers (``dht.py``) and the admission guard import it. The orderly
+leave that narrows the DHT's pipe race lives in ``shutdown.py``; the log filter for what it cannot rule
+out is here.
+
+Log records are filtered by exception type and, where hivemind raises no type of its own, by message
+text: a reworded upstream message makes the record visible again (the safe direction), never hides
+another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import logging
+from collections.abc import Callable, Coroutine
+from concurrent.futures import InvalidStateError
+from typing import Any
+
+import hivemind
+from hivemind.averaging import DecentralizedAverager
+
+from worker.logsetup import install_filter
+
+log = logging.getLogger(__name__)
+
+# -- averagers' tasks kept referenced until done ------------------------------------------------------
+
+_MARK = "_spotswarm_keeps_tasks_alive"
+_live_tasks: set[asyncio.Future[Any]] = set()
+
+
+def keep_alive_task_factory(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
+) -> asyncio.Future[Any]:
+    """An asyncio task factory that holds each task until it is done."""
+    task = asyncio.Task(coro, loop=loop, **kwargs)
+    _live_tasks.add(task)
+    task.add_done_callback(_live_tasks.discard)
+    return task
+
+
+def keep_averager_tasks_alive() -> None:
+    """Make every averager created from now on keep its tasks referenced until done (idempotent).
+
+    Upstream behaviour (hivemind 1.1.12): when a pre-scheduled averaging round is called off (a peer
+    that thinks it is alone, e.g. while the swarm forms, or a state round that is not due),
+    ``DecentralizedAverager`` cancels its matchmaking task without awaiting it. asyncio holds tasks by
+    weak reference only, so the garbage collector can destroy that task before its clean-up ran
+    ("Task was destroyed but it is pending!"). The clean-up releases the averager's matchmaking lock;
+    without it every later round of that averager waits on the lock until its timeout, and the peer
+    trains on local gradients alone for the rest of the run ("Averaging step failed: could not find a
+    group", round after round, while its state averager, run by the same peers, still forms groups).
+    ``bench/matchmaking.py`` measures the difference.
+
+    The remedy is the asyncio documentation's: keep a strong reference to every task until it is done.
+    The averager runs its own event loop in a forked process; its first averaging step installs
+    :func:`keep_alive_task_factory` on that loop. Call this before hivemind starts (forks) its
+    averagers: the averager processes inherit the change.
+
+    Upstream issue: none found for this cause (learning-at-home/hivemind#519 reports the same "could
+    not find a group" message, undiagnosed). Test: ``tests/unit/test_swarm_keepalive.py``.
+    """
+    original: Callable[..., Any] = DecentralizedAverager._step
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    async def step_keeping_tasks(self: DecentralizedAverager, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop.get_task_factory() is None:
+            loop.set_task_factory(keep_alive_task_factory)  # type: ignore[arg-type]
+        return await original(self, **kwargs)
+
+    setattr(step_keeping_tasks, _MARK, True)
+    DecentralizedAverager._step = step_keeping_tasks  # type: ignore[method-assign]
+
+
+def live_task_count() -> int:
+    """How many tasks this process keeps referenced now (for tests)."""
+    return len(_live_tasks)
+
+
+# -- the optimizer's missing ``defaults`` --------------------------------------------------------------
+
+
+def expose_defaults(optimizer: hivemind.Optimizer) -> hivemind.Optimizer:
+    """Give ``optimizer`` the ``defaults`` of the torch optimizer it drives, as every torch optimizer has.
+
+    Upstream behaviour (hivemind 1.1.12): ``hivemind.Optimizer`` subclasses ``torch.optim.Optimizer``
+    without calling its ``__init__``, so ``defaults`` is missing, and Lightning code that reads it fails:
+    a stock ``LearningRateMonitor`` crashed every worker with ``'Optimizer' object has no attribute
+    'defaults'``. The dict is the wrapped optimizer's own (``param_groups`` is already hivemind's faithful
+    view of its groups).
+
+    Upstream issue: none found for ``hivemind.Optimizer`` (learning-at-home/hivemind#592, fixed by #593,
+    was the same ``defaults`` problem in ``hivemind.moe``'s ``OptimizerWrapper``). Test:
+    ``tests/unit/test_strategy_callbacks.py`` (the learning-rate monitor).
+    """
+    optimizer.defaults = optimizer.opt.defaults
+    return optimizer
+
+
+# -- the DHT's request from a process that already exited ---------------------------------------------
+
+
+class _DeadSenderFilter(logging.Filter):
+    """Turns one known-benign hivemind DHT error into a debug line (see :func:`quiet_dead_sender_errors`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (OSError, EOFError)) and _raised_in_resource_sharer(exc):
+            log.debug("DHT dropped a request from a process that already exited: %r %s", exc, _sender(exc))
+            return False
+        return True
+
+
+def _sender(exc: BaseException) -> str:
+    """The resource-sharer address and key the failed request pointed at (for the debug line)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "detach":
+            return str(getattr(tb.tb_frame.f_locals.get("self"), "_id", None))
+        tb = tb.tb_next
+    return "?"
+
+
+def _raised_in_resource_sharer(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+_DEAD_SENDER_FILTER = _DeadSenderFilter()
+
+
+def quiet_dead_sender_errors() -> None:
+    """Install ``_DeadSenderFilter`` on hivemind's DHT logger (idempotent; inherited by forked DHTs).
+
+    Upstream behaviour (hivemind 1.1.12): every request to the DHT process carries a pipe end that the
+    DHT fetches from the *sender's* ``multiprocessing`` resource sharer. When an averager process exits
+    right after its last request (it does, at shutdown), fetching fails with ``FileNotFoundError`` and
+    hivemind logs a traceback, although only the reply to a process that no longer exists is lost.
+    ``shutdown.py`` makes this rare (it drains the DHT before the averagers stop); this filter turns what
+    is left into a debug line. The record is recognised by its exception type and by the traceback
+    passing through ``multiprocessing``'s ``resource_sharer.py``.
+
+    Upstream issue: none found in learning-at-home/hivemind. Test:
+    ``tests/integration/test_swarm_training.py`` (peers leave without a traceback in their logs).
+    """
+    install_filter("hivemind.dht.dht", _DEAD_SENDER_FILTER)
+
+
+# -- a round that finishes after its step was cancelled -----------------------------------------------
+
+
+class _CancelledRoundFilter(logging.Filter):
+    """Drops asyncio's "never retrieved" record of an averaging round whose step had been cancelled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, InvalidStateError) and "future that is CANCELLED" in str(exc):
+            log.debug("an averaging round finished after its step was cancelled: %s", exc)
+            return False
+        return True
+
+
+_CANCELLED_ROUND_FILTER = _CancelledRoundFilter()
+
+
+def quiet_cancelled_rounds() -> None:
+    """Install ``_CancelledRoundFilter`` on asyncio's logger (idempotent; inherited by forked averagers).
+
+    Upstream behaviour (hivemind 1.1.12): a pre-scheduled round cancelled just as it found its group
+    races inside the averager's process: its ``_step`` then sets the result of the cancelled step, and
+    asyncio logs "Task exception was never retrieved" with an ``InvalidStateError``. The result was no
+    longer wanted. Call this before the averagers fork, so that they inherit it.
+
+    Upstream issue: none found. Test: ``tests/unit/test_swarm_log_filters.py``.
+    """
+    install_filter("asyncio", _CANCELLED_ROUND_FILTER)
+
+
+# -- the progress tracker's abandoned event loop ------------------------------------------------------
+
+
+def quiet_abandoned_event_loops() -> None:
+    """Keep hivemind's abandoned event loops from logging errors when the process exits.
+
+    Upstream behaviour (hivemind 1.1.12): the progress tracker's thread stops its event loop right after
+    cancelling its last tasks, so they stay pending, and asyncio logs "Task was destroyed but it is
+    pending!" when they are finally collected (at interpreter exit). Loops that are neither running nor
+    closed but still have pending tasks are abandoned; they get a handler that drops just that message.
+    Call it after the optimizer has shut down.
+
+    Upstream issue: none found (learning-at-home/hivemind#427 fixed another "destroyed but pending" task,
+    before 1.1.12). Test: ``tests/integration/test_swarm_training.py`` (peers leave without a traceback
+    in their logs).
+    """
+    pending = [obj for obj in gc.get_objects() if type(obj) is asyncio.Task and not obj.done()]
+    for loop in {task.get_loop() for task in pending}:
+        if not loop.is_running() and not loop.is_closed():
+            loop.set_exception_handler(_drop_destroyed_pending_task)
+
+
+def _drop_destroyed_pending_task(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+        return
+    loop.default_exception_handler(context)
+
+
+# -- refused averaging calls ---------------------------------------------------------------------------
+
+
+class _RefusalFilter(logging.Filter):
+    """Drops hivemind's traceback of a handler call that failed with one of ``refusals``."""
+
+    def __init__(self, refusals: tuple[type[BaseException], ...]) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, self.refusals)
+
+
+def quiet_refusal_tracebacks(refusal: type[BaseException]) -> None:
+    """Keep hivemind's P2P logger from logging a traceback for each handler call failing with ``refusal``
+    (idempotent per type; inherited by forks).
+
+    Upstream behaviour (hivemind 1.1.12): ``hivemind.p2p.p2p_daemon`` logs every handler that raises with
+    its traceback. The averaging guard (``worker/admission/guard.py``) refuses a peer without a token by
+    raising in the handler, and logs the refusal once itself; a stranger calling in a loop would
+    otherwise fill the log with tracebacks. Recognised by exception type only.
+
+    Upstream issue: none (hivemind logs failing handlers on purpose). The refusals themselves are tested
+    in ``tests/integration/test_swarm_admission.py``; this filter has no test of its own.
+    """
+    p2p_logger = logging.getLogger("hivemind.p2p.p2p_daemon")
+    for existing in p2p_logger.filters:
+        if isinstance(existing, _RefusalFilter) and refusal in existing.refusals:
+            return
+    p2p_logger.addFilter(_RefusalFilter((refusal,)))

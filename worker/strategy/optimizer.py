@@ -1,0 +1,160 @@
+"""The ``hivemind.Optimizer`` behind ``HivemindStrategy``: building it, its schedulers, its checkpoints.
+
+Lightning hands over the optimizer (and schedulers) from ``configure_optimizers``; hivemind wraps that
+optimizer, or, for offloading and delayed updates, rebuilds it from the same class, defaults and
+parameter groups. Schedulers from ``configure_optimizers`` follow the swarm epoch
+(``SwarmEpochScheduler``); ``scheduler_fn`` is stepped by hivemind itself.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import hivemind
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+
+from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
+from worker.strategy.checks import warn_if_zero_grad_overridden
+from worker.strategy.hivemind_fixes import expose_defaults, keep_averager_tasks_alive, quiet_cancelled_rounds
+from worker.strategy.schedulers import SwarmEpochScheduler
+
+_SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
+
+
+def build_hivemind_optimizer(
+    torch_optimizer: torch.optim.Optimizer, *, hivemind_creates_optimizer: bool, **hivemind_kwargs: Any
+) -> hivemind.Optimizer:
+    """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
+    quiet_cancelled_rounds()  # before hivemind forks its averagers
+    keep_averager_tasks_alive()
+    if not hivemind_creates_optimizer:
+        return expose_defaults(hivemind.Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
+    optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
+    groups = [dict(group) for group in torch_optimizer.param_groups]
+    return expose_defaults(
+        hivemind.Optimizer(
+            optimizer=lambda params: optimizer_class(params, **defaults), params=groups, **hivemind_kwargs
+        )
+    )
+
+
+def follow_swarm_epochs(
+    configs: list[LRSchedulerConfig],
+    optimizer: hivemind.Optimizer,
+    scheduler_fn: Callable[..., Any] | None,
+    hivemind_creates_optimizer: bool,
+) -> list[LRSchedulerConfig]:
+    """The scheduler configs Lightning should keep: each scheduler wrapped to step per swarm epoch.
+
+    Warns and drops them when they cannot or should not drive the optimizer (see the messages).
+    """
+    if not configs:
+        return []
+    if scheduler_fn is not None:
+        warnings.warn(
+            "HivemindStrategy(scheduler_fn=...) is given, so the schedulers returned by "
+            "configure_optimizers are ignored (hivemind steps scheduler_fn once per swarm epoch).",
+            UserWarning,
+            stacklevel=3,
+        )
+        return []
+    if hivemind_creates_optimizer:
+        warnings.warn(
+            "HivemindStrategy: with offload_optimizer or delay_optimizer_step/delay_grad_averaging, "
+            "hivemind creates its own optimizer, so the schedulers returned by configure_optimizers "
+            "cannot drive it and are ignored. scheduler_fn is required for a schedule: pass "
+            "scheduler_fn=lambda optimizer: YourScheduler(optimizer, ...).",
+            UserWarning,
+            stacklevel=3,
+        )
+        return []
+    return [
+        replace(config, scheduler=SwarmEpochScheduler(config.scheduler, lambda: optimizer.local_epoch))  # type: ignore[arg-type]
+        for config in configs
+    ]
+
+
+class SwarmLightningOptimizer(LightningOptimizer):
+    """Lightning's optimizer wrapper, minus the finalizer it would inherit from ``hivemind.Optimizer``.
+
+    Lightning's wrapper subclasses the wrapped optimizer's class, so when Lightning replaces a wrapper
+    (it does, during setup) the garbage-collected wrapper runs ``hivemind.Optimizer.__del__``, which
+    shuts down the *shared* averagers and leaves training hanging at its first swarm step.
+    ``HivemindStrategy.teardown`` shuts the optimizer down instead.
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
+def hivemind_state_dict(optimizer: hivemind.Optimizer) -> dict[str, Any]:
+    """Optimizer statistics, ``local_epoch`` (inside ``state``) and hivemind's own scheduler, if any."""
+    state = optimizer.state_dict()
+    if optimizer.state_averager.scheduler is not None:
+        state[_SCHEDULER_STATE_KEY] = optimizer.state_averager.scheduler.state_dict()
+    return state
+
+
+def load_hivemind_state_dict(optimizer: hivemind.Optimizer, saved: Mapping[str, Any]) -> None:
+    """Load ``hivemind_state_dict`` output, then tell the swarm which epoch this peer is at."""
+    saved = dict(saved, state=dict(saved["state"]))  # hivemind pops local_epoch from "state"
+    scheduler_state = saved.pop(_SCHEDULER_STATE_KEY, None)
+    optimizer.load_state_dict(saved)  # torch moves the state onto each parameter's device
+    if scheduler_state is not None and optimizer.state_averager.scheduler is not None:
+        optimizer.state_averager.scheduler.load_state_dict(scheduler_state)
+    announce_epoch(optimizer)
+
+
+def announce_epoch(optimizer: hivemind.Optimizer) -> None:
+    """Report ``local_epoch`` to the swarm and offer this state to newcomers at that priority."""
+    epoch = optimizer.local_epoch
+    with optimizer.tracker.pause_updates():
+        # the tracker's view of the swarm moves to this epoch at once (unless the swarm is ahead),
+        # instead of at its next refresh, seconds later, with every local step wasted meanwhile
+        optimizer.tracker.update_epoch(new_epoch=epoch)
+    if not optimizer.state_averager.client_mode:
+        optimizer.state_averager.state_sharing_priority = epoch
+        if optimizer.grad_averager is not None:
+            optimizer.grad_averager.state_sharing_priority = epoch
+
+
+class ZeroGradSwitch:
+    """Turns a module's ``optimizer_zero_grad`` into a no-op for one fit (``reuse_grad_buffers=True``).
+
+    hivemind then owns the ``.grad`` buffers: it accumulates in them and clears them after each swarm
+    step, and raises if anyone else zeroes them. ``restore`` puts back what the module had.
+    """
+
+    _ABSENT = object()
+
+    def __init__(self) -> None:
+        self._module: LightningModule | None = None
+        self._saved: object = self._ABSENT
+
+    def disable(self, module: LightningModule) -> None:
+        """Warn if the module overrides ``optimizer_zero_grad``, then skip it until ``restore``."""
+        warn_if_zero_grad_overridden(module)
+        self._module = module
+        self._saved = module.__dict__.get("optimizer_zero_grad", self._ABSENT)
+        module.optimizer_zero_grad = _keep_gradients  # type: ignore[method-assign]
+
+    def restore(self) -> None:
+        """Undo ``disable`` (no-op if it was not called)."""
+        module, self._module = self._module, None
+        if module is None:
+            return
+        if self._saved is self._ABSENT:
+            module.__dict__.pop("optimizer_zero_grad", None)
+        else:
+            module.__dict__["optimizer_zero_grad"] = self._saved
+        self._saved = self._ABSENT
+
+
+def _keep_gradients(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``optimizer_zero_grad`` while hivemind owns the gradient buffers."""

@@ -1,0 +1,72 @@
+"""Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords.
+
+They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
+those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
+less what the run spec or the agent sets itself. The create-time probe (``orchestrator/importcheck/probe.py``)
+and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
+there is refused when the run is created, not inside ``hivemind.Optimizer`` on every worker. Imports
+torch, Lightning and hivemind when first called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from worker.wire import SWARM_ADMISSION_OPTION
+from worker.wire_trainer import trainer_option_in_strategy_options
+
+#: ``HivemindStrategy`` keywords the agent fills from the run spec or its own state.
+SET_BY_AGENT = {
+    "target_batch_size": "it is the run spec's target_batch_size",
+    "batch_size": "it is the run spec's batch_size",
+    "run_id": "it is the run's swarm id",
+    "dht": "the agent starts the worker's DHT",
+    "authorizer": "the agent holds the worker's swarm token",
+}
+
+
+@cache
+def strategy_keywords() -> frozenset[str]:
+    """Every key ``strategy_options`` may hold (``swarm_admission``, the agent's own, included)."""
+    from worker.strategy.keywords import dht_keywords, optimizer_keywords, signature_keywords
+    from worker.strategy.strategy import HivemindStrategy
+
+    own = signature_keywords(HivemindStrategy.__init__)
+    routed = optimizer_keywords() | dht_keywords()
+    return frozenset((own | routed | {SWARM_ADMISSION_OPTION}) - set(SET_BY_AGENT))
+
+
+def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
+    """None when every key of ``options`` is one the strategy takes; else what is wrong, and the fix."""
+    trainer_option = trainer_option_in_strategy_options(dict(options))
+    if trainer_option:
+        return trainer_option
+    for key in options:
+        if key in SET_BY_AGENT:
+            return f"{key} cannot be set in strategy_options: {SET_BY_AGENT[key]}"
+    from worker.strategy.keywords import unknown_keyword_message
+
+    unknown = sorted(set(options) - strategy_keywords())
+    if unknown:
+        return unknown_keyword_message(unknown[0])
+    return _timeouts_problem(options)
+
+
+def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
+    """The strategy's own timeout check, on the options and the strategy's defaults for what is left out."""
+    import inspect
+
+    from worker.strategy.checks import HivemindStrategyError, check_timeouts
+    from worker.strategy.strategy import HivemindStrategy
+
+    defaults = inspect.signature(HivemindStrategy.__init__).parameters
+    times = [options.get(name, defaults[name].default) for name in ("matchmaking_time", "averaging_timeout")]
+    if not all(isinstance(value, (int, float)) for value in times):
+        return None  # hivemind reports a wrong type itself
+    try:
+        check_timeouts(*times)
+    except HivemindStrategyError as exc:
+        return str(exc)
+    return None
