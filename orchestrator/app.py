@@ -194,21 +194,22 @@ async def _start(
         if settings.swarm_admission
         else None
     )
-    dht = OrchestratorDHT(
-        settings.dht_identity_path(),
-        settings.dht_pid_path(),
-        settings.resolved_dht_host_maddrs(),
-        settings.dht_announce_maddrs,
-        dht_options=admission.dht_options(settings.dht_identity_path()) if admission else None,
-    )
-    dht.start()
     db = Database(settings.resolved_database_url())
     try:
         db.upgrade()
         if admission is not None:
             claim_authority(db, admission.authority.public_key, settings.swarm_authority_key_path())
+        # the DHT peer starts knowing which runs opted out of admission: it refuses none of their peers
+        dht = OrchestratorDHT(
+            settings.dht_identity_path(),
+            settings.dht_pid_path(),
+            settings.resolved_dht_host_maddrs(),
+            settings.dht_announce_maddrs,
+            dht_options=admission.dht_options(settings.dht_identity_path(), db) if admission else None,
+        )
+        dht.start()
     except BaseException:
-        dht.shutdown()
+        db.close()
         raise
     swarm = SwarmProgressCache()
     forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None

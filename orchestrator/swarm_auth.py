@@ -10,7 +10,11 @@ so guard it like the admin token. Orchestrators sharing a database share it
 Runs are admitted by default; a run spec with ``strategy_options: {"swarm_admission": false}`` opts out
 (its peers use no tokens). :class:`SwarmAdmission` keeps the set of active opted-out runs and pushes it
 to the orchestrator's DHT peer, which then lets token-less peers use it for routing (see
-:mod:`orchestrator.swarm_peer_auth`). The design and threat model: ``docs/readme/security.md``.
+:mod:`orchestrator.swarm_peer_auth`). The peer must know a run opted out *before* the run's first peers
+knock: it refuses token-less peers it does not know to serve, and a peer refused at its first contact
+cannot join the swarm through it. So the set is read before the DHT peer starts, and pushed again
+before a worker of an opted-out run is told where the peer is (its registration), not only every
+``dht_refresh_interval_s``. The design and threat model: ``docs/readme/security.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from sqlalchemy.orm import Session
 from orchestrator import runs
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
+from orchestrator.dht import DHTUnavailable
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
 from worker.swarm_token import (
     ANY_SWARM,
@@ -116,6 +121,7 @@ class SwarmAdmission:
     def __init__(self, authority: SwarmAuthority) -> None:
         self.authority = authority
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one read-and-push at a time: a stale set never wins
         self._open_swarms: frozenset[str] | None = None  # None: not read yet
 
     @classmethod
@@ -163,31 +169,63 @@ class SwarmAdmission:
         logger.debug("swarm token for worker %d (peer %s) of run %s", worker.id, token.peer_id, run.name)
         return token
 
-    def dht_options(self, identity_path: Path) -> dict[str, Any]:
-        """``hivemind.DHT`` keywords of the orchestrator's peer: its authorizer and no caching."""
+    def dht_options(self, identity_path: Path, db: Database) -> dict[str, Any]:
+        """``hivemind.DHT`` keywords of the orchestrator's peer: its authorizer, already serving the
+        active opted-out runs read from ``db`` (so a restarted peer refuses none of their peers), and
+        no caching."""
         from orchestrator.swarm_peer_auth import peer_dht_options  # imports hivemind
 
-        return peer_dht_options(self.authority, identity_path)
+        open_swarms = read_open_swarms(db)
+        with self._lock:
+            self._open_swarms = open_swarms
+        return peer_dht_options(self.authority, identity_path, open_swarms)
 
     def sync_service(self, ctx: AppContext) -> BackgroundService:
         """A background service that keeps the DHT peer's set of opted-out runs current."""
         from orchestrator.context import PeriodicService
-        from orchestrator.swarm_peer_auth import push_open_swarms
 
-        push = functools.partial(push_open_swarms, ctx.dht)
         interval_s = ctx.settings.dht_refresh_interval_s
+        push = dht_pusher(ctx)
         return PeriodicService("swarm-admission", interval_s, lambda: self.sync_open_swarms(ctx.db, push))
+
+    def serve_opted_out(self, db: Database, push: Callable[[frozenset[str]], Any], swarm_id: str) -> None:
+        """Make sure the DHT peer serves the token-less peers of ``swarm_id`` (an opted-out run) before
+        one of them is told where the peer is: pushes the set now unless the peer has it already.
+
+        A DHT peer that is down is logged, not raised: the worker could not join through it anyway,
+        and the periodic sync pushes the set once it is back.
+        """
+        with self._lock:
+            if self._open_swarms is not None and swarm_id in self._open_swarms:
+                return
+        try:
+            self.sync_open_swarms(db, push)
+        except DHTUnavailable as exc:
+            logger.warning("swarm admission: the DHT peer did not learn that %s opted out: %s", swarm_id, exc)
 
     def sync_open_swarms(self, db: Database, push: Callable[[frozenset[str]], Any]) -> None:
         """Read which active runs opted out; hand the set to ``push`` (the DHT peer) when it changed."""
-        with db.read() as session:
-            active = [s.value for s in runs.ACTIVE_RUN_STATES]
-            rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
-            now_open = frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))
-        with self._lock:
-            if now_open == self._open_swarms:
-                return
-        push(now_open)
-        with self._lock:
-            self._open_swarms = now_open
+        with self._sync_lock:
+            now_open = read_open_swarms(db)
+            with self._lock:
+                if now_open == self._open_swarms:
+                    return
+            push(now_open)
+            with self._lock:
+                self._open_swarms = now_open
         logger.info("swarm admission: %d active run(s) without tokens", len(now_open))
+
+
+def read_open_swarms(db: Database) -> frozenset[str]:
+    """The swarm ids of the active runs that opted out of admission."""
+    with db.read() as session:
+        active = [s.value for s in runs.ACTIVE_RUN_STATES]
+        rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
+        return frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))
+
+
+def dht_pusher(ctx: AppContext) -> Callable[[frozenset[str]], None]:
+    """``push`` for :meth:`SwarmAdmission.sync_open_swarms`: into ``ctx``'s DHT peer, bounded in time."""
+    from orchestrator.swarm_peer_auth import push_open_swarms  # imports hivemind
+
+    return functools.partial(push_open_swarms, ctx.dht, timeout_s=ctx.settings.dht_timeout_s)
