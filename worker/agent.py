@@ -207,6 +207,7 @@ class Agent:
             self._dht = agent_train.start_swarm_dht_retrying(
                 boot.initial_peers, options.dht, authorizer, self._fresh_peers
             )
+            agent_train.keep_swarm_joined(self._dht, self.config.worker_dir, registration.run.name)
             ckpt_path = agent_train.choose_resume_checkpoint(
                 self._dht, registration, self.client, self.config.worker_dir
             )
