@@ -72,8 +72,9 @@ from orchestrator.web import router as web_router
 logger = logging.getLogger(__name__)
 
 #: Starts the orchestrator's DHT peer: given the settings and, under swarm admission, the authority its
-#: peer authorizer signs with (None: no admission). Returns the running peer.
-DhtFactory = Callable[[Settings, SwarmAuthority | None], OrchestratorDHT]
+#: peer authorizer signs with (None: no admission) and the opted-out runs it serves from the start.
+#: Returns the running peer.
+DhtFactory = Callable[[Settings, SwarmAuthority | None, frozenset[str]], OrchestratorDHT]
 
 
 def create_app(
@@ -187,13 +188,16 @@ def build_store(settings: Settings) -> CheckpointStore:
     return LocalCheckpointStore(settings.resolved_checkpoint_dir())
 
 
-def start_dht(settings: Settings, authority: SwarmAuthority | None) -> OrchestratorDHT:
-    """The orchestrator's DHT peer, started; under swarm admission with its peer authorizer."""
+def start_dht(
+    settings: Settings, authority: SwarmAuthority | None, open_swarms: frozenset[str] = frozenset()
+) -> OrchestratorDHT:
+    """The orchestrator's DHT peer, started; under swarm admission with its peer authorizer, already
+    serving the token-less peers of ``open_swarms``."""
     options: dict[str, Any] | None = None
     if authority is not None:
         from orchestrator.swarm.peer_authorizer import peer_dht_options  # imports hivemind
 
-        options = peer_dht_options(authority, settings.dht_identity_path())
+        options = peer_dht_options(authority, settings.dht_identity_path(), open_swarms)
     dht = OrchestratorDHT(
         settings.dht_identity_path(),
         settings.dht_pid_path(),
@@ -251,15 +255,20 @@ def _build_context(
         if settings.swarm_admission
         else None
     )
-    dht = dht_factory(settings, admission.authority if admission else None)
     db = Database(settings.resolved_database_url())
     try:
         db.upgrade()
+        open_swarms: frozenset[str] = frozenset()
         if admission is not None:
             claim_authority(db, admission.authority.public_key, settings.swarm_authority_key_path())
+            open_swarms = admission.serve_from_start(db)
+        # the DHT peer starts knowing which runs opted out of admission: it refuses none of their peers
+        dht = dht_factory(settings, admission.authority if admission else None, open_swarms)
     except BaseException:
-        dht.shutdown()
+        db.close()
         raise
+    if admission is not None:
+        admission.bind_peer(functools.partial(_push_open_swarms, dht, timeout_s=settings.dht_timeout_s))
     swarm = SwarmProgressCache()
     forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None
     hub = HeartbeatHub(db, settings, clock, swarm)
@@ -303,8 +312,7 @@ def _services(ctx: AppContext) -> tuple[list[BackgroundService], list[Reconciler
         ),
     ]
     if ctx.swarm_admission is not None:
-        push = functools.partial(_push_open_swarms, ctx.dht)
-        sync = functools.partial(ctx.swarm_admission.sync_open_swarms, ctx.db, push)
+        sync = functools.partial(ctx.swarm_admission.sync_open_swarms, ctx.db)
         services.append(PeriodicService("swarm-admission", settings.dht_refresh_interval_s, sync))
     reconcilers = []
     if settings.reconcile:
@@ -350,11 +358,12 @@ def _swarm_epoch(swarm: SwarmProgressCache, swarm_id: str) -> int | None:
     return progress.epoch if progress is not None else None
 
 
-def _push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str]) -> None:
-    """Hand the set of opted-out runs' swarms to the peer authorizer in the DHT's process."""
+def _push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str], timeout_s: float) -> None:
+    """Hand the set of opted-out runs' swarms to the peer authorizer in the DHT's process (raises
+    ``DHTUnavailable`` when the peer is down or does not answer within ``timeout_s``)."""
     from orchestrator.swarm.peer_authorizer import push_open_swarms  # imports hivemind
 
-    push_open_swarms(dht, swarms)
+    push_open_swarms(dht, swarms, timeout_s)
 
 
 async def _stop(ctx: AppContext, started: list[BackgroundService]) -> None:

@@ -10,8 +10,12 @@ so guard it like the admin token. Orchestrators sharing a database share it
 Runs are admitted by default; a run spec with ``strategy_options: {"swarm_admission": false}`` opts out
 (its peers use no tokens). :class:`SwarmAdmission` keeps the set of active opted-out runs and pushes it
 to the orchestrator's DHT peer, which then lets token-less peers use it for routing (see
-:mod:`orchestrator.swarm.peer_authorizer`; ``create_app`` wires the two together). The design and threat
-model: ``docs/readme/security.md``.
+:mod:`orchestrator.swarm.peer_authorizer`; ``create_app`` wires the two together). The peer must know a
+run opted out *before* the run's first peers knock: it refuses token-less peers it does not know to serve,
+and a peer refused at its first contact cannot join the swarm through it. So the set is read before the DHT
+peer starts, and pushed again before a worker of an opted-out run is told where the peer is (its
+registration), not only every ``dht_refresh_interval_s``. The design and threat model:
+``docs/concepts/swarm-admission.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES, values
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
+from orchestrator.swarm.dht import DHTUnavailable
 from worker.admission.tokens import (
     ANY_SWARM,
     ORCHESTRATOR_SUBJECT,
@@ -109,7 +114,9 @@ class SwarmAdmission:
     def __init__(self, authority: SwarmAuthority) -> None:
         self.authority = authority
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one read-and-push at a time: a stale set never wins
         self._open_swarms: frozenset[str] | None = None  # None: not read yet
+        self._push: Callable[[frozenset[str]], Any] | None = None
 
     @classmethod
     def from_key_file(cls, path: Path, ttl_s: float) -> SwarmAdmission:
@@ -156,16 +163,52 @@ class SwarmAdmission:
         logger.debug("swarm token for worker %d (peer %s) of run %s", worker.id, token.peer_id, run.name)
         return token
 
-    def sync_open_swarms(self, db: Database, push: Callable[[frozenset[str]], Any]) -> None:
-        """Read which active runs opted out; hand the set to ``push`` (the DHT peer) when it changed."""
-        with db.read() as session:
-            active = values(ACTIVE_RUN_STATES)
-            rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
-            now_open = frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))
+    def serve_from_start(self, db: Database) -> frozenset[str]:
+        """The active opted-out runs, read from ``db`` for the DHT peer to start with (so a restarted peer
+        refuses none of their peers), and remembered as what the peer holds."""
+        open_swarms = read_open_swarms(db)
         with self._lock:
-            if now_open == self._open_swarms:
+            self._open_swarms = open_swarms
+        return open_swarms
+
+    def bind_peer(self, push: Callable[[frozenset[str]], Any]) -> None:
+        """How to hand the set to the running DHT peer (raises ``DHTUnavailable`` when it is down)."""
+        self._push = push
+
+    def serve_opted_out(self, db: Database, swarm_id: str) -> None:
+        """Make sure the DHT peer serves the token-less peers of ``swarm_id`` (an opted-out run) before
+        one of them is told where the peer is: pushes the set now unless the peer has it already.
+
+        A DHT peer that is down is logged, not raised: the worker could not join through it anyway,
+        and the periodic sync pushes the set once it is back.
+        """
+        with self._lock:
+            if self._open_swarms is not None and swarm_id in self._open_swarms:
                 return
-        push(now_open)
-        with self._lock:
-            self._open_swarms = now_open
+        try:
+            self.sync_open_swarms(db)
+        except DHTUnavailable as exc:
+            logger.warning("swarm admission: the DHT peer did not learn that %s opted out: %s", swarm_id, exc)
+
+    def sync_open_swarms(self, db: Database) -> None:
+        """Read which active runs opted out; hand the set to the DHT peer when it changed."""
+        push = self._push
+        if push is None:
+            raise RuntimeError("SwarmAdmission.bind_peer was not called")
+        with self._sync_lock:
+            now_open = read_open_swarms(db)
+            with self._lock:
+                if now_open == self._open_swarms:
+                    return
+            push(now_open)
+            with self._lock:
+                self._open_swarms = now_open
         logger.info("swarm admission: %d active run(s) without tokens", len(now_open))
+
+
+def read_open_swarms(db: Database) -> frozenset[str]:
+    """The swarm ids of the active runs that opted out of admission."""
+    with db.read() as session:
+        active = values(ACTIVE_RUN_STATES)
+        rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
+        return frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))

@@ -216,14 +216,21 @@ class OrchestratorDHT:
             results[swarm_id] = parse_progress(metadata, swarms[swarm_id], now())
         return results
 
-    def run_coroutine(self, coro: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    def run_coroutine(
+        self, coro: Callable[[Any, Any], Awaitable[Any]], timeout_s: float | None = None
+    ) -> Any:
         """Run ``coro(dht, node)`` in the DHT's process and return its result (hivemind's
-        ``run_coroutine``; ``coro`` must be picklable). Raises :class:`DHTUnavailable` when not running."""
+        ``run_coroutine``; ``coro`` must be picklable). Raises :class:`DHTUnavailable` when not running
+        or when no result came within ``timeout_s`` (None: wait)."""
         if not self.alive():
             raise DHTUnavailable("the DHT peer is not running")
         with self._send_lock:
             future = self._dht.run_coroutine(coro, return_future=True)
-        return future.result()
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError as exc:
+            future.cancel()
+            raise DHTUnavailable(f"the DHT peer did not answer within {timeout_s} s") from exc
 
     def shutdown(self) -> None:
         """Stop the peer process, within hivemind's 3 s grace plus :data:`dht_process.KILL_WAIT_S` at

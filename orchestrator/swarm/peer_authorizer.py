@@ -118,16 +118,19 @@ class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
     """hivemind authorizer of the orchestrator's DHT peer (see the module docstring for the rules).
 
     ``identity_path`` is the peer's libp2p identity file (created here if missing), so that the
-    token's key is the peer's own. ``open_swarms`` is replaced through :func:`set_open_swarms`.
+    token's key is the peer's own. ``open_swarms`` (the opted-out runs whose token-less peers it serves)
+    is replaced through :func:`set_open_swarms`.
     """
 
-    def __init__(self, authority: SwarmAuthority, identity_path: Path) -> None:
+    def __init__(
+        self, authority: SwarmAuthority, identity_path: Path, open_swarms: frozenset[str] = frozenset()
+    ) -> None:
         ensure_identity(identity_path)
         key, self.peer_id = load_identity(identity_path)
         super().__init__(local_private_key=key)
         self._authority = authority
         self._verifier = TokenVerifier(authority.public_key, None, clock=get_dht_time)
-        self.open_swarms: frozenset[str] = frozenset()
+        self.open_swarms = frozenset(open_swarms)
         self.peer_runs = PeerRuns()
 
     async def get_token(self) -> AccessToken:
@@ -196,15 +199,18 @@ async def set_open_swarms(swarms: frozenset[str], _dht: Any, node: Any) -> None:
         authorizer.open_swarms = frozenset(swarms)
 
 
-def push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str]) -> None:
-    """Hand the set of opted-out swarms to the authorizer in the DHT's process."""
-    dht.run_coroutine(functools.partial(set_open_swarms, frozenset(swarms)))
+def push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str], timeout_s: float | None = None) -> None:
+    """Hand the set of opted-out swarms to the authorizer in the DHT's process (raises
+    ``DHTUnavailable`` when the peer is down or does not answer within ``timeout_s``)."""
+    dht.run_coroutine(functools.partial(set_open_swarms, frozenset(swarms)), timeout_s)
 
 
-def peer_dht_options(authority: SwarmAuthority, identity_path: Path) -> dict[str, Any]:
+def peer_dht_options(
+    authority: SwarmAuthority, identity_path: Path, open_swarms: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Extra ``hivemind.DHT`` keywords of the orchestrator's peer under admission."""
     return {
-        "authorizer": OrchestratorPeerAuthorizer(authority, identity_path),
+        "authorizer": OrchestratorPeerAuthorizer(authority, identity_path, open_swarms),
         "cache_locally": False,
         "cache_nearest": 0,
     }

@@ -1,8 +1,9 @@
 """Reads a run's swarm epoch from the DHT twice a second and prints it as a JSON line, on its own: it keeps
 reading while the orchestrator is down (its DHT peer stays connected to the workers').
 
-Usage: ``python -m tests.e2e.swarm_observer SWARM_ID TARGET_BATCH_SIZE PEER [PEER ...]``. Needs a swarm
-without admission tokens (``strategy_options: {"swarm_admission": false}``).
+Usage: ``python -m tests.e2e.swarm_observer SWARM_ID TARGET_BATCH_SIZE AUTHORITY_KEY PEER [PEER ...]``.
+A run's swarm admits only peers with a token: the observer is an operator's monitoring peer, which signs
+its own with the swarm authority key from the orchestrator's data dir (``tests/e2e/monitor_peer.py``).
 """
 
 from __future__ import annotations
@@ -11,21 +12,15 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
-
-import hivemind
-from hivemind.dht.crypto import RSASignatureValidator
+from pathlib import Path
 
 from orchestrator.swarm.dht import parse_progress, progress_key
+from tests.e2e.monitor_peer import monitor_dht
 
 
 def main() -> None:
-    swarm_id, target, *peers = sys.argv[1:]
-    dht = hivemind.DHT(
-        initial_peers=peers,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        record_validators=[RSASignatureValidator()],
-        start=True,
-    )
+    swarm_id, target, authority_key, *peers = sys.argv[1:]
+    dht = monitor_dht(Path(authority_key), swarm_id, peers)
     print(json.dumps({"started": True}), flush=True)
     while True:
         found = dht.get(progress_key(swarm_id), latest=True)

@@ -64,7 +64,8 @@ class ApiSampler:
 
 
 def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) -> ManagedProcess:
-    """A DHT peer of the test's own reading the swarm's progress (tests/e2e/swarm_observer.py)."""
+    """A DHT peer of the test's own reading the swarm's progress (tests/e2e/swarm_observer.py): an
+    operator's monitoring peer, with a token it signs itself with the authority key in the data dir."""
     with orch.client() as http:
         run = http.get(f"/api/v1/runs/{name}").json()
         peers = http.get(f"/api/v1/runs/{name}/peers").json()["initial_peers"]
@@ -74,6 +75,7 @@ def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) ->
         "tests.e2e.swarm_observer",
         run["swarm_id"],
         str(run["spec"]["target_batch_size"]),
+        str(orch.data_dir / "swarm_authority.pem"),
     ]
     proc = processes.start("swarm-observer", [*args, *peers])
     wait_until(lambda: '"epoch"' in proc.log(), 60, message="the observer reads the swarm's epoch")
@@ -132,7 +134,7 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     spec = digits_run(
         "chaos",
         stop={"target_epochs": TARGET_EPOCHS},
-        strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0, "swarm_admission": False},
+        strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0},  # admission on: the default
     )
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "chaos")

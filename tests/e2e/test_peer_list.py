@@ -1,10 +1,13 @@
 """The peer list keeps a swarm whole while the orchestrator is down.
 
 Two workers train through the reconcile loop and keep the run's peer list in their worker dirs
-(``peers.json``). The orchestrator is killed; a third worker started by hand with that saved list (plain
-Lightning + HivemindStrategy, no orchestrator) joins the same swarm: the DHT shows three peers in step
-(at most one epoch apart). The orchestrator comes back and the two workers re-attach, reporting three
-peers."""
+(``peers.json``). The run admits peers by swarm token (the default): its user registers a third worker
+with the run's join token while the orchestrator is up, and that worker fetches and caches its swarm
+token. The orchestrator is killed; the third worker, started by hand with the saved list and its cached
+token (plain Lightning + HivemindStrategy, no orchestrator), joins the same swarm: the DHT shows three
+peers in step (at most one epoch apart), read by a monitoring peer that signs its own token with the
+authority key in the orchestrator's data dir. The orchestrator comes back and the two workers
+re-attach, reporting three peers."""
 
 from __future__ import annotations
 
@@ -16,10 +19,14 @@ from typing import Any
 
 import hivemind
 import pytest
-from hivemind.dht.crypto import RSASignatureValidator
 
+from tests.e2e.monitor_peer import monitor_dht
 from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.helpers import ProcessRegistry, wait_until
+from tests.orchestrator_fixture import Orchestrator
+from worker.admission.authorizer import SwarmAuthorizer
+from worker.agent.client import OrchestratorClient
+from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # workers importing torch, lightning and hivemind on a busy 2-core machine
@@ -41,6 +48,23 @@ def saved_peers(data_dir: Path, worker: dict[str, Any]) -> list[str]:
     return list(json.loads(path.read_text())["initial_peers"]) if path.exists() else []
 
 
+def register_by_hand(orch: Orchestrator, join_token: str, swarm_id: str, worker_dir: Path) -> Path:
+    """What a user does before starting a worker by hand: register it with the run's join token and
+    fetch its swarm token (cached in ``worker_dir`` with its identity). Returns the worker's JSON."""
+    with orch.client(join_token) as http:
+        response = http.post("/api/v1/workers/register", json={"hostname": "by-hand"})
+        registration = response.raise_for_status().json()
+    worker_id, token = registration["worker_id"], registration["worker_token"]
+    fetch = ClientTokenSource(lambda: OrchestratorClient(orch.url, token), worker_id)
+    SwarmAuthorizer.create(
+        swarm_id, CachingTokenSource(fetch, worker_dir, worker_id), identity_path(worker_dir, worker_id)
+    )
+    described = worker_dir / "worker.json"
+    worker = {"url": orch.url, "worker_id": worker_id, "worker_token": token, "worker_dir": str(worker_dir)}
+    described.write_text(json.dumps(worker))
+    return described
+
+
 def swarm_epochs(reader: hivemind.DHT, swarm_id: str) -> list[int]:
     """Epoch of every training peer publishing progress for ``swarm_id`` (hivemind's ProgressTracker key)."""
     found = reader.get(f"{swarm_id}_progress", latest=True)
@@ -54,8 +78,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
-    # the hand-started worker has no orchestrator to get a swarm token from: the run admits any peer
-    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "swarm_admission": False}
+    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0}  # swarm admission on: the default
     spec = digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE, strategy_options=options)
     created = admin_post(orch, "/api/v1/runs", spec).json()
     swarm_id = created["swarm_id"]
@@ -70,6 +93,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         message="the first worker's saved list names the second worker",
     )
 
+    hand_worker = register_by_hand(orch, created["join_token"], swarm_id, tmp_path / "hand-worker")
     orch.kill()  # kill -9: nobody answers the API or the orchestrator's DHT address any more
     saved = tmp_path / "peers.json"
     saved.write_text(json.dumps({"initial_peers": saved_peers(loop_data_dir, first)}))
@@ -84,17 +108,12 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
             swarm_id,
             str(TARGET_BATCH_SIZE),
             str(progress),
+            str(hand_worker),
         ],
     )
 
     workers_only = [m for m in json.loads(saved.read_text())["initial_peers"] if peer_id(m) in second_ids]
-    dht = hivemind.DHT(
-        initial_peers=workers_only,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        client_mode=True,
-        record_validators=[RSASignatureValidator()],
-        start=True,
-    )
+    dht = monitor_dht(loop_data_dir / "swarm_authority.pem", swarm_id, workers_only)
 
     def one_swarm_of_three() -> list[int]:
         # peers publish progress at their own moments: in step means one epoch apart at most (with a
@@ -134,4 +153,5 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         return len(fresh) == 2 and counted_three == {first["id"], second["id"]}
 
     wait_until(reattached, 90, interval_s=1, message="both workers running again, counting three peers")
-    assert len(reader.workers()) == 2, "no replacement was launched for the re-attached workers"
+    launched = [w for w in reader.workers() if not w["manual"]]
+    assert len(launched) == 2, "no replacement was launched for the re-attached workers"

@@ -207,7 +207,7 @@ def maddrs(index: int) -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(orch: Orchestrator) -> None:
-    # without swarm admission: the addresses' peer ids need not be those of swarm tokens
+    # no training here; admission off so the made-up addresses need no swarm token of their peer ids
     name, join_token = create(orch, max_workers=10, strategy_options={"swarm_admission": False})
     pool = [join(orch, join_token) for _ in range(10)]
     for index, client in enumerate(pool):  # heartbeats in order: the last one is the freshest

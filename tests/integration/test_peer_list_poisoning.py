@@ -88,7 +88,7 @@ def test_a_worker_without_a_swarm_token_announces_no_address(orch: Orchestrator)
 def test_a_run_without_swarm_admission_keeps_only_well_formed_addresses(orch: Orchestrator) -> None:
     """No swarm token, so no peer id to check against: any peer may join such a swarm anyway, so
     announcing one is no more than joining; malformed addresses are still dropped."""
-    run = create(orch, strategy_options={"swarm_admission": False})
+    run = create(orch, strategy_options={"swarm_admission": False})  # no training: the opt-out's own rule
     worker = register(orch, run["join_token"])
     anyone = f"/ip4/10.1.2.3/tcp/4000/p2p/{peer_id_of(new_public_key())}"
     heartbeat(orch, worker, visible_maddrs=[HTML, anyone, "garbage"])

@@ -206,6 +206,7 @@ class Agent:
             self._dht = training.start_swarm_dht_retrying(
                 boot.initial_peers, options.dht, authorizer, self._fresh_peers
             )
+            training.keep_swarm_joined(self._dht, self.config.worker_dir, registration.run.name)
             ckpt_path = training.choose_resume_checkpoint(
                 self._dht, registration, self.client, self.config.worker_dir
             )

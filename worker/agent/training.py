@@ -7,6 +7,7 @@ strategy gets that DHT (``HivemindStrategy(dht=...)``) and leaves its shutdown t
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -109,6 +110,22 @@ def start_swarm_dht(initial_peers: list[str], dht_options: Mapping[str, Any], au
     dht = start_dht(initial_peers=initial_peers, authorizer=authorizer, extra=extra, **named)
     dht.add_validators([RSASignatureValidator()])
     return dht
+
+
+REJOIN_INTERVAL_S = 10.0
+
+
+def keep_swarm_joined(
+    dht: Any, worker_dir: Path, run_name: str, interval_s: float = REJOIN_INTERVAL_S
+) -> None:
+    """Have the DHT ping, every ``interval_s``, the peers of the run's saved peer list (``peers.json``,
+    refreshed by the heartbeat thread) that it lost or never met: hivemind bootstraps only once
+    (:mod:`worker.swarm_rejoin`)."""
+    from worker.agent.boot import load_peers
+    from worker.agent.rejoin import keep_joined
+
+    peers = functools.partial(load_peers, worker_dir, run_name)
+    dht.run_coroutine(functools.partial(keep_joined, peers, interval_s))
 
 
 def choose_resume_checkpoint(

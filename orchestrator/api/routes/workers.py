@@ -25,6 +25,7 @@ from worker.wire import (
     WorkerRegister,
     WorkerRegistered,
     spec_for_workers,
+    swarm_admission_requested,
 )
 
 router = APIRouter(prefix="/workers", tags=["workers"])
@@ -57,6 +58,9 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONRe
         )
         cached = ctx.hub.entries_of(reg.worker)
     ctx.hub.note(cached)
+    if ctx.swarm_admission is not None and not swarm_admission_requested(reply.run.strategy_options):
+        # before the worker knocks on the DHT peer: one it refuses at first contact cannot join through it
+        ctx.swarm_admission.serve_opted_out(ctx.db, reply.swarm_id)
     return JSONResponse({**reply.model_dump(mode="json"), "run": spec_for_workers(reply.run)})
 
 
