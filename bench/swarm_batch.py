@@ -24,6 +24,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.forked_peers import kill_peers  # noqa: E402
 
+#: what each variant changes: hivemind's own epoch judgement, or strategy options
+VARIANTS: dict[str, dict[str, Any]] = {
+    "hivemind": {"hivemind_tracker": True},
+    "swarm": {},
+    "state10": {"options": {"average_state_every": 10}},
+    "rt": {"options": {"averager_opts": {"request_timeout": 0.5}}},
+    "state10rt": {"options": {"average_state_every": 10, "averager_opts": {"request_timeout": 0.5}}},
+}
+
 
 def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Namespace, tracker: str) -> None:
     """One peer (a forked child, its own process group): trains, then writes its counts to ``out``."""
@@ -37,7 +46,8 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
     from worker.strategy import HivemindStrategy
     from worker.trainer_options import NO_VALIDATION, QUIET
 
-    if tracker == "hivemind":  # the baseline: hivemind's own epoch judgement
+    variant = VARIANTS[tracker]
+    if variant.get("hivemind_tracker"):  # the baseline: hivemind's own epoch judgement
         import hivemind
 
         import worker.swarm_optimizer
@@ -52,6 +62,7 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
         matchmaking_time=args.matchmaking_time,
         averaging_timeout=10.0,
         verbose=args.verbose,
+        **variant.get("options", {}),
     )
     trainer = Trainer(
         strategy=strategy,
@@ -66,7 +77,9 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
         trace_epochs(strategy, per_epoch)
     trainer.fit(DigitsModule(hidden=args.hidden, lr=0.05), DigitsDataModule(batch_size=args.batch_size))
     outcomes = strategy.averaging_outcomes()
+    loss = trainer.callback_metrics.get("train_loss")
     result = {
+        "loss": None if loss is None else float(loss),
         "samples": strategy.local_samples,
         "epoch": strategy.optimizer.local_epoch,
         "outcomes": outcomes.model_dump() if outcomes is not None else {},
@@ -165,7 +178,9 @@ def summary(results: list[dict[str, Any]], target: int) -> dict[str, Any]:
         for epoch, local in r.get("per_epoch", {}).items():
             totals[epoch] = totals.get(epoch, 0) + local
     ratios = sorted(round(total / target, 2) for total in totals.values())
+    losses = [r["loss"] for r in results if r.get("loss") is not None]
     return {
+        "last_loss": round(sum(losses) / len(losses), 3) if losses else None,
         "epoch_ratios": ratios,
         "peers_reported": len(results),
         "samples": samples,
@@ -180,7 +195,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peers", default="2,4", help="comma-separated swarm sizes")
     parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--trackers", default="hivemind,swarm", help="epoch judgements to compare")
+    parser.add_argument(
+        "--trackers", default="hivemind,swarm", help=f"variants to compare, of: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--seconds", type=int, default=40)
     parser.add_argument("--target-batch-size", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -54,6 +54,9 @@ from hivemind.utils import get_dht_time
 DEFAULT_STALE_AFTER_S = 10.0
 #: at most this long between two progress records of a peer that accumulates
 DEFAULT_REPORT_INTERVAL_S = 0.2
+#: how often a peer that sees no other looks again (hivemind: 3 s, during which a new swarm's first peers
+#: each train alone, every epoch applied locally)
+DEFAULT_ALONE_REFRESH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class SwarmBatchTracker(ProgressTracker):
         self._others: tuple[PeerRecord, ...] = ()
         self._estimate: tuple[tuple[PeerRecord, ...], int, OthersEstimate] | None = None
         self._accumulating = True
+        kwargs.setdefault("default_refresh_period", DEFAULT_ALONE_REFRESH_S)
         super().__init__(*args, **kwargs)
 
     # hivemind.Optimizer decides with these two properties only
