@@ -1,14 +1,15 @@
 # ruff: noqa: E501  (the registries below hold documented command lines verbatim, so a change in the docs shows)
-"""The shell commands the README shows, and what proves each one works.
+"""The shell commands the documentation shows, and what proves each one works.
 
-:func:`documented_commands` reads every ```bash block of ``docs/readme/*.md`` (the parts README.md is
-composed from) and yields its logical lines (``\\`` continuations joined, comment-only lines left out).
+:func:`documented_commands` reads every ```bash block of :func:`doc_files` (the pages of the site under
+``docs/``, README.md and CONTRIBUTING.md) and yields its logical lines (``\\`` continuations joined,
+comment-only lines left out).
 Each command is either run by ``tests/integration/test_docs_commands.py`` (every ``spotswarm`` client
 command, and the lines of :data:`RUN_IN_SHELL`), run by another test named in :data:`RUN_ELSEWHERE`, or
 listed in :data:`NOT_RUN_HERE` with the reason. A new command that is none of these fails
 ``tests/unit/test_docs_commands.py``, and so does a listed command the docs no longer show.
 
-Placeholders are substituted in one way, the way the CLI section of the README explains them: UPPERCASE
+Placeholders are substituted in one way, the way the CLI reference explains them: UPPERCASE
 words (``NAME``, ``N``, ``TEXT``, ``EPOCH``, ``PATH``) are values, ``[...]`` is an optional part (the test
 includes it), ``a | b`` inside brackets are alternatives (the test takes the first), ``ssa_...`` is the
 admin token.
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from tests.helpers import REPO_ROOT
 
-DOCS_DIR = REPO_ROOT / "docs" / "readme"
+DOCS_DIR = REPO_ROOT / "docs"
+TOP_LEVEL_DOCS = ("README.md", "CONTRIBUTING.md")
 CLIENT_COMMANDS = frozenset({"runs", "workers", "checkpoints", "peers"})
 SHELL_OPERATORS = ("|", "&&", ">", "$(")
 
@@ -33,7 +35,7 @@ SHELL_OPERATORS = ("|", "&&", ">", "$(")
 class DocCommand:
     """One logical command line of a ```bash block."""
 
-    file: str  # e.g. "status-page-and-cli.md"
+    file: str  # relative to the repository, e.g. "docs/operations/status-page-and-cli.md"
     line: int  # where it starts in that file
     text: str  # continuation lines joined, whitespace collapsed, the trailing comment kept
 
@@ -76,10 +78,15 @@ def _open_quote(text: str) -> bool:
     return False
 
 
-def documented_commands(docs_dir: Path = DOCS_DIR) -> list[DocCommand]:
-    """Every command line of every ```bash block in ``docs_dir/*.md``, in file and line order."""
+def doc_files() -> list[Path]:
+    """Every Markdown file a reader sees: the site's pages (``docs/**/*.md``), README.md, CONTRIBUTING.md."""
+    return sorted(DOCS_DIR.rglob("*.md")) + [REPO_ROOT / name for name in TOP_LEVEL_DOCS]
+
+
+def documented_commands() -> list[DocCommand]:
+    """Every command line of every ```bash block in :func:`doc_files`, in file and line order."""
     found: list[DocCommand] = []
-    for path in sorted(docs_dir.glob("*.md")):
+    for path in doc_files():
         for start, lines in _blocks(path.read_text()):
             pending: list[str] = []
             for offset, raw in enumerate(lines):
@@ -90,7 +97,8 @@ def documented_commands(docs_dir: Path = DOCS_DIR) -> list[DocCommand]:
                 if stripped.endswith("\\") or _open_quote(" ".join(pending)):
                     continue
                 first = start + offset - len(pending) + 1
-                found.append(DocCommand(path.name, first, re.sub(r"\s+", " ", " ".join(pending))))
+                relative = path.relative_to(REPO_ROOT).as_posix()
+                found.append(DocCommand(relative, first, re.sub(r"\s+", " ", " ".join(pending))))
                 pending = []
     return found
 
@@ -141,12 +149,17 @@ RUN_ELSEWHERE = {
     "spotswarm checkpoints download NAME [EPOCH] [-o PATH] # latest by default; SHA-256 verified": "tests/integration/test_cli_workers.py::test_checkpoints_list_and_download_verified",
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",
     ".venv/bin/python bench/time_to_accuracy.py --quick # 1 and 2 peers, one trial, target 0.8: about a minute": "tests/integration/test_bench_time_to_accuracy.py::test_time_to_accuracy_quick_mode_prints_its_table",
+    "make docs-build # the site built with --strict into site/, as CI does": "tests/integration/test_docs_site.py::test_make_docs_build_builds_the_site_strictly_with_its_generated_reference",
+    "make docs # the documentation site on 127.0.0.1, rebuilt as you edit; prints its URL": "tests/e2e/test_docs_site.py::test_make_docs_serves_the_site_and_the_browser_asks_nothing_of_other_hosts",
 }
 
 # Commands that cannot run on a test machine, and why.
 NOT_RUN_HERE = {
     "make demo # the orchestrator + a local run of 2 workers training digits; prints the status page URL": "runs until Ctrl-C on the fixed port 8000; tests/e2e/test_demo_exits.py runs `spotswarm demo` (what it starts) on free ports",
     "make test # every test: unit, integration (real uvicorn, hivemind, SQLite, PostgreSQL, moto) and e2e": "runs every test, this one included",
+    "make venv # .venv with torch==2.13.0 (CPU) first, then the project with all its extras": "builds the .venv every test already runs in",
+    "make lint # ruff and mypy": "runs the linters over the whole tree: a check of the code's form, not a behaviour a test can prove",
+    "PYTEST_ARGS='-k strategy -x' make test": "runs tests (make test runs these and every other)",
     "docker build -f deploy/Dockerfile.orchestrator -t $REGISTRY/spotswarm-orchestrator:0.1.0 .": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
     "docker build -f deploy/Dockerfile.worker -t $REGISTRY/spotswarm-worker:0.1.0 . # CUDA": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
     "docker push $REGISTRY/spotswarm-orchestrator:0.1.0 && docker push $REGISTRY/spotswarm-worker:0.1.0": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",

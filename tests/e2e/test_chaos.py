@@ -10,7 +10,7 @@ reaches its last epoch, when the workers withdraw their records as they leave); 
 records downloads with its recorded SHA-256; and no worker is left launching or running.
 
 The orchestrator dies while both first workers train, far from the target: a run that *completes* while
-the orchestrator is down loses its last epochs today (see docs/readme/reliability.md, "Known gaps").
+the orchestrator is down loses its last epochs today (see docs/operations/runbooks.md, "Known gaps").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The language-model example, end to end, as docs/readme/your-code.md shows it: the example copied into
-a user's project in a temporary directory (with a requirement), created with the documented
+"""The language-model example, end to end, as docs/getting-started/your-model.md shows it: the example
+copied into a user's project in a temporary directory (with a requirement), created with the documented
 `spotswarm runs create --workdir` command (bf16 included: without a GPU, Lightning runs bf16 autocast on
 the CPU), trained by a local worker of `spotswarm serve` that installs the requirement, until the run's
 ``val_ppl`` is well below uniform guessing; the documented command for the installed example passes the
@@ -22,7 +22,7 @@ from tests.wheels import build_wheel
 from worker.examples import tinylm
 
 pytestmark = [pytest.mark.swarm]
-DOC = REPO_ROOT / "docs/readme/your-code.md"
+DOC = REPO_ROOT / "docs/getting-started/your-model.md"
 TRAIN_S = 150.0  # a worker importing torch, lightning and hivemind on a busy 2-core machine, then training
 
 

@@ -85,7 +85,7 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
     served = families | samples_named | {"spotswarm_run_cost_usd"}  # no price: the local launcher
     for used_in in ("deploy/grafana/spotswarm-dashboard.json", "deploy/prometheus/spotswarm-alerts.yml"):
         assert names_in(REPO_ROOT / used_in) <= served, (used_in, names_in(REPO_ROOT / used_in) - served)
-    documented = names_in(REPO_ROOT / "docs/readme/operability.md")
+    documented = names_in(REPO_ROOT / "docs/operations/metrics.md")
     assert documented <= served, documented - served
     ours = {f for f in families if not f.endswith("_created")}  # prometheus_client's extra series
     undocumented = {f for f in ours if f not in documented and f"{f}_total" not in documented}

@@ -52,7 +52,7 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
 ) -> None:
     ports = [free_port(), free_port()]
     proxy = FailoverProxy(free_port(), ports)
-    # one swarm authority for both (docs/readme/reliability.md): made here, as an operator copies it
+    # one swarm authority for both (docs/guides/postgresql-ha.md): made here, as an operator copies it
     authority = two_dirs[0].parent / "swarm_authority.pem"
     load_or_create_key(authority)
     env = {

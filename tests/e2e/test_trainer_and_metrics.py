@@ -1,8 +1,8 @@
 """A run with a trainer section and reported metrics, end to end: `spotswarm serve` with the reconcile
 loop and the local launcher, one digits worker (it logs ``val_loss``), created with the CLI from the
-spec file and the command of docs/readme/training.md. The worker applies the section (bf16, clipping,
-validation every few batches on one batch, a stock LearningRateMonitor, a CSVLogger); the API, the CLI
-and ``/metrics`` show ``val_loss`` and the learning rate for the run and the worker; the orchestrator
+spec file and the command of docs/guides/trainer-and-metrics.md. The worker applies the section (bf16,
+clipping, validation every few batches on one batch, a stock LearningRateMonitor, a CSVLogger); the API,
+the CLI and ``/metrics`` show ``val_loss`` and the learning rate for the run and the worker; the orchestrator
 writes them as TensorBoard events; after `runs stop` the finished run still shows its last loss and
 ``val_loss``."""
 
@@ -27,7 +27,7 @@ from tests.orchestrator_fixture import Orchestrator
 
 pytestmark = [pytest.mark.swarm]
 BOOT_S = 180.0  # a worker importing torch, lightning and hivemind on a busy 2-core machine
-DOC = REPO_ROOT / "docs/readme/training.md"
+DOC = REPO_ROOT / "docs/guides/trainer-and-metrics.md"
 CREATE = (
     "spotswarm runs create -f run.yaml --trainer-option precision=bf16-mixed "
     "--report-metric train_loss --report-metric 'val_*' --report-metric 'lr-*'"

@@ -96,7 +96,8 @@ def test_a_shown_spec_creates_the_same_run_again(orch: Orchestrator, tmp_path: P
         ["bash", "-c", ROUND_TRIP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50
     )
     assert done.returncode == 0, done.stderr
-    assert ROUND_TRIP in (REPO_ROOT / "docs/readme/status-page-and-cli.md").read_text()  # the documented line
+    documented = (REPO_ROOT / "docs/operations/status-page-and-cli.md").read_text()
+    assert ROUND_TRIP in documented  # the documented line
     original, copy = api_run(orch, "from-spec")["spec"], api_run(orch, "from-spec-2")["spec"]
     assert copy == {**original, "name": "from-spec-2"} and copy["module_args"] == {"hidden": 6}
 
@@ -186,8 +187,8 @@ def test_logs_prints_history_and_follow_exits_when_the_run_ends(orch: Orchestrat
 
 @pytest.mark.timeout(60)
 def test_the_compose_sections_create_command_works_as_documented(orch: Orchestrator) -> None:
-    """The README's docker compose section: its ``spotswarm runs create`` line, copied as it is."""
-    section = (REPO_ROOT / "docs" / "readme" / "aws.md").read_text().split("### One machine, no AWS", 1)[1]
+    """The docker compose guide: its ``spotswarm runs create`` line, copied as it is."""
+    section = (REPO_ROOT / "docs" / "guides" / "docker-compose.md").read_text()
     block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     [command] = [line for line in block.splitlines() if line.startswith("spotswarm runs create")]
     args = shlex.split(command, comments=True)

@@ -1,4 +1,4 @@
-"""Every ``spotswarm`` client command the README shows (and its curl tour of the API) runs as written
+"""Every ``spotswarm`` client command the docs show (and their curl tour of the API) runs as written
 against one real orchestrator: placeholders filled in the one documented way (``tests/docs_commands.py``),
 each run it names created first, and each run a ``runs create`` makes removed first."""
 
@@ -19,10 +19,11 @@ from tests.docs_commands import (
     RUN_ELSEWHERE,
     RUN_IN_SHELL,
     DocCommand,
+    doc_files,
     documented_commands,
     substitute,
 )
-from tests.helpers import REPO_ROOT, VENV_BIN
+from tests.helpers import VENV_BIN
 from tests.integration.cli_support import HAND_ONLY, cli
 from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
 
@@ -36,7 +37,7 @@ EC2_OFFERED = {
     "SPOTSWARM_EC2_ENDPOINT_URL": "http://127.0.0.1:9",
     "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:0.1.0",
 }
-EXPECTED_RUN = 35  # documented commands this test runs: a command left out by mistake changes the count
+EXPECTED_RUN = 36  # documented commands this test runs: a command left out by mistake changes the count
 NAMED_BY_POSITION = {
     ("runs", s) for s in ("show", "scale", "stop", "resume", "rotate-join-token", "logs")
 } | {
@@ -55,7 +56,7 @@ def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 def _yaml_files(cwd: Path) -> None:
     """Write the spec files the docs show (a ```yaml block starting ``# run.yaml``) into ``cwd``."""
-    for path in sorted((REPO_ROOT / "docs" / "readme").glob("*.md")):
+    for path in doc_files():
         for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), re.S):
             first = block.splitlines()[0]
             if first.startswith("# ") and first.endswith(".yaml"):
@@ -155,7 +156,7 @@ def test_every_documented_cli_and_curl_command_runs_as_written(
         join_token = http.post("/api/v1/runs/joinable/join-token").json()["join_token"]
     ran, file = 0, ""
     for command in documented_commands():
-        if command.file != file:  # each part of the README starts in the directory with the spec files
+        if command.file != file:  # each page starts in the directory with the spec files
             file = command.file
             monkeypatch.chdir(tmp_path)
         if command.text in PROJECT_DIRS:

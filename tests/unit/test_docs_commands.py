@@ -1,4 +1,4 @@
-"""Every command the README shows is accounted for: run by the docs-command test, run by a named test,
+"""Every command the docs show is accounted for: run by the docs-command test, run by a named test,
 or listed with the reason it cannot run here (``tests/docs_commands.py``)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_every_documented_command_is_run_or_listed_with_a_reason() -> None:
 def test_every_listed_command_is_still_documented() -> None:
     shown = {c.text for c in documented_commands()}
     stale = sorted((RUN_IN_SHELL | set(RUN_ELSEWHERE) | set(NOT_RUN_HERE) | set(PROJECT_DIRS)) - shown)
-    assert not stale, "listed in tests/docs_commands.py but no longer in docs/readme:\n" + "\n".join(stale)
+    assert not stale, "listed in tests/docs_commands.py but no longer in the docs:\n" + "\n".join(stale)
 
 
 def test_the_tests_named_for_documented_commands_exist() -> None:
