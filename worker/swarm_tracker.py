@@ -146,11 +146,15 @@ class SwarmBatchTracker(ProgressTracker):
         now = get_dht_time()
         if self.global_progress.epoch > self.local_progress.epoch:
             return now
+        return now + self._seconds_left(now)
+
+    def _seconds_left(self, now: float) -> float:
+        """Seconds until the estimate reaches ``target_batch_size`` at the swarm's current rate."""
         missing = self.target_batch_size - self.estimated_samples(now)
         if missing <= 0:
-            return now
+            return 0.0
         rate = self.performance_ema.samples_per_second + self._others_estimate().rate
-        return now + missing / max(rate, self.performance_ema.eps)
+        return missing / max(rate, self.performance_ema.eps)
 
     def estimated_samples(self, now: float | None = None) -> float:
         """The swarm's samples towards this peer's epoch now: its exact count plus the others' estimate."""
@@ -181,7 +185,11 @@ class SwarmBatchTracker(ProgressTracker):
 
     def update_epoch(self, new_epoch: int | None = None) -> int:
         self._accumulating = True  # the next epoch's samples start now: report the training rate again
-        return super().update_epoch(new_epoch)
+        epoch = super().update_epoch(new_epoch)
+        # read the others' records of the new epoch soon (they report it as they leave the same round)
+        self.global_progress.next_fetch_time = get_dht_time() + self.min_refresh_period
+        self.global_state_updated.set()  # the fetcher wakes and waits until then instead
+        return epoch
 
     def report_local_progress(
         self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True
@@ -215,6 +223,13 @@ class SwarmBatchTracker(ProgressTracker):
             entries = [
                 LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values() if entry.value
             ]
-        records = peer_records(entries, self.dht.peer_id.to_bytes(), get_dht_time(), self.stale_after_s)
-        self._others = tuple(records)
-        return super()._parse_swarm_progress_data(metadata)
+        now = get_dht_time()
+        self._others = tuple(peer_records(entries, self.dht.peer_id.to_bytes(), now, self.stale_after_s))
+        progress = super()._parse_swarm_progress_data(metadata)
+        if entries:
+            # hivemind times the next fetch from its own ETA, which is unbounded while the peers it read
+            # wait in a round (rate 0): half the time left by this estimate, within hivemind's bounds
+            progress.next_fetch_time = now + min(
+                max(self._seconds_left(now) / 2, self.min_refresh_period), self.max_refresh_period
+            )
+        return progress

@@ -75,11 +75,12 @@ def two_dhts() -> Iterator[tuple[hivemind.DHT, hivemind.DHT]]:
     first.shutdown()
 
 
-def _tracker(dht: hivemind.DHT, target: int) -> SwarmBatchTracker:
+def _tracker(dht: hivemind.DHT, target: int, max_refresh_period: float = 0.5) -> SwarmBatchTracker:
     # each with a key of its own: two trackers of one process would otherwise share one progress record
     return SwarmBatchTracker(
         dht=dht, prefix="tracker_test", target_batch_size=target, min_refresh_period=0.2,
-        max_refresh_period=0.5, default_refresh_period=0.2, private_key=RSAPrivateKey(), start=True,
+        max_refresh_period=max_refresh_period, default_refresh_period=0.2, private_key=RSAPrivateKey(),
+        start=True,
     )  # fmt: skip
 
 
@@ -120,3 +121,23 @@ def test_a_peer_waiting_in_its_round_reports_a_rate_of_zero(
     finally:
         trainer.shutdown()
         watcher.shutdown()
+
+
+def test_the_next_fetch_comes_soon_after_an_epoch_change_and_while_the_others_wait_in_a_round(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    waiting, reader = _tracker(two_dhts[0], 10_000), _tracker(two_dhts[1], 10_000, max_refresh_period=30)
+    try:
+        for samples in range(32, 320, 32):
+            waiting.report_local_progress(0, samples)
+            reader.report_local_progress(0, samples)
+        with waiting.pause_updates():  # the other peer waits in its round: its record says rate 0
+            wait_until(lambda: any(r.rate == 0.0 for r in reader._others), 30, message="reads rate 0")
+            # hivemind's own ETA is unbounded at rate 0, and it would fetch again in max_refresh_period
+            assert reader.global_progress.next_fetch_time - get_dht_time() <= reader.min_refresh_period + 0.2
+            with reader.pause_updates():
+                reader.update_epoch(1)
+            assert reader.global_progress.next_fetch_time - get_dht_time() <= reader.min_refresh_period
+    finally:
+        waiting.shutdown()
+        reader.shutdown()
