@@ -186,9 +186,12 @@ class SwarmBatchTracker(ProgressTracker):
     def update_epoch(self, new_epoch: int | None = None) -> int:
         self._accumulating = True  # the next epoch's samples start now: report the training rate again
         epoch = super().update_epoch(new_epoch)
-        # read the others' records of the new epoch soon (they report it as they leave the same round)
-        self.global_progress.next_fetch_time = get_dht_time() + self.min_refresh_period
-        self.global_state_updated.set()  # the fetcher wakes and waits until then instead
+        # read the others' records of the new epoch soon (they report it as they leave the same round);
+        # only ever earlier: epochs shorter than that would otherwise put the next fetch off for good
+        soon = get_dht_time() + self.min_refresh_period
+        if soon < self.global_progress.next_fetch_time:
+            self.global_progress.next_fetch_time = soon
+            self.global_state_updated.set()  # the fetcher wakes and waits until then instead
         return epoch
 
     def report_local_progress(

@@ -6,6 +6,7 @@ between fetches, and a peer that stops accumulating tells the others so.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import hivemind
@@ -141,3 +142,22 @@ def test_the_next_fetch_comes_soon_after_an_epoch_change_and_while_the_others_wa
     finally:
         waiting.shutdown()
         reader.shutdown()
+
+
+def test_epochs_shorter_than_the_refresh_period_do_not_put_the_next_fetch_off(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    """A lone peer's epochs can last milliseconds: it must still fetch, or it never sees a newcomer."""
+    lone, newcomer = _tracker(two_dhts[0], 64), _tracker(two_dhts[1], 64)
+    try:
+        newcomer.report_local_progress(0, 32)
+        deadline = get_dht_time() + 30
+        epoch = 0
+        while not lone._others and get_dht_time() < deadline:
+            with lone.pause_updates():  # an epoch every 50 ms, as a fast lone peer has
+                epoch = lone.update_epoch(epoch + 1)
+            time.sleep(0.05)
+        assert lone._others, "the lone peer never fetched the newcomer's record"
+    finally:
+        lone.shutdown()
+        newcomer.shutdown()
