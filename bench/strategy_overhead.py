@@ -32,7 +32,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-VARIANTS = ("plain", "loop", "peer1", "peer2")
+VARIANTS = ("plain", "loop", "sbloop", "peer1", "peer2")
+METRICS = {"samples_per_s": "samples/s", "samples_per_cpu_s": "samples per CPU-second of the process"}
 
 
 # ------------------------------------------------------------------------------------ workloads
@@ -57,25 +58,29 @@ def _device(args: argparse.Namespace) -> Any:
 
 
 class _StepClock:
-    """Times local steps after the warm-up ones; also remembers losses."""
+    """Times local steps after the warm-up ones, in wall time and in this process's CPU time (all its
+    threads: on a machine shared with other work, CPU time per sample still compares variants fairly);
+    also remembers losses."""
 
     def __init__(self, warmup: int, batch_size: int) -> None:
         self.warmup, self.batch_size = warmup, batch_size
         self.steps, self.start, self.end = 0, 0.0, 0.0
+        self.cpu_start, self.cpu_end = 0.0, 0.0
         self.losses: list[float] = []
 
     def tick(self, loss: float) -> None:
         self.steps += 1
         self.losses.append(loss)
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self.steps == self.warmup:
-            self.start = now
-        self.end = now
+            self.start, self.cpu_start = now, cpu
+        self.end, self.cpu_end = now, cpu
 
     def report(self) -> dict[str, Any]:
-        timed = self.steps - self.warmup
+        samples = (self.steps - self.warmup) * self.batch_size
         return {
-            "samples_per_s": timed * self.batch_size / max(self.end - self.start, 1e-9),
+            "samples_per_s": samples / max(self.end - self.start, 1e-9),
+            "samples_per_cpu_s": samples / max(self.cpu_end - self.cpu_start, 1e-9),
             "steps": self.steps,
             "first_loss": self.losses[0],
             "last_loss": sum(self.losses[-10:]) / len(self.losses[-10:]),
@@ -153,8 +158,9 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
     return _lightning(args, strategy, callbacks=(StartTogether(),))
 
 
-def run_loop(args: argparse.Namespace) -> dict[str, Any]:
-    """A hand-written loop over hivemind.Optimizer, as hivemind's own examples train."""
+def run_loop(args: argparse.Namespace, optimizer_class: Any = None) -> dict[str, Any]:
+    """A hand-written loop over hivemind.Optimizer, as hivemind's own examples train (or over the
+    strategy's subclass of it, ``optimizer_class``)."""
     import hivemind
     import torch
     import torch.nn.functional as F
@@ -162,11 +168,12 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     from worker.strategy.dht import start_dht
     from worker.strategy.shutdown import shutdown_optimizer
 
+    optimizer_class = optimizer_class or hivemind.Optimizer
     module, loader = _model_and_data(args)
     device = _device(args)
     model = module.net.to(device)
     dht = start_dht(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    optimizer = hivemind.Optimizer(
+    optimizer = optimizer_class(
         dht=dht,
         run_id="bench_loop",
         target_batch_size=args.target_batch_size,
@@ -191,6 +198,14 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     shutdown_optimizer(optimizer)
     dht.shutdown()
     return result
+
+
+def run_strategy_loop(args: argparse.Namespace) -> dict[str, Any]:
+    """The hand-written loop over the ``hivemind.Optimizer`` subclass the strategy builds: the strategy
+    against it is what Lightning and the strategy's own code cost."""
+    from worker.strategy.optimizer import Optimizer
+
+    return run_loop(args, optimizer_class=Optimizer)
 
 
 # ---------------------------------------------------------------------------------- orchestration
@@ -229,7 +244,7 @@ def _read(out: Path) -> dict[str, Any]:
 
 def _run_variant(args: argparse.Namespace, variant: str, root: Path) -> dict[str, Any]:
     if variant != "peer2":
-        worker = {"plain": "plain", "loop": "loop", "peer1": "peer"}[variant]
+        worker = {"plain": "plain", "loop": "loop", "sbloop": "sbloop", "peer1": "peer"}[variant]
         _wait([_child(args, worker, root / f"{variant}.json", [])], args.timeout)
         return _read(root / f"{variant}.json")
     peers, go = root / "peers", root / "go"
@@ -244,7 +259,11 @@ def _run_variant(args: argparse.Namespace, variant: str, root: Path) -> dict[str
     go.touch()  # both peers are set up and joined: both start their timed steps now
     _wait([first, second], args.timeout)
     a, b = _read(root / "peer2_a.json"), _read(root / "peer2_b.json")
-    return {"samples_per_s": a["samples_per_s"] + b["samples_per_s"], "peers": [a, b]}
+    return {
+        "samples_per_s": a["samples_per_s"] + b["samples_per_s"],
+        "samples_per_cpu_s": a["samples_per_cpu_s"] + b["samples_per_cpu_s"],
+        "peers": [a, b],
+    }
 
 
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,32 +275,36 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                 root = (args.work_dir or Path(tmp)) / f"round{round_index}" / variant
                 root.mkdir(parents=True, exist_ok=True)
                 runs[variant].append(_run_variant(args, variant, root))
+                run = runs[variant][-1]
                 print(
-                    f"round {round_index} {variant:6s} {runs[variant][-1]['samples_per_s']:10.1f} samples/s",
+                    f"round {round_index} {variant:6s} {run['samples_per_s']:10.1f} samples/s "
+                    f"{run['samples_per_cpu_s']:10.1f} samples/cpu-s",
                     flush=True,
                 )
     results: dict[str, Any] = {}
     for variant, variant_runs in runs.items():
-        rates = sorted(run["samples_per_s"] for run in variant_runs)
-        median = rates[len(rates) // 2]
-        results[variant] = {"samples_per_s": median, "rounds": [run["samples_per_s"] for run in variant_runs],
-                            "runs": variant_runs}  # fmt: skip
+        results[variant] = {"runs": variant_runs}
+        for metric in METRICS:
+            values = [run[metric] for run in variant_runs]
+            results[variant][metric] = sorted(values)[len(values) // 2]
+            results[variant][f"{metric}_rounds"] = values
     return results
 
 
 def summarize(results: dict[str, Any]) -> None:
-    rate = {name: result["samples_per_s"] for name, result in results.items()}
-    print("\nsamples/s: " + ", ".join(f"{name}={value:.1f}" for name, value in rate.items()))
-    if "peer1" in rate and "loop" in rate:
-        print(
-            f"c/b  = strategy 1 peer / hivemind loop    = {rate['peer1'] / rate['loop']:.3f} (target >= 0.95)"
-        )
-    if "peer1" in rate and "plain" in rate:
-        print(f"c/a  = strategy 1 peer / plain Lightning  = {rate['peer1'] / rate['plain']:.3f}")
-    if "peer2" in rate and "peer1" in rate:
-        print(f"d/2c = strategy 2 peers / (2 x 1 peer)    = {rate['peer2'] / (2 * rate['peer1']):.3f}")
-    for name, result in results.items():
-        print(f"{name:6s} rounds: " + ", ".join(f"{rate:.1f}" for rate in result["rounds"]))
+    for metric, unit in METRICS.items():
+        rate = {name: result[metric] for name, result in results.items()}
+        print(f"\nmedian {unit}: " + ", ".join(f"{name}={value:.1f}" for name, value in rate.items()))
+        if "peer1" in rate and "loop" in rate:
+            print(f"  c/b  = strategy / hivemind loop   = {rate['peer1'] / rate['loop']:.3f} (goal >= 0.95)")
+        if "peer1" in rate and "sbloop" in rate:
+            print(f"  c/b' = strategy / loop over its own optimizer = {rate['peer1'] / rate['sbloop']:.3f}")
+        if "peer1" in rate and "plain" in rate:
+            print(f"  c/a  = strategy / plain Lightning = {rate['peer1'] / rate['plain']:.3f}")
+        if "peer2" in rate and "peer1" in rate:
+            print(f"  d/2c = 2 peers / (2 x 1 peer)     = {rate['peer2'] / (2 * rate['peer1']):.3f}")
+        for name, result in results.items():
+            print(f"  {name:6s} rounds: " + ", ".join(f"{value:.1f}" for value in result[f"{metric}_rounds"]))
 
 
 def main() -> None:
@@ -290,6 +313,11 @@ def main() -> None:
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--steps", type=int, default=120, help="timed local steps per peer")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="short steps: a 0.56 M-parameter MLP (512 wide, 3 layers), batch 32, 1500 steps",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
@@ -309,6 +337,8 @@ def main() -> None:
     parser.add_argument("--publish-peers", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.short:  # a small model, small batches, one thread: each step is short, so fixed costs show
+        args.hidden, args.depth, args.batch_size, args.steps, args.warmup = 512, 3, 32, 1500, 50
     if args.worker is None:
         print(f"strategy overhead: {vars(args)}", flush=True)
         results = orchestrate(args)
@@ -319,7 +349,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    runner = {"plain": run_plain, "loop": run_loop, "peer": run_peer}[args.worker]
+    runner = {"plain": run_plain, "loop": run_loop, "sbloop": run_strategy_loop, "peer": run_peer}[
+        args.worker
+    ]
     args.out.write_text(json.dumps(runner(args)))
 
 

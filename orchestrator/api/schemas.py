@@ -91,6 +91,15 @@ class RunAveraging(BaseModel):
     )
     averaged_fraction: float | None = Field(description="averaged / epochs (null without epochs).")
     mean_group_size: float | None = Field(description="Peers per averaged round, on average.")
+    samples_per_epoch: float | None = Field(
+        default=None,
+        description="Samples the workers contributed per swarm epoch in the window (null without a whole "
+        "epoch in it).",
+    )
+    batch_ratio: float | None = Field(
+        default=None,
+        description="samples_per_epoch / target_batch_size: 1.0 is the swarm batch asked for.",
+    )
     live_workers: int
     warning: str | None = Field(description="Set while the averaged fraction stays below the threshold.")
     at: datetime

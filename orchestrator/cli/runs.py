@@ -282,6 +282,8 @@ def _averaging_lines(window: dict[str, Any] | None) -> list[tuple[str, str]]:
     detail = ", ".join(f"{k} {n}" for k, n in local.items())
     text = f"{fraction:.0%} of {window['epochs']} worker-epochs in the last {window_text(window['window_s'])}"
     text += f", groups of {group:.1f}" if group else ""
+    ratio = window.get("batch_ratio")
+    text += f", batch {ratio:.2f}x target" if ratio else ""
     text += f" ({detail})" if detail else ""
     lines = [("averaged", text)]
     if window.get("warning"):

@@ -6,6 +6,10 @@ sample and the newest one at least ``averaging_window_s`` older: a query, the sa
 and after a restart. The heartbeat flusher judges each run when it samples it and keeps the result on
 the run (``runs.averaging``), which the API, the page, the CLI and ``/metrics`` read.
 
+The same window gives the swarm's batch: samples the run's workers contributed per swarm epoch, against
+``target_batch_size`` (``batch_ratio`` 1.0 is the batch asked for; peers that each count only their own
+samples push it towards the number of workers).
+
 The warning has hysteresis: it is raised (one ``run.averaging`` event) only when the whole window is
 covered, 2+ workers are live and the averaged fraction is below ``averaging_warning_fraction``; it is
 cleared (another event) once a covered window is at or above it, or fewer than 2 workers are live.
@@ -48,6 +52,14 @@ def run_totals(session: Session, run_ids: Sequence[int]) -> dict[int, dict[str, 
     return totals
 
 
+def swarm_batch(samples: int, epochs: int, target_batch_size: int) -> dict[str, float | None]:
+    """Samples per swarm epoch over a window, and that as a multiple of ``target_batch_size``."""
+    if epochs <= 0 or samples <= 0:
+        return {"samples_per_epoch": None, "batch_ratio": None}
+    per_epoch = samples / epochs
+    return {"samples_per_epoch": per_epoch, "batch_ratio": per_epoch / target_batch_size}
+
+
 def summarize(
     newest: Mapping[str, int], oldest: Mapping[str, int] | None, window_s: float, covered: bool
 ) -> dict[str, Any]:
@@ -83,6 +95,13 @@ def judge(
     covered = oldest.at <= now - timedelta(seconds=window_s)
     window = summarize(
         newest.averaging or {}, oldest.averaging if len(samples) > 1 else None, window_s, covered
+    )
+    window.update(
+        swarm_batch(
+            newest.samples_total - oldest.samples_total,
+            newest.swarm_epoch - oldest.swarm_epoch,
+            run.target_batch_size,
+        )
     )
     previous = run.averaging or {}
     warning = previous.get("warning")

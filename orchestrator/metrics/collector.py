@@ -183,6 +183,10 @@ def _run_families(snap: _RunSnapshot, ctx: AppContext) -> Iterator[Any]:
         "Worker-epochs on averaged gradients over the recent window (averaging_window_s).",
     )
     f["group"] = _gauge("spotswarm_run_averaging_group_size", "Mean peers per averaged round in the window.")
+    f["batch"] = _gauge(
+        "spotswarm_run_swarm_batch_ratio",
+        "Samples per swarm epoch over target_batch_size in the recent window (1.0: the batch asked for).",
+    )
     f["warning"] = _gauge(
         "spotswarm_run_averaging_warning", "1 while the run's averaged fraction is below the threshold."
     )
@@ -249,6 +253,8 @@ def _add_run(
         f["fraction"].add_metric([name], window["averaged_fraction"])
     if window.get("mean_group_size") is not None:
         f["group"].add_metric([name], window["mean_group_size"])
+    if window.get("batch_ratio") is not None:
+        f["batch"].add_metric([name], window["batch_ratio"])
     if window:
         f["warning"].add_metric([name], 1.0 if window.get("warning") else 0.0)
 

@@ -5,7 +5,7 @@ It imports everything, prints ``ready``, then waits for CONFIG to appear, so a t
 peers join. CONFIG (JSON) holds ``initial_peers`` and ``swarm_id`` (from a registration), ``stop_file``,
 and, for a run with swarm admission, ``admission``: ``{"url", "worker_id", "worker_token",
 "worker_dir"}`` (the token is fetched as the agent fetches it). The DHT starts through the agent's own code
-(``worker.agent_train.start_swarm_dht_retrying``: a bootstrap that no initial peer answers is tried again,
+(``worker.agent.training.start_swarm_dht_retrying``: a bootstrap that no initial peer answers is tried again,
 and fails after the last try); then the peer publishes a progress record under the run's key every
 second, as hivemind's ProgressTracker does, and counts the records it reads. OUT (JSON, rewritten) says
 whether it joined and the most peers it has seen; it runs until ``stop_file`` exists.

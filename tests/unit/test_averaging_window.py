@@ -39,7 +39,16 @@ def new_run(db: Database) -> int:
         return run.id
 
 
-def sample(db: Database, run_id: int, at_s: float, averaged: int, alone: int, live: int = 2) -> None:
+def sample(
+    db: Database,
+    run_id: int,
+    at_s: float,
+    averaged: int,
+    alone: int,
+    live: int = 2,
+    epoch: int = 0,
+    samples: int = 0,
+) -> None:
     """Store a progress sample with the run's cumulative counts, then judge the run at that moment."""
     now = T0 + timedelta(seconds=at_s)
     with db.begin() as session:
@@ -47,8 +56,8 @@ def sample(db: Database, run_id: int, at_s: float, averaged: int, alone: int, li
             ProgressSample(
                 run_id=run_id,
                 at=now,
-                swarm_epoch=0,
-                samples_total=0,
+                swarm_epoch=epoch,
+                samples_total=samples,
                 samples_per_s=0.0,
                 live_workers=live,
                 averaging={"averaged": averaged, "alone": alone, "group_size_sum": 2 * averaged},
@@ -101,3 +110,21 @@ def test_fewer_than_two_live_workers_clear_the_warning(db: Database) -> None:
     sample(db, run_id, 70, averaged=0, alone=60, live=1)
     window, events = state(db, run_id)
     assert window["warning"] is None and "fewer than 2 live workers" in events[-1]
+
+
+def test_the_window_gives_the_samples_per_swarm_epoch_against_the_target(db: Database) -> None:
+    run_id = new_run(db)  # target_batch_size 64
+    sample(db, run_id, 0, averaged=0, alone=0, epoch=3, samples=200)
+    sample(db, run_id, 30, averaged=4, alone=0, epoch=5, samples=330)
+    sample(db, run_id, 61, averaged=10, alone=0, epoch=13, samples=200 + 10 * 80)
+    window, _ = state(db, run_id)
+    assert window["samples_per_epoch"] == pytest.approx(80.0)  # (1000 - 200) / (13 - 3)
+    assert window["batch_ratio"] == pytest.approx(80 / 64)
+
+
+def test_no_whole_epoch_in_the_window_gives_no_batch(db: Database) -> None:
+    run_id = new_run(db)
+    sample(db, run_id, 0, averaged=0, alone=0, epoch=3, samples=200)
+    sample(db, run_id, 30, averaged=0, alone=0, epoch=3, samples=260)
+    window, _ = state(db, run_id)
+    assert window["samples_per_epoch"] is None and window["batch_ratio"] is None

@@ -413,16 +413,16 @@ class HivemindStrategy(Strategy):
         if not isinstance(optimizer, hivemind.Optimizer):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         samples = int(kwargs.setdefault("batch_size", self._samples_in_step()))
+        tracker = optimizer.tracker
         epoch_before = optimizer.local_epoch
-        accumulated_before = optimizer.tracker.local_progress.samples_accumulated
+        accumulated_before = tracker.local_progress.samples_accumulated
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
-        reset = (
-            optimizer.local_epoch == epoch_before
-            and optimizer.tracker.local_progress.samples_accumulated <= accumulated_before
-        )
-        if not reset:
+        # this step's work stays unless hivemind reset the accumulators (fp16 overflow) in the same epoch
+        if optimizer.local_epoch != epoch_before:
             self.local_samples += samples
-        self._sync_schedulers()
+            self._sync_schedulers()
+        elif tracker.local_progress.samples_accumulated > accumulated_before:
+            self.local_samples += samples
         self._log_swarm_metrics()
         return output
 
@@ -432,12 +432,14 @@ class HivemindStrategy(Strategy):
                 config.scheduler.sync()
 
     def _log_swarm_metrics(self) -> None:
+        """Log swarm metrics when the swarm changed, else once a second: cheap reads every step, the
+        snapshot and Lightning's logging only when due (on short steps they cost more than the step)."""
         module = self.lightning_module
         if module is None or module._current_fx_name is None:  # not inside a hook that may log
             return
-        progress = self.swarm_progress()
-        if self._metrics_throttle.due((progress.epoch, progress.num_peers)):
-            log_swarm_metrics(module, progress, self.local_samples)
+        seen = self.optimizer.tracker.global_progress
+        if self._metrics_throttle.due((seen.epoch, seen.num_peers)):
+            log_swarm_metrics(module, self.swarm_progress(), self.local_samples)
 
     # ---------------------------------------------------------------------------- checkpoints
     @override

@@ -58,7 +58,8 @@ function renderAveraging(window) {
   const epochs = window ? window.epochs : 0;
   setText("t-averaged", epochs ? `${Math.round(100 * (window.averaged_fraction || 0))}%` : "-");
   const group = window && window.mean_group_size ? `, groups of ${fmtNumber(window.mean_group_size, 2)}` : "";
-  setText("t-averaged-detail", epochs ? `of ${fmtInt(epochs)} worker-epochs${group}` : "");
+  const batch = window && window.batch_ratio ? `, batch ${fmtNumber(window.batch_ratio, 2)}x` : "";
+  setText("t-averaged-detail", epochs ? `of ${fmtInt(epochs)} worker-epochs${group}${batch}` : "");
   const warning = document.getElementById("averaging-warning");
   warning.hidden = !(window && window.warning);
   warning.textContent = window && window.warning ? `Averaging: ${window.warning}` : "";

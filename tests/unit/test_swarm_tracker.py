@@ -1,0 +1,176 @@
+"""When a swarm epoch ends (worker/strategy/tracker.py): the swarm's samples estimated at every step.
+
+The pure rules first, then two real trackers on two DHT peers on 127.0.0.1: one sees the other's samples
+between fetches, and a peer that stops accumulating tells the others so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import hivemind
+import pytest
+from hivemind.optim.progress_tracker import LocalTrainingProgress
+from hivemind.utils import get_dht_time
+from hivemind.utils.crypto import RSAPrivateKey
+
+from tests.helpers import wait_until
+from worker.strategy.tracker import (
+    OthersEstimate,
+    PeerRecord,
+    SwarmBatchTracker,
+    estimate_others,
+    peer_records,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_peer_in_this_epoch_counts_its_samples_plus_its_rate_since_its_report() -> None:
+    records = [PeerRecord(epoch=7, samples=100, time=1000.0, rate=50.0)]
+    estimate = estimate_others(records, epoch=7)
+    assert estimate.at(1000.0) == pytest.approx(100.0)
+    assert estimate.at(1002.0) == pytest.approx(200.0)
+
+
+def test_peers_of_other_epochs_count_nothing() -> None:
+    records = [
+        PeerRecord(epoch=6, samples=900, time=1000.0, rate=50.0),  # still in the last round, or stuck
+        PeerRecord(epoch=8, samples=10, time=1000.0, rate=50.0),  # ahead: the tracker ends the epoch anyway
+    ]
+    assert estimate_others(records, epoch=7) == OthersEstimate(0.0, 0.0)
+
+
+def test_a_peer_that_stopped_accumulating_counts_its_samples_only() -> None:
+    waiting = PeerRecord(epoch=7, samples=300, time=1000.0, rate=0.0)
+    assert estimate_others([waiting], epoch=7).at(1060.0) == pytest.approx(300.0)
+
+
+def test_estimates_of_several_peers_add_up() -> None:
+    records = [PeerRecord(7, 100, 1000.0, 50.0), PeerRecord(7, 40, 1001.0, 20.0)]
+    assert estimate_others(records, epoch=7).at(1003.0) == pytest.approx(100 + 150 + 40 + 40)
+
+
+def _progress(peer: bytes, epoch: int, samples: int, rate: float, time: float) -> LocalTrainingProgress:
+    return LocalTrainingProgress(
+        peer_id=peer, epoch=epoch, samples_accumulated=samples, samples_per_second=rate, time=time,
+        client_mode=False,
+    )  # fmt: skip
+
+
+def test_records_leave_out_this_peer_and_stop_extrapolating_stale_ones() -> None:
+    entries = [
+        _progress(b"me", 3, 10, 99.0, 1000.0),
+        _progress(b"fresh", 3, 20, 40.0, 995.0),
+        _progress(b"silent", 3, 30, 40.0, 980.0),  # no report for 20 s: dead or hung
+    ]
+    records = peer_records(entries, own_peer_id=b"me", fetched_at=1000.0, stale_after_s=10.0)
+    assert records == [PeerRecord(3, 20, 995.0, 40.0), PeerRecord(3, 30, 980.0, 0.0)]
+
+
+# ------------------------------------------------------------------------- two real trackers
+@pytest.fixture
+def two_dhts() -> Iterator[tuple[hivemind.DHT, hivemind.DHT]]:
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    second = hivemind.DHT(
+        initial_peers=[str(a) for a in first.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        start=True,
+    )  # fmt: skip
+    yield first, second
+    second.shutdown()
+    first.shutdown()
+
+
+def _tracker(dht: hivemind.DHT, target: int, max_refresh_period: float = 0.5) -> SwarmBatchTracker:
+    # each with a key of its own: two trackers of one process would otherwise share one progress record
+    return SwarmBatchTracker(
+        dht=dht, prefix="tracker_test", target_batch_size=target, min_refresh_period=0.2,
+        max_refresh_period=max_refresh_period, default_refresh_period=0.2, private_key=RSAPrivateKey(),
+        start=True,
+    )  # fmt: skip
+
+
+def test_a_peer_counts_the_others_samples_and_ends_the_epoch_before_its_own_count_does(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    trainer, watcher = _tracker(two_dhts[0], 1000), _tracker(two_dhts[1], 1000)
+    try:
+        trainer.report_local_progress(0, 600)
+        watcher.report_local_progress(0, 300)
+        assert not watcher.ready_to_update_epoch  # its own 300 are far from 1000
+        wait_until(lambda: watcher.ready_to_update_epoch, 30, message="the watcher counts the other's 600")
+        assert 300 + 600 <= watcher.estimated_samples()
+    finally:
+        trainer.shutdown()
+        watcher.shutdown()
+
+
+def test_a_peer_waiting_in_its_round_reports_a_rate_of_zero(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    trainer, watcher = _tracker(two_dhts[0], 10_000), _tracker(two_dhts[1], 10_000)
+    try:
+        for samples in range(32, 640, 32):  # a training rate for its performance estimate
+            trainer.report_local_progress(0, samples)
+        with trainer.pause_updates():  # hivemind holds this while the epoch ends (the averaging round)
+            assert trainer.local_progress.samples_per_second == 0.0
+
+            def sees_it_waiting() -> bool:
+                records = [r for r in watcher._others if r.epoch == 0]
+                return bool(records) and records[0].rate == 0.0 and records[0].samples == 608
+
+            wait_until(sees_it_waiting, 30, message="the other peer reads rate 0 with its final count")
+            now = get_dht_time()
+            assert watcher.estimated_samples(now + 60) == watcher.estimated_samples(now) == 608
+            trainer.update_epoch(1)
+        assert trainer.local_progress.samples_per_second > 0  # training again in its next epoch
+    finally:
+        trainer.shutdown()
+        watcher.shutdown()
+
+
+def test_the_next_fetch_comes_soon_after_an_epoch_change_and_while_the_others_wait_in_a_round(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    waiting, reader = _tracker(two_dhts[0], 10_000), _tracker(two_dhts[1], 10_000, max_refresh_period=30)
+    try:
+        for samples in range(32, 320, 32):
+            waiting.report_local_progress(0, samples)
+            reader.report_local_progress(0, samples)
+        # both stop accumulating (their rounds): both records say rate 0, so hivemind's own ETA would be
+        # unbounded and it would fetch again only after max_refresh_period (30 s here)
+        with reader.pause_updates():
+            pass  # its record now says rate 0 until its next report
+        with waiting.pause_updates():
+
+            def reads_both_waiting() -> bool:
+                return reader.global_progress.num_peers == 2 and all(r.rate == 0.0 for r in reader._others)
+
+            wait_until(reads_both_waiting, 30, message="reads both records at rate 0")
+            assert reader.global_progress.next_fetch_time - get_dht_time() < 10
+        with reader.pause_updates():
+            reader.update_epoch(1)
+        assert reader.global_progress.next_fetch_time - get_dht_time() <= reader.min_refresh_period
+    finally:
+        waiting.shutdown()
+        reader.shutdown()
+
+
+def test_epochs_shorter_than_the_refresh_period_do_not_put_the_next_fetch_off(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    """A lone peer's epochs can last milliseconds: it must still fetch, or it never sees a newcomer."""
+    lone, newcomer = _tracker(two_dhts[0], 64), _tracker(two_dhts[1], 64)
+    try:
+        newcomer.report_local_progress(0, 32)
+        deadline = get_dht_time() + 30
+        epoch = 0
+        while not lone._others and get_dht_time() < deadline:
+            with lone.pause_updates():  # an epoch every 50 ms, as a fast lone peer has
+                epoch = lone.update_epoch(epoch + 1)
+            time.sleep(0.05)
+        assert lone._others, "the lone peer never fetched the newcomer's record"
+    finally:
+        lone.shutdown()
+        newcomer.shutdown()
