@@ -28,28 +28,37 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_peer_in_this_epoch_counts_its_samples_plus_its_rate_since_its_report() -> None:
-    records = [PeerRecord(epoch=7, samples=100, time=1000.0, rate=50.0)]
-    estimate = estimate_others(records, epoch=7)
+    records = [PeerRecord(epoch=7, samples=100, time=1000.0, rate=50.0, training_rate=50.0)]
+    estimate = estimate_others(records, epoch=7, epoch_started_at=990.0, count_previous=False)
     assert estimate.at(1000.0) == pytest.approx(100.0)
     assert estimate.at(1002.0) == pytest.approx(200.0)
 
 
-def test_peers_of_other_epochs_count_nothing() -> None:
+def test_a_peer_still_in_the_previous_epoch_counts_from_this_epochs_start_until_a_later_fetch() -> None:
+    # it entered its round (rate 0) at 995, this peer left the round at 1000: they left it together
+    waiting = [PeerRecord(epoch=6, samples=900, time=995.0, rate=0.0, training_rate=40.0)]
+    early = estimate_others(waiting, epoch=7, epoch_started_at=1000.0, count_previous=True)
+    assert early.at(1001.0) == pytest.approx(40.0)  # its training rate since this epoch began
+    # a fetch well into the epoch still shows it behind: stuck in its round or downloading, not training
+    assert estimate_others(waiting, 7, 1000.0, count_previous=False) == OthersEstimate(0.0, 0.0)
+
+
+def test_peers_further_behind_or_ahead_count_nothing() -> None:
     records = [
-        PeerRecord(epoch=6, samples=900, time=1000.0, rate=50.0),  # still in the last round, or stuck
-        PeerRecord(epoch=8, samples=10, time=1000.0, rate=50.0),  # ahead: the tracker ends the epoch anyway
+        PeerRecord(epoch=5, samples=900, time=1000.0, rate=50.0, training_rate=50.0),  # downloading state
+        PeerRecord(epoch=8, samples=10, time=1000.0, rate=50.0, training_rate=50.0),  # ahead: epoch ends
     ]
-    assert estimate_others(records, epoch=7) == OthersEstimate(0.0, 0.0)
+    assert estimate_others(records, 7, 1000.0, count_previous=True) == OthersEstimate(0.0, 0.0)
 
 
 def test_a_peer_that_stopped_accumulating_counts_its_samples_only() -> None:
-    waiting = PeerRecord(epoch=7, samples=300, time=1000.0, rate=0.0)
-    assert estimate_others([waiting], epoch=7).at(1060.0) == pytest.approx(300.0)
+    waiting = PeerRecord(epoch=7, samples=300, time=1000.0, rate=0.0, training_rate=50.0)
+    assert estimate_others([waiting], 7, 990.0, count_previous=True).at(1060.0) == pytest.approx(300.0)
 
 
 def test_estimates_of_several_peers_add_up() -> None:
-    records = [PeerRecord(7, 100, 1000.0, 50.0), PeerRecord(7, 40, 1001.0, 20.0)]
-    assert estimate_others(records, epoch=7).at(1003.0) == pytest.approx(100 + 150 + 40 + 40)
+    records = [PeerRecord(7, 100, 1000.0, 50.0, 50.0), PeerRecord(7, 40, 1001.0, 20.0, 20.0)]
+    assert estimate_others(records, 7, 990.0, count_previous=False).at(1003.0) == pytest.approx(330.0)
 
 
 def _progress(peer: bytes, epoch: int, samples: int, rate: float, time: float) -> LocalTrainingProgress:
@@ -59,14 +68,20 @@ def _progress(peer: bytes, epoch: int, samples: int, rate: float, time: float) -
     )  # fmt: skip
 
 
-def test_records_leave_out_this_peer_and_stop_extrapolating_stale_ones() -> None:
+def test_records_leave_out_this_peer_remember_training_rates_and_stop_extrapolating_stale_ones() -> None:
     entries = [
         _progress(b"me", 3, 10, 99.0, 1000.0),
         _progress(b"fresh", 3, 20, 40.0, 995.0),
+        _progress(b"waiting", 3, 25, 0.0, 998.0),  # in its round: rate 0, trained at 30 before
         _progress(b"silent", 3, 30, 40.0, 980.0),  # no report for 20 s: dead or hung
     ]
-    records = peer_records(entries, own_peer_id=b"me", fetched_at=1000.0, stale_after_s=10.0)
-    assert records == [PeerRecord(3, 20, 995.0, 40.0), PeerRecord(3, 30, 980.0, 0.0)]
+    records, rates = peer_records(entries, b"me", 1000.0, {b"waiting": 30.0}, stale_after_s=10.0)
+    assert records == [
+        PeerRecord(3, 20, 995.0, 40.0, 40.0),
+        PeerRecord(3, 25, 998.0, 0.0, 30.0),
+        PeerRecord(3, 30, 980.0, 0.0, 0.0),
+    ]
+    assert rates == {b"fresh": 40.0, b"waiting": 30.0, b"silent": 40.0}
 
 
 # ------------------------------------------------------------------------- two real trackers

@@ -15,11 +15,11 @@ it estimates the swarm's samples as this peer's exact count plus, for each other
 the samples that peer reported plus its rate times the time since (the extrapolation hivemind's ETA uses,
 done now instead of at the fetch). The epoch ends once the estimate reaches ``target_batch_size``, and the
 ETA that pre-schedules averaging rounds comes from the same estimate, so peers start their round together.
-A peer whose last record is still in the previous epoch counts nothing until a fetch shows it in this one:
-it may have left the round with this peer, or be stuck in it, or be downloading state, and counting it
-from this epoch's start when it is not training ends epochs early. hivemind fetches again at most
-``min_refresh_period`` (0.5 s) after the fetch that follows a round, so the estimate lags only when
-epochs are shorter than that.
+A peer whose record is still in the previous epoch most often left the same averaging round as this one
+and has not reported its new epoch yet (the fetch that follows a round comes before the others' reports):
+until a fetch at least ``min_refresh_period`` into this epoch shows where it is, it counts from this
+epoch's start at its last rate while training. A later fetch that still shows it in the previous epoch
+means it is not training with this peer (stuck in its round, or downloading state), and it counts 0.
 
 Two rules keep the extrapolation honest:
 
@@ -61,13 +61,15 @@ DEFAULT_ALONE_REFRESH_S = 1.0
 
 @dataclass(frozen=True)
 class PeerRecord:
-    """Another peer's last report: its epoch, its samples towards it, when, and the rate to extrapolate
-    with (what it reported: 0 while it does not accumulate; 0 too for a stale record)."""
+    """Another peer's last report: its epoch, its samples towards it, when; ``rate`` is the rate it
+    reported (0 while it does not accumulate), ``training_rate`` its last non-zero one; both are 0 for a
+    stale record."""
 
     epoch: int
     samples: int
     time: float
     rate: float
+    training_rate: float
 
 
 @dataclass(frozen=True)
@@ -81,15 +83,24 @@ class OthersEstimate:
         return max(0.0, self.base + self.rate * now)
 
 
-def estimate_others(records: Iterable[PeerRecord], epoch: int) -> OthersEstimate:
-    """Fold the records of other peers in ``epoch`` into a linear estimate of their samples towards it:
-    each counts its samples plus its rate times the time since its report. Records of other epochs count
-    nothing (behind: not training this epoch yet; ahead: the caller ends the epoch anyway)."""
+def estimate_others(
+    records: Iterable[PeerRecord], epoch: int, epoch_started_at: float, count_previous: bool
+) -> OthersEstimate:
+    """Fold the other peers' records into a linear estimate of their samples towards ``epoch``.
+
+    A peer in ``epoch`` counts its samples plus its rate times the time since its report. With
+    ``count_previous`` (the records predate this epoch's first useful fetch), a peer in the previous epoch
+    counts its training rate times the time since this epoch began here (or since its report, if later).
+    Other records count nothing (behind: not training this epoch; ahead: the caller ends the epoch anyway).
+    """
     base = rate = 0.0
     for record in records:
         if record.epoch == epoch:
             base += record.samples - record.rate * record.time
             rate += record.rate
+        elif record.epoch == epoch - 1 and count_previous:
+            base -= record.training_rate * max(epoch_started_at, record.time)
+            rate += record.training_rate
     return OthersEstimate(base, rate)
 
 
@@ -97,19 +108,28 @@ def peer_records(
     entries: Iterable[LocalTrainingProgress],
     own_peer_id: bytes,
     fetched_at: float,
+    training_rates: dict[bytes, float],
     stale_after_s: float = DEFAULT_STALE_AFTER_S,
-) -> list[PeerRecord]:
-    """The other peers' records from one fetch; a record older than ``stale_after_s`` has rate 0."""
-    return [
-        PeerRecord(
-            progress.epoch,
-            progress.samples_accumulated,
-            progress.time,
-            0.0 if fetched_at - progress.time > stale_after_s else progress.samples_per_second,
+) -> tuple[list[PeerRecord], dict[bytes, float]]:
+    """The other peers' records from one fetch, and each one's last rate while training (for the next
+    fetch: ``training_rates`` holds those of the last one). A stale record has rates 0."""
+    records, rates = [], {}
+    for progress in entries:
+        if progress.peer_id == own_peer_id:
+            continue
+        training_rate = progress.samples_per_second or training_rates.get(progress.peer_id, 0.0)
+        rates[progress.peer_id] = training_rate
+        stale = fetched_at - progress.time > stale_after_s
+        records.append(
+            PeerRecord(
+                progress.epoch,
+                progress.samples_accumulated,
+                progress.time,
+                0.0 if stale else progress.samples_per_second,
+                0.0 if stale else training_rate,
+            )
         )
-        for progress in entries
-        if progress.peer_id != own_peer_id
-    ]
+    return records, rates
 
 
 class SwarmBatchTracker(ProgressTracker):
@@ -129,7 +149,10 @@ class SwarmBatchTracker(ProgressTracker):
         self.report_interval_s = report_interval_s
         self._next_report_at = float("-inf")
         self._others: tuple[PeerRecord, ...] = ()
-        self._estimate: tuple[tuple[PeerRecord, ...], int, OthersEstimate] | None = None
+        self._training_rates: dict[bytes, float] = {}
+        self._fetched_at = float("-inf")
+        self._epoch_started_at = get_dht_time()
+        self._estimate: tuple[tuple[PeerRecord, ...], tuple[int, float, bool], OthersEstimate] | None = None
         self._accumulating = True
         kwargs.setdefault("default_refresh_period", DEFAULT_ALONE_REFRESH_S)
         super().__init__(*args, **kwargs)
@@ -162,12 +185,15 @@ class SwarmBatchTracker(ProgressTracker):
         return self.local_progress.samples_accumulated + self._others_estimate().at(now)
 
     def _others_estimate(self) -> OthersEstimate:
-        others, epoch = self._others, self.local_progress.epoch
+        others, epoch, started = self._others, self.local_progress.epoch, self._epoch_started_at
+        # records from a fetch this early in the epoch may still show peers of the same round behind
+        count_previous = self._fetched_at < started + self.min_refresh_period
+        key = (epoch, started, count_previous)
         cached = self._estimate  # reused until a fetch or an epoch change: most steps see neither
-        if cached is not None and cached[0] is others and cached[1] == epoch:
+        if cached is not None and cached[0] is others and cached[1] == key:
             return cached[2]
-        estimate = estimate_others(others, epoch)
-        self._estimate = (others, epoch, estimate)
+        estimate = estimate_others(others, epoch, started, count_previous)
+        self._estimate = (others, key, estimate)
         return estimate
 
     @contextlib.contextmanager
@@ -200,6 +226,8 @@ class SwarmBatchTracker(ProgressTracker):
         """hivemind 1.1.12's ``report_local_progress``, storing the record at most every ``report_interval_s``
         while samples accumulate (at once on an epoch change, a reset, or when accumulation stops)."""
         previous = self.local_progress
+        if local_epoch != previous.epoch:
+            self._epoch_started_at = get_dht_time()
         extra_samples = samples_accumulated - previous.samples_accumulated
         if update_global_samples and local_epoch == previous.epoch == self.global_progress.epoch:
             self.global_progress.samples_accumulated += extra_samples
@@ -227,7 +255,10 @@ class SwarmBatchTracker(ProgressTracker):
                 LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values() if entry.value
             ]
         now = get_dht_time()
-        self._others = tuple(peer_records(entries, self.dht.peer_id.to_bytes(), now, self.stale_after_s))
+        records, self._training_rates = peer_records(
+            entries, self.dht.peer_id.to_bytes(), now, self._training_rates, self.stale_after_s
+        )
+        self._others, self._fetched_at = tuple(records), now
         progress = super()._parse_swarm_progress_data(metadata)
         if entries:
             # hivemind times the next fetch from its own ETA, which is unbounded while the peers it read
