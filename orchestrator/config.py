@@ -169,7 +169,7 @@ class Settings(BaseSettings):
     swarm_admission: bool = Field(
         default=True,
         description="Admit only registered workers to runs' swarms (signed peer tokens); a run opts out "
-        "with strategy_options swarm_admission=false. See docs/readme/security.md.",
+        "with strategy_options swarm_admission=false. See docs/concepts/swarm-admission.md.",
     )
     join_rate_per_s: float = Field(
         default=1.0,

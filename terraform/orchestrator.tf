@@ -1,7 +1,7 @@
 # The orchestrator: one on-demand instance running three containers, the spotswarm API/reconciler/DHT
 # peer (on 127.0.0.1 only), PostgreSQL, and nginx in front (HTTPS on 443 for users, plain HTTP on
 # api_port for the workers in the VPC), keeping their state on a separate encrypted EBS volume that
-# outlives the instance (replace the instance, keep the runs). Why not RDS, why nginx: docs/readme/aws.md.
+# outlives the instance (replace the instance, keep the runs). Why not RDS, why nginx: docs/design/choices.md.
 
 data "aws_ssm_parameter" "al2023" {
   count = var.orchestrator_ami_id == null ? 1 : 0

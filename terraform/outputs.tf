@@ -1,5 +1,5 @@
 output "orchestrator_url" {
-  description = "The orchestrator's API and status page over HTTPS, for `spotswarm --url` (reachable from allowed_api_cidrs). Without domain_name its certificate is self-signed: see docs/readme/aws.md for trusting it."
+  description = "The orchestrator's API and status page over HTTPS, for `spotswarm --url` (reachable from allowed_api_cidrs). Without domain_name its certificate is self-signed: see docs/guides/aws.md for trusting it."
   value       = "https://${local.domain_name != "" ? local.domain_name : local.orchestrator_address}"
 }
 

@@ -107,7 +107,7 @@ variable "api_port" {
 }
 
 variable "domain_name" {
-  description = "DNS name users reach the orchestrator by (you point its A record at the orchestrator_public_ip output). Set: nginx gets a Let's Encrypt certificate for it over HTTP-01, which opens port 80 to everyone for the challenge. Null: a self-signed certificate for the instance's addresses, made at boot (see docs/readme/aws.md)."
+  description = "DNS name users reach the orchestrator by (you point its A record at the orchestrator_public_ip output). Set: nginx gets a Let's Encrypt certificate for it over HTTP-01, which opens port 80 to everyone for the challenge. Null: a self-signed certificate for the instance's addresses, made at boot (see docs/guides/aws.md)."
   type        = string
   default     = null
 

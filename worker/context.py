@@ -1,6 +1,6 @@
 """Who this worker is, for the run's code: its id, a stable index and the run's live worker count.
 
-User code shards its data with it (docs/readme/worker.md)::
+User code shards its data with it (docs/guides/worker-agent.md)::
 
     from worker.context import current_worker
     ctx = current_worker()          # None outside a spotswarm worker

@@ -168,7 +168,7 @@ class RunSpec(StrictModel):
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
     launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
     launcher_options: dict[str, Any] = Field(default_factory=dict)
-    # The run's code and environment (docs/readme/your-code.md).
+    # The run's code and environment (docs/guides/your-code.md).
     workdir: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,
@@ -203,7 +203,7 @@ class RunSpec(StrictModel):
         "logs; the first 32 matching names by name count.",
     )
 
-    # -- what a worker's failures may cost the run (docs/readme/runs.md, "Crash budget") -----------------
+    # -- what a worker's failures may cost the run (docs/concepts/runs.md, "Crash budget") -----------------
     max_worker_crashes: int | None = Field(
         default=None,
         ge=1,
@@ -413,7 +413,7 @@ class PeerList(BaseModel):
     worker_peers: list[str] = Field(default_factory=list)
 
 
-# -- swarm admission (docs/readme/security.md) -------------------------------------------------------
+# -- swarm admission (docs/concepts/swarm-admission.md) -------------------------------------------------------
 
 #: ``strategy_options`` key of a run spec: ``false`` lets any peer into the run's swarm (no tokens).
 SWARM_ADMISSION_OPTION = "swarm_admission"

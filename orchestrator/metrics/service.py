@@ -14,7 +14,7 @@ process starts many apps):
 
 Label values are bounded: run names, launcher names, states, route templates, HTTP status codes, the
 metric names a run reports (matching its ``report_metrics``, 32 at most). Never a worker id, a request
-path or a message. The metric names are listed in docs/readme/operability.md.
+path or a message. The metric names are listed in docs/operations/metrics.md.
 """
 
 from __future__ import annotations

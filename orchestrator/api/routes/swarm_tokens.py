@@ -1,7 +1,7 @@
 """Swarm admission endpoints: a worker's swarm token, and the key every peer verifies tokens with.
 
 ``POST /workers/{worker_id}/swarm-token`` (worker token): a signed, short-lived token binding the
-worker's peer key to its run (see ``docs/readme/security.md``). ``GET /swarm-auth`` (anyone): whether
+worker's peer key to its run (see ``docs/concepts/swarm-admission.md``). ``GET /swarm-auth`` (anyone): whether
 this orchestrator admits peers by token, its public key, the token lifetime and the opted-out runs.
 """
 
