@@ -413,7 +413,7 @@ class PeerList(BaseModel):
     worker_peers: list[str] = Field(default_factory=list)
 
 
-# -- swarm admission (docs/concepts/swarm-admission.md) -------------------------------------------------------
+# -- swarm admission (docs/concepts/swarm-admission.md) ------------------------------------------
 
 #: ``strategy_options`` key of a run spec: ``false`` lets any peer into the run's swarm (no tokens).
 SWARM_ADMISSION_OPTION = "swarm_admission"

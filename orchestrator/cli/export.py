@@ -36,7 +36,7 @@ from worker.strategy.checkpoint_format import SPOTSWARM_KEY, exported
     help="File or directory to write to. Default: ./<name>-epoch-<N>-export.ckpt",
 )
 def export(ctx: ApiContext, name: str, epoch: int | None, output: Path | None) -> None:
-    """Export a checkpoint of run NAME for plain Lightning / PyTorch (the format: docs/concepts/checkpoints.md)."""
+    """Export a checkpoint of run NAME for plain Lightning and PyTorch (docs/concepts/checkpoints.md)."""
     run = ctx.api.get_run(name)
     item = pick_checkpoint(ctx.api.checkpoints(name)["items"], name, epoch)
     default_name = f"{name}-epoch-{item['epoch']}-export.ckpt"

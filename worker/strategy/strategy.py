@@ -90,8 +90,8 @@ class HivemindStrategy(Strategy):
         announce_maddrs: multiaddrs to announce to other peers (public address behind NAT).
         tracker_opts: options of hivemind's ``ProgressTracker`` (e.g. ``metadata_expiration``).
         authorizer: a ``worker.admission.authorizer.SwarmAuthorizer`` holding this peer's token from the
-            orchestrator: join a swarm with admission (docs/concepts/swarm-admission.md); the DHT then uses the
-            authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
+            orchestrator: join a swarm with admission (docs/concepts/swarm-admission.md); the DHT then uses
+            the authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
         **optimizer_kwargs: each goes to the hivemind class that takes it (worker/strategy/keywords.py):
             ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
             ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
