@@ -64,7 +64,7 @@ from orchestrator.reconciler.policy import ReconcilePolicy
 from orchestrator.reconciler.service import ReconcilerService
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission, SwarmAuthority
-from orchestrator.swarm.dht import OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.swarm.dht import DHTPeer, OrchestratorDHT, SwarmProgressCache, refresh_progress
 from orchestrator.tokens import hash_token
 from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
@@ -74,7 +74,7 @@ logger = logging.getLogger(__name__)
 #: Starts the orchestrator's DHT peer: given the settings and, under swarm admission, the authority its
 #: peer authorizer signs with (None: no admission) and the opted-out runs it serves from the start.
 #: Returns the running peer.
-DhtFactory = Callable[[Settings, SwarmAuthority | None, frozenset[str]], OrchestratorDHT]
+DhtFactory = Callable[[Settings, SwarmAuthority | None, frozenset[str]], DHTPeer]
 
 
 def create_app(
@@ -358,7 +358,7 @@ def _swarm_epoch(swarm: SwarmProgressCache, swarm_id: str) -> int | None:
     return progress.epoch if progress is not None else None
 
 
-def _push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str], timeout_s: float) -> None:
+def _push_open_swarms(dht: DHTPeer, swarms: frozenset[str], timeout_s: float) -> None:
     """Hand the set of opted-out runs' swarms to the peer authorizer in the DHT's process (raises
     ``DHTUnavailable`` when the peer is down or does not answer within ``timeout_s``)."""
     from orchestrator.swarm.peer_authorizer import push_open_swarms  # imports hivemind

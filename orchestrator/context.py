@@ -23,7 +23,7 @@ from orchestrator.launchers.base import Launcher
 from orchestrator.metrics.tensorboard import Forwarder
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
-from orchestrator.swarm.dht import DHTUnavailable, OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.swarm.dht import DHTPeer, DHTUnavailable, SwarmProgressCache, refresh_progress
 
 if TYPE_CHECKING:
     from orchestrator.swarm.admission import SwarmAdmission
@@ -38,7 +38,7 @@ class AppContext:
     settings: Settings
     db: Database
     clock: Clock
-    dht: OrchestratorDHT
+    dht: DHTPeer
     swarm: SwarmProgressCache
     hub: HeartbeatHub
     heartbeat_writer: HeartbeatWriter

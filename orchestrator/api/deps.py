@@ -1,6 +1,11 @@
-"""Shared dependencies of the routes: the app context and who the caller is.
+"""Shared dependencies of the routes: the running parts each route uses, and who the caller is.
 
-Dependencies are ``async`` (they do no I/O): a sync one would cost a thread hop per request.
+Each route lists what it uses (``SettingsDep``, ``DatabaseDep``, ``ReadSession``, ``ClockDep``, ``HubDep``,
+``StoreDep``, ...), never the whole context, so a test can replace one part with
+``app.dependency_overrides``. Dependencies are ``async`` (they do no I/O): a sync one would cost a thread
+hop per request. ``ReadSession`` is the exception: it runs in the thread pool, as the sync routes that
+read the database do. Writes keep their transaction in the route (``with db.begin()``), because what
+follows the commit (refreshing the heartbeat cache, deleting stored files) must see it committed.
 
 The auth rule, in one place:
 
@@ -23,6 +28,7 @@ nothing about what a valid body looks like.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -31,10 +37,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator import tokens
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
+from orchestrator.db.session import Database
+from orchestrator.domain.checkpoints import UploadSlots
+from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.states import UNENDED_WORKER_STATES, values
 from orchestrator.errors import Forbidden, Unauthorized
+from orchestrator.heartbeats.hub import HeartbeatHub
+from orchestrator.heartbeats.writer import HeartbeatWriter
+from orchestrator.importcheck.checker import ImportChecker
+from orchestrator.launchers.base import Launcher
+from orchestrator.metrics.service import ServiceMetrics
+from orchestrator.ratelimit import RateLimiter
+from orchestrator.storage.base import CheckpointStore
+from orchestrator.swarm.admission import SwarmAdmission
+from orchestrator.swarm.dht import DHTPeer, SwarmProgressCache
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).
@@ -42,41 +62,160 @@ MAX_ID = 2**31 - 1
 WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
 
 
+# -- the running parts, one dependency each -------------------------------------------------------------
+# Each route lists the parts it uses; all come from the AppContext that create_app's lifespan stores on
+# app.state. A test can replace any one of them with app.dependency_overrides[get_<part>].
+
+
 async def get_ctx(request: Request) -> AppContext:
+    """The running orchestrator's parts (the root the dependencies below read from)."""
     ctx: AppContext = request.app.state.ctx
     return ctx
+
+
+_Ctx = Annotated[AppContext, Depends(get_ctx)]
+
+
+async def get_settings(ctx: _Ctx) -> Settings:
+    return ctx.settings
+
+
+async def get_database(ctx: _Ctx) -> Database:
+    return ctx.db
+
+
+def read_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
+    """A read-only session, closed when the route returns (before the answer is sent)."""
+    with db.read() as session:
+        yield session
+
+
+async def get_clock(ctx: _Ctx) -> Clock:
+    return ctx.clock
+
+
+async def get_hub(ctx: _Ctx) -> HeartbeatHub:
+    return ctx.hub
+
+
+async def get_heartbeat_writer(ctx: _Ctx) -> HeartbeatWriter:
+    return ctx.heartbeat_writer
+
+
+async def get_store(ctx: _Ctx) -> CheckpointStore:
+    return ctx.store
+
+
+async def get_swarm(ctx: _Ctx) -> SwarmProgressCache:
+    return ctx.swarm
+
+
+async def get_dht(ctx: _Ctx) -> DHTPeer:
+    return ctx.dht
+
+
+async def get_own_peers(ctx: _Ctx) -> list[str]:
+    """The orchestrator's DHT multiaddrs as workers get them (announce addresses first)."""
+    return ctx.orchestrator_peers()
+
+
+async def get_swarm_reader(ctx: _Ctx) -> Callable[[int], None]:
+    """Reads one run's swarm progress from the DHT now (blocking: call it off the event loop)."""
+    return ctx.read_swarm_now
+
+
+async def get_imports(ctx: _Ctx) -> ImportChecker | None:
+    return ctx.imports
+
+
+async def get_launchers(ctx: _Ctx) -> Mapping[str, Launcher]:
+    return ctx.launchers
+
+
+async def get_admission(ctx: _Ctx) -> SwarmAdmission | None:
+    return ctx.swarm_admission
+
+
+async def get_join_limiter(ctx: _Ctx) -> RateLimiter | None:
+    return ctx.join_limiter
+
+
+async def get_uploads(ctx: _Ctx) -> UploadSlots:
+    return ctx.uploads
+
+
+async def get_crash_policy(ctx: _Ctx) -> CrashPolicy:
+    return ctx.crash_policy
+
+
+async def get_admin_token_hash(ctx: _Ctx) -> str:
+    return ctx.admin_token_hash
+
+
+async def get_metrics(request: Request) -> ServiceMetrics:
+    """The app's own Prometheus registry (made by create_app, outside the lifespan)."""
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+ReadSession = Annotated[Session, Depends(read_session, scope="function")]
+ClockDep = Annotated[Clock, Depends(get_clock)]
+HubDep = Annotated[HeartbeatHub, Depends(get_hub)]
+HeartbeatWriterDep = Annotated[HeartbeatWriter, Depends(get_heartbeat_writer)]
+StoreDep = Annotated[CheckpointStore, Depends(get_store)]
+SwarmDep = Annotated[SwarmProgressCache, Depends(get_swarm)]
+DhtDep = Annotated[DHTPeer, Depends(get_dht)]
+OwnPeers = Annotated[list[str], Depends(get_own_peers)]
+SwarmReader = Annotated[Callable[[int], None], Depends(get_swarm_reader)]
+ImportsDep = Annotated[ImportChecker | None, Depends(get_imports)]
+LaunchersDep = Annotated[Mapping[str, Launcher], Depends(get_launchers)]
+AdmissionDep = Annotated[SwarmAdmission | None, Depends(get_admission)]
+JoinLimiterDep = Annotated[RateLimiter | None, Depends(get_join_limiter)]
+UploadsDep = Annotated[UploadSlots, Depends(get_uploads)]
+CrashPolicyDep = Annotated[CrashPolicy, Depends(get_crash_policy)]
+AdminTokenHash = Annotated[str, Depends(get_admin_token_hash)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+
+
+# -- the caller -----------------------------------------------------------------------------------------
 
 
 async def get_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
     return tokens.bearer_token(authorization)
 
 
-Ctx = Annotated[AppContext, Depends(get_ctx)]
 Token = Annotated[str | None, Depends(get_token)]
 
 
-def check_admin(ctx: AppContext, token: str | None) -> None:
+def check_admin(admin_token_hash: str, token: str | None) -> None:
     """Raise unless ``token`` is the admin token."""
     if token is None:
         raise Unauthorized("missing bearer token (admin token required)")
-    if tokens.token_matches(token, ctx.admin_token_hash):
+    if tokens.token_matches(token, admin_token_hash):
         return
     if token.startswith(tokens.NON_ADMIN_PREFIXES):
         raise Forbidden("this endpoint needs the admin token")
     raise Unauthorized("invalid token")
 
 
-async def require_admin(ctx: Ctx, token: Token) -> None:
-    check_admin(ctx, token)
+def is_admin(admin_token_hash: str, token: str | None) -> bool:
+    """Whether ``token`` is the admin token (no token: False)."""
+    return token is not None and tokens.token_matches(token, admin_token_hash)
 
 
-async def require_reader(ctx: Ctx, token: Token) -> bool:
+async def require_admin(admin_token_hash: AdminTokenHash, token: Token) -> None:
+    check_admin(admin_token_hash, token)
+
+
+async def require_reader(settings: SettingsDep, admin_token_hash: AdminTokenHash, token: Token) -> bool:
     """Whether the caller gets the full view (the admin token); raises when reads are private and the
     caller is not the admin. Any other token on a public read gets the public view."""
-    if not ctx.settings.public_reads:
-        check_admin(ctx, token)
+    if not settings.public_reads:
+        check_admin(admin_token_hash, token)
         return True
-    return token is not None and tokens.token_matches(token, ctx.admin_token_hash)
+    return is_admin(admin_token_hash, token)
 
 
 async def require_registration_token(token: Token) -> str:
@@ -102,12 +241,12 @@ RegistrationToken = Annotated[str, Depends(require_registration_token)]
 WorkerToken = Annotated[str, Depends(require_worker_token)]
 
 
-def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | None) -> None:
+def check_run_access(admin_token_hash: str, session: Session, run: Run, token: str | None) -> None:
     """Raise unless ``token`` is the admin token, ``run``'s join token or the token of one of its workers
     that has not ended."""
     if token is None:
         raise Unauthorized("missing bearer token")
-    if tokens.token_matches(token, ctx.admin_token_hash) or tokens.token_matches(token, run.join_token_hash):
+    if tokens.token_matches(token, admin_token_hash) or tokens.token_matches(token, run.join_token_hash):
         return
     if token.startswith(tokens.WORKER_PREFIX):
         digest = tokens.hash_token(token)

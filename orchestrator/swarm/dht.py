@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.clock import Clock
 from orchestrator.swarm import dht_process
@@ -112,8 +112,38 @@ class SwarmProgressCache:
                 del self._items[key]
 
 
+class DHTPeer(Protocol):
+    """What the orchestrator asks of its DHT peer (:class:`OrchestratorDHT` is the real one). Every call
+    may block: make it off the event loop."""
+
+    @property
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs other peers can dial."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the peer runs (``/readyz`` reports it)."""
+        ...
+
+    def read_progress(
+        self, swarms: Mapping[str, int], timeout_s: float, now: Clock
+    ) -> dict[str, SwarmProgress | None]:
+        """Each swarm's progress (None: no record); swarms whose read failed are left out."""
+        ...
+
+    def run_coroutine(
+        self, coro: Callable[[Any, Any], Awaitable[Any]], timeout_s: float | None = None
+    ) -> Any:
+        """Run ``coro(dht, node)`` in the peer's process; raises :class:`DHTUnavailable`."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the peer; safe to call twice."""
+        ...
+
+
 def refresh_progress(
-    dht: OrchestratorDHT, cache: SwarmProgressCache, swarms: Mapping[str, int], timeout_s: float, now: Clock
+    dht: DHTPeer, cache: SwarmProgressCache, swarms: Mapping[str, int], timeout_s: float, now: Clock
 ) -> None:
     """Read the progress of ``swarms`` (swarm id -> target batch size) into ``cache``; blocks for at most
     ``timeout_s``. Raises :class:`DHTUnavailable` when the peer is not running."""

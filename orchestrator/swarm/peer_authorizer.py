@@ -36,7 +36,7 @@ from hivemind.utils.auth import AuthorizedRequestBase, AuthorizedResponseBase, T
 from hivemind.utils.timed_storage import get_dht_time
 
 from orchestrator.swarm.admission import SwarmAuthority
-from orchestrator.swarm.dht import OrchestratorDHT, progress_key
+from orchestrator.swarm.dht import DHTPeer, progress_key
 from worker.admission.authorizer import ensure_identity, from_access_token, load_identity, to_access_token
 from worker.admission.tokens import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
 
@@ -199,7 +199,7 @@ async def set_open_swarms(swarms: frozenset[str], _dht: Any, node: Any) -> None:
         authorizer.open_swarms = frozenset(swarms)
 
 
-def push_open_swarms(dht: OrchestratorDHT, swarms: frozenset[str], timeout_s: float | None = None) -> None:
+def push_open_swarms(dht: DHTPeer, swarms: frozenset[str], timeout_s: float | None = None) -> None:
     """Hand the set of opted-out swarms to the authorizer in the DHT's process (raises
     ``DHTUnavailable`` when the peer is down or does not answer within ``timeout_s``)."""
     dht.run_coroutine(functools.partial(set_open_swarms, frozenset(swarms)), timeout_s)

@@ -13,25 +13,45 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, status
+from fastapi import APIRouter, Depends, Header, Request, status
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api import uploads
-from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
+from orchestrator.api.deps import (
+    AdminTokenHash,
+    ClockDep,
+    DatabaseDep,
+    HubDep,
+    Reader,
+    ReadSession,
+    SettingsDep,
+    StoreDep,
+    SwarmDep,
+    SwarmReader,
+    Token,
+    UploadsDep,
+    WorkerId,
+    check_run_access,
+)
 from orchestrator.api.routes.workers import CallingWorker
 from orchestrator.api.schemas import CheckpointList
-from orchestrator.context import AppContext
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
 from orchestrator.db.models import Run
+from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
 from orchestrator.errors import Conflict, InvalidRequest
-from orchestrator.heartbeats.hub import WorkerEntry
-from orchestrator.storage.base import checkpoint_key
+from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.storage.base import CheckpointStore, checkpoint_key
+from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import CHECKSUM_HEADER, CheckpointRef
 
 logger = logging.getLogger(__name__)
@@ -39,6 +59,31 @@ router = APIRouter(tags=["checkpoints"])
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
+
+
+@dataclass(frozen=True)
+class Uploading:
+    """The parts an upload uses, from the admission check to the record and the pruning."""
+
+    settings: Settings
+    db: Database
+    clock: Clock
+    hub: HeartbeatHub
+    store: CheckpointStore
+    swarm: SwarmProgressCache
+    read_swarm_now: Callable[[int], None]
+
+
+async def uploading(
+    settings: SettingsDep,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    store: StoreDep,
+    swarm: SwarmDep,
+    read_swarm_now: SwarmReader,
+) -> Uploading:
+    return Uploading(settings, db, clock, hub, store, swarm, read_swarm_now)
 
 
 @router.put(
@@ -52,7 +97,8 @@ async def upload_checkpoint(
     entry: CallingWorker,
     epoch: Epoch,
     request: Request,
-    ctx: Ctx,
+    parts: Annotated[Uploading, Depends(uploading)],
+    slots: UploadsDep,
     checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
 ) -> CheckpointRef:
     """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
@@ -64,51 +110,53 @@ async def upload_checkpoint(
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
         raise InvalidRequest(f"header {CHECKSUM_HEADER} must be the hex SHA-256 of the body")
-    with ctx.uploads.hold(worker_id):
-        size = uploads.declared_size(request, ctx.settings.checkpoint_max_bytes)
-        await run_in_threadpool(_admit, ctx, entry, epoch, size)
-        return await _receive_and_store(ctx, entry, epoch, request, sha256)
+    with slots.hold(worker_id):
+        size = uploads.declared_size(request, parts.settings.checkpoint_max_bytes)
+        await run_in_threadpool(_admit, parts, entry, epoch, size)
+        return await _receive_and_store(parts, entry, epoch, request, sha256)
 
 
-def _admit(ctx: AppContext, entry: WorkerEntry, epoch: int, size_bytes: int) -> None:
+def _admit(parts: Uploading, entry: WorkerEntry, epoch: int, size_bytes: int) -> None:
     """Raise unless the worker may upload ``size_bytes`` for ``epoch`` now (see the module docstring)."""
-    run = _run_of(ctx, entry)
+    run = _run_of(parts.db, entry)
     try:
-        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(parts.swarm, run))
     except Conflict:
         if run.checkpointer_worker_id != entry.worker_id:
             raise
         # The checkpointer's own DHT peer may hold an epoch the periodic reader has not seen yet.
-        ctx.read_swarm_now(run.id)
-        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(ctx, run))
-    uploads.check_free_space(ctx.settings, size_bytes)
+        parts.read_swarm_now(run.id)
+        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(parts.swarm, run))
+    uploads.check_free_space(parts.settings, size_bytes)
 
 
-def _run_of(ctx: AppContext, entry: WorkerEntry) -> Run:
-    with ctx.db.read() as session:
+def _run_of(db: Database, entry: WorkerEntry) -> Run:
+    with db.read() as session:
         run = session.get(Run, entry.run_id)
     if run is None:
         raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
     return run
 
 
-def _dht_epoch(ctx: AppContext, run: Run) -> int | None:
-    progress = ctx.swarm.get(run.swarm_id)
+def _dht_epoch(swarm: SwarmProgressCache, run: Run) -> int | None:
+    progress = swarm.get(run.swarm_id)
     return progress.epoch if progress is not None else None
 
 
 async def _receive_and_store(
-    ctx: AppContext, entry: WorkerEntry, epoch: int, request: Request, sha256: str
+    parts: Uploading, entry: WorkerEntry, epoch: int, request: Request, sha256: str
 ) -> CheckpointRef:
-    max_bytes = ctx.settings.checkpoint_max_bytes
-    async with uploads.received(request, ctx.settings, max_bytes, sha256, "checkpoint") as upload:
-        return await run_in_threadpool(_store_and_record, ctx, entry, epoch, upload.path, sha256, upload.size)
+    max_bytes = parts.settings.checkpoint_max_bytes
+    async with uploads.received(request, parts.settings, max_bytes, sha256, "checkpoint") as upload:
+        return await run_in_threadpool(
+            _store_and_record, parts, entry, epoch, upload.path, sha256, upload.size
+        )
 
 
 def _store_and_record(
-    ctx: AppContext, entry: WorkerEntry, epoch: int, path: Path, sha256: str, size: int
+    parts: Uploading, entry: WorkerEntry, epoch: int, path: Path, sha256: str, size: int
 ) -> CheckpointRef:
-    with ctx.db.read() as session:
+    with parts.db.read() as session:
         run = session.get(Run, entry.run_id)
         if run is None:
             raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
@@ -118,23 +166,23 @@ def _store_and_record(
         if run.state not in values(ACTIVE_RUN_STATES):
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
         key = checkpoint_key(run.swarm_id, epoch, sha256)
-    ctx.store.put_file(key, path, sha256)
+    parts.store.put_file(key, path, sha256)
     try:
-        ref, dropped = _record(ctx, entry, run.name, epoch, key, sha256, size)
+        ref, dropped = _record(parts, entry, run.name, epoch, key, sha256, size)
     except Conflict:
-        ctx.store.delete(key)  # another upload of this epoch, with other bytes, was recorded first
+        parts.store.delete(key)  # another upload of this epoch, with other bytes, was recorded first
         raise
     for old_key in dropped:  # its own key too when an older epoch arrived late and was pruned at once
-        ctx.store.delete(old_key)
-    ctx.hub.refresh()
+        parts.store.delete(old_key)
+    parts.hub.refresh()
     return ref
 
 
 def _record(
-    ctx: AppContext, entry: WorkerEntry, name: str, epoch: int, key: str, sha256: str, size: int
+    parts: Uploading, entry: WorkerEntry, name: str, epoch: int, key: str, sha256: str, size: int
 ) -> tuple[CheckpointRef, list[str]]:
     """Record the stored object; the ref and the keys of pruned checkpoints. Raises Conflict."""
-    with ctx.db.begin() as session:
+    with parts.db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
         if (previous := checkpoints.existing_upload(session, run, epoch, sha256)) is not None:
             return checkpoints.to_ref(run, previous), []  # a concurrent retry of the same upload won
@@ -146,18 +194,17 @@ def _record(
             size_bytes=size,
             sha256=sha256,
             worker_id=entry.worker_id,
-            now=ctx.clock(),
+            now=parts.clock(),
         )
         return checkpoints.to_ref(run, stored), dropped
 
 
 @router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
-def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        return CheckpointList(
-            items=[checkpoints.to_ref(run, c) for c in checkpoints.list_checkpoints(session, run.id)]
-        )
+def list_checkpoints(name: str, session: ReadSession, _: Reader) -> CheckpointList:
+    run = runs.get_run(session, name)
+    return CheckpointList(
+        items=[checkpoints.to_ref(run, c) for c in checkpoints.list_checkpoints(session, run.id)]
+    )
 
 
 # The bytes of a checkpoint, not JSON (documented so, for clients and the schema-driven fuzz tests).
@@ -175,10 +222,12 @@ CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
 )
-def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
+def download_latest(
+    name: str, db: DatabaseDep, store: StoreDep, admin_token_hash: AdminTokenHash, token: Token
+) -> StreamingResponse:
     """Needs the admin token, the run's join token or a worker token of the run. Streamed; the
     checksum is in ``X-Checksum-Sha256``."""
-    return _download(ctx, name, None, token)
+    return _download(db, store, admin_token_hash, name, None, token)
 
 
 @router.get(
@@ -187,17 +236,26 @@ def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
 )
-def download(name: str, epoch: Epoch, ctx: Ctx, token: Token) -> StreamingResponse:
+def download(
+    name: str, epoch: Epoch, db: DatabaseDep, store: StoreDep, admin_token_hash: AdminTokenHash, token: Token
+) -> StreamingResponse:
     """Same access rule as ``latest/download``."""
-    return _download(ctx, name, epoch, token)
+    return _download(db, store, admin_token_hash, name, epoch, token)
 
 
-def _download(ctx: AppContext, name: str, epoch: int | None, token: str | None) -> StreamingResponse:
-    with ctx.db.read() as session:
+def _download(
+    db: Database,
+    store: CheckpointStore,
+    admin_token_hash: str,
+    name: str,
+    epoch: int | None,
+    token: str | None,
+) -> StreamingResponse:
+    with db.read() as session:
         run = runs.get_run(session, name)
-        check_run_access(ctx, session, run, token)
+        check_run_access(admin_token_hash, session, run, token)
         checkpoint = checkpoints.get_checkpoint(session, run, epoch)
-    stream = ctx.store.open_stream(checkpoint.key)
+    stream = store.open_stream(checkpoint.key)
     headers = {
         CHECKSUM_HEADER: checkpoint.sha256,
         "Content-Length": str(checkpoint.size_bytes),

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from orchestrator.api.deps import Ctx
+from orchestrator.api.deps import DatabaseDep, DhtDep
 from orchestrator.api.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -21,15 +21,15 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", summary="Readiness", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(ctx: Ctx) -> JSONResponse:
+async def readyz(db: DatabaseDep, dht_peer: DhtDep) -> JSONResponse:
     detail: dict[str, str] = {}
     try:
-        await asyncio.wait_for(asyncio.to_thread(ctx.db.ping), READY_DB_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.to_thread(db.ping), READY_DB_TIMEOUT_S)
         database = True
     except (SQLAlchemyError, asyncio.TimeoutError) as exc:
         database = False
         detail["database"] = type(exc).__name__
-    dht = ctx.dht.alive()
+    dht = dht_peer.alive()
     if not dht:
         detail["dht"] = "the DHT peer is not running"
     ready = database and dht

@@ -7,17 +7,15 @@ The handler is synchronous on purpose: collecting reads the database, so it runs
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from orchestrator.api.deps import Reader
-from orchestrator.metrics.service import ServiceMetrics
+from orchestrator.api.deps import MetricsDep, Reader
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(request: Request, _: Reader) -> Response:
+def metrics(service: MetricsDep, _: Reader) -> Response:
     """Per-run values read now from the database and the DHT cache, and the service's counters."""
-    registry: ServiceMetrics = request.app.state.metrics
-    return Response(generate_latest(registry.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)

@@ -20,13 +20,20 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api import uploads
-from orchestrator.api.deps import Admin, Ctx, Token, check_run_access
+from orchestrator.api.deps import (
+    Admin,
+    AdminTokenHash,
+    DatabaseDep,
+    SettingsDep,
+    StoreDep,
+    Token,
+    check_run_access,
+)
 from orchestrator.api.routes.checkpoints import SHA256_RE
 from orchestrator.api.schemas import PackageRef
-from orchestrator.context import AppContext
 from orchestrator.domain import runs
 from orchestrator.errors import InvalidRequest, NotFound
-from orchestrator.storage.base import CheckpointNotFound, package_key
+from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, package_key
 from worker.runtime.package import UnsafePackage, inspect_archive
 from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN
 
@@ -42,17 +49,17 @@ PACKAGE_BYTES: dict[int | str, dict[str, object]] = {
 }
 
 
-def _stored(ctx: AppContext, sha256: str) -> PackageRef | None:
+def _stored(store: CheckpointStore, sha256: str) -> PackageRef | None:
     try:
-        return PackageRef(sha256=sha256, size_bytes=ctx.store.size(package_key(sha256)))
+        return PackageRef(sha256=sha256, size_bytes=store.size(package_key(sha256)))
     except CheckpointNotFound:
         return None
 
 
 @router.get("/packages/{sha256}", summary="Look up a code package (admin)")
-def get_package(sha256: Sha256, ctx: Ctx, _: Admin) -> PackageRef:
+def get_package(sha256: Sha256, store: StoreDep, _: Admin) -> PackageRef:
     """404 when no package with this SHA-256 is stored (the CLI uploads it then)."""
-    found = _stored(ctx, sha256)
+    found = _stored(store, sha256)
     if found is None:
         raise NotFound(f"no package {sha256} is stored")
     return found
@@ -64,21 +71,23 @@ def get_package(sha256: Sha256, ctx: Ctx, _: Admin) -> PackageRef:
     responses={201: {"description": "Stored now"}},
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
 )
-async def put_package(sha256: Sha256, request: Request, response: Response, ctx: Ctx, _: Admin) -> PackageRef:
+async def put_package(
+    sha256: Sha256, request: Request, response: Response, settings: SettingsDep, store: StoreDep, _: Admin
+) -> PackageRef:
     """Raw body = the package. 201 when stored now, 200 when these bytes were stored already; 400 when the
     body's SHA-256 is not the path's, 413 over ``package_max_bytes``, 422 for an archive workers would
     refuse (its entry and why), 507 when the disk is nearly full."""
-    limit = ctx.settings.package_max_bytes
-    uploads.check_free_space(ctx.settings, uploads.declared_size(request, limit))
-    async with uploads.received(request, ctx.settings, limit, sha256, "package") as upload:
+    limit = settings.package_max_bytes
+    uploads.check_free_space(settings, uploads.declared_size(request, limit))
+    async with uploads.received(request, settings, limit, sha256, "package") as upload:
         try:
             await run_in_threadpool(inspect_archive, upload.path, limit)
         except UnsafePackage as exc:
             raise InvalidRequest(f"package: {exc}") from exc
-        existing = await run_in_threadpool(_stored, ctx, sha256)
+        existing = await run_in_threadpool(_stored, store, sha256)
         if existing is not None:
             return existing
-        await run_in_threadpool(ctx.store.put_file, package_key(sha256), upload.path, sha256)
+        await run_in_threadpool(store.put_file, package_key(sha256), upload.path, sha256)
     logger.info("stored package %s (%d bytes)", sha256[:12], upload.size)
     response.status_code = status.HTTP_201_CREATED
     return PackageRef(sha256=sha256, size_bytes=upload.size)
@@ -90,17 +99,19 @@ async def put_package(sha256: Sha256, request: Request, response: Response, ctx:
     response_class=StreamingResponse,
     responses=PACKAGE_BYTES,
 )
-def download_package(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
+def download_package(
+    name: str, db: DatabaseDep, store: StoreDep, admin_token_hash: AdminTokenHash, token: Token
+) -> StreamingResponse:
     """The bytes the run's spec names (``workdir``). Needs the admin token, the run's join token or a
     worker token of the run (as checkpoint downloads); 404 for a run without a package."""
-    with ctx.db.read() as session:
+    with db.read() as session:
         run = runs.get_run(session, name)
-        check_run_access(ctx, session, run, token)
+        check_run_access(admin_token_hash, session, run, token)
     if run.workdir is None or not SHA256_RE.match(run.workdir):
         raise NotFound(f"run {name!r} has no code package (it was created without --workdir)")
     key = package_key(run.workdir)
     try:
-        size, stream = ctx.store.size(key), ctx.store.open_stream(key)
+        size, stream = store.size(key), store.open_stream(key)
     except CheckpointNotFound as exc:
         raise NotFound(f"run {name!r}: its package {run.workdir} is missing from the store") from exc
     headers = {

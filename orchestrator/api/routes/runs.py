@@ -4,13 +4,28 @@ progress series and workers."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Response, status
 from sqlalchemy import select
 
-from orchestrator.api.deps import MAX_ID, Admin, Ctx, Reader
+from orchestrator.api.deps import (
+    MAX_ID,
+    Admin,
+    ClockDep,
+    DatabaseDep,
+    HubDep,
+    ImportsDep,
+    LaunchersDep,
+    Reader,
+    ReadSession,
+    SettingsDep,
+    StoreDep,
+    SwarmDep,
+)
 from orchestrator.api.schemas import (
     EventPage,
     JoinToken,
@@ -23,12 +38,15 @@ from orchestrator.api.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.context import AppContext
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
 from orchestrator.db.models import Run
+from orchestrator.db.session import Database
 from orchestrator.domain import runs, views
 from orchestrator.errors import InvalidRequest, RunExists
-from orchestrator.launchers.base import LauncherConfigError
+from orchestrator.launchers.base import Launcher, LauncherConfigError
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
+from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
 
@@ -39,23 +57,51 @@ Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 Offset = Annotated[int, Query(ge=0, le=10**9)]
 
 
-def _out(ctx: AppContext, run: Run) -> RunOut:
-    with ctx.db.read() as session:
-        row = runs.get_run(session, run.name)
-        return views.runs_out(session, [row], ctx.swarm, ctx.clock(), ctx.settings.heartbeat_timeout_s)[0]
+@dataclass(frozen=True)
+class RunReader:
+    """What a route needs to answer with a run as ``GET /runs/{name}`` shows it."""
+
+    db: Database
+    swarm: SwarmProgressCache
+    clock: Clock
+    settings: Settings
+
+    def out(self, name: str) -> RunOut:
+        with self.db.read() as session:
+            row = runs.get_run(session, name)
+            return views.runs_out(
+                session, [row], self.swarm, self.clock(), self.settings.heartbeat_timeout_s
+            )[0]
+
+
+async def run_reader(db: DatabaseDep, swarm: SwarmDep, clock: ClockDep, settings: SettingsDep) -> RunReader:
+    return RunReader(db, swarm, clock, settings)
+
+
+RunOutDep = Annotated[RunReader, Depends(run_reader)]
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
-def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
+def create_run(
+    spec: RunSpec,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    store: StoreDep,
+    imports: ImportsDep,
+    launchers: LaunchersDep,
+    reader: RunOutDep,
+    _: Admin,
+) -> RunCreated:
     """Validate the spec (launcher options; the package named by ``workdir`` is stored; its requirements
     install and its classes import and take their arguments, in an isolated process), insert a pending
     run and return it with its join token, shown only this once. 409 if the name is taken, 422 for a bad
     spec."""
-    with ctx.db.read() as session:
+    with db.read() as session:
         if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
             raise RunExists(f"a run named {spec.name!r} exists already")
     runs.require_secret_values(spec)
-    _check_launcher(ctx, spec)
+    _check_launcher(launchers, spec)
     # here, not in RunSpec: runs stored before the rule must still read (the import check does the rest)
     misplaced = trainer_option_in_strategy_options(spec.strategy_options)
     if misplaced:
@@ -64,7 +110,7 @@ def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
     if spec.workdir is not None:
         key = package_key(spec.workdir)
         try:
-            ctx.store.size(key)
+            store.size(key)
         except CheckpointNotFound as exc:
             raise InvalidRequest(
                 f"workdir: no package {spec.workdir} is stored; upload it first (PUT /api/v1/packages/"
@@ -72,23 +118,23 @@ def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
             ) from exc
 
         def fetch(dest: Path) -> None:
-            copy_to_file(ctx.store, key, dest)
+            copy_to_file(store, key, dest)
 
-    if ctx.imports is not None:
-        ctx.imports.check_spec(spec, fetch)
-    with ctx.db.begin() as session:
-        run, join_token = runs.create_run(session, spec, ctx.clock())
-    ctx.hub.refresh()
-    return RunCreated(**_out(ctx, run).model_dump(), join_token=join_token)
+    if imports is not None:
+        imports.check_spec(spec, fetch)
+    with db.begin() as session:
+        run, join_token = runs.create_run(session, spec, clock())
+    hub.refresh()
+    return RunCreated(**reader.out(run.name).model_dump(), join_token=join_token)
 
 
-def _check_launcher(ctx: AppContext, spec: RunSpec) -> None:
+def _check_launcher(launchers: Mapping[str, Launcher], spec: RunSpec) -> None:
     """422 for a launcher this orchestrator lacks, or options it would refuse at every launch."""
-    if not ctx.launchers:
+    if not launchers:
         return
-    launcher = ctx.launchers.get(spec.launcher)
+    launcher = launchers.get(spec.launcher)
     if launcher is None:
-        raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(ctx.launchers)}")
+        raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(launchers)}")
     try:
         launcher.validate_options(spec.launcher_options)
     except LauncherConfigError as exc:
@@ -97,122 +143,143 @@ def _check_launcher(ctx: AppContext, spec: RunSpec) -> None:
 
 @router.get("", summary="List runs")
 def list_runs(
-    ctx: Ctx, full: Reader, limit: Limit = 50, offset: Offset = 0, state: RunState | None = None
+    session: ReadSession,
+    swarm: SwarmDep,
+    clock: ClockDep,
+    settings: SettingsDep,
+    full: Reader,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    state: RunState | None = None,
 ) -> RunList:
     """Runs, newest first, optionally only those in ``state``; ``total`` counts all matches."""
-    with ctx.db.read() as session:
-        rows, total = views.list_runs(session, state, limit, offset)
-        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
-        items = views.runs_out(session, rows, ctx.swarm, now, timeout_s, full)
+    rows, total = views.list_runs(session, state, limit, offset)
+    items = views.runs_out(session, rows, swarm, clock(), settings.heartbeat_timeout_s, full)
     return RunList(items=items, total=total, limit=limit, offset=offset)
 
 
 @router.get("/{name}", summary="Get a run")
-def get_run(name: str, ctx: Ctx, full: Reader) -> RunOut:
+def get_run(
+    name: str, session: ReadSession, swarm: SwarmDep, clock: ClockDep, settings: SettingsDep, full: Reader
+) -> RunOut:
     """The run with live and desired worker counts, progress reported by workers and read from the DHT.
     Without the admin token: the public view (free-form spec values left out, ``redacted``)."""
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
-        return views.runs_out(session, [run], ctx.swarm, now, timeout_s, full)[0]
+    run = runs.get_run(session, name)
+    return views.runs_out(session, [run], swarm, clock(), settings.heartbeat_timeout_s, full)[0]
 
 
 @router.post("/{name}/scale", summary="Change worker counts (admin)")
-def scale_run(name: str, body: ScaleRequest, ctx: Ctx, _: Admin) -> RunOut:
+def scale_run(
+    name: str, body: ScaleRequest, db: DatabaseDep, clock: ClockDep, hub: HubDep, reader: RunOutDep, _: Admin
+) -> RunOut:
     """422 when desired is outside [min, max]; 409 unless the run is pending or running."""
-    with ctx.db.begin() as session:
+    with db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
-        runs.scale_run(session, run, body.desired_workers, ctx.clock(), body.min_workers, body.max_workers)
-    ctx.hub.refresh()
-    return _out(ctx, run)
+        runs.scale_run(session, run, body.desired_workers, clock(), body.min_workers, body.max_workers)
+    hub.refresh()
+    return reader.out(name)
 
 
 @router.post("/{name}/stop", summary="Stop a run (admin)")
-def stop_run(name: str, ctx: Ctx, _: Admin, body: StopRequest | None = None) -> RunOut:
+def stop_run(
+    name: str,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    reader: RunOutDep,
+    _: Admin,
+    body: StopRequest | None = None,
+) -> RunOut:
     """Workers are told to stop at their next heartbeat; the run is stopped once none is live.
     A no-op for a stopping or stopped run; 409 for a completed or failed one."""
     reason = body.reason if body else StopRequest().reason
-    with ctx.db.begin() as session:
+    with db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
-        runs.stop_run(session, run, reason, ctx.clock())
-    ctx.hub.refresh()
-    return _out(ctx, run)
+        runs.stop_run(session, run, reason, clock())
+    hub.refresh()
+    return reader.out(name)
 
 
 @router.post("/{name}/resume", summary="Resume a stopped, failed or completed run (admin)")
-def resume_run(name: str, ctx: Ctx, _: Admin, body: ResumeRequest | None = None) -> RunOut:
+def resume_run(
+    name: str,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    swarm: SwarmDep,
+    reader: RunOutDep,
+    _: Admin,
+    body: ResumeRequest | None = None,
+) -> RunOut:
     """Back to pending (the reconciler launches workers again, from the latest checkpoint), with a new
     stop condition when ``stop`` is given. 409 unless the run has finished, and for a run that would
     meet its stop condition at once (a completed run needs a higher target)."""
-    with ctx.db.begin() as session:
+    with db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
-        runs.resume_run(session, run, ctx.clock(), body.stop if body else None)
-    ctx.swarm.forget(run.swarm_id)  # the swarm counts again from the checkpoint's epoch
-    ctx.hub.refresh()
-    return _out(ctx, run)
+        runs.resume_run(session, run, clock(), body.stop if body else None)
+    swarm.forget(run.swarm_id)  # the swarm counts again from the checkpoint's epoch
+    hub.refresh()
+    return reader.out(name)
 
 
 @router.post("/{name}/join-token", summary="Replace the run's join token (admin)")
-def rotate_join_token(name: str, ctx: Ctx, _: Admin) -> JoinToken:
+def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> JoinToken:
     """A new join token, shown only this once; the old one stops working at once (registrations and
     checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
-    with ctx.db.begin() as session:
+    with db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
-        join_token = runs.rotate_join_token(session, run, ctx.clock())
+        join_token = runs.rotate_join_token(session, run, clock())
     return JoinToken(name=name, join_token=join_token)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
-def delete_run(name: str, ctx: Ctx, _: Admin) -> Response:
+def delete_run(name: str, db: DatabaseDep, hub: HubDep, store: StoreDep, _: Admin) -> Response:
     """Delete a stopped, completed or failed run with its workers, events and checkpoints; 409 otherwise."""
-    with ctx.db.begin() as session:
+    with db.begin() as session:
         run = runs.get_run(session, name, for_update=True)
         keys = runs.delete_run(session, run)
     for key in keys:
         try:
-            ctx.store.delete(key)
+            store.delete(key)
         except (OSError, CheckpointNotFound) as exc:
             logger.warning("run %s: could not delete checkpoint %s: %s", name, key, exc)
-    ctx.hub.refresh()
+    hub.refresh()
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{name}/events", summary="A run's events")
 def list_events(
     name: str,
-    ctx: Ctx,
+    session: ReadSession,
     _: Reader,
     after_id: Annotated[int, Query(ge=0, le=MAX_ID, description="Only events newer than this id.")] = 0,
     limit: Limit = 100,
 ) -> EventPage:
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        return views.events_page(session, run.id, after_id, limit)
+    run = runs.get_run(session, name)
+    return views.events_page(session, run.id, after_id, limit)
 
 
 @router.get("/{name}/progress", summary="A run's progress series")
 def progress(
     name: str,
-    ctx: Ctx,
+    session: ReadSession,
     _: Reader,
     max_points: Annotated[int, Query(ge=1, le=10_000, description="Downsample to at most this.")] = 500,
 ) -> ProgressSeries:
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        return views.progress_series(session, run.id, max_points)
+    run = runs.get_run(session, name)
+    return views.progress_series(session, run.id, max_points)
 
 
 @router.get("/{name}/workers", summary="A run's workers")
 def list_workers(
     name: str,
-    ctx: Ctx,
+    session: ReadSession,
     full: Reader,
     limit: Limit = 100,
     offset: Offset = 0,
     state: WorkerState | None = None,
 ) -> WorkerList:
     """Without the admin token: the public view (launch details that locate nothing, ``redacted``)."""
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        items, total = views.list_workers(session, run, state, limit, offset, full)
+    run = runs.get_run(session, name)
+    items, total = views.list_workers(session, run, state, limit, offset, full)
     return WorkerList(items=items, total=total, limit=limit, offset=offset)

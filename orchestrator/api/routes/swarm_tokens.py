@@ -10,10 +10,18 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
-from orchestrator import tokens
-from orchestrator.api.deps import Ctx, Token, WorkerId
+from orchestrator.api.deps import (
+    AdminTokenHash,
+    AdmissionDep,
+    ClockDep,
+    DatabaseDep,
+    HubDep,
+    SettingsDep,
+    Token,
+    WorkerId,
+    is_admin,
+)
 from orchestrator.api.routes.workers import CallingWorker
-from orchestrator.context import AppContext
 from orchestrator.errors import Conflict
 from orchestrator.swarm.admission import SwarmAdmission
 from worker.wire import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
@@ -21,8 +29,7 @@ from worker.wire import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 router = APIRouter(tags=["swarm admission"])
 
 
-def _admission(ctx: AppContext) -> SwarmAdmission:
-    admission = ctx.swarm_admission
+def _admission(admission: SwarmAdmission | None) -> SwarmAdmission:
     if admission is None:
         raise Conflict("swarm admission is off on this orchestrator: peers join without tokens")
     return admission
@@ -31,28 +38,38 @@ def _admission(ctx: AppContext) -> SwarmAdmission:
 @router.post(
     "/workers/{worker_id}/swarm-token", summary="A swarm token for this worker's peer (worker token)"
 )
-async def swarm_token(worker_id: WorkerId, _: CallingWorker, body: SwarmTokenRequest, ctx: Ctx) -> SwarmToken:
+async def swarm_token(
+    worker_id: WorkerId,
+    _: CallingWorker,
+    body: SwarmTokenRequest,
+    admission: AdmissionDep,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+) -> SwarmToken:
     """401/403 for a wrong worker token, 409 when admission is off (here or for the run) or the worker
     has ended, 422 for a key that is not RSA of 2048 bits or more."""
-    admission = _admission(ctx)
-    now = ctx.clock().timestamp()
+    granting = _admission(admission)
+    now = clock().timestamp()
 
     def grant() -> SwarmToken:
-        with ctx.db.begin() as session:
-            return admission.grant_for_worker(session, worker_id, body, now)
+        with db.begin() as session:
+            return granting.grant_for_worker(session, worker_id, body, now)
 
     granted = await run_in_threadpool(grant)
-    ctx.hub.bind_peer(worker_id, granted.peer_id)
+    hub.bind_peer(worker_id, granted.peer_id)
     return granted
 
 
 @router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")
-def swarm_auth_info(ctx: Ctx, token: Token) -> SwarmAuthInfo:
+def swarm_auth_info(
+    admission: AdmissionDep, settings: SettingsDep, admin_token_hash: AdminTokenHash, token: Token
+) -> SwarmAuthInfo:
     """Public (workers ask before they have a token; a public key is no secret). The opted-out runs
     are listed only when reads are public or the caller is the admin."""
-    if ctx.swarm_admission is None:
+    if admission is None:
         return SwarmAuthInfo(enabled=False)
-    info = ctx.swarm_admission.info()
-    if not ctx.settings.public_reads and not (token and tokens.token_matches(token, ctx.admin_token_hash)):
+    info = admission.info()
+    if not settings.public_reads and not is_admin(admin_token_hash, token):
         info.open_swarms = []
     return info

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from orchestrator.api.deps import Admin, Ctx, WorkerId
+from orchestrator.api.deps import Admin, ReadSession, SettingsDep, WorkerId
 from orchestrator.domain import runs
 from orchestrator.errors import NotFound
 from orchestrator.launchers.worker_logs import (
@@ -46,7 +46,8 @@ class WorkerLog(BaseModel):
 def worker_log(
     name: str,
     worker_id: WorkerId,
-    ctx: Ctx,
+    session: ReadSession,
+    settings: SettingsDep,
     _: Admin,
     tail_bytes: Annotated[
         int, Query(ge=1, le=MAX_TAIL_BYTES, description="Return at most this many bytes from the end.")
@@ -56,14 +57,11 @@ def worker_log(
         Query(ge=0, description="Read forward from this byte (a previous next_offset) instead of the end."),
     ] = None,
 ) -> WorkerLog:
-    with ctx.db.read() as session:
-        run = runs.get_run(session, name)
-        worker = runs.get_worker(session, worker_id)
-        if worker.run_id != run.id:
-            raise NotFound(f"worker {worker_id} not found in run {name!r}")
-        path = worker_log_path(
-            ctx.settings.data_dir, worker.id, worker.launcher, worker.manual, worker.request_id
-        )
+    run = runs.get_run(session, name)
+    worker = runs.get_worker(session, worker_id)
+    if worker.run_id != run.id:
+        raise NotFound(f"worker {worker_id} not found in run {name!r}")
+    path = worker_log_path(settings.data_dir, worker.id, worker.launcher, worker.manual, worker.request_id)
     tail = read_tail(path, tail_bytes) if from_offset is None else read_from(path, from_offset, tail_bytes)
     return WorkerLog(
         run=name,

@@ -6,18 +6,38 @@ database in batches; only a worker missing from the cache costs a database read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
-from orchestrator.context import AppContext
+from orchestrator.api.deps import (
+    MAX_ID,
+    AdmissionDep,
+    ClockDep,
+    CrashPolicyDep,
+    DatabaseDep,
+    HeartbeatWriterDep,
+    HubDep,
+    JoinLimiterDep,
+    OwnPeers,
+    RegistrationToken,
+    SettingsDep,
+    SwarmReader,
+    WorkerId,
+    WorkerToken,
+)
+from orchestrator.clock import Clock
+from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs, views, workers
+from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.states import UNENDED_WORKER_STATES, values
 from orchestrator.errors import NotFound, Unauthorized
-from orchestrator.heartbeats.hub import WorkerEntry
+from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.heartbeats.writer import HeartbeatWriter
 from worker.wire import (
     Deregister,
     Heartbeat,
@@ -34,14 +54,23 @@ router = APIRouter(prefix="/workers", tags=["workers"])
 @router.post(
     "/register", summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
 )
-def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONResponse:
+def register(
+    body: WorkerRegister,
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    settings: SettingsDep,
+    own: OwnPeers,
+    join_limiter: JoinLimiterDep,
+    admission: AdmissionDep,
+    token: RegistrationToken,
+) -> JSONResponse:
     """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
     row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
     run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
     ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
-    with ctx.db.begin() as session:
-        reg = workers.register_worker(session, token, body, ctx.clock(), ctx.join_limiter)
-        own = ctx.orchestrator_peers()
+    with db.begin() as session:
+        reg = workers.register_worker(session, token, body, clock(), join_limiter)
         others = [m for m in views.worker_peers(session, reg.run.id) if m not in own]
         latest = views.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
         reply = WorkerRegistered(
@@ -50,69 +79,101 @@ def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONRe
             run=runs.run_spec(reg.run),
             swarm_id=reg.run.swarm_id,
             initial_peers=own + others,
-            heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
             secret_env=runs.secret_values(reg.run),
             worker_index=reg.worker.worker_index or 0,
             num_workers=workers.count_running_workers(session, reg.run.id),
         )
-        cached = ctx.hub.entries_of(reg.worker)
-    ctx.hub.note(cached)
-    if ctx.swarm_admission is not None and not swarm_admission_requested(reply.run.strategy_options):
+        cached = hub.entries_of(reg.worker)
+    hub.note(cached)
+    if admission is not None and not swarm_admission_requested(reply.run.strategy_options):
         # before the worker knocks on the DHT peer: one it refuses at first contact cannot join through it
-        ctx.swarm_admission.serve_opted_out(ctx.db, reply.swarm_id)
+        admission.serve_opted_out(db, reply.swarm_id)
     return JSONResponse({**reply.model_dump(mode="json"), "run": spec_for_workers(reply.run)})
 
 
-async def authenticated_worker(ctx: AppContext, worker_id: int, token: str | None) -> WorkerEntry:
+async def authenticated_worker(hub: HeartbeatHub, worker_id: int, token: str | None) -> WorkerEntry:
     """The cached entry of ``worker_id`` if ``token`` is its token; 401/403/404 otherwise."""
     if token is None:
         raise Unauthorized("missing bearer token (the worker token)")
     if not 0 <= worker_id <= MAX_ID:  # no such row; the database would fail on the number itself
         raise NotFound(f"worker {worker_id} not found")
-    entry = ctx.hub.cached(worker_id) or await run_in_threadpool(ctx.hub.load, worker_id)
+    entry = hub.cached(worker_id) or await run_in_threadpool(hub.load, worker_id)
     if entry is None:
         raise NotFound(f"worker {worker_id} not found")
-    ctx.hub.authenticate(entry, token)
+    hub.authenticate(entry, token)
     return entry
 
 
-async def calling_worker(worker_id: WorkerId, ctx: Ctx, token: WorkerToken) -> WorkerEntry:
+async def calling_worker(worker_id: WorkerId, hub: HubDep, token: WorkerToken) -> WorkerEntry:
     """The route's worker, authenticated by its own token; a dependency, so it runs before the body
     is validated (no token: 401 whatever the body)."""
-    return await authenticated_worker(ctx, worker_id, token)
+    return await authenticated_worker(hub, worker_id, token)
 
 
 CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
 
 
 @router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
-async def heartbeat(worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, ctx: Ctx) -> HeartbeatReply:
+async def heartbeat(
+    worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, hub: HubDep
+) -> HeartbeatReply:
     """The reply says continue or stop, whether this worker is the run's checkpointer and the
     checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
-    return ctx.hub.accept(entry, body)
+    return hub.accept(entry, body)
 
 
 @router.post(
     "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
 )
-async def deregister(worker_id: WorkerId, _: CallingWorker, body: Deregister, ctx: Ctx) -> Response:
+async def deregister(
+    worker_id: WorkerId,
+    _: CallingWorker,
+    body: Deregister,
+    leaving: Annotated[Leaving, Depends(leaving_parts)],
+) -> Response:
     """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
-    await run_in_threadpool(_deregister, ctx, worker_id, body)
+    await run_in_threadpool(_deregister, leaving, worker_id, body)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
+@dataclass(frozen=True)
+class Leaving:
+    """The parts a leaving worker's deregistration uses."""
+
+    db: Database
+    clock: Clock
+    hub: HeartbeatHub
+    writer: HeartbeatWriter
+    read_swarm_now: Callable[[int], None]
+    crash_policy: CrashPolicy
+
+
+async def leaving_parts(
+    db: DatabaseDep,
+    clock: ClockDep,
+    hub: HubDep,
+    writer: HeartbeatWriterDep,
+    read_swarm_now: SwarmReader,
+    crash_policy: CrashPolicyDep,
+) -> Leaving:
+    return Leaving(db, clock, hub, writer, read_swarm_now, crash_policy)
+
+
+def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
     # A worker that reached its run's target leaves at once: the periodic DHT reader may not have seen
     # that epoch. Its DHT peer still runs while it deregisters, so read the swarm now when it claims
     # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
     # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
-    entry = ctx.hub.cached(worker_id)
+    entry = parts.hub.cached(worker_id)
     live = entry is not None and entry.state in values(UNENDED_WORKER_STATES)
-    if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
-        ctx.read_swarm_now(entry.run_id)
-    ctx.heartbeat_writer.flush()
-    with ctx.db.begin() as session:
+    if entry is not None and live and entry.epoch > parts.hub.swarm_epoch(entry.run_id):
+        parts.read_swarm_now(entry.run_id)
+    parts.writer.flush()
+    with parts.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
-        workers.deregister_worker(session, worker, body.reason, body.message, ctx.clock(), ctx.crash_policy)
-    ctx.hub.refresh()
+        workers.deregister_worker(
+            session, worker, body.reason, body.message, parts.clock(), parts.crash_policy
+        )
+    parts.hub.refresh()
