@@ -39,7 +39,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.load_client import Tally, run_load_process  # noqa: E402
 
-PRODUCTION_ENV = {  # undo the fast time scales of tests/orchestrator_fixture.py
+PRODUCTION_ENV = {  # undo the fast time scales of tests/support/orchestrator.py
     "SPOTSWARM_HEARTBEAT_INTERVAL_S": "5",
     "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "1",
     "SPOTSWARM_PROGRESS_SAMPLE_INTERVAL_S": "10",
@@ -58,9 +58,9 @@ JOIN_AT_ONCE = {"SPOTSWARM_JOIN_BURST": "100000", "SPOTSWARM_JOIN_RATE_PER_S": "
 @contextmanager
 def own_orchestrator(db: str, reconcile: bool, heartbeat_timeout_s: float) -> Iterator[tuple[str, str, int]]:
     """(url, admin token, server pid) of a fresh `spotswarm serve` on SQLite or a private PostgreSQL."""
-    from tests.helpers import ProcessRegistry
-    from tests.orchestrator_fixture import start_orchestrator
-    from tests.postgres import PostgresCluster
+    from tests.support.orchestrator import start_orchestrator
+    from tests.support.postgres import PostgresCluster
+    from tests.support.processes import ProcessRegistry
 
     with tempfile.TemporaryDirectory(prefix="spotswarm-load-") as tmp:
         registry = ProcessRegistry(Path(tmp))

@@ -23,14 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.e2e.runs_support import (  # noqa: E402
-    RunReader,
-    admin_post,
-    digits_run,
-    kill_local_workers,
-    start_loop_orchestrator,
-)
-from tests.helpers import ProcessRegistry, wait_until  # noqa: E402
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
+from tests.support.waiting import wait_until
 from worker.wire import AVERAGING_OUTCOMES  # noqa: E402
 
 CONFIGS = {"admission on": True, "admission off": False}

@@ -336,7 +336,7 @@ def _fuzz_own_orchestrator(args: argparse.Namespace, seed_value: int) -> list[Fa
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.fuzz_support import fuzz_orchestrator
+    from tests.support.fuzz import fuzz_orchestrator
 
     with (
         tempfile.TemporaryDirectory(prefix="spotswarm-fuzz-") as tmp,

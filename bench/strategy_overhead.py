@@ -130,7 +130,7 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_peer(args: argparse.Namespace) -> dict[str, Any]:
-    from worker.files import wait_for_file
+    from tests.support.waiting import wait_for_file
     from worker.strategy import HivemindStrategy
 
     if args.peers_file:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ProcessRegistry
-from tests.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
+
+# Fixtures of tests/support modules, for every test: the moto server standing in for AWS.
+pytest_plugins = ["tests.support.aws"]
 
 _db_counter = itertools.count()
 

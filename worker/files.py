@@ -1,5 +1,5 @@
-"""Small files the worker keeps in its directory, written so a crash never leaves half a file, a wait for
-a file another process writes, and a lock that processes sharing a cache directory take turns on."""
+"""Small files the worker keeps in its directory, written so a crash never leaves half a file, and a lock
+that processes sharing a cache directory take turns on."""
 
 from __future__ import annotations
 
@@ -24,17 +24,6 @@ def write_json(path: Path, payload: Any, *, private: bool = False) -> None:
     with os.fdopen(fd, "w") as handle:
         json.dump(payload, handle)
     os.replace(tmp, path)
-
-
-def wait_for_file(path: Path, timeout_s: float, poll_s: float = 0.05) -> Path:
-    """Return ``path`` once it exists (another process writes it atomically); raise TimeoutError after
-    ``timeout_s``. Used where processes hand each other addresses or a go signal through files."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout_s:g} s")
-        time.sleep(poll_s)
-    return path
 
 
 @contextmanager

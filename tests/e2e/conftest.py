@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs_support import kill_local_workers
-from tests.helpers import ProcessRegistry
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import kill_local_workers
 
 
 @pytest.fixture

@@ -9,10 +9,9 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Request, expect
 
-from tests.browser import open_browser
-from tests.helpers import ProcessRegistry
-from tests.integration.cli_support import HAND_ONLY
-from tests.orchestrator_fixture import start_orchestrator
+from tests.support.browser import open_browser
+from tests.support.orchestrator import HAND_ONLY, start_orchestrator
+from tests.support.processes import ProcessRegistry
 
 pytestmark = pytest.mark.browser
 REDOC_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import open_browser
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.browser import open_browser
+from tests.support.cli import cli
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm, pytest.mark.browser]
-BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
 MODELS = "tests.e2e.lifecycle_models"
 WINDOW_S = 20.0  # the judged window (300 s by default): short, so that the test stays short
 

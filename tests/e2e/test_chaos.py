@@ -28,13 +28,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
-from tests.helpers import ManagedProcess, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import ManagedProcess, ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 from worker.wire import CHECKSUM_HEADER
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 150.0
 TARGET_EPOCHS = 30
 WORKER_KILLS = 3
 PAUSE_S = (5.0, 10.0)  # between two blows
@@ -64,7 +64,7 @@ class ApiSampler:
 
 
 def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) -> ManagedProcess:
-    """A DHT peer of the test's own reading the swarm's progress (tests/e2e/swarm_observer.py): an
+    """A DHT peer of the test's own reading the swarm's progress (tests/programs/swarm_observer.py): an
     operator's monitoring peer, with a token it signs itself with the authority key in the data dir."""
     with orch.client() as http:
         run = http.get(f"/api/v1/runs/{name}").json()
@@ -72,7 +72,7 @@ def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) ->
     args = [
         sys.executable,
         "-m",
-        "tests.e2e.swarm_observer",
+        "tests.programs.swarm_observer",
         run["swarm_id"],
         str(run["spec"]["target_batch_size"]),
         str(orch.data_dir / "swarm_authority.pem"),

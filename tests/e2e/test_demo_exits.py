@@ -20,19 +20,19 @@ import pytest
 
 from orchestrator.cli.demo import DEMO_RUN, STOP_WAIT_S
 from orchestrator.config import Settings
-from tests.helpers import (
+from tests.support.ports import free_port
+from tests.support.processes import (
     VENV_BIN,
     ManagedProcess,
     ProcessRegistry,
     assert_family_ends,
     command_line,
-    free_port,
     process_family,
-    wait_until,
 )
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 240.0  # the server, the import probe, then a worker importing torch, Lightning and hivemind
+DEMO_BOOT_S = BOOT_S + 60  # the server and its import probe first, then a worker
 SHUTDOWN_GRACE_S = Settings().shutdown_grace_s
 REAP_S = 5.0  # for the kernel to end what was signalled, and torch's shm manager (2 s after its clients)
 MARKER = "SPOTSWARM_TEST_DEMO_EXITS"
@@ -61,7 +61,9 @@ def demo_with_a_worker(
 ) -> tuple[ManagedProcess, dict[int, int]]:
     """A demo whose worker runs, and its family (see the module docstring) taken then."""
     demo, url = start_demo(processes, data_dir, marker)
-    wait_until(lambda: running_workers(demo, url) >= 1, BOOT_S, interval_s=1, message="a demo worker runs")
+    wait_until(
+        lambda: running_workers(demo, url) >= 1, DEMO_BOOT_S, interval_s=1, message="a demo worker runs"
+    )
     family = process_family(demo.pid)
     assert [line for line in map(command_line, family) if "worker.agent" in line], family
     return demo, family

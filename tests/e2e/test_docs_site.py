@@ -9,8 +9,10 @@ import httpx
 import pytest
 from playwright.sync_api import Request, expect
 
-from tests.browser import open_browser
-from tests.helpers import ProcessRegistry, free_port, wait_until
+from tests.support.browser import open_browser
+from tests.support.ports import free_port
+from tests.support.processes import ProcessRegistry
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 # `make -o` takes the venv as built: the test runs inside it, and must not reinstall it.

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs_support import RunReader, digits_run, start_loop_orchestrator
 from tests.e2e.test_workdir_run import READY_RE
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.wheels import build_wheel
+from tests.support.cli import cli
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.runs import RunReader, digits_run, start_loop_orchestrator
+from tests.support.waiting import wait_until
+from tests.support.wheels import build_wheel
 from worker.examples import tinylm
 
 pytestmark = [pytest.mark.swarm]

@@ -12,12 +12,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
 RUN = "metered"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.swarm.admission import load_or_create_key
-from tests.e2e.runs_support import LOOP_ENV, RunReader, admin_post, digits_run, kill_local_workers
-from tests.failover_proxy import FailoverProxy
-from tests.helpers import ProcessRegistry, free_port, wait_until
-from tests.orchestrator_fixture import Orchestrator, start_orchestrator
+from tests.support.failover_proxy import FailoverProxy
+from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm, pytest.mark.postgres]
-BOOT_S = 180.0
 TAKEOVER_BOUND_S = 10.0  # a reconcile interval (0.5 s here) and a slow, busy machine
 LEADER_LINE = "this orchestrator is the leader"
 

@@ -20,16 +20,16 @@ from typing import Any
 import hivemind
 import pytest
 
-from tests.e2e.monitor_peer import monitor_dht
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.monitor_peer import monitor_dht
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # workers importing torch, lightning and hivemind on a busy 2-core machine
 RUN = "whole"
 TARGET_BATCH_SIZE = 64
 ENV = {
@@ -103,7 +103,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         [
             sys.executable,
             "-m",
-            "tests.e2e.peer_list_worker",
+            "tests.programs.peer_list_worker",
             str(saved),
             swarm_id,
             str(TARGET_BATCH_SIZE),

@@ -8,17 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs_support import (
-    RunReader,
-    admin_post,
-    digits_run,
-    kill_worker,
-    start_loop_orchestrator,
-)
-from tests.helpers import ProcessRegistry, wait_until
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over the 10 digits
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # two workers importing torch, lightning and hivemind on a busy 2-core machine
 AVERAGED_EPOCHS = 5  # per worker: rounds that can only succeed between the two
 ENV = {
     "SPOTSWARM_DHT_REFRESH_INTERVAL_S": "600",  # the periodic push of opted-out runs comes too late

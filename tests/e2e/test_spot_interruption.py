@@ -22,14 +22,11 @@ from typing import Any
 
 import pytest
 
-from tests import aws_fixture
-from tests.aws_fixture import FakeAws
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
+from tests.support.aws import FakeAws
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import wait_until
 from worker.agent.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
-
-aws = aws_fixture.aws  # the moto server fixtures, used by name below
-moto_endpoint = aws_fixture.moto_endpoint
 
 HEARTBEAT_TIMEOUT_S = 30.0  # the replacement must come long before the loop could call the worker lost
 

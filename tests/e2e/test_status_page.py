@@ -22,11 +22,13 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, Request, expect
 
-from tests.browser import open_browser
-from tests.e2e.runs_support import digits_run, start_loop_orchestrator
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
-from tests.integration.cli_support import HAND_ONLY, HandWorker
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.support.browser import open_browser
+from tests.support.cli import HandWorker
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.runs import digits_run, start_loop_orchestrator
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
 
 pytestmark = pytest.mark.browser

@@ -20,13 +20,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboardX.proto.event_pb2 import Event
 
-from tests.e2e.runs_support import RunReader, digits_run, start_loop_orchestrator
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.cli import cli
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.runs import RunReader, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # a worker importing torch, lightning and hivemind on a busy 2-core machine
 DOC = REPO_ROOT / "docs/guides/trainer-and-metrics.md"
 CREATE = (
     "spotswarm runs create -f run.yaml --trainer-option precision=bf16-mixed "

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.runs_support import RunReader, kill_worker, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.wheels import build_wheel
+from tests.support.cli import cli
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, kill_worker, start_loop_orchestrator
+from tests.support.waiting import wait_until
+from tests.support.wheels import build_wheel
 
 SECRET = "s3cr3t-run-token-4711"
 MODEL = textwrap.dedent(

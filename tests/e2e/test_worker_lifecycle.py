@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.runs_support import RunReader, admin_post, digits_run, start_loop_orchestrator
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import wait_ticks
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
+from tests.support.workers import wait_ticks
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # workers importing torch, lightning and hivemind on a busy 2-core machine
 MODELS = "tests.e2e.lifecycle_models"
 
 

@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import VENV_BIN, ProcessRegistry, free_port, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.agent.config import EXIT_CONFIG, EXIT_FAILED
 
 FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine

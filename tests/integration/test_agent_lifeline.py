@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ProcessRegistry, alive_of, process_family, wait_until
-from tests.integration.agent_support import start_training_agent
+from tests.support.agent import start_training_agent
+from tests.support.processes import ProcessRegistry, alive_of, process_family
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.swarm]
 GONE_WITHIN_S = 5.0

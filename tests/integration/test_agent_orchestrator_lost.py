@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ProcessRegistry, group_members, wait_until
-from tests.integration.agent_support import start_training_agent
+from tests.support.agent import start_training_agent
+from tests.support.processes import ProcessRegistry, group_members
+from tests.support.waiting import wait_until
 from worker.agent.config import EXIT_ORCHESTRATOR_LOST
 
 pytestmark = [pytest.mark.swarm]

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
 RUN = "agents"
 SPEC: dict[str, Any] = {
     "name": RUN,

@@ -24,10 +24,10 @@ import pytest
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import workers
-from tests.helpers import wait_until
-from tests.integration.cli_support import HAND_ONLY
-from tests.integration.worker_support import become_checkpointer
-from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer
 from worker.wire import CHECKSUM_HEADER
 
 FREE_FORM = {

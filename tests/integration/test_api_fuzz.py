@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from bench.fuzz_api import build_world, fuzz
-from tests.fuzz_support import fuzz_orchestrator
-from tests.helpers import wait_until
-from tests.orchestrator_fixture import Orchestrator, run_spec
-from tests.postgres import PostgresCluster
+from tests.support.fuzz import fuzz_orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.postgres import PostgresCluster
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import CHECKSUM_HEADER
 
 EXAMPLES = int(os.environ.get("SPOTSWARM_FUZZ_EXAMPLES", "12"))

@@ -12,8 +12,10 @@ import httpx
 import pytest
 
 from bench.api_load import JOIN_AT_ONCE
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import run_spec, start_orchestrator
+from tests.support.orchestrator import start_orchestrator
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 
 ENV = {
     **JOIN_AT_ONCE,

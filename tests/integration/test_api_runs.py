@@ -12,9 +12,10 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from tests.postgres import PostgresCluster
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
 
 _names = itertools.count()
 
@@ -204,21 +205,21 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     (
         "POST",
         "/api/v1/runs",
-        {**run_spec("bad-6"), "module": "tests.integration.api_models:Missing"},
+        {**run_spec("bad-6"), "module": "tests.support.models:Missing"},
         422,
         "no attribute",
     ),
     (
         "POST",
         "/api/v1/runs",
-        {**run_spec("bad-7"), "module": "tests.integration.api_models:NotAModule"},
+        {**run_spec("bad-7"), "module": "tests.support.models:NotAModule"},
         422,
         "not a LightningModule",
     ),
     (
         "POST",
         "/api/v1/runs",
-        {**run_spec("bad-8"), "datamodule": "tests.integration.api_models:TinyModule"},
+        {**run_spec("bad-8"), "datamodule": "tests.support.models:TinyModule"},
         422,
         "LightningDataModule",
     ),

@@ -14,10 +14,12 @@ from pydantic import create_model
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import become_checkpointer, heartbeat, register, swarm_token_peer_id
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from tests.postgres import PostgresCluster
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer, heartbeat, register, swarm_token_peer_id
 from worker.wire import CHECKSUM_HEADER, NEWER_SPEC_FIELDS, RunSpec, StrictModel
 
 _names = itertools.count()

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO_ROOT, ProcessRegistry, wait_until
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
 

@@ -18,9 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import become_checkpointer, heartbeat
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer, heartbeat
 from worker.wire import CHECKSUM_HEADER
 
 MAX_BYTES = 4 << 20

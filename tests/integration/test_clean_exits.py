@@ -18,22 +18,23 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import Settings
-from tests.helpers import (
+from tests.support.orchestrator import Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import (
+    REPO_ROOT,
     VENV_BIN,
     ProcessRegistry,
     assert_family_ends,
     command_line,
-    free_port,
     orphans_with_env,
     process_family,
-    wait_until,
 )
-from tests.orchestrator_fixture import Orchestrator, start_orchestrator
+from tests.support.waiting import wait_until
 
 SHUTDOWN_GRACE_S = Settings().shutdown_grace_s  # the default users get
 REAP_S = 5.0  # for the kernel to end and reap what the stop signalled (not part of the product's grace)
 MARKER = "SPOTSWARM_TEST_EXITS"
-STALE_PEER_SCRIPT = Path(__file__).with_name("stale_dht_peer.py")
+STALE_PEER_SCRIPT = REPO_ROOT / "tests" / "programs" / "stale_dht_peer.py"
 
 
 def start(processes: ProcessRegistry, data_dir: Path, marker: str, **kwargs: object) -> Orchestrator:

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_AUTH, EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
-from tests.helpers import VENV_BIN, ProcessRegistry, free_port
-from tests.integration.cli_support import HAND_ONLY, cli
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.support.cli import cli
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import REPO_ROOT, VENV_BIN, ProcessRegistry, wait_until
-from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
+from tests.support.cli import HandWorker, cli
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
+from tests.support.processes import REPO_ROOT, VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
 
 
@@ -51,8 +53,8 @@ def test_create_from_yaml_file_with_flag_overrides(orch: Orchestrator, tmp_path:
     spec = tmp_path / "run.yaml"
     spec.write_text(
         "name: from-yaml\n"
-        "module: tests.integration.api_models:TinyModule\n"
-        "datamodule: tests.integration.api_models:TinyDataModule\n"
+        "module: tests.support.models:TinyModule\n"
+        "datamodule: tests.support.models:TinyDataModule\n"
         "target_batch_size: 64\nbatch_size: 8\nmin_workers: 0\nmax_workers: 4\ndesired_workers: 1\n"
         "module_args: {hidden: 3}\n"
     )

@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
-from tests.helpers import VENV_BIN, free_port, wait_until
-from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
-from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from tests.support.cli import HandWorker, cli
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND
-from tests.helpers import wait_until
-from tests.integration.cli_support import HAND_ONLY, HandWorker, cli
-from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from tests.support.cli import HandWorker, cli
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
 
 

@@ -22,9 +22,11 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
-from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from tests.postgres import PostgresCluster
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 
 ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "0.2"}
 FLUSH_SLACK_S = 2.0  # a flush interval (0.2 s) plus a slow flush on a busy machine

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 UPGRADERS = 4
 ROUNDS = 2

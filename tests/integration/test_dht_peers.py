@@ -12,8 +12,10 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.strategy.dht import start_dht
 
 pytestmark = pytest.mark.swarm

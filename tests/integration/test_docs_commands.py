@@ -1,6 +1,7 @@
 """Every ``spotswarm`` client command the docs show (and their curl tour of the API) runs as written
-against one real orchestrator: placeholders filled in the one documented way (``tests/docs_commands.py``),
-each run it names created first, and each run a ``runs create`` makes removed first."""
+against one real orchestrator: placeholders filled in the one documented way
+(``tests/support/docs_commands.py``), each run it names created first, and each run a ``runs create``
+makes removed first."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.docs_commands import (
+from tests.support.cli import cli
+from tests.support.docs_commands import (
     PROJECT_DIRS,
     RUN_ELSEWHERE,
     RUN_IN_SHELL,
@@ -23,9 +25,9 @@ from tests.docs_commands import (
     documented_commands,
     substitute,
 )
-from tests.helpers import VENV_BIN
-from tests.integration.cli_support import HAND_ONLY, cli
-from tests.orchestrator_fixture import Orchestrator, orchestrator_in, run_spec
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.processes import VENV_BIN
+from tests.support.specs import run_spec
 
 RUN_NAME = "docs-run"
 # Module paths are imported at create time, as users get it: a wrong class name in the docs fails here.

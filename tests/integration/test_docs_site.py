@@ -17,7 +17,7 @@ import pytest
 from orchestrator.app import create_app
 from orchestrator.cli.serve import serve
 from orchestrator.config import ENV_PREFIX, Settings
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 # `make -o` takes the venv as built: the test runs inside it, and must not reinstall it.
 KEEP_VENV = ("-o", ".venv/.spotswarm-installed")

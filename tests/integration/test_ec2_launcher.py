@@ -20,11 +20,7 @@ from botocore.awsrequest import AWSResponse
 
 from orchestrator.launchers.base import Launcher, LauncherConfigError, LaunchRequest
 from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig
-from tests import aws_fixture
-from tests.aws_fixture import FakeAws
-
-aws = aws_fixture.aws  # the moto server fixtures, used by name below
-moto_endpoint = aws_fixture.moto_endpoint
+from tests.support.aws import FakeAws
 
 ORCH = "orch-test"
 TEMPLATE = "spotswarm-worker"

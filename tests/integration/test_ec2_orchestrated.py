@@ -3,7 +3,7 @@ instances, scale-downs and lost instances are acted on, orphans are cleaned up a
 launches without capacity fall back or back off.
 
 Everything runs as in production except AWS: a moto server process stands in for EC2, behind a
-:class:`~tests.integration.ec2_capacity.CapacityProxy` that plays EC2's spare capacity and records the
+:class:`~tests.support.ec2_capacity.CapacityProxy` that plays EC2's spare capacity and records the
 ``CreateFleet`` calls. The orchestrator gets the endpoint and fake credentials through its environment,
 exactly the settings the Terraform module writes. Instances in moto never boot the worker agent, so
 the launch timeout is long; where a test needs a registered worker it registers with the token and
@@ -25,15 +25,13 @@ import httpx
 import pytest
 import yaml
 
-from tests import aws_fixture
-from tests.aws_fixture import FakeAws
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.ec2_capacity import CapacityProxy
-from tests.orchestrator_fixture import Orchestrator, run_spec, start_orchestrator
-from tests.terraform_support import evaluate, module_workspace
-
-aws = aws_fixture.aws  # the moto server fixtures, used by name below
-moto_endpoint = aws_fixture.moto_endpoint
+from tests.support.aws import REGION, FakeAws
+from tests.support.ec2_capacity import CapacityProxy
+from tests.support.orchestrator import Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.terraform import evaluate, module_workspace
+from tests.support.waiting import wait_until
 
 ORCH_ID = "orch-e2e"
 TEMPLATE = "spotswarm-worker"
@@ -168,7 +166,7 @@ def orchestrator_env(endpoint: str, tmp_path: Path, subnets: list[str]) -> dict[
         "SPOTSWARM_PUBLIC_URL": PUBLIC_URL,
         "SPOTSWARM_EC2_LAUNCH_TEMPLATE": TEMPLATE,
         "SPOTSWARM_EC2_ORCHESTRATOR_ID": ORCH_ID,
-        "SPOTSWARM_EC2_REGION": aws_fixture.REGION,
+        "SPOTSWARM_EC2_REGION": REGION,
         "SPOTSWARM_EC2_ENDPOINT_URL": endpoint,
         "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:1.0",
         # Defaults of every ec2 run (a run's launcher_options override them).

@@ -20,10 +20,12 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from orchestrator.swarm.dht import progress_key
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.cli import cli
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
 from worker.wire import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.swarm

@@ -17,8 +17,9 @@ from orchestrator.reconciler.leader import (
     PostgresAdvisoryLeader,
     leader_election,
 )
-from tests.helpers import ProcessRegistry, wait_until
-from tests.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
+from tests.support.waiting import wait_until
 
 HOLDER = """
 import sys, time

@@ -15,7 +15,8 @@ import pytest
 
 from orchestrator.launchers.base import Launcher, LaunchRequest
 from orchestrator.launchers.local import LocalLauncher
-from tests.helpers import ProcessRegistry, wait_until
+from tests.support.processes import ProcessRegistry
+from tests.support.waiting import wait_until
 
 FAKE_WORKER = textwrap.dedent(
     """

@@ -21,10 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.integration.worker_support import become_checkpointer
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.cli import cli
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer
 from worker.agent.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
 

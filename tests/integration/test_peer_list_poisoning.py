@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.worker_support import heartbeat, new_public_key, register, swarm_token_peer_id
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat, new_public_key, register, swarm_token_peer_id
 from worker.admission.tokens import peer_id_of
 
 _names = itertools.count()

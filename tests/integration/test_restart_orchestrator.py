@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 from worker.wire import CHECKSUM_HEADER
 
 ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 
 from orchestrator.cli.packaging import pack
-from tests import aws_fixture
-from tests.aws_fixture import FakeAws
-from tests.helpers import ProcessRegistry
-from tests.integration.cli_support import cli
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.aws import FakeAws
+from tests.support.cli import cli
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
 
-moto_endpoint = aws_fixture.moto_endpoint
 _names = itertools.count()
 MODEL = """
 import lightning.pytorch as pl
@@ -147,10 +146,10 @@ def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator, tm
 
 @pytest.mark.timeout(240)
 def test_create_refuses_arguments_the_constructor_does_not_take(orch: Orchestrator) -> None:
-    bad_module = spec(module="tests.integration.api_models:TinyModule", module_args={"hiden": 64})
+    bad_module = spec(module="tests.support.models:TinyModule", module_args={"hiden": 64})
     bad_data = spec(
-        module="tests.integration.api_models:TinyModule",
-        datamodule="tests.integration.api_models:TinyDataModule",
+        module="tests.support.models:TinyModule",
+        datamodule="tests.support.models:TinyDataModule",
         datamodule_args={"size": 8, "shuffle": True},
     )
     with orch.admin() as http:
@@ -191,8 +190,8 @@ def test_a_module_the_server_cannot_import_suggests_shipping_it_with_workdir(
 def test_launcher_options_are_checked_when_the_run_is_created(orch: Orchestrator) -> None:
     with orch.admin() as http:
         answer = http.post("/api/v1/runs", json=spec(
-            module="tests.integration.api_models:TinyModule",
-            datamodule="tests.integration.api_models:TinyDataModule",
+            module="tests.support.models:TinyModule",
+            datamodule="tests.support.models:TinyDataModule",
             launcher_options={"workdir": "/tmp/x"},
         ))  # fmt: skip
     assert answer.status_code == 422, answer.text
@@ -206,8 +205,8 @@ def test_launcher_options_are_checked_when_the_run_is_created(orch: Orchestrator
 def test_secret_values_never_come_back_and_a_round_trip_must_give_them_again(
     orch: Orchestrator, tmp_path: Path
 ) -> None:
-    classes = ["--module", "tests.integration.api_models:TinyModule", "--datamodule",
-               "tests.integration.api_models:TinyDataModule", "--target-batch-size", "8", "--batch-size", "4",
+    classes = ["--module", "tests.support.models:TinyModule", "--datamodule",
+               "tests.support.models:TinyDataModule", "--target-batch-size", "8", "--batch-size", "4",
                "--workers", "0", "--min-workers", "0"]  # fmt: skip
     name = f"code-{next(_names)}"
     created = cli(orch, "runs", "create", "--name", name, *classes, "--env", "DATA_URL=s3://bucket/x",

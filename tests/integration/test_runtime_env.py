@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT
-from tests.wheels import build_wheel
+from tests.support.processes import REPO_ROOT
+from tests.support.wheels import build_wheel
 from worker.runtime.env import InstallFailed, ensure_requirements_env, find_installer, requirements_key
 
 CHECK = """

@@ -10,11 +10,7 @@ import pytest
 
 from orchestrator.storage.base import CheckpointCorrupt, CheckpointNotFound, CheckpointStore, checkpoint_key
 from orchestrator.storage.s3 import S3Store, S3StoreConfig
-from tests import aws_fixture
-from tests.aws_fixture import FakeAws
-
-aws = aws_fixture.aws  # the moto server fixtures, used by name below
-moto_endpoint = aws_fixture.moto_endpoint
+from tests.support.aws import FakeAws
 
 BUCKET = "spotswarm-checkpoints"
 MIB = 1 << 20

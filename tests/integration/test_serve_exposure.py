@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import start_orchestrator
+from tests.support.orchestrator import start_orchestrator
+from tests.support.processes import ProcessRegistry
 
 WARNING = "serving plain HTTP on 0.0.0.0"
 

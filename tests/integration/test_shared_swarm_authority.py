@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from orchestrator.swarm.admission import load_or_create_key
-from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
 
 
 def authority_key(orch: Orchestrator) -> str:

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers import free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 from worker.agent.spot import (
     INSTANCE_ACTION_PATH,
     METADATA_URL_ENV,

@@ -18,15 +18,16 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from tests.e2e.runs_support import digits_run
-from tests.failover_proxy import FailoverProxy
-from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, free_port, wait_until
-from tests.integration.cli_support import cli
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.cli import cli
+from tests.support.failover_proxy import FailoverProxy
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.runs import digits_run
+from tests.support.waiting import BOOT_S, wait_until
 from worker.examples.digits import DigitsDataModule, DigitsModule
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
 STOP_GRACE_S = 90.0  # longer than the API outage below, with room for the upload after it
 RUN = "keeps"
 # no periodic checkpoint during the test: every checkpoint the run ends with is a final one

@@ -1,7 +1,7 @@
 """Swarm admission through a real orchestrator: only workers it registered take part in a run's swarm.
 
 One orchestrator for the module. The API test checks who gets a token. The swarm test starts two worker
-agents (digits example), lets them train, then runs one probe process (tests/integration/swarm_probe.py):
+agents (digits example), lets them train, then runs one probe process (tests/programs/swarm_probe.py):
 first a hand-started ``HivemindStrategy(authorizer=...)`` with a token trains a few steps with the
 agents; then peers join the DHT as intruders (no token, a forged token, an expired token, a token of
 another run) and finally as an admitted peer: the intruders can neither write nor read the run's
@@ -24,8 +24,10 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.helpers import VENV_BIN, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import BOOT_S, wait_until
 from worker.admission.tokens import (
     TokenFields,
     TokenVerifier,
@@ -35,7 +37,6 @@ from worker.admission.tokens import (
 )
 
 pytestmark = [pytest.mark.swarm]
-BOOT_S = 150.0  # two agents importing torch, Lightning and hivemind on a busy 2-core machine
 INTRUDERS = ("none", "forged", "expired", "other_run")
 TOKEN_TTL_S = 90  # long enough for a killed agent to restart on its cached token, short enough to renew
 DIGITS = {
@@ -174,7 +175,7 @@ def test_only_admitted_peers_join_the_runs_swarm(
     config_path, out_path = tmp_path / "probe.json", tmp_path / "probe-out.json"
     probe = processes.start(  # imports now, runs once the config file appears
         "probe",
-        [str(VENV_BIN / "python"), "-m", "tests.integration.swarm_probe", str(config_path), str(out_path)],
+        [str(VENV_BIN / "python"), "-m", "tests.programs.swarm_probe", str(config_path), str(out_path)],
     )
 
     def trained_together() -> Any:

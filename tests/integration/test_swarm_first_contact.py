@@ -10,7 +10,7 @@ With admission on, a worker whose first contact gets no answer (the orchestrator
 for a moment) tries again and joins the same swarm as the other worker.
 
 Real `spotswarm serve` (no reconcile loop) and peers started as the agent starts its DHT
-(``tests/integration/joining_peer.py``).
+(``tests/programs/joining_peer.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ManagedProcess, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ManagedProcess, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.swarm]
 JOIN_S = 120.0  # two peers importing hivemind and starting their daemons on a busy 2-core machine
@@ -64,7 +66,7 @@ def start_peers(processes: ProcessRegistry, tmp: Path, count: int) -> list[tuple
     """Peer processes that import everything, then wait for their config (see :func:`join`)."""
     started = []
     for i in range(1, count + 1):
-        args = [sys.executable, "-m", "tests.integration.joining_peer", str(tmp / f"peer-{i}.json")]
+        args = [sys.executable, "-m", "tests.programs.joining_peer", str(tmp / f"peer-{i}.json")]
         started.append(
             (processes.start(f"peer-{i}", [*args, str(tmp / f"peer-{i}-out.json")]), tmp / f"peer-{i}.json")
         )

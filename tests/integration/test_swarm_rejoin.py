@@ -18,7 +18,7 @@ import hivemind
 import pytest
 from hivemind.utils.timed_storage import get_dht_time
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from worker.agent.rejoin import keep_joined, rejoin
 
 pytestmark = [pytest.mark.swarm]

@@ -1,7 +1,7 @@
 """Three real peers on 127.0.0.1 train digits with HivemindStrategy: two start the swarm, one joins late.
 
 The scenario runs once per module (``swarm``) and each test checks one outcome of it. Peers are
-``tests.integration.swarm_peer`` processes in their own process groups, always killed at the end.
+``tests.programs.swarm_peer`` processes in their own process groups, always killed at the end.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import ManagedProcess, ProcessRegistry, wait_until
-from tests.integration.swarm_peer import STOPPED_MARKER
+from tests.programs.swarm_peer import STOPPED_MARKER
+from tests.support.processes import ManagedProcess, ProcessRegistry
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -68,7 +69,7 @@ def _start(registry: ProcessRegistry, root: Path, name: str, extra: list[str]) -
     args = [
         sys.executable,
         "-m",
-        "tests.integration.swarm_peer",
+        "tests.programs.swarm_peer",
         "--status",
         str(status),
         "--snapshots",

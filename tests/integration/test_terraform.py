@@ -1,6 +1,6 @@
 """The Terraform module, offline: formatting, validation, plan tests with a mocked AWS provider, and the
 worker cloud-init template rendering the same in Terraform as in the EC2 launcher (see
-:mod:`tests.terraform_support` for how Terraform runs here).
+:mod:`tests.support.terraform` for how Terraform runs here).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
-from tests.helpers import REPO_ROOT
-from tests.terraform_support import (
+from tests.support.processes import REPO_ROOT
+from tests.support.terraform import (
     init,
     module_workspace,
     render_orchestrator_cloud_init,

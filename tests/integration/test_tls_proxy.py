@@ -29,14 +29,17 @@ import pytest
 import yaml
 
 from orchestrator.config import Settings
-from tests.helpers import VENV_BIN, ProcessRegistry, free_port, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
-from tests.terraform_support import (
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.terraform import (
     NGINX_TEMPLATE,
     module_default,
     render_orchestrator_cloud_init,
     render_template,
 )
+from tests.support.waiting import wait_until
 
 ATTACKER = "127.0.0.2"
 HEADER_TIMEOUT_S = 10  # client_header_timeout in the template

@@ -19,10 +19,12 @@ import pytest
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.helpers import ProcessRegistry, wait_until
-from tests.integration.cli_support import cli
-from tests.integration.worker_support import become_checkpointer, heartbeat, register, wait_ticks
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, run_spec, start_orchestrator
+from tests.support.cli import cli
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
+from tests.support.specs import run_spec
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
 from worker.agent.boot import register as agent_register
 from worker.agent.client import OrchestratorClient
 from worker.agent.config import AgentConfig

@@ -20,7 +20,7 @@ from orchestrator.launchers.ec2.userdata import (
     check_template,
     render_worker_user_data,
 )
-from tests.helpers import REPO_ROOT, VENV_BIN
+from tests.support.processes import REPO_ROOT, VENV_BIN
 
 DEPLOY = REPO_ROOT / "deploy"
 DOCKERFILES = [DEPLOY / "Dockerfile.orchestrator", DEPLOY / "Dockerfile.worker"]

@@ -1,11 +1,11 @@
 """Every command the docs show is accounted for: run by the docs-command test, run by a named test,
-or listed with the reason it cannot run here (``tests/docs_commands.py``)."""
+or listed with the reason it cannot run here (``tests/support/docs_commands.py``)."""
 
 from __future__ import annotations
 
 import re
 
-from tests.docs_commands import (
+from tests.support.docs_commands import (
     NOT_RUN_HERE,
     PROJECT_DIRS,
     RUN_ELSEWHERE,
@@ -13,7 +13,7 @@ from tests.docs_commands import (
     documented_commands,
     substitute,
 )
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 
 def test_every_documented_command_is_run_or_listed_with_a_reason() -> None:
@@ -24,14 +24,17 @@ def test_every_documented_command_is_run_or_listed_with_a_reason() -> None:
         if not c.is_plain_cli and c.text not in listed
     ]
     assert not unlisted, (
-        "commands no test runs (run them or list them in tests/docs_commands.py):\n" + "\n".join(unlisted)
+        "commands no test runs (run them or list them in tests/support/docs_commands.py):\n"
+        + "\n".join(unlisted)
     )
 
 
 def test_every_listed_command_is_still_documented() -> None:
     shown = {c.text for c in documented_commands()}
     stale = sorted((RUN_IN_SHELL | set(RUN_ELSEWHERE) | set(NOT_RUN_HERE) | set(PROJECT_DIRS)) - shown)
-    assert not stale, "listed in tests/docs_commands.py but no longer in the docs:\n" + "\n".join(stale)
+    assert not stale, "listed in tests/support/docs_commands.py but no longer in the docs:\n" + "\n".join(
+        stale
+    )
 
 
 def test_the_tests_named_for_documented_commands_exist() -> None:

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator.cli.serve import serve
 from orchestrator.config import ENV_PREFIX, Settings
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 
 def _hook(name: str) -> ModuleType:

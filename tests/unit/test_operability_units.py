@@ -20,7 +20,7 @@ from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.worker_logs import read_tail, worker_log_path
 from orchestrator.metrics.middleware import route_template
 from orchestrator.metrics.service import ServiceMetrics
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from worker.logsetup import configure_logging, log_fields, set_log_context
 
 

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
+from tests.support.strategy import digits, make_strategy, make_trainer
 from worker.agent.metrics import ReportingLogger, reported_metrics
 from worker.examples.digits import DigitsModule
 from worker.trainer_options import TrainerPluginError, build_plugins, plugin_class_problem

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from tests.unit.strategy_helpers import digits, flat_params, make_strategy, make_trainer
+from tests.support.strategy import digits, flat_params, make_strategy, make_trainer
 from worker.agent import training
 from worker.examples.digits import DigitsModule
 

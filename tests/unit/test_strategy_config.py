@@ -12,7 +12,7 @@ import torch
 from hivemind.utils import ValueWithExpiration
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
+from tests.support.strategy import digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy, HivemindStrategyError, SwarmNotStartedError, SwarmProgress
 from worker.strategy.dht import initial_peers_line, parse_initial_peers, shareable_maddrs

@@ -13,7 +13,7 @@ from typing import Any
 import hivemind
 import pytest
 
-from tests.unit.strategy_helpers import FAST_SWARM, digits, make_trainer
+from tests.support.strategy import FAST_SWARM, digits, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
+from tests.support.strategy import digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy.outcomes import Outcome, round_outcome
 

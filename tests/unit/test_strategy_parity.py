@@ -13,7 +13,7 @@ import torch
 from hivemind.dht import DHT, DHTNode
 from lightning.pytorch import Callback, Trainer
 
-from tests.unit.strategy_helpers import digits, make_strategy, make_trainer
+from tests.support.strategy import digits, make_strategy, make_trainer
 from worker.agent.config import parse_config
 from worker.agent.training import split_strategy_options
 from worker.examples.digits import DigitsModule

@@ -14,14 +14,7 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from tests.unit.strategy_helpers import (
-    SGDDigits,
-    digits,
-    fixed_loader,
-    flat_params,
-    make_strategy,
-    make_trainer,
-)
+from tests.support.strategy import SGDDigits, digits, fixed_loader, flat_params, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy.precision import HivemindMixedPrecision
 

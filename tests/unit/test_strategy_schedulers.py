@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.unit.strategy_helpers import Recorder, digits, make_strategy, make_trainer
+from tests.support.strategy import Recorder, digits, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy.schedulers import SwarmEpochScheduler
 

@@ -10,7 +10,7 @@ import hivemind
 import pytest
 import torch
 
-from tests.unit.strategy_helpers import digits, fixed_loader, make_strategy, make_trainer
+from tests.support.strategy import digits, fixed_loader, make_strategy, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategyError, SwarmNotStartedError
 from worker.strategy.dht import start_dht

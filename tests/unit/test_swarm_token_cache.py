@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
-from tests.helpers import free_port
+from tests.support.ports import free_port
 from worker.admission.authorizer import ensure_identity, load_identity
 from worker.agent.client import Unreachable
 from worker.agent.config import AgentConfig, parse_config

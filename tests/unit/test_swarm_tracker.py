@@ -15,7 +15,7 @@ from hivemind.optim.progress_tracker import LocalTrainingProgress
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from worker.strategy.tracker import (
     OthersEstimate,
     PeerRecord,

@@ -1,4 +1,5 @@
-"""worker/files.py: atomic JSON files and the wait for a file another process writes."""
+"""worker/files.py: atomic JSON files; and the tests' own wait for a file another process writes
+(tests/support/waiting.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.files import wait_for_file, write_json
+from tests.support.waiting import wait_for_file
+from worker.files import write_json
 
 
 @pytest.mark.timeout(30)

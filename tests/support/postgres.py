@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.support.ports import free_port
 
 PG_BIN = Path(os.environ.get("SPOTSWARM_PG_BIN", "/usr/lib/postgresql/15/bin"))
 

@@ -1,4 +1,4 @@
-"""One digits peer for the swarm tests: ``python -m tests.integration.swarm_peer --status s.json ...``.
+"""One digits peer for the swarm tests: ``python -m tests.programs.swarm_peer --status s.json ...``.
 
 It imports everything, then waits for ``--wait-file`` (if given): its content is the initial peers,
 put in the ``INITIAL_PEERS`` environment variable (``--peers-via env``) or passed to the strategy
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from tests.support.waiting import wait_for_file
 from worker.examples.digits import DigitsDataModule, DigitsModule
-from worker.files import wait_for_file
 from worker.strategy import HivemindStrategy
 from worker.trainer_options import NO_VALIDATION, QUIET
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 PLUGIN_DIR = Path(os.environ.get("SPOTSWARM_TF_PLUGIN_DIR", "/opt/tf-plugins"))
 DEPLOY = REPO_ROOT / "deploy"

@@ -16,14 +16,11 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from orchestrator.cli import main
-from tests.helpers import wait_until
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.waiting import wait_until
 from worker.agent.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
 
-# Orchestrator settings for tests whose workers are joined by hand: no reconcile loop (it would launch
-# real workers for these runs) and no import probe (it has its own tests).
-HAND_ONLY = {"SPOTSWARM_RECONCILE": "false", "SPOTSWARM_CHECK_IMPORTS": "false"}
 SCRUBBED_ENV = (
     "SPOTSWARM_URL",
     "SPOTSWARM_TOKEN",

@@ -1,4 +1,4 @@
-"""A peer that joins a run's swarm the way the worker agent does: ``python -m tests.integration.joining_peer
+"""A peer that joins a run's swarm the way the worker agent does: ``python -m tests.programs.joining_peer
 CONFIG OUT``.
 
 It imports everything, prints ``ready``, then waits for CONFIG to appear, so a test decides when the
@@ -25,11 +25,11 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.waiting import wait_for_file
 from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path
 from worker.agent.training import start_swarm_dht_retrying
-from worker.files import wait_for_file
 
 RECORD_TTL_S = 10.0
 MAX_RUN_S = 300.0

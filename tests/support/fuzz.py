@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.postgres import PostgresCluster
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.postgres import PostgresCluster
+from tests.support.processes import ProcessRegistry
 
 FUZZ_ENV = {
     **NO_RECONCILE,

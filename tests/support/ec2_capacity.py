@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from xml.sax.saxutils import escape
 
-from tests.helpers import free_port
+from tests.support.ports import free_port
 
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 _MARKET_KEY = "TargetCapacitySpecification.DefaultTargetCapacityType"

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers import REPO_ROOT
+from tests.support.processes import REPO_ROOT
 
 DOCS_DIR = REPO_ROOT / "docs"
 TOP_LEVEL_DOCS = ("README.md", "CONTRIBUTING.md")
@@ -178,9 +178,9 @@ NOT_RUN_HERE = {
     "docker compose up -d --build # PostgreSQL + orchestrator on http://localhost:8000": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
     "export SPOTSWARM_URL=http://localhost:8000 SPOTSWARM_TOKEN=$(docker compose exec -T orchestrator cat /data/admin_token)": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
     "SPOTSWARM_JOIN_TOKEN=ssj_... docker compose --profile workers up -d --build # two CPU workers join": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
-    "spotswarm serve --data-dir data --host 0.0.0.0 --port 8000 --dht-port 31330": "fixed ports 8000 and 31330 on 0.0.0.0 collide with the other tests' orchestrators; every test starts `spotswarm serve` on free ports (tests/orchestrator_fixture.py)",
+    "spotswarm serve --data-dir data --host 0.0.0.0 --port 8000 --dht-port 31330": "fixed ports 8000 and 31330 on 0.0.0.0 collide with the other tests' orchestrators; every test starts `spotswarm serve` on free ports (tests/support/orchestrator.py)",
     "export TOKEN=$(cat data/admin_token) URL=http://localhost:8000": "names the port 8000 of the line above; the docs-command test sets URL and TOKEN to its own orchestrator's",
-    "createdb spotswarm": "needs the PostgreSQL server db.internal; tests start a throwaway cluster (tests/postgres.py) and serve on it (tests/integration/test_db_migrations.py)",
+    "createdb spotswarm": "needs the PostgreSQL server db.internal; tests start a throwaway cluster (tests/support/postgres.py) and serve on it (tests/integration/test_db_migrations.py)",
     "export SPOTSWARM_DATABASE_URL=postgresql+psycopg://spotswarm:secret@db.internal:5432/spotswarm": "the PostgreSQL server db.internal of the example; see createdb",
     "spotswarm db upgrade # optional: serve does it too": "the PostgreSQL server db.internal of the example; tests/integration/test_db_migrations.py migrates throwaway databases",
     "spotswarm serve": "port 8000 and the PostgreSQL server of the example; see spotswarm serve --data-dir",

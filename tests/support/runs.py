@@ -10,19 +10,8 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import ProcessRegistry
-from tests.orchestrator_fixture import Orchestrator, start_orchestrator
-
-# The reconcile loop on a short time scale (production: 2 s ticks, 30 s heartbeat timeout, 180 s launch).
-LOOP_ENV: dict[str, str] = {
-    "SPOTSWARM_RECONCILE": "true",
-    "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",
-    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "20",
-    "SPOTSWARM_LAUNCH_TIMEOUT_S": "150",
-    "SPOTSWARM_RETIRE_GRACE_S": "20",
-    "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "0.5",
-    "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": "2",
-}
+from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
+from tests.support.processes import ProcessRegistry
 
 
 def start_loop_orchestrator(

@@ -1,7 +1,7 @@
 """A real moto server (its own process, on a free port) that stands in for AWS in the tests.
 
-Use them from a test module by binding them there (``aws = aws_fixture.aws``). One server runs for
-the whole session; :func:`aws` resets its state before each test, so tests never see each
+Its fixtures are registered for every test by ``tests/conftest.py`` (``pytest_plugins``). One server runs
+for the whole session; :func:`aws` resets its state before each test, so tests never see each
 other's buckets or instances.
 """
 
@@ -15,7 +15,9 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.helpers import VENV_BIN, ManagedProcess, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ManagedProcess
+from tests.support.waiting import wait_until
 
 REGION = "us-east-1"
 _FAKE_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}

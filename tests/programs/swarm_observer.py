@@ -1,9 +1,9 @@
 """Reads a run's swarm epoch from the DHT twice a second and prints it as a JSON line, on its own: it keeps
 reading while the orchestrator is down (its DHT peer stays connected to the workers').
 
-Usage: ``python -m tests.e2e.swarm_observer SWARM_ID TARGET_BATCH_SIZE AUTHORITY_KEY PEER [PEER ...]``.
+Usage: ``python -m tests.programs.swarm_observer SWARM_ID TARGET_BATCH_SIZE AUTHORITY_KEY PEER [PEER ...]``.
 A run's swarm admits only peers with a token: the observer is an operator's monitoring peer, which signs
-its own with the swarm authority key from the orchestrator's data dir (``tests/e2e/monitor_peer.py``).
+its own with the swarm authority key from the orchestrator's data dir (``tests/support/monitor_peer.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.swarm.dht import parse_progress, progress_key
-from tests.e2e.monitor_peer import monitor_dht
+from tests.support.monitor_peer import monitor_dht
 
 
 def main() -> None:

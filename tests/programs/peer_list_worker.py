@@ -1,6 +1,6 @@
 """A worker started by hand with a saved peer list, no orchestrator: plain Lightning and HivemindStrategy.
 
-    python -m tests.e2e.peer_list_worker PEERS_JSON SWARM_ID TARGET_BATCH_SIZE PROGRESS_JSON WORKER_JSON
+    python -m tests.programs.peer_list_worker PEERS_JSON SWARM_ID TARGET_BATCH_SIZE PROGRESS_JSON WORKER_JSON
 
 ``PEERS_JSON`` is a ``peers.json`` an agent keeps in its worker dir (``{"initial_peers": [...]}``).
 ``WORKER_JSON`` names the worker its user registered earlier with the run's join token (``url``,

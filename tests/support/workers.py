@@ -8,8 +8,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.helpers import wait_until
-from tests.orchestrator_fixture import Orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.waiting import wait_until
 from worker.admission.tokens import openssh_public_key
 
 

@@ -1,48 +1,19 @@
-"""Helpers shared by the test suite: free ports, waiting on conditions, and processes that never leak."""
+"""Processes that never leak: each in its own process group, killed by group at the end of its test; and
+what is left of a process family after a stop."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
 
-T = TypeVar("T")
+from tests.support.waiting import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.2, message: str = "") -> T:
-    """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout_s``.
-
-    Exceptions raised by the predicate count as "not yet" and the last one is shown on time-out.
-    """
-    deadline = time.monotonic() + timeout_s
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - a predicate may fail while the system starts
-            last_error = exc
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise TimeoutError(f"condition not met within {timeout_s:.0f} s: {message}{detail}")
-        time.sleep(interval_s)
 
 
 class ManagedProcess:

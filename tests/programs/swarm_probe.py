@@ -1,4 +1,4 @@
-"""A peer that tries to take part in a run's swarm: ``python -m tests.integration.swarm_probe CONFIG OUT``.
+"""A peer that tries to take part in a run's swarm: ``python -m tests.programs.swarm_probe CONFIG OUT``.
 
 It imports everything first, then waits (up to 10 minutes) for the file CONFIG to appear, so a test can
 start it early and write the config once the run's workers train.
@@ -42,6 +42,7 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.waiting import wait_for_file
 from worker.admission.authorizer import (
     SwarmAuthorizer,
     ensure_identity,
@@ -52,7 +53,6 @@ from worker.admission.guard import AdmissionDHT, serve_token
 from worker.admission.tokens import sign_token
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import ClientTokenSource
-from worker.files import wait_for_file
 from worker.trainer_options import NO_VALIDATION, QUIET
 
 INTRUDER_EPOCH = 10**6

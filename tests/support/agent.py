@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.demo import demo_spec
-from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, wait_until
-from tests.orchestrator_fixture import NO_RECONCILE, Orchestrator, start_orchestrator
-
-BOOT_S = 180.0  # importing torch, Lightning and hivemind on a busy 2-core machine
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.waiting import BOOT_S, wait_until
 
 
 def start_training_agent(

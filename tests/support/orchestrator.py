@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tests.orchestrator_fixture import start_orchestrator
+    from tests.support.orchestrator import start_orchestrator
 
     def test_something(processes, tmp_path):
         orch = start_orchestrator(processes, tmp_path / "orch")
@@ -27,7 +27,9 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import VENV_BIN, ManagedProcess, ProcessRegistry, free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.waiting import wait_until
 
 # Fast time scales for tests (production defaults: 5 s heartbeats, 10 s samples, 5 s DHT reads).
 TEST_ENV: dict[str, str] = {
@@ -42,6 +44,20 @@ TEST_ENV: dict[str, str] = {
 
 # For tests that join workers by hand: no reconcile loop (it would launch real workers for their runs).
 NO_RECONCILE: dict[str, str] = {"SPOTSWARM_RECONCILE": "false"}
+
+# Workers joined by hand, and no import probe either (it has its own tests).
+HAND_ONLY: dict[str, str] = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+
+# The reconcile loop on a short time scale (production: 2 s ticks, 30 s heartbeat timeout, 180 s launch).
+LOOP_ENV: dict[str, str] = {
+    "SPOTSWARM_RECONCILE": "true",
+    "SPOTSWARM_RECONCILE_INTERVAL_S": "0.5",
+    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "20",
+    "SPOTSWARM_LAUNCH_TIMEOUT_S": "150",
+    "SPOTSWARM_RETIRE_GRACE_S": "20",
+    "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "0.5",
+    "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": "2",
+}
 
 
 @dataclass
@@ -142,11 +158,11 @@ def orchestrator_in(root: Path, **kwargs: Any) -> Iterator[Orchestrator]:
 
 
 def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
-    """A valid run spec (tiny classes from tests/integration/api_models.py) with ``overrides``."""
+    """A valid run spec (tiny classes from tests/support/models.py) with ``overrides``."""
     spec: dict[str, Any] = {
         "name": name,
-        "module": "tests.integration.api_models:TinyModule",
-        "datamodule": "tests.integration.api_models:TinyDataModule",
+        "module": "tests.support.models:TinyModule",
+        "datamodule": "tests.support.models:TinyDataModule",
         "target_batch_size": 64,
         "batch_size": 8,
         "min_workers": 0,
