@@ -1,13 +1,16 @@
-"""Shared fixtures: processes that are always killed, a throwaway PostgreSQL, and no silent skips."""
+"""Shared fixtures: processes that are always killed, a throwaway PostgreSQL, the orchestrators tests
+start (one factory, one module-scoped ``orch`` whose settings a module names), and no silent skips."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
 
@@ -42,6 +45,39 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 def postgres_url(postgres_cluster: PostgresCluster) -> str:
     """A fresh, empty database on the throwaway cluster for one test."""
     return postgres_cluster.create_database(f"t{next(_db_counter)}")
+
+
+@pytest.fixture(scope="module")
+def orchestrator_factory(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OrchestratorFactory]:
+    """Start orchestrators for the tests of one module; every one is killed when the module ends."""
+    root = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    registry = ProcessRegistry(root)
+    started = itertools.count()
+
+    def start(env: Mapping[str, str] = HAND_ONLY, *, backend: str = "sqlite", **kwargs: Any) -> Orchestrator:
+        index = next(started)
+        db_url = None
+        if backend == "postgres":
+            cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+            db_url = cluster.create_database(f"m{next(_db_counter)}")
+        data_dir = root / f"orchestrator-{index}"
+        return start_orchestrator(
+            registry, data_dir, db_url, extra_env=env, name=f"orchestrator-{index}", **kwargs
+        )
+
+    try:
+        yield start
+    finally:
+        registry.kill_all()
+
+
+@pytest.fixture(scope="module")
+def orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFactory) -> Orchestrator:
+    """One `spotswarm serve` shared by the tests of a module, with the module's ``ORCHESTRATOR_ENV``
+    (default :data:`~tests.support.orchestrator.HAND_ONLY`: workers joined by hand, no import probe)."""
+    return orchestrator_factory(getattr(request.module, "ORCHESTRATOR_ENV", HAND_ONLY))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -58,6 +58,17 @@ LOOP_ENV: dict[str, str] = {
     "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "0.5",
     "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": "2",
 }
+
+
+class ApiServer(Protocol):
+    """What API helpers need of an orchestrator, in a subprocess (:class:`Orchestrator`) or in this
+    process (:class:`~tests.support.inprocess.InProcessOrchestrator`)."""
+
+    admin_token: str
+
+    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client: ...
+
+    def admin(self) -> httpx.Client: ...
 
 
 @dataclass
@@ -171,3 +182,13 @@ def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
     }
     spec.update(overrides)
     return spec
+
+
+class OrchestratorFactory(Protocol):
+    """Starts ``spotswarm serve`` with ``env`` (``SPOTSWARM_*`` settings) on SQLite or on a fresh database
+    of the throwaway PostgreSQL cluster (``backend="postgres"``); more keywords go to
+    :func:`~tests.support.orchestrator.start_orchestrator`."""
+
+    def __call__(
+        self, env: Mapping[str, str] = ..., *, backend: str = "sqlite", **kwargs: Any
+    ) -> Orchestrator: ...

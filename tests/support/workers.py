@@ -1,6 +1,7 @@
-"""Helpers of the tests that act as workers over the real API: register, heartbeat, become the
-checkpointer, get a swarm token (whose peer id the worker's announced addresses must carry), and count
-reconcile ticks (to wait for the loop to have judged a run several times)."""
+"""Helpers of the tests that act as workers over the API (a server in a subprocess or in-process):
+register, heartbeat, become the checkpointer, get a swarm token (whose peer id the worker's announced
+addresses must carry), and count reconcile ticks (to wait for the loop to have judged a run several
+times)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.orchestrator import Orchestrator
+from tests.support.orchestrator import ApiServer
 from tests.support.waiting import wait_until
 from worker.admission.tokens import openssh_public_key
 
 
-def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
+def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:
     """Register with ``token`` (join, launch or worker token); asserts a 200 and returns the reply."""
     with orch.client(token) as http:
         response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
@@ -21,7 +22,7 @@ def register(orch: Orchestrator, token: str, **body: Any) -> dict[str, Any]:
     return dict(response.json())
 
 
-def heartbeat(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
+def heartbeat(orch: ApiServer, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
     """One heartbeat of ``worker`` (a registration reply); asserts a 200 and returns the reply."""
     with orch.client(worker["worker_token"]) as http:
         response = http.post(f"/api/v1/workers/{worker['worker_id']}/heartbeat", json=body)
@@ -29,9 +30,7 @@ def heartbeat(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> dict[s
     return dict(response.json())
 
 
-def become_checkpointer(
-    orch: Orchestrator, worker: dict[str, Any], timeout_s: float = 15, **body: Any
-) -> None:
+def become_checkpointer(orch: ApiServer, worker: dict[str, Any], timeout_s: float = 15, **body: Any) -> None:
     """Heartbeat until the orchestrator names ``worker`` the run's checkpointer (only it may upload)."""
     wait_until(
         lambda: heartbeat(orch, worker, **body)["checkpointer"],
@@ -45,7 +44,7 @@ def new_public_key() -> str:
     return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
 
 
-def swarm_token_peer_id(orch: Orchestrator, worker: dict[str, Any]) -> str:
+def swarm_token_peer_id(orch: ApiServer, worker: dict[str, Any]) -> str:
     """Ask for the worker's swarm token (as its agent does before starting its DHT); its peer id."""
     with orch.client(worker["worker_token"]) as http:
         answer = http.post(
@@ -55,7 +54,7 @@ def swarm_token_peer_id(orch: Orchestrator, worker: dict[str, Any]) -> str:
     return str(answer.json()["peer_id"])
 
 
-def reconcile_ticks(orch: Orchestrator) -> float:
+def reconcile_ticks(orch: ApiServer) -> float:
     """How many ticks the reconcile loop has made (from ``/metrics``)."""
     with orch.client() as http:
         text = http.get("/metrics").text
@@ -63,7 +62,7 @@ def reconcile_ticks(orch: Orchestrator) -> float:
     return float(line.split()[-1])
 
 
-def wait_ticks(orch: Orchestrator, ticks: int, timeout_s: float = 60) -> None:
+def wait_ticks(orch: ApiServer, ticks: int, timeout_s: float = 60) -> None:
     """Wait until the reconcile loop has ticked ``ticks`` more times."""
     start = reconcile_ticks(orch)
     wait_until(lambda: reconcile_ticks(orch) >= start + ticks, timeout_s, message=f"{ticks} reconcile ticks")

@@ -1,69 +1,25 @@
-"""The runs API against a real `spotswarm serve`, on SQLite and on PostgreSQL."""
+"""``/api/v1/runs``: create, list, read, scale, stop, resume, delete, events; bad input; the admin rule;
+database failures. The app in-process on SQLite and on PostgreSQL, with the import check on."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.postgres import PostgresCluster
-from tests.support.processes import ProcessRegistry
+from tests.api.conftest import BOTH_BACKENDS
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.orchestrator import NO_RECONCILE
 from tests.support.specs import run_spec
 
+pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
+# The import check on (its probe shared by the module's apps, see conftest.import_checks); a small body limit.
+ORCHESTRATOR_ENV = {**NO_RECONCILE, "SPOTSWARM_MAX_BODY_BYTES": "65536"}
+IMPORT_CHECKS = True
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    """One orchestrator per database backend, shared by the tests of this module."""
-    root = tmp_path_factory.mktemp(f"api-runs-{request.param}")
-    db_url = None
-    if request.param == "postgres":
-        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-        db_url = cluster.create_database(f"api_runs_{root.name.replace('-', '_')}")
-    registry = ProcessRegistry(root)
-    user_code = root / "usercode"  # a user's module on the server's import path (see the import test)
-    user_code.mkdir()
-    (user_code / "probe_spy.py").write_text(PROBE_SPY)
-    env = {**NO_RECONCILE, "SPOTSWARM_MAX_BODY_BYTES": "65536", "PYTHONPATH": str(user_code)}
-    try:
-        yield start_orchestrator(registry, root / "data", db_url, extra_env=env, admin_token=ADMIN_TOKEN)
-    finally:
-        registry.kill_all()
-
-
-ADMIN_TOKEN = "ssa_set-by-the-operator-in-the-environment"
-# Imported by the import check: records the environment and working directory it ran with.
-PROBE_SPY = """
-import json, os, pathlib
-seen = {"env": dict(os.environ), "cwd": os.getcwd()}
-pathlib.Path(__file__).with_name("seen.json").write_text(json.dumps(seen))
-"""
-
-
-@pytest.mark.timeout(180)
-def test_the_import_check_runs_user_code_without_the_servers_secrets_outside_the_data_dir(
-    orch: Orchestrator,
-) -> None:
-    seen_file = orch.data_dir.parent / "usercode" / "seen.json"
-    with orch.admin() as http:
-        answer = http.post("/api/v1/runs", json=run_spec(new_name(), module="probe_spy:NoSuchModule"))
-    assert answer.status_code == 422 and "no attribute 'NoSuchModule'" in answer.text, answer.text
-    seen = json.loads(seen_file.read_text())
-    assert orch.admin_token == ADMIN_TOKEN and ADMIN_TOKEN not in json.dumps(seen)
-    assert not {name for name in seen["env"] if name in SERVER_ONLY}, sorted(seen["env"])
-    assert not Path(seen["cwd"]).resolve().is_relative_to(orch.data_dir.resolve()), seen["cwd"]
-    assert Path(seen["cwd"]).resolve() != Path.cwd().resolve()
-
-
-SERVER_ONLY = {"SPOTSWARM_ADMIN_TOKEN", "SPOTSWARM_DATABASE_URL", "SPOTSWARM_DATA_DIR", "SPOTSWARM_PORT"}
 
 
 def new_name(prefix: str = "run") -> str:
@@ -77,7 +33,7 @@ def create(orch: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
     return dict(response.json())
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
     created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
     assert created["join_token"].startswith("ssj_")
@@ -90,7 +46,7 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
     assert fetched["workers"] == {"desired": 1, "min": 0, "max": 4, "live": 0, "running": 0, "launching": 0}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_only(
     orch: Orchestrator,
 ) -> None:
@@ -115,7 +71,7 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
     assert public["trainer"]["val_check_interval"] == 20
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_duplicate_name_is_409(orch: Orchestrator) -> None:
     name = new_name()
     create(orch, name)
@@ -124,7 +80,7 @@ def test_duplicate_name_is_409(orch: Orchestrator) -> None:
     assert response.status_code == 409 and "exists" in response.json()["detail"]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
     names = [create(orch, new_name("page"))["name"] for _ in range(3)]
     with orch.admin() as http:
@@ -141,7 +97,7 @@ def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
     name = create(orch, new_name())["name"]
     with orch.admin() as http:
@@ -160,7 +116,7 @@ def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
     assert after_stop.status_code == 409
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
     name = create(orch, new_name())["name"]
     with orch.admin() as http:
@@ -176,7 +132,7 @@ def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
         assert http.delete(f"/api/v1/runs/{name}").status_code == 404
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_events_page_with_a_cursor(orch: Orchestrator) -> None:
     name = create(orch, new_name())["name"]
     with orch.admin() as http:
@@ -265,7 +221,7 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
 ]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "detail"), INVALID, ids=[f"{m} {p}" for m, p, *_ in INVALID]
 )
@@ -282,7 +238,7 @@ def test_bad_input_gets_a_4xx_with_a_message(
     assert detail.lower() in str(response.json()["detail"]).lower()
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchestrator) -> None:
     created = create(orch, new_name())
     name, join = created["name"], created["join_token"]
@@ -303,8 +259,14 @@ def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchest
         assert http.get(f"/api/v1/runs/{name}").json()["workers"]["desired"] == 1  # nothing changed
 
 
-@pytest.mark.timeout(180)
-def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
+EXPECTED_DB_FAILURE = {
+    "sqlite": (503, "database unavailable, retry later"),
+    "postgres": (500, "internal database error"),
+}
+
+
+@pytest.mark.timeout(60)
+def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator, backend: str) -> None:
     name = create(orch, new_name())["name"]
     url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
     engine = create_engine(url)
@@ -314,8 +276,8 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
         with orch.client() as http:
             response = http.get(f"/api/v1/runs/{name}/events")
         # PostgreSQL reports a missing table as a programming error (500), SQLite as operational (503).
-        assert response.status_code in (500, 503)
-        assert response.json()["detail"] in ("internal database error", "database unavailable, retry later")
+        answer = (response.status_code, response.json()["detail"])
+        assert answer == EXPECTED_DB_FAILURE[backend], response.text
         assert "Traceback" not in response.text and "events" not in response.text
     finally:
         with engine.begin() as conn:
@@ -325,7 +287,7 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator) -> None:
         assert http.get(f"/api/v1/runs/{name}/events").status_code == 200
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrator) -> None:
     """strategy_options holding a Trainer option are refused at create time, not by the spec model: a run
     stored before that rule must not make every read of runs fail."""
@@ -346,33 +308,3 @@ def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrato
         }
         assert http.get("/api/v1/runs", params={"limit": 1000}).status_code == 200
         assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
-
-
-@pytest.mark.timeout(180)
-def test_health_readiness_and_openapi(orch: Orchestrator) -> None:
-    with orch.client() as http:
-        assert http.get("/healthz").json() == {"status": "ok"}
-        ready = http.get("/readyz").json()
-        assert ready["database"] and ready["dht"]
-        assert http.get("/docs").status_code == 200
-        paths = http.get("/openapi.json").json()["paths"]
-    assert "/api/v1/runs/{name}/scale" in paths and "/api/v1/workers/{worker_id}/heartbeat" in paths
-
-
-@pytest.mark.timeout(180)
-def test_private_reads_need_the_admin_token(processes: ProcessRegistry, tmp_path: Any) -> None:
-    orch = start_orchestrator(
-        processes,
-        tmp_path / "data",
-        extra_env={**NO_RECONCILE, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_CHECK_IMPORTS": "false"},
-    )
-    created = create(orch, "private")
-    for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:
-        assert httpx.get(orch.url + path).status_code == 401
-        with orch.client(created["join_token"]) as http:
-            assert http.get(path).status_code == 403
-        with orch.admin() as http:
-            assert http.get(path).status_code == 200
-    with orch.client(created["join_token"]) as http:  # a run's peers also take its join token
-        assert http.get("/api/v1/runs/private/peers").status_code == 200
-    assert httpx.get(orch.url + "/api/v1/runs/private/peers").status_code == 401

@@ -1,10 +1,10 @@
-"""Workers, heartbeats and checkpoints against a real `spotswarm serve`, on SQLite and on PostgreSQL."""
+"""``/api/v1/workers``: registration (join and launch tokens), heartbeats, deregistration, the checkpointer
+election, progress samples and reported metrics, as workers see them and the run's reads show them.
+The app in-process, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,36 +14,25 @@ from pydantic import create_model
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.postgres import PostgresCluster
-from tests.support.processes import ProcessRegistry
+from tests.api.conftest import BOTH_BACKENDS
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from tests.support.workers import become_checkpointer, heartbeat, register, swarm_token_peer_id
-from worker.wire import CHECKSUM_HEADER, NEWER_SPEC_FIELDS, RunSpec, StrictModel
+from tests.support.workers import heartbeat, register, swarm_token_peer_id
+from worker.wire import NEWER_SPEC_FIELDS, RunSpec, StrictModel
 
+pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 _names = itertools.count()
 CHECKPOINT_MAX_BYTES = 256 * 1024
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp(f"api-workers-{request.param}")
-    db_url = None
-    if request.param == "postgres":
-        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-        db_url = cluster.create_database(f"api_workers_{root.name.replace('-', '_')}")
-    registry = ProcessRegistry(root)
-    env = {
-        **NO_RECONCILE,
-        "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
-        "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "4",
-        "SPOTSWARM_CHECK_IMPORTS": "false",  # covered by test_api_runs; saves the probe's start-up
-    }
-    try:
-        yield start_orchestrator(registry, root / "data", db_url, extra_env=env)
-    finally:
-        registry.kill_all()
+ANNOUNCED = "/ip4/203.0.113.7/tcp/31330/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+ORCHESTRATOR_ENV = {
+    **HAND_ONLY,
+    "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
+    "SPOTSWARM_HEARTBEAT_TIMEOUT_S": "4",
+    # the orchestrator's own address in the peer lists (the null DHT has none of its own)
+    "SPOTSWARM_DHT_ANNOUNCE_MADDRS": ANNOUNCED,
+}
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
@@ -59,7 +48,7 @@ def get_run(orch: Orchestrator, name: str) -> dict[str, Any]:
         return dict(http.get(f"/api/v1/runs/{name}").json())
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> None:
     name, join = create(orch)
     worker = register(orch, join, hostname="gpu-1")
@@ -98,7 +87,7 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
     assert peers["initial_peers"] == orch.peers() + peers["worker_peers"]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_workers_get_a_stable_slot_and_heartbeats_tell_the_live_count(orch: Orchestrator) -> None:
     name, join = create(orch)
     first = register(orch, join)
@@ -121,7 +110,7 @@ def test_workers_get_a_stable_slot_and_heartbeats_tell_the_live_count(orch: Orch
     }
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
     name, _ = create(orch)
     database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
@@ -147,7 +136,7 @@ def test_registration_binds_to_the_launch_intent(orch: Orchestrator) -> None:
     assert heartbeat(orch, first)["action"] == "continue"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_exactly_one_checkpointer_and_another_takes_over(orch: Orchestrator) -> None:
     name, join = create(orch)
     pool = [register(orch, join) for _ in range(3)]
@@ -168,7 +157,7 @@ def test_exactly_one_checkpointer_and_another_takes_over(orch: Orchestrator) -> 
     assert len(second) == 1 and second != first
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_worker_endpoints_accept_only_that_workers_token(orch: Orchestrator) -> None:
     _, join = create(orch)
     a, b = register(orch, join), register(orch, join)
@@ -182,7 +171,7 @@ def test_worker_endpoints_accept_only_that_workers_token(orch: Orchestrator) -> 
         assert http.post("/api/v1/workers/register", json={}).status_code == 401
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_deregister_reasons_map_to_worker_states(orch: Orchestrator) -> None:
     name, join = create(orch)
     expected = {"interrupted": "interrupted", "stopped": "exited", "completed": "exited", "error": "failed"}
@@ -205,7 +194,7 @@ def test_deregister_reasons_map_to_worker_states(orch: Orchestrator) -> None:
     assert sum(e["kind"] == "worker.state" for e in events) >= 4
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_stop_tells_workers_to_stop_and_the_run_stops_when_they_leave(orch: Orchestrator) -> None:
     name, join = create(orch)
     worker = register(orch, join)
@@ -219,7 +208,7 @@ def test_stop_tells_workers_to_stop_and_the_run_stops_when_they_leave(orch: Orch
     assert get_run(orch, name)["state"] == "stopped"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_progress_is_sampled_and_downsampled(orch: Orchestrator) -> None:
     name, join = create(orch)
     worker = register(orch, join)
@@ -248,7 +237,7 @@ def metric_series(orch: Orchestrator) -> dict[tuple[str, str], float]:
     return {(s.labels["run"], s.labels["name"]): s.value for s in family.samples}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_stops(
     orch: Orchestrator,
 ) -> None:
@@ -296,7 +285,7 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
     assert metric_series(orch)[(name, "val_loss")] == pytest.approx(0.4)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(orch: Orchestrator) -> None:
     name, join = create(orch)
     worker = register(orch, join)
@@ -312,7 +301,7 @@ def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(
     assert stopped["reported"]["loss"] == 0.7 and stopped["reported"]["metrics"] == {"val_loss": 0.6}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(60)
 def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: Orchestrator) -> None:
     """A worker from before the trainer section parses its RunSpec strictly: a run that does not use the
     newer fields must not send them; a run that does sends them (such a worker cannot honour it)."""
@@ -328,72 +317,3 @@ def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: 
     used = register(orch, join)["run"]
     assert used["trainer"]["precision"] == "bf16-mixed" and used["report_metrics"] == ["val_loss"]
     assert RunSpec.model_validate(used).trainer.trainer_kwargs() == {"precision": "bf16-mixed"}
-
-
-def upload(
-    orch: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes, checksum: str | None = None
-) -> Any:
-    headers = {CHECKSUM_HEADER: checksum or hashlib.sha256(data).hexdigest()}
-    with orch.client(worker["worker_token"]) as http:
-        return http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}", content=data, headers=headers
-        )
-
-
-@pytest.mark.timeout(180)
-def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) -> None:
-    name, join = create(orch, keep_checkpoints=2)
-    worker = register(orch, join)
-    become_checkpointer(orch, worker)  # only the checkpointer uploads
-    blobs = {epoch: bytes([epoch]) * (50_000 + epoch) for epoch in (1, 2, 3)}
-    for epoch, data in blobs.items():
-        response = upload(orch, worker, epoch, data)
-        assert response.status_code == 201, response.text
-        assert response.json()["sha256"] == hashlib.sha256(data).hexdigest()
-    assert upload(orch, worker, 3, blobs[3]).status_code == 201  # a retried upload is accepted
-    assert upload(orch, worker, 3, blobs[2]).status_code == 409  # other bytes for a stored epoch
-    with orch.client() as http:
-        listed = http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"]
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
-    assert [c["epoch"] for c in listed] == [3, 2]
-    assert heartbeat(orch, worker)["latest_checkpoint_epoch"] == 3
-    with orch.client(join) as http:
-        latest = http.get(f"/api/v1/runs/{name}/checkpoints/latest/download")
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/1/download").status_code == 404
-    with orch.client(worker["worker_token"]) as http:
-        second = http.get(listed[1]["download_path"])
-    assert latest.content == blobs[3] and latest.headers[CHECKSUM_HEADER] == listed[0]["sha256"]
-    assert second.content == blobs[2]
-    stored = sorted(p.name for p in (orch.data_dir / "checkpoints").rglob("*.ckpt"))
-    files = {e: f"epoch-{e:08d}-{hashlib.sha256(data).hexdigest()}.ckpt" for e, data in blobs.items()}
-    assert len([s for s in stored if s in (files[2], files[3])]) == 2
-    assert files[1] not in stored
-    assert register(orch, join)["resume_checkpoint"]["epoch"] == 3
-
-
-@pytest.mark.timeout(180)
-def test_checkpoint_uploads_are_checked(orch: Orchestrator) -> None:
-    name, join = create(orch)
-    worker = register(orch, join)
-    become_checkpointer(orch, worker)
-    assert upload(orch, worker, 1, b"abc", checksum="0" * 64).status_code == 400
-    assert upload(orch, worker, 1, b"abc", checksum="not-hex").status_code == 422
-    assert upload(orch, worker, 1, b"x" * (CHECKPOINT_MAX_BYTES + 1)).status_code == 413
-
-    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap applies while streaming
-        for _ in range(5):
-            yield b"y" * (CHECKPOINT_MAX_BYTES // 4)
-
-    with orch.client(worker["worker_token"]) as http:
-        response = http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/1",
-            content=chunks(),
-            headers={CHECKSUM_HEADER: "a" * 64},
-        )
-    assert response.status_code == 413
-    other_name, other_join = create(orch)
-    with orch.client(other_join) as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 403
-    with orch.client() as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"] == []
-    assert not list((orch.data_dir / "tmp").glob("*"))  # temporary files are cleaned up

@@ -1,0 +1,178 @@
+"""The orchestrator in the test's own process: ``create_app`` with a null DHT, reached through httpx's ASGI
+transport, its lifespan run as ``spotswarm serve`` runs it (database migrated, heartbeat hub, background
+services). No port, no subprocess, no DHT process: a start takes a fraction of a second, so each test gets
+its own app and its own database.
+
+Usage (``tests/api/conftest.py`` has the fixtures)::
+
+    with inprocess_orchestrator(tmp_path / "data", env=HAND_ONLY) as orch:
+        with orch.admin() as http:
+            http.post("/api/v1/runs", json=run_spec("r"))
+
+The app runs on an event loop in a thread of its own (an anyio blocking portal); the clients are plain
+synchronous ``httpx.Client`` objects whose transport hands each request to that loop, so tests read as
+they do against a real server (threads may send requests at once). A request body given as an iterator is
+read off the loop, one chunk at a time, as a socket would deliver it. Settings come from the same
+``SPOTSWARM_*`` presets as the subprocess fixture's (``tests/support/orchestrator.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import anyio
+import anyio.to_thread
+
+# `spotswarm serve` has hivemind imported once its DHT peer starts; the null DHT never imports it, so the
+# first heartbeat that announces addresses (parsed with hivemind's multiaddr) would pay for the import,
+# seconds, inside a request whose time the test measures against a heartbeat timeout.
+import hivemind.utils.multiaddr  # noqa: F401  (loaded once, here)
+import httpx
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from asgi_lifespan import LifespanManager
+from fastapi import FastAPI
+
+from orchestrator.app import create_app
+from orchestrator.config import ENV_PREFIX, Settings
+from orchestrator.db.session import Database
+from tests.support.null_dht import null_dht
+from tests.support.orchestrator import TEST_ENV
+
+BASE_URL = "http://testserver"
+LIFESPAN_TIMEOUT_S = 60.0  # start-up migrates the database; shut-down writes the last heartbeats
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    """Settings as ``spotswarm serve`` reads them from ``env`` (``SPOTSWARM_*`` variables) alone: any
+    ``SPOTSWARM_*`` variable of this process is left out."""
+    ours = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    with mock.patch.dict(os.environ, {**ours, **env}, clear=True):
+        return Settings()
+
+
+class _ChunksOffTheLoop(httpx.AsyncByteStream):
+    """A request body read in a worker thread, chunk by chunk, so a slow producer never blocks the loop."""
+
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if isinstance(self._stream, httpx.AsyncByteStream):
+            async for chunk in self._stream:
+                yield chunk
+            return
+        chunks = iter(self._stream)
+        while (chunk := await anyio.to_thread.run_sync(next, chunks, None)) is not None:
+            yield chunk
+
+
+class PortalTransport(httpx.BaseTransport):
+    """A synchronous transport that sends each request to ``app`` on the portal's event loop."""
+
+    def __init__(self, app: FastAPI, portal: BlockingPortal) -> None:
+        self._asgi = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        self._portal = portal
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        forwarded = httpx.Request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            stream=_ChunksOffTheLoop(request.stream),
+            extensions=request.extensions,
+        )
+        status, headers, raw = self._portal.call(self._send, forwarded)
+        return httpx.Response(status, headers=headers, stream=httpx.ByteStream(raw), request=request)
+
+    async def _send(self, request: httpx.Request) -> tuple[int, httpx.Headers, bytes]:
+        response = await self._asgi.handle_async_request(request)
+        raw = b"".join([chunk async for chunk in response.stream])  # type: ignore[union-attr]
+        return response.status_code, response.headers, raw
+
+
+@dataclass
+class InProcessOrchestrator:
+    """A running app in this process: its settings, admin token and clients (as the subprocess fixture's
+    :class:`~tests.support.orchestrator.Orchestrator` offers them)."""
+
+    app: FastAPI
+    settings: Settings
+    admin_token: str
+    transport: PortalTransport
+    url: str = BASE_URL
+
+    @property
+    def data_dir(self) -> Path:
+        return self.settings.data_dir
+
+    @property
+    def db_url(self) -> str | None:
+        return self.settings.database_url
+
+    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client:
+        """An HTTP client on the app, sending ``token`` as bearer token when given."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(
+            transport=self.transport, base_url=self.url, headers=headers, timeout=timeout_s, **kwargs
+        )
+
+    def admin(self) -> httpx.Client:
+        return self.client(self.admin_token)
+
+    def peers(self) -> list[str]:
+        """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
+        with self.client() as http:
+            response = http.get("/api/v1/peers")
+            response.raise_for_status()
+            return list(response.json()["orchestrator_peers"])
+
+    @contextmanager
+    def database(self) -> Iterator[Database]:
+        """The app's database, opened beside it (to write what a launcher or a past version wrote)."""
+        db = Database(self.settings.resolved_database_url())
+        try:
+            yield db
+        finally:
+            db.close()
+
+
+@asynccontextmanager
+async def _running(app: FastAPI) -> AsyncIterator[None]:
+    """The app's lifespan (entered on the portal's loop: the manager needs a running loop)."""
+    async with LifespanManager(app, startup_timeout=LIFESPAN_TIMEOUT_S, shutdown_timeout=LIFESPAN_TIMEOUT_S):
+        yield
+
+
+@contextmanager
+def inprocess_orchestrator(
+    data_dir: Path,
+    db_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    admin_token: str = "ssa_in-process-admin-token",
+    **create_app_kwargs: Any,
+) -> Iterator[InProcessOrchestrator]:
+    """Build the app on :data:`TEST_ENV` plus ``env``, run its lifespan, yield it; stopped on exit.
+
+    ``create_app_kwargs`` go to :func:`create_app` (``launchers``, ``store``, ``clock``); the DHT is a
+    :class:`~tests.support.null_dht.NullDHT` unless ``dht_factory`` is given.
+    """
+    settings = settings_from_env(
+        {
+            **TEST_ENV,
+            "SPOTSWARM_DATA_DIR": str(data_dir),
+            "SPOTSWARM_ADMIN_TOKEN": admin_token,
+            **({"SPOTSWARM_DATABASE_URL": db_url} if db_url else {}),
+            **(env or {}),
+        }
+    )
+    create_app_kwargs.setdefault("dht_factory", null_dht)
+    app = create_app(settings, **create_app_kwargs)
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(_running(app)):
+        yield InProcessOrchestrator(app, settings, admin_token, PortalTransport(app, portal))
