@@ -10,7 +10,7 @@ real runs, workers and a checkpoint. Each answer must:
   also a token of that run); 401/403 answers carry only ``{"detail": "..."}``;
 - never contain a token (or token digest) the caller did not already hold.
 
-Usage (the test suite runs a small bounded version, tests/integration/test_api_fuzz.py)::
+The harness is tests/support/fuzz.py; the test suite runs it in miniature (tests/api/test_fuzz.py). Usage::
 
     python bench/fuzz_api.py --examples 300                  # own orchestrator on SQLite, private reads
     python bench/fuzz_api.py --examples 300 --postgres       # own throwaway PostgreSQL
@@ -22,286 +22,15 @@ Exit code 1 when any operation failed; each failure is printed with a curl comma
 from __future__ import annotations
 
 import argparse
-import hashlib
-import logging
 import random
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
-from typing import Any
 
 import httpx
-import schemathesis
-from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.errors import FailureGroup
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
-logger = logging.getLogger("fuzz_api")
-
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    negative_data_rejection,
-]
-# Not checked, and why: positive_data_acceptance (a run spec's min <= desired <= max and an upload's
-# checksum cannot be written in JSON schema, so schema-valid requests are rightly refused);
-# allow_header_conformance (Starlette's 405 lists the methods of the first route matching the path only).
-
-CALLERS = ("none", "garbage", "generated", "admin", "join:a", "join:b", "worker:0", "worker:1", "worker:2")
-ADMIN_OPS = {
-    ("POST", "/api/v1/runs"),
-    ("DELETE", "/api/v1/runs/{name}"),
-    ("POST", "/api/v1/runs/{name}/scale"),
-    ("POST", "/api/v1/runs/{name}/stop"),
-    ("POST", "/api/v1/runs/{name}/resume"),
-    ("POST", "/api/v1/runs/{name}/join-token"),
-    ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
-}
-WORKER_OPS = {
-    ("POST", "/api/v1/workers/{worker_id}/heartbeat"),
-    ("POST", "/api/v1/workers/{worker_id}/deregister"),
-    ("PUT", "/api/v1/workers/{worker_id}/checkpoints/{epoch}"),
-    ("POST", "/api/v1/workers/{worker_id}/swarm-token"),
-}
-REGISTER_OP = ("POST", "/api/v1/workers/register")
-RUN_TOKEN_OPS = {  # the admin token, the run's join token or one of its worker tokens
-    ("GET", "/api/v1/runs/{name}/checkpoints/latest/download"),
-    ("GET", "/api/v1/runs/{name}/checkpoints/{epoch}/download"),
-}
-RUN_PEERS_OP = ("GET", "/api/v1/runs/{name}/peers")
-# Open to anyone: liveness, readiness, and the swarm's token-signing public key.
-OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth")}
-# Any other operation follows the read rule (public reads, or the admin token): a new endpoint that
-# gives more away fails here until it is classified above.
-# Destructive operations go last so that the world stays useful for the others as long as possible.
-LAST = [
-    ("POST", "/api/v1/runs/{name}/join-token"),
-    ("POST", "/api/v1/workers/{worker_id}/deregister"),
-    ("DELETE", "/api/v1/runs/{name}"),
-]
-
-
-@dataclass
-class World:
-    """What the fuzzer knows: two runs (a, b) and three workers (0, 1 in run a; 2 in run b)."""
-
-    url: str
-    admin_token: str
-    public_reads: bool
-    join: dict[str, str] = field(default_factory=dict)  # "a" -> join token
-    run_names: dict[str, str] = field(default_factory=dict)  # "a" -> run name
-    workers: list[tuple[str, str, str]] = field(default_factory=list)  # (worker id, token, run key)
-
-    def token(self, caller: str) -> str | None:
-        if caller == "admin":
-            return self.admin_token
-        if caller.startswith("join:"):
-            return self.join[caller[5:]]
-        if caller.startswith("worker:"):
-            return self.workers[int(caller[7:])][1]
-        return None
-
-    def secrets(self) -> dict[str, str]:
-        """Every token the world holds, by caller name (tokens and their SHA-256 digests must not leak)."""
-        names = [
-            "admin",
-            *(f"join:{k}" for k in self.join),
-            *(f"worker:{i}" for i in range(len(self.workers))),
-        ]
-        return {name: token for name in names if (token := self.token(name))}
-
-    def run_of(self, caller: str) -> str | None:
-        if caller.startswith("join:"):
-            return self.run_names[caller[5:]]
-        if caller.startswith("worker:"):
-            return self.run_names[self.workers[int(caller[7:])][2]]
-        return None
-
-
-def build_world(url: str, admin_token: str, public_reads: bool, prefix: str = "fuzz") -> World:
-    """Create runs ``<prefix>-a`` and ``<prefix>-b``, register workers and upload one checkpoint."""
-    world = World(url, admin_token, public_reads)
-    admin = {"Authorization": f"Bearer {admin_token}"}
-    with httpx.Client(base_url=url, timeout=60) as http:
-        for key in ("a", "b"):
-            name = f"{prefix}-{key}-{random.randrange(16**6):06x}"
-            spec = {
-                "name": name,
-                "module": "worker.examples.digits:DigitsModule",
-                "datamodule": "worker.examples.digits:DigitsDataModule",
-                "target_batch_size": 64,
-                "batch_size": 8,
-                "min_workers": 0,
-                "desired_workers": 0,
-            }
-            response = http.post("/api/v1/runs", json=spec, headers=admin)
-            response.raise_for_status()
-            world.join[key], world.run_names[key] = response.json()["join_token"], name
-        for key in ("a", "a", "b"):
-            auth = {"Authorization": f"Bearer {world.join[key]}"}
-            response = http.post("/api/v1/workers/register", json={"hostname": "fuzz"}, headers=auth)
-            response.raise_for_status()
-            world.workers.append((response.json()["worker_id"], response.json()["worker_token"], key))
-        worker_id, token, _ = world.workers[0]
-        auth = {"Authorization": f"Bearer {token}"}
-        deadline = time.monotonic() + 30  # only the run's checkpointer uploads: wait for the election
-        beat = f"/api/v1/workers/{worker_id}/heartbeat"
-        while not http.post(beat, json={}, headers=auth).json()["checkpointer"]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {worker_id} never became its run's checkpointer")
-            time.sleep(0.2)
-        data = b"a checkpoint the fuzzer must never damage"
-        headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
-        http.put(
-            f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers
-        ).raise_for_status()
-    return world
-
-
-def allowed(world: World, key: tuple[str, str], caller: str, path_params: dict[str, Any]) -> bool:
-    """Whether ``caller`` may get a 2xx answer from operation ``key`` with these path parameters."""
-    if key in OPEN_OPS or key == ("GET", "/openapi.json"):
-        return True
-    if key in ADMIN_OPS:
-        return caller == "admin"
-    if key in WORKER_OPS:
-        return caller.startswith("worker:") and world.workers[int(caller[7:])][0] == str(
-            path_params.get("worker_id")
-        )
-    if key == REGISTER_OP:
-        return caller.startswith(("join:", "worker:"))
-    if key in RUN_TOKEN_OPS or (key == RUN_PEERS_OP and not world.public_reads):
-        return caller == "admin" or world.run_of(caller) == path_params.get("name")
-    return world.public_reads or caller == "admin"
-
-
-def auth_violation(world: World, key: tuple[str, str], caller: str, case: Any, response: Any) -> str | None:
-    """A description of what the answer gave away, or None when it respects the auth rule."""
-    status, body = response.status_code, response.text
-    if 200 <= status < 300 and not allowed(world, key, caller, dict(case.path_parameters or {})):
-        return f"{caller} got {status} from {key[0]} {key[1]}"
-    if status in (401, 403):
-        try:
-            payload = response.json()
-        except ValueError:
-            return f"{status} answer is not JSON"
-        if set(payload) != {"detail"} or not isinstance(payload["detail"], str):
-            return f"{status} answer carries more than a detail: {body[:200]}"
-    own = world.token(caller)
-    for name, token in world.secrets().items():
-        if token == own:
-            continue
-        if token in body or hashlib.sha256(token.encode()).hexdigest() in body:
-            return f"the answer to {caller} contains the token of {name}"
-    return None
-
-
-def _choose_caller(case: Any, caller: str, world: World) -> None:
-    if caller == "generated":
-        return  # whatever schemathesis generated for the authorization header (often nothing)
-    case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
-    token = world.token(caller) or ("ssw_" + "x" * 43 if caller == "garbage" else None)
-    if token:
-        case.headers["Authorization"] = f"Bearer {token}"
-
-
-def _aim(case: Any, world: World, rng: random.Random) -> None:
-    """Point most cases at real runs and workers (random ids alone would only ever meet 404)."""
-    params = case.path_parameters
-    if not params:
-        return
-    if "name" in params and rng.random() < 0.8:
-        params["name"] = world.run_names[rng.choice(["a", "b"])]
-    if "worker_id" in params and rng.random() < 0.8:
-        params["worker_id"] = int(rng.choice(world.workers)[0])
-    if "epoch" in params and rng.random() < 0.5:
-        params["epoch"] = rng.choice([1, 2, 3])
-    if case.operation.method.upper() == "PUT" and isinstance(case.body, (bytes, str)) and rng.random() < 0.5:
-        raw = case.body.encode() if isinstance(case.body, str) else case.body
-        case.headers = {**(case.headers or {}), "X-Checksum-Sha256": hashlib.sha256(raw).hexdigest()}
-
-
-@dataclass
-class Failure:
-    operation: str
-    message: str
-
-
-def fuzz_operation(
-    operation: Any, world: World, examples: int, seed_value: int, shrink: bool
-) -> Failure | None:
-    """Run ``examples`` generated cases against one operation; the first failure found, or None."""
-    key = (operation.method.upper(), operation.path)
-    strategy = st.one_of(
-        operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
-        operation.as_strategy(generation_mode=GenerationMode.NEGATIVE),
-    )
-
-    @seed(seed_value)
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        derandomize=False,
-        phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    @given(case=strategy, caller=st.sampled_from(CALLERS), salt=st.integers(0, 2**32 - 1))
-    def check(case: Any, caller: str, salt: int) -> None:
-        _choose_caller(case, caller, world)
-        _aim(case, world, random.Random(salt))
-        response = case.call(base_url=world.url, timeout=60)
-        case.validate_response(response, checks=CHECKS, transport_kwargs={"base_url": world.url})
-        problem = auth_violation(world, key, caller, case, response)
-        if problem:
-            curl = case.as_curl_command(headers=dict(response.request.headers), base_url=world.url)
-            raise AssertionError(f"{problem}\n    {curl}")
-
-    label = f"{key[0]} {key[1]}"
-    try:
-        check()
-    except (AssertionError, FailureGroup) as exc:
-        return Failure(label, str(exc))
-    except Exception as exc:  # noqa: BLE001 - a crash of the harness or transport is a finding too
-        return Failure(label, f"{type(exc).__name__}: {exc}")
-    return None
-
-
-def fuzz(
-    world: World,
-    examples: int,
-    seed_value: int,
-    shrink: bool = True,
-    progress: Callable[[str, Failure | None, float], None] | None = None,
-) -> list[Failure]:
-    """Fuzz every operation of the live schema in turn (destructive ones last); all failures found."""
-    schema = schemathesis.openapi.from_url(f"{world.url}/openapi.json")
-    operations = [op.ok() for op in schema.get_all_operations()]
-    operations.sort(key=lambda op: LAST.index(k) if (k := (op.method.upper(), op.path)) in LAST else -1)
-    failures = []
-    for index, operation in enumerate(operations):
-        started = time.monotonic()
-        failure = fuzz_operation(operation, world, examples, seed_value + index, shrink)
-        if failure:
-            failures.append(failure)
-        if progress:
-            progress(f"{operation.method.upper()} {operation.path}", failure, time.monotonic() - started)
-    return failures
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.support.fuzz import Failure, build_world, fuzz, fuzz_orchestrator  # noqa: E402
 
 
 def _print_progress(label: str, failure: Failure | None, took_s: float) -> None:
@@ -322,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     seed_value = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"seed {seed_value} ({args.examples} examples per operation)", flush=True)
     if args.url:
-        world = build_world(args.url, args.admin_token, args.public_reads)
-        failures = fuzz(world, args.examples, seed_value, progress=_print_progress)
+        with httpx.Client(base_url=args.url, timeout=60) as http:
+            world = build_world(http, args.admin_token, args.public_reads)
+            failures = fuzz(world, args.examples, seed_value, progress=_print_progress)
     else:
         failures = _fuzz_own_orchestrator(args, seed_value)
     for failure in failures:
@@ -333,16 +63,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fuzz_own_orchestrator(args: argparse.Namespace, seed_value: int) -> list[Failure]:
-    import tempfile
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.support.fuzz import fuzz_orchestrator
-
     with (
         tempfile.TemporaryDirectory(prefix="spotswarm-fuzz-") as tmp,
         fuzz_orchestrator(Path(tmp), args.postgres, args.public_reads) as orch,
+        orch.client(timeout_s=60) as http,
     ):
-        world = build_world(orch.url, orch.admin_token, args.public_reads)
+        world = build_world(http, orch.admin_token, args.public_reads)
         return fuzz(world, args.examples, seed_value, progress=_print_progress)
 
 

@@ -71,6 +71,16 @@ class ApiServer(Protocol):
     def admin(self) -> httpx.Client: ...
 
 
+# The fuzzer's server: hand-joined workers, no import checks (generated import paths would all fail them
+# and hide the database layer), small bodies, quiet logs.
+FUZZ_ENV: dict[str, str] = {
+    **HAND_ONLY,
+    "SPOTSWARM_MAX_BODY_BYTES": "65536",
+    "SPOTSWARM_CHECKPOINT_MAX_BYTES": "1048576",
+    "SPOTSWARM_LOG_LEVEL": "warning",
+}
+
+
 @dataclass
 class Orchestrator:
     """A running `spotswarm serve`: where it listens, its admin token and its process."""

@@ -1,4 +1,5 @@
-"""Checkpoint uploads under attack: truncated, oversize, wrong checksum, wrong worker or run, a worker that
+"""Checkpoint uploads under attack (the app in-process; a truncated upload needs a socket:
+tests/integration/test_checkpoint_truncated.py): oversize, wrong checksum, wrong worker or run, a worker that
 is not the checkpointer, epochs far ahead of the swarm, concurrent uploads, a nearly full disk. Each is
 refused cleanly, leaves no temporary file behind, and the run's good checkpoint still downloads with its
 recorded SHA-256 afterwards. Only the run's checkpointer uploads, one checkpoint at a time."""
@@ -8,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import ProcessRegistry
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.inprocess import inprocess_orchestrator
+from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat
@@ -27,18 +28,8 @@ from worker.wire import CHECKSUM_HEADER
 
 MAX_BYTES = 4 << 20
 EVERY = 20  # checkpoint_every_epochs: with no swarm epoch read from a DHT here, uploads go up to epoch 20
-ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(MAX_BYTES)}
+ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(MAX_BYTES)}
 _runs = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("ckpt-abuse")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=ENV)
-    finally:
-        registry.kill_all()
 
 
 @dataclass
@@ -130,31 +121,7 @@ def assert_clean(run: Run, expected_epochs: list[int]) -> None:
     run.assert_good_intact()
 
 
-def send_truncated(orch: Orchestrator, worker: Worker, epoch: int, declared: int, sent: bytes) -> None:
-    """Announce ``declared`` bytes, send ``sent`` and hang up, as a worker killed mid-upload would."""
-    host, port = orch.url.removeprefix("http://").split(":")
-    head = (
-        f"PUT /api/v1/workers/{worker.id}/checkpoints/{epoch} HTTP/1.1\r\nHost: {host}\r\n"
-        f"Authorization: Bearer {worker.token}\r\n{CHECKSUM_HEADER}: {'0' * 64}\r\n"
-        f"Content-Type: application/octet-stream\r\nContent-Length: {declared}\r\n\r\n"
-    )
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head.encode() + sent)
-
-
-@pytest.mark.timeout(180)
-def test_truncated_uploads_store_nothing(orch: Orchestrator, run: Run) -> None:
-    run.checkpointer_is_a()
-    blob = os.urandom(2 << 20)
-    send_truncated(orch, run.a, 2, len(blob), blob[: len(blob) // 3])
-    answer = upload(orch, run.a, 2, blob[: len(blob) // 2], checksum=sha(blob))  # a cut file, honest length
-    assert answer.status_code == 400 and "sha256" in answer.json()["detail"]
-    answer = upload(orch, run.a, 1, run.good[:1000], checksum=sha(run.good))  # over the good one
-    assert answer.status_code in (400, 409)
-    assert_clean(run, [1])
-
-
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_oversize_uploads_are_413_declared_or_streamed(orch: Orchestrator, run: Run) -> None:
     run.checkpointer_is_a()
     big = os.urandom(MAX_BYTES + 1)
@@ -174,7 +141,7 @@ def test_oversize_uploads_are_413_declared_or_streamed(orch: Orchestrator, run: 
     assert_clean(run, [1])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_bad_checksums_are_refused(orch: Orchestrator, run: Run) -> None:
     run.checkpointer_is_a()
     blob = os.urandom(100_000)
@@ -187,7 +154,7 @@ def test_bad_checksums_are_refused(orch: Orchestrator, run: Run) -> None:
     assert_clean(run, [1])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_other_workers_runs_and_tokens_cannot_upload(orch: Orchestrator, run: Run) -> None:
     with orch.admin() as http:
         other_join = http.post("/api/v1/runs", json=run_spec(f"{run.name}-other")).json()["join_token"]
@@ -219,7 +186,7 @@ def test_other_workers_runs_and_tokens_cannot_upload(orch: Orchestrator, run: Ru
     assert_clean(run, [1])
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 def test_two_workers_racing_for_one_epoch_store_only_the_checkpointers_bytes(
     orch: Orchestrator, run: Run
 ) -> None:
@@ -264,7 +231,7 @@ def assert_clean_kept(run: Run, expected: list[int]) -> None:
     )
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 def test_uploads_of_successive_epochs_are_recorded_then_pruned(orch: Orchestrator, run: Run) -> None:
     blobs = {epoch: os.urandom(1 << 20) for epoch in range(10, 16)}
     for epoch, blob in blobs.items():
@@ -275,7 +242,7 @@ def test_uploads_of_successive_epochs_are_recorded_then_pruned(orch: Orchestrato
         assert run.download(epoch)[0] == blobs[epoch]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_only_the_checkpointer_uploads(orch: Orchestrator, run: Run) -> None:
     """Before, any worker of the run could upload: its checkpoints then pruned the real ones."""
     heartbeat(orch, run.b.reply())
@@ -284,7 +251,7 @@ def test_only_the_checkpointer_uploads(orch: Orchestrator, run: Run) -> None:
     assert_clean(run, [1])
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_uploads_far_ahead_of_the_swarm_are_refused(orch: Orchestrator, run: Run) -> None:
     """Before, three tiny uploads at epochs near 10^12 pruned every real checkpoint, and the heartbeat
     replies' latest_checkpoint_epoch of 10^12 kept the real checkpointer from ever uploading again."""
@@ -296,7 +263,7 @@ def test_uploads_far_ahead_of_the_swarm_are_refused(orch: Orchestrator, run: Run
     assert heartbeat(orch, run.a.reply())["latest_checkpoint_epoch"] == 1
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_a_worker_uploads_one_checkpoint_at_a_time(orch: Orchestrator, run: Run) -> None:
     """Before, one worker could stream any number of uploads at once into the orchestrator's disk."""
     run.checkpointer_is_a()
@@ -328,7 +295,7 @@ def upload_stream(
         return http.put(f"/api/v1/workers/{worker.id}/checkpoints/{epoch}", content=chunks, headers=headers)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)
 def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
     orch: Orchestrator, run: Run
 ) -> None:
@@ -348,15 +315,16 @@ def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
     assert run.download("latest")[0] == final
 
 
-@pytest.mark.timeout(240)
-def test_uploads_are_refused_while_the_disk_is_nearly_full(
-    processes: ProcessRegistry, tmp_path: Path
-) -> None:
+@pytest.mark.timeout(180)
+def test_uploads_are_refused_while_the_disk_is_nearly_full(tmp_path: Path) -> None:
     """Free space is checked before the body is read: 507, nothing written (the reserve here is larger
     than any disk, so the real free space of the temp dir is always short of it)."""
-    orch = start_orchestrator(
-        processes, tmp_path / "data", extra_env={**ENV, "SPOTSWARM_CHECKPOINT_MIN_FREE_BYTES": str(10**18)}
-    )
+    env = {**ORCHESTRATOR_ENV, "SPOTSWARM_CHECKPOINT_MIN_FREE_BYTES": str(10**18)}
+    with inprocess_orchestrator(tmp_path / "data", env=env) as orch:
+        _refused_while_the_disk_is_nearly_full(orch)
+
+
+def _refused_while_the_disk_is_nearly_full(orch: Orchestrator) -> None:
     with orch.admin() as http:
         join = http.post("/api/v1/runs", json=run_spec("full-disk")).json()["join_token"]
     worker = register(orch, join)

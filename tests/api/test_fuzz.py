@@ -1,8 +1,9 @@
-"""Bad input: the REST API fuzzed from its own OpenAPI schema, and the cases the fuzzer found, kept as
-regressions. A real `spotswarm serve` per database backend, with private reads (every read needs a token).
+"""Bad input: the REST API fuzzed from its own OpenAPI schema (tests/support/fuzz.py), and the cases the
+fuzzer found, kept as regressions. The app in-process on each database backend, with private reads
+(every read needs a token).
 
 The bounded run here sends ``SPOTSWARM_FUZZ_EXAMPLES`` (default 12) generated requests per operation and
-caller mix; ``python bench/fuzz_api.py --examples 500 [--postgres]`` is the long run.
+caller mix; ``python bench/fuzz_api.py --examples 500 [--postgres]`` is the long run, on a real server.
 """
 
 from __future__ import annotations
@@ -10,41 +11,32 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
-from bench.fuzz_api import build_world, fuzz
-from tests.support.fuzz import fuzz_orchestrator
-from tests.support.orchestrator import Orchestrator
-from tests.support.postgres import PostgresCluster
+from tests.api.conftest import BOTH_BACKENDS
+from tests.support.fuzz import build_world, fuzz
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.orchestrator import FUZZ_ENV
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.wire import CHECKSUM_HEADER
 
+pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
+ORCHESTRATOR_ENV = {**FUZZ_ENV, "SPOTSWARM_PUBLIC_READS": "false"}
 EXAMPLES = int(os.environ.get("SPOTSWARM_FUZZ_EXAMPLES", "12"))
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def orch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp(f"fuzz-{request.param}")
-    cluster: PostgresCluster | bool = False
-    if request.param == "postgres":
-        cluster = request.getfixturevalue("postgres_cluster")
-    with fuzz_orchestrator(root, cluster, public_reads=False) as server:
-        yield server
 
 
 @pytest.mark.timeout(240)
 def test_generated_requests_get_no_5xx_no_schema_violation_and_nothing_without_the_right_token(
     orch: Orchestrator,
 ) -> None:
-    world = build_world(orch.url, orch.admin_token, public_reads=False)
-    # A fixed seed keeps CI deterministic; set SPOTSWARM_FUZZ_SEED to explore (bench/fuzz_api.py runs long).
-    seed_value = int(os.environ.get("SPOTSWARM_FUZZ_SEED", "20261123"))
-    failures = fuzz(world, EXAMPLES, seed_value, shrink=False)
+    with orch.client(timeout_s=60) as http:
+        world = build_world(http, orch.admin_token, public_reads=False)
+        # A fixed seed keeps CI deterministic; SPOTSWARM_FUZZ_SEED explores (bench/fuzz_api.py runs long).
+        seed_value = int(os.environ.get("SPOTSWARM_FUZZ_SEED", "20261123"))
+        failures = fuzz(world, EXAMPLES, seed_value, shrink=False)
     report = "\n\n".join(f"=== {f.operation}\n{f.message}" for f in failures)
     assert not failures, f"seed {seed_value}: {len(failures)} operation(s) failed\n{report}"
 
@@ -156,7 +148,8 @@ def test_a_heartbeat_with_huge_counters_is_refused_and_cannot_block_other_writes
 
 @pytest.mark.timeout(60)
 def test_the_schema_documents_error_answers_and_checkpoint_bytes(orch: Orchestrator) -> None:
-    schema = httpx.get(f"{orch.url}/openapi.json", timeout=30).json()
+    with orch.client() as http:
+        schema = http.get("/openapi.json").json()
     scale = schema["paths"]["/api/v1/runs/{name}/scale"]["post"]["responses"]
     assert {"401", "403", "404", "409", "422", "503"} <= set(scale)
     assert scale["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
