@@ -1,21 +1,21 @@
-"""What a caller without the admin token can see and do, against a real `spotswarm serve` in its default
-configuration (public reads on, admin token generated into the data dir).
+"""What a caller without the admin token can see and do: the app in-process in its default configuration
+(public reads on), and with private reads.
 
 - anonymous reads leave out the free-form values of runs and workers (spec args and options, launch
   details that locate a machine) and worker logs; the admin token gets them;
 - every authenticated route answers 401 to a call without a token before it looks at the body;
 - host names, launcher handles, messages and reasons with control characters are refused (422), so
   they cannot forge lines in the server's log;
-- the generated admin token is never written to the server's output, only the file that holds it;
-- the data dir and what the server writes into it are private to its user.
+- with private reads, every read needs the admin token (a run's peers also a token of the run).
+
+What `spotswarm serve` itself writes (its output, its data dir) is checked on a real server:
+tests/integration/test_serve_exposure.py.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import re
-import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,10 @@ import pytest
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import workers
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.inprocess import inprocess_orchestrator
+from tests.support.orchestrator import NO_RECONCILE
 from tests.support.specs import run_spec
-from tests.support.waiting import wait_until
-from tests.support.workers import become_checkpointer
-from worker.wire import CHECKSUM_HEADER
 
 FREE_FORM = {
     "module_args": {"api_key": "sk-not-for-anonymous-eyes"},
@@ -39,13 +38,7 @@ FREE_FORM = {
 }
 
 
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with orchestrator_in(tmp_path_factory.mktemp("exposure"), extra_env=HAND_ONLY) as orch:
-        yield orch
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def worker(orch: Orchestrator) -> dict[str, Any]:
     """A run with free-form values and one worker joined by hand (id, token, run name, join token)."""
     with orch.admin() as http:
@@ -166,8 +159,9 @@ CONTROLLED = [FORGED, "gpu-1\rFORGED", "red\x1b[31mFORGED", "tab\tFORGED", "ls\u
 
 @pytest.mark.parametrize("bad", CONTROLLED)
 def test_control_characters_are_refused_where_they_would_reach_the_log(
-    orch: Orchestrator, worker: dict[str, Any], bad: str
+    orch: Orchestrator, worker: dict[str, Any], bad: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)  # every record the server writes, whatever its level
     with orch.client(worker["join_token"]) as http:
         for body in ({"hostname": bad}, {"hostname": "ok", "launcher_handle": bad}):
             refused = http.post("/api/v1/workers/register", json=body)
@@ -180,36 +174,34 @@ def test_control_characters_are_refused_where_they_would_reach_the_log(
         refused = http.post("/api/v1/runs/exposed/stop", json={"reason": bad})
         assert refused.status_code == 422 and "control character" in refused.text, refused.text
         assert http.get("/api/v1/runs/exposed").json()["state"] != "stopping"
-    assert "FORGED" not in orch.proc.log()
+    with orch.client(worker["join_token"]) as http:  # what is accepted is logged, and seen here
+        joined = http.post("/api/v1/workers/register", json={"hostname": "honest-box"})
+    assert joined.status_code == 200, joined.text
+    assert "honest-box" in caplog.text  # the capture holds the server's lines
+    assert "FORGED" not in caplog.text
 
 
-# -- the admin token and the data dir --------------------------------------------------------------------
+# -- private reads -----------------------------------------------------------------------------------------
 
 
-def test_the_generated_admin_token_is_not_in_the_server_output(orch: Orchestrator) -> None:
-    output = orch.proc.log()
-    assert orch.admin_token not in output
-    assert str(orch.data_dir / "admin_token") in output  # where to read it
+@pytest.mark.timeout(60)
+def test_private_reads_need_the_admin_token(tmp_path: Path) -> None:
+    env = {**NO_RECONCILE, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_CHECK_IMPORTS": "false"}
+    with inprocess_orchestrator(tmp_path / "data", env=env) as orch:
+        _private_reads(orch)
 
 
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-def test_the_data_dir_and_its_files_are_private(orch: Orchestrator, worker: dict[str, Any]) -> None:
-    blob = b"weights" * 100
-    become_checkpointer(orch, worker)  # only the run's checkpointer uploads
-    with orch.client(worker["worker_token"]) as http:
-        uploaded = http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/3",
-            content=blob,
-            headers={CHECKSUM_HEADER: hashlib.sha256(blob).hexdigest()},
-        )
-    assert uploaded.status_code == 201, uploaded.text
-    data = orch.data_dir
-    checkpoints = [p for p in (data / "checkpoints").rglob("*") if p.is_file()]
-    assert checkpoints
-    wait_until(lambda: (data / "spotswarm.db").exists(), 10)
-    paths = [data, data / "spotswarm.db", data / "checkpoints", data / "tmp", data / "workers", *checkpoints]
-    open_to_others = {str(p): oct(_mode(p)) for p in paths if _mode(p) & 0o077}
-    assert not open_to_others, open_to_others
+def _private_reads(orch: Orchestrator) -> None:
+    with orch.admin() as http:
+        created = http.post("/api/v1/runs", json=run_spec("private")).json()
+    for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:
+        with orch.client() as http:
+            assert http.get(path).status_code == 401
+        with orch.client(created["join_token"]) as http:
+            assert http.get(path).status_code == 403
+        with orch.admin() as http:
+            assert http.get(path).status_code == 200
+    with orch.client(created["join_token"]) as http:  # a run's peers also take its join token
+        assert http.get("/api/v1/runs/private/peers").status_code == 200
+    with orch.client() as http:
+        assert http.get("/api/v1/runs/private/peers").status_code == 401
