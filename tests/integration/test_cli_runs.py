@@ -17,6 +17,7 @@ from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrat
 from tests.support.processes import REPO_ROOT, VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat, register
 from worker.wire import DeregisterReason
 
 
@@ -200,3 +201,28 @@ def test_the_compose_sections_create_command_works_as_documented(orch: Orchestra
     assert done.exit_code == 0, done.output
     assert "ssj_" in done.output and "SPOTSWARM_JOIN_TOKEN=ssj_..." in block
     assert api_run(orch, "digits-compose")["workers"]["desired"] == 0
+
+
+def _post_register(orch: Orchestrator, token: str) -> httpx.Response:
+    with orch.client(token) as http:
+        return http.post("/api/v1/workers/register", json={"hostname": "box"})
+
+
+@pytest.mark.timeout(120)
+def test_rotating_the_join_token_voids_the_old_one_and_keeps_live_workers(orch: Orchestrator) -> None:
+    name, old_join = "rotated", create(orch, "rotated")
+    worker = register(orch, old_join)
+    result = cli(orch, "runs", "rotate-join-token", name)
+    assert result.exit_code == 0, result.output
+    new_join = result.output.strip().splitlines()[-1].split()[-1]
+    assert new_join.startswith("ssj_") and new_join != old_join
+    assert _post_register(orch, old_join).status_code == 401
+    with orch.client(old_join) as http:
+        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
+    assert heartbeat(orch, worker)["action"] == "continue"  # live workers keep their worker tokens
+    register(orch, new_join)
+    with orch.client(worker["worker_token"]) as http:  # only the admin rotates
+        assert http.post(f"/api/v1/runs/{name}/join-token").status_code == 403
+    with orch.admin() as http:
+        rotated = http.post(f"/api/v1/runs/{name}/join-token")
+    assert rotated.status_code == 200 and rotated.json()["join_token"] not in (old_join, new_join)

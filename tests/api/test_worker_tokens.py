@@ -1,4 +1,5 @@
-"""What a join token, a launch token and a worker token may do, against a real `spotswarm serve`.
+"""What a join token, a launch token and a worker token may do: the app in-process (the join token's
+rotation through the CLI: tests/integration/test_cli_runs.py).
 
 A worker token lives on a worker machine, readable by the user's code; a join token is handed to
 whoever starts workers by hand. Each test is an attack that worked before: taking over another
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,9 @@ import pytest
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.support.cli import cli
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import ProcessRegistry
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.inprocess import inprocess_orchestrator
+from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
@@ -32,22 +32,7 @@ from worker.wire import CHECKSUM_HEADER
 
 _names = itertools.count()
 JOIN_BURST = 6
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("token-limits")
-    registry = ProcessRegistry(root)
-    env = {
-        **NO_RECONCILE,
-        "SPOTSWARM_CHECK_IMPORTS": "false",
-        "SPOTSWARM_JOIN_BURST": str(JOIN_BURST),
-        "SPOTSWARM_JOIN_RATE_PER_S": "0.2",
-    }
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=env)
-    finally:
-        registry.kill_all()
+ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_JOIN_BURST": str(JOIN_BURST), "SPOTSWARM_JOIN_RATE_PER_S": "0.2"}
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
@@ -140,7 +125,7 @@ def test_a_restarted_launched_agent_rejoins_with_its_cached_worker_token(
     worker_id, request_id, launch_token = launch_intent(orch, name)
     config = AgentConfig(orch.url, launch_token, tmp_path / "agent", request_id=request_id)
     config.worker_dir.mkdir()
-    with OrchestratorClient(orch.url, retries=0) as client:
+    with OrchestratorClient(orch.url, retries=0, transport=orch.transport) as client:
         boot = agent_register(client, config)
         assert boot.registration.worker_id == str(worker_id) and not boot.from_cache
         worker = {"worker_id": boot.registration.worker_id, "worker_token": boot.registration.worker_token}
@@ -195,34 +180,16 @@ def test_registrations_per_join_token_are_rate_limited(orch: Orchestrator) -> No
     register(orch, other_join)  # another run's join token has its own budget
 
 
-@pytest.mark.timeout(120)
-def test_rotating_the_join_token_voids_the_old_one_and_keeps_live_workers(orch: Orchestrator) -> None:
-    name, old_join = create(orch)
-    worker = register(orch, old_join)
-    result = cli(orch, "runs", "rotate-join-token", name)
-    assert result.exit_code == 0, result.output
-    new_join = result.output.strip().splitlines()[-1].split()[-1]
-    assert new_join.startswith("ssj_") and new_join != old_join
-    assert post_register(orch, old_join).status_code == 401
-    with orch.client(old_join) as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
-    assert heartbeat(orch, worker)["action"] == "continue"  # live workers keep their worker tokens
-    register(orch, new_join)
-    with orch.client(worker["worker_token"]) as http:  # only the admin rotates
-        assert http.post(f"/api/v1/runs/{name}/join-token").status_code == 403
-    with orch.admin() as http:
-        rotated = http.post(f"/api/v1/runs/{name}/join-token")
-    assert rotated.status_code == 200 and rotated.json()["join_token"] not in (old_join, new_join)
-
-
 @pytest.mark.timeout(240)
-def test_hand_joined_workers_that_fail_do_not_fail_the_run(
-    processes: ProcessRegistry, tmp_path: Path
-) -> None:
+def test_hand_joined_workers_that_fail_do_not_fail_the_run(tmp_path: Path) -> None:
     """Before, six deregistrations with reason "error" from workers joined with the join token counted
     as start-up failures and the reconcile loop failed the run within seconds."""
     env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_RECONCILE_INTERVAL_S": "0.3"}
-    orch = start_orchestrator(processes, tmp_path / "data", extra_env=env)
+    with inprocess_orchestrator(tmp_path / "data", env=env) as orch:  # the reconcile loop on
+        _failing_hand_joined_workers(orch)
+
+
+def _failing_hand_joined_workers(orch: Orchestrator) -> None:
     name, join = create(orch, desired_workers=0, min_workers=0, max_workers=10)
     for _ in range(6):
         worker = register(orch, join)
