@@ -142,9 +142,9 @@ RUN_IN_SHELL = frozenset(
 
 # Commands another test runs (file::test); a unit test checks that the test exists.
 RUN_ELSEWHERE = {
-    "spotswarm runs logs digits --worker 7 [--tail-bytes 20000] [--json]": "tests/integration/test_operability.py::test_worker_log_tail_is_bounded_and_follows_the_read_rule",
+    "spotswarm runs logs digits --worker 7 [--tail-bytes 20000] [--json]": "tests/integration/test_operability.py::test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_ends",
     "spotswarm runs logs NAME [--follow] # --follow exits by itself once the run has ended": "tests/integration/test_cli_runs.py::test_logs_prints_history_and_follow_exits_when_the_run_ends",
-    "spotswarm runs logs digits --worker 7 -f # then what it writes, until the worker has ended": "tests/integration/test_operability.py::test_a_worker_log_is_followed_from_its_tail_until_the_worker_ends",
+    "spotswarm runs logs digits --worker 7 -f # then what it writes, until the worker has ended": "tests/integration/test_operability.py::test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_ends",
     "spotswarm runs watch NAME [--interval 2] # live table until the run ends; exit 0 completed, 1 failed/stopped": "tests/integration/test_cli_usability.py::test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the_run_stops",
     "spotswarm checkpoints download NAME [EPOCH] [-o PATH] # latest by default; SHA-256 verified": "tests/integration/test_cli_workers.py::test_checkpoints_list_and_download_verified",
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",

@@ -1,0 +1,79 @@
+"""``/metrics``: the Prometheus series of hand-joined workers match the API and vanish with their run; the
+read rule (reads need the admin token here). The app in-process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.api.operability import (
+    OPERABILITY_ENV,
+    admin_get,
+    create,
+    join,
+    launch_intent,
+    scrape,
+    scrape_until,
+    value,
+)
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.waiting import wait_until
+from tests.support.workers import become_checkpointer
+from worker.wire import DeregisterReason
+
+ORCHESTRATOR_ENV = OPERABILITY_ENV
+PRICE_USD_PER_HOUR = 3.6
+
+
+@pytest.mark.timeout(180)
+def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_path: Path) -> None:
+    name, join_token = create(orch, desired_workers=1)
+    request_id, launch_token = launch_intent(orch, name, {"price_usd_per_hour": PRICE_USD_PER_HOUR})
+    worker = join(orch, launch_token, request_id)
+    numbers = dict(local_step=9, swarm_epoch=4, samples=256, loss=0.25, samples_per_s=32.0, num_peers=1)
+    become_checkpointer(orch, {"worker_id": worker.worker_id, "worker_token": worker.client.token}, **numbers)
+    checkpoint = tmp_path / "epoch4.ckpt"
+    checkpoint.write_bytes(b"weights" * 100)
+    worker.client.upload_checkpoint(worker.worker_id, 4, checkpoint)
+    with orch.client() as anonymous:
+        refused = anonymous.post(f"/api/v1/workers/{worker.worker_id}/heartbeat", json={})
+        assert refused.status_code == 401
+        assert anonymous.get("/metrics").status_code == 401  # reads are not public here
+    with orch.client(join_token) as http:
+        assert http.get("/metrics").status_code == 403
+
+    samples = scrape_until(orch, lambda s: s.get(("spotswarm_run_samples_total", (("run", name),))) == 256)
+    run = admin_get(orch, f"/api/v1/runs/{name}")
+    assert (
+        value(samples, "spotswarm_run_workers", run=name, state="running") == run["workers"]["running"] == 1
+    )
+    assert value(samples, "spotswarm_run_workers", run=name, state="launching") == 0
+    assert value(samples, "spotswarm_run_desired_workers", run=name) == run["workers"]["desired"] == 1
+    assert value(samples, "spotswarm_run_swarm_epoch", run=name) == run["reported"]["swarm_epoch"] == 4
+    assert value(samples, "spotswarm_run_loss", run=name) == run["reported"]["loss"] == 0.25
+    assert value(samples, "spotswarm_run_samples_per_second", run=name) == 32.0
+    assert value(samples, "spotswarm_run_state", run=name, state="running") == 1
+    assert value(samples, "spotswarm_run_state", run=name, state="pending") == 0
+    assert value(samples, "spotswarm_run_checkpoints", run=name) == 1
+    assert value(samples, "spotswarm_run_checkpoint_latest_epoch", run=name) == 4
+    assert 0 <= value(samples, "spotswarm_run_checkpoint_latest_age_seconds", run=name) < 120
+    assert value(samples, "spotswarm_run_checkpoint_bytes", run=name) == 700
+    cost = value(samples, "spotswarm_run_cost_usd", run=name)
+    assert 0 < cost < PRICE_USD_PER_HOUR * 120 / 3600  # registered less than two minutes ago
+    assert value(samples, "spotswarm_heartbeats_total", result="accepted") >= 1
+    assert value(samples, "spotswarm_heartbeats_total", result="rejected") >= 1
+    assert value(samples, "spotswarm_dht_up") == 1
+    routes = {dict(labels)["route"] for (n, labels) in samples if n.startswith("spotswarm_http_request")}
+    assert "/api/v1/workers/{worker_id}/heartbeat" in routes and "/metrics" in routes
+    assert not [r for r in routes if re.search(r"/\d+(/|$)", r) or name in r], routes  # templates only
+
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
+    worker.leave(DeregisterReason.stopped)
+    wait_until(lambda: admin_get(orch, f"/api/v1/runs/{name}")["state"] == "stopped", 15)
+    assert value(scrape(orch), "spotswarm_run_state", run=name, state="stopped") == 1
+    with orch.admin() as http:
+        assert http.delete(f"/api/v1/runs/{name}").status_code == 204
+    assert not [key for key in scrape(orch) if ("run", name) in key[1]], "series of a deleted run remain"
