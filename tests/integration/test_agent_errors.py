@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
@@ -19,17 +18,8 @@ from worker.agent.config import EXIT_CONFIG, EXIT_FAILED
 FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine
 
 
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    """One orchestrator for this module's tests (each creates its own run)."""
-    root = tmp_path_factory.mktemp("agent-errors")
-    registry = ProcessRegistry(root)
-    # No import check: a run below names a module that exists nowhere, as a worker image might lack it.
-    env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
-    try:
-        yield start_orchestrator(registry, root / "orch", extra_env=env)
-    finally:
-        registry.kill_all()
+# No import check: a run below names a module that exists nowhere, as a worker image might lack it.
+ORCHESTRATOR_ENV = HAND_ONLY
 
 
 def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:

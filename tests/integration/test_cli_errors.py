@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli.client import EXIT_AUTH, EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from tests.support.cli import cli
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
+from tests.support.orchestrator import Orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.processes import VENV_BIN
 from tests.support.specs import run_spec
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("cli-errors")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
-    finally:
-        registry.kill_all()
 
 
 def spotswarm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

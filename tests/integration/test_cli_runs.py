@@ -6,29 +6,18 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.cli import HandWorker, cli
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
-from tests.support.processes import REPO_ROOT, VENV_BIN, ProcessRegistry
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import REPO_ROOT, VENV_BIN
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, register
 from worker.wire import DeregisterReason
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("cli-runs")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=HAND_ONLY)
-    finally:
-        registry.kill_all()
 
 
 def api_run(orch: Orchestrator, name: str) -> dict:

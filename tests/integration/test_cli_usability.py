@@ -11,7 +11,6 @@ import re
 import select
 import signal
 import subprocess
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -19,18 +18,12 @@ import pytest
 
 from orchestrator.cli.client import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from tests.support.cli import HandWorker, cli
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.orchestrator import Orchestrator
 from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with orchestrator_in(tmp_path_factory.mktemp("cli-usability"), extra_env=HAND_ONLY) as orch:
-        yield orch
 
 
 def one_line_error(stderr: str) -> str:

@@ -12,16 +12,10 @@ import pytest
 
 from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND
 from tests.support.cli import HandWorker, cli
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.orchestrator import Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with orchestrator_in(tmp_path_factory.mktemp("cli-workers"), extra_env=HAND_ONLY) as orch:
-        yield orch
 
 
 @pytest.fixture(scope="module")

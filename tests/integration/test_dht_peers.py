@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import hivemind
@@ -12,8 +11,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import ProcessRegistry
+from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.strategy.dht import start_dht
@@ -21,17 +19,9 @@ from worker.strategy.dht import start_dht
 pytestmark = pytest.mark.swarm
 
 
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("dht")
-    registry = ProcessRegistry(root)
-    try:
-        # plain hivemind peers without swarm tokens: the orchestrator's DHT must admit anyone here
-        # (swarm admission is tested in test_swarm_admission.py)
-        env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_SWARM_ADMISSION": "false"}
-        yield start_orchestrator(registry, root / "data", extra_env=env)
-    finally:
-        registry.kill_all()
+# plain hivemind peers without swarm tokens: the orchestrator's DHT must admit anyone here
+# (swarm admission is tested in test_swarm_admission.py)
+ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_SWARM_ADMISSION": "false"}
 
 
 def plain_peer(initial_peers: list[str], **kwargs: Any) -> hivemind.DHT:

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from tests.support.docs_commands import (
     documented_commands,
     substitute,
 )
-from tests.support.orchestrator import HAND_ONLY, Orchestrator, orchestrator_in
+from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.processes import VENV_BIN
 from tests.support.specs import run_spec
 
@@ -49,11 +48,7 @@ NAMED_BY_POSITION = {
 }
 
 
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    env = {**HAND_ONLY, **EC2_OFFERED, **IMPORTS_CHECKED}
-    with orchestrator_in(tmp_path_factory.mktemp("docs-commands"), extra_env=env) as orch:
-        yield orch
+ORCHESTRATOR_ENV = {**HAND_ONLY, **EC2_OFFERED, **IMPORTS_CHECKED}
 
 
 def _yaml_files(cwd: Path) -> None:

@@ -30,21 +30,11 @@ from worker.wire import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.swarm
 _names = itertools.count()
-ENV = {
+ORCHESTRATOR_ENV = {
     "SPOTSWARM_CHECK_IMPORTS": "false",
     "SPOTSWARM_SWARM_ADMISSION": "false",
     "SPOTSWARM_RECONCILE_INTERVAL_S": "0.3",
 }
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("false-progress")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=ENV)
-    finally:
-        registry.kill_all()
 
 
 class ProgressPeer:
@@ -197,7 +187,7 @@ def test_an_epoch_published_just_before_the_last_worker_leaves_completes_the_run
     reads its run's progress afresh while the worker's DHT peer is still up, and the heartbeat it sent
     last is written first."""
     env = {
-        **ENV,
+        **ORCHESTRATOR_ENV,
         **NO_RECONCILE,
         "SPOTSWARM_DHT_REFRESH_INTERVAL_S": "60",
         "SPOTSWARM_HEARTBEAT_FLUSH_INTERVAL_S": "60",

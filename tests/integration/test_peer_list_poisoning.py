@@ -9,13 +9,11 @@ issued for; in a run without swarm admission there is no such id, and the form a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import ProcessRegistry
+from tests.support.orchestrator import Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, new_public_key, register, swarm_token_peer_id
@@ -23,18 +21,6 @@ from worker.admission.tokens import peer_id_of
 
 _names = itertools.count()
 HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("peer-list")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(
-            registry, root / "data", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
-        )
-    finally:
-        registry.kill_all()
 
 
 def create(orch: Orchestrator, **overrides: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.orchestrator import HAND_ONLY, NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import BOOT_S, wait_until
@@ -56,21 +55,9 @@ DIGITS = {
 }
 
 
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("admission")
-    registry = ProcessRegistry(root)
-    try:
-        # no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life)
-        # while the tests run, from their DHT processes
-        env = {
-            **NO_RECONCILE,
-            "SPOTSWARM_CHECK_IMPORTS": "false",
-            "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S),
-        }
-        yield start_orchestrator(registry, root / "data", extra_env=env)
-    finally:
-        registry.kill_all()
+# no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life) while
+# the tests run, from their DHT processes
+ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S)}
 
 
 def create_run(orch: Orchestrator, spec: dict[str, Any]) -> dict[str, Any]:

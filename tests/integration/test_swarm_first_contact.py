@@ -19,34 +19,23 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
+from tests.support.orchestrator import NO_RECONCILE, Orchestrator
 from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.swarm]
 JOIN_S = 120.0  # two peers importing hivemind and starting their daemons on a busy 2-core machine
-ENV = {
+ORCHESTRATOR_ENV = {
     **NO_RECONCILE,
     "SPOTSWARM_CHECK_IMPORTS": "false",
     "SPOTSWARM_DHT_REFRESH_INTERVAL_S": "600",  # the periodic push of opted-out runs comes too late
 }
-
-
-@pytest.fixture(scope="module")
-def orch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    root = tmp_path_factory.mktemp("first-contact")
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", extra_env=ENV)
-    finally:
-        registry.kill_all()
 
 
 def create_run(orch: Orchestrator, name: str, **options: Any) -> dict[str, Any]:
