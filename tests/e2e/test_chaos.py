@@ -11,12 +11,17 @@ records downloads with its recorded SHA-256; and no worker is left launching or 
 
 The orchestrator dies while both first workers train, far from the target: a run that *completes* while
 the orchestrator is down loses its last epochs today (see docs/operations/runbooks.md, "Known gaps").
+
+The test's own choices (when the orchestrator dies, the pauses, which worker each blow falls on) come from
+a seed: ``SPOTSWARM_CHAOS_SEED``, random when unset. It is printed and named in every failure message;
+setting it replays those choices (the system's own timing still varies from run to run).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import sys
 import threading
@@ -121,6 +126,12 @@ def whole_swarm(reader: RunReader) -> tuple[str, list[dict[str, Any]]] | None:
     return (state, running) if state != "running" or len(synced) >= 2 else None
 
 
+def chaos_seed() -> int:
+    """``SPOTSWARM_CHAOS_SEED``, or a fresh random seed."""
+    chosen = os.environ.get("SPOTSWARM_CHAOS_SEED", "").strip()
+    return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+
 def pause(rng: random.Random) -> None:
     time.sleep(rng.uniform(*PAUSE_S))  # chaos is random by design: the pause is part of the experiment
 
@@ -129,7 +140,10 @@ def pause(rng: random.Random) -> None:
 def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     processes: ProcessRegistry, loop_data_dir: Path
 ) -> None:
-    rng = random.Random()
+    seed = chaos_seed()
+    replay = f"SPOTSWARM_CHAOS_SEED={seed} replays this test's choices"
+    print(f"chaos seed {seed} ({replay})")
+    rng = random.Random(seed)
     orch = start_loop_orchestrator(processes, loop_data_dir)
     spec = digits_run(
         "chaos",
@@ -138,7 +152,11 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     )
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "chaos")
-    wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
+    wait_until(
+        lambda: len(reader.running()) == 2 and reader.epoch() >= 1,
+        BOOT_S,
+        message=f"2 workers train; {replay}",
+    )
     observer = start_observer(processes, orch, "chaos")
     sampler = ApiSampler("chaos", orch)
     threading.Thread(target=sampler.run, daemon=True).start()
@@ -154,7 +172,9 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         pause(rng)
         # a blow falls only on a whole swarm: were the last peer holding the swarm's state killed before
         # its replacement had caught up, the swarm would restart from its last checkpoint (by design)
-        state, victims = wait_until(lambda: whole_swarm(reader), BOOT_S, message="2 workers hold the state")
+        state, victims = wait_until(
+            lambda: whole_swarm(reader), BOOT_S, message=f"2 workers hold the state; {replay}"
+        )
         if state != "running":
             break
         victim = rng.choice(victims)
@@ -164,24 +184,24 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed", "stopped") and run,
         300,
-        message=f"the run completes after killing the orchestrator and workers {killed}",
+        message=f"the run completes after killing the orchestrator and workers {killed}; {replay}",
     )
     sampler.stop.set()
-    assert final["state"] == "completed", final["state_reason"]
-    assert final["reported"]["swarm_epoch"] >= TARGET_EPOCHS
+    assert final["state"] == "completed", (final["state_reason"], replay)
+    assert final["reported"]["swarm_epoch"] >= TARGET_EPOCHS, replay
 
     dht = before_the_end(observed_epochs(observer), TARGET_EPOCHS - 1)
-    assert len(dht) > 20 and len(sampler.reported) > 20, "too few readings to tell"
-    assert not went_back(dht), f"the swarm epoch went back (DHT): {went_back(dht)}"
-    assert not went_back(sampler.reported), sampler.reported
+    assert len(dht) > 20 and len(sampler.reported) > 20, f"too few readings to tell; {replay}"
+    assert not went_back(dht), f"the swarm epoch went back (DHT): {went_back(dht)}; {replay}"
+    assert not went_back(sampler.reported), (sampler.reported, replay)
     backwards = {w: went_back(series) for w, series in sampler.per_worker.items() if went_back(series)}
-    assert not backwards, backwards
+    assert not backwards, (backwards, replay)
 
-    assert verify_checkpoints(orch, "chaos"), "no checkpoint kept"
+    assert verify_checkpoints(orch, "chaos"), f"no checkpoint kept; {replay}"
     wait_until(
         lambda: all(w["state"] not in ("launching", "running") for w in reader.workers()),
         60,
-        message="no worker left live",
+        message=f"no worker left live; {replay}",
     )
     launched = [e for e in reader.events() if e["kind"] == "worker.launched"]
-    assert len(launched) >= 2 + len(killed) - 1, "killed workers were replaced"
+    assert len(launched) >= 2 + len(killed) - 1, f"killed workers were replaced; {replay}"
