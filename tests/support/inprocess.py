@@ -68,8 +68,12 @@ class _ChunksOffTheLoop(httpx.AsyncByteStream):
                 yield chunk
             return
         chunks = iter(self._stream)
-        while (chunk := await anyio.to_thread.run_sync(next, chunks, None)) is not None:
-            yield chunk
+        while (piece := await anyio.to_thread.run_sync(_next_chunk, chunks)) is not None:
+            yield piece
+
+
+def _next_chunk(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)
 
 
 class PortalTransport(httpx.BaseTransport):
