@@ -4,6 +4,7 @@ One malformed address made p2pd refuse to start in every later worker (a run tha
 well-formed address of someone else's peer is an eclipse. The orchestrator keeps only dialable addresses
 (``/ip4|ip6|dns*/<host>/tcp/<port>/p2p/<id>``) whose peer id is the one the worker's swarm token was
 issued for; in a run without swarm admission there is no such id, and the form alone is checked.
+The app in-process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.orchestrator import Orchestrator
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, new_public_key, register, swarm_token_peer_id
