@@ -1,11 +1,12 @@
-"""Start a real orchestrator (`spotswarm serve` in its own process group) for a test.
+"""Start a real orchestrator (`spotswarm serve` in its own process group) for a test, and the settings
+presets every orchestrator of the tests starts with (here or in-process: ``tests/support/inprocess.py``).
 
-Usage::
-
-    from tests.support.orchestrator import start_orchestrator
+Most modules use the module-scoped ``orch`` fixture of ``tests/conftest.py`` (settings from the module's
+``ORCHESTRATOR_ENV``) or its ``orchestrator_factory``; a test that restarts or kills the server calls
+``start_orchestrator`` itself::
 
     def test_something(processes, tmp_path):
-        orch = start_orchestrator(processes, tmp_path / "orch")
+        orch = start_orchestrator(processes, tmp_path / "orch", extra_env=HAND_ONLY)
         with orch.admin() as http:
             http.post("/api/v1/runs", json={...})
 
@@ -19,8 +20,7 @@ The ``processes`` registry kills the server (and its DHT daemon) when the test e
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -165,17 +165,6 @@ def start_orchestrator(
         raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
-
-
-@contextmanager
-def orchestrator_in(root: Path, **kwargs: Any) -> Iterator[Orchestrator]:
-    """``start_orchestrator`` on ``root / "data"`` with its own process registry, killed when the block
-    ends: the body of a module-scoped fixture."""
-    registry = ProcessRegistry(root)
-    try:
-        yield start_orchestrator(registry, root / "data", **kwargs)
-    finally:
-        registry.kill_all()
 
 
 def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
