@@ -156,3 +156,4 @@ def warn_if_zero_grad_overridden(module: LightningModule) -> None:
             UserWarning,
             stacklevel=2,
         )
+
