@@ -105,6 +105,9 @@ class RunState(str, Enum):
     completed = "completed"
     failed = "failed"
 
+    def __str__(self) -> str:  # the value in messages, on every Python version
+        return str(self.value)
+
 
 class WorkerState(str, Enum):
     """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/states.py``."""
@@ -115,6 +118,9 @@ class WorkerState(str, Enum):
     interrupted = "interrupted"
     exited = "exited"
     failed = "failed"
+
+    def __str__(self) -> str:  # the value in messages, on every Python version
+        return str(self.value)
 
 
 class StopCondition(StrictModel):

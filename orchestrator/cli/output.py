@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from orchestrator.domain.states import FINISHED_RUN_STATES, values
+from orchestrator.domain.states import FINISHED_RUN_STATES
 
-TERMINAL_RUN_STATES = values(FINISHED_RUN_STATES)
+TERMINAL_RUN_STATES = frozenset(state.value for state in FINISHED_RUN_STATES)  # as the API's JSON has them
 PRICE_KEYS = ("price_per_hour", "price_usd_per_hour")
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 

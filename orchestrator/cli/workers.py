@@ -17,10 +17,10 @@ from orchestrator.cli.output import (
     fmt_usd,
     worker_cost_usd,
 )
-from orchestrator.domain.states import LIVE_WORKER_STATES, values
+from orchestrator.domain.states import LIVE_WORKER_STATES
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
-LIVE_STATES = values(LIVE_WORKER_STATES)
+LIVE_STATES = frozenset(state.value for state in LIVE_WORKER_STATES)  # as the API's JSON has them
 WORKER_COLUMNS = (
     *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
     *("loss", "averaged", "metrics", "ckpt", "cost", "ended"),

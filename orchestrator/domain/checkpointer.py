@@ -33,14 +33,14 @@ def elect_checkpointer(session: Session, run: Run, now: datetime, heartbeat_time
     longest-registered such worker takes over (an event records the hand-over). A stopping run keeps
     the checkpointer it had when the stop began: that worker uploads the final checkpoint.
     """
-    if run.state == RunState.stopping.value:
+    if run.state == RunState.stopping:
         return run.checkpointer_worker_id
     fresh_after = now - timedelta(seconds=heartbeat_timeout_s)
     query = (
         select(Worker)
         .where(
             Worker.run_id == run.id,
-            Worker.state == WorkerState.running.value,
+            Worker.state == WorkerState.running,
             Worker.last_heartbeat_at >= fresh_after,
             Worker.retire_requested_at.is_(None),
         )

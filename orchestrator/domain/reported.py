@@ -55,7 +55,7 @@ def fresh_values(session: Session, run_ids: Sequence[int], fresh_after: datetime
         return {}
     query = select(Worker.run_id, Worker.loss, Worker.metrics).where(
         Worker.run_id.in_(list(run_ids)),
-        Worker.state == WorkerState.running.value,
+        Worker.state == WorkerState.running,
         Worker.last_heartbeat_at >= fresh_after,
     )
     reports: dict[int, list[tuple[float | None, Mapping[str, Any] | None]]] = {}

@@ -31,10 +31,10 @@ from orchestrator.domain.states import (
     LIVE_WORKER_STATES,
     RUN_TRANSITIONS,
     WORKER_TRANSITIONS,
-    values,
+    StopCause,
+    settled_state,
 )
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
-from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from orchestrator.storage.base import package_key
 from worker.wire import RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 from worker.wire_trainer import TrainerSection
@@ -68,8 +68,7 @@ def get_worker(session: Session, worker_id: int) -> Worker:
 
 def list_active_runs(session: Session) -> Sequence[Run]:
     """Runs the reconciler must look after: pending, running or stopping."""
-    states = values(ACTIVE_RUN_STATES)
-    return session.scalars(select(Run).where(Run.state.in_(states)).order_by(Run.id)).all()
+    return session.scalars(select(Run).where(Run.state.in_(ACTIVE_RUN_STATES)).order_by(Run.id)).all()
 
 
 def live_workers(
@@ -77,7 +76,7 @@ def live_workers(
 ) -> Sequence[Worker]:
     """Workers of the run that are launching or running; only those joined by hand (``manual=True``) or
     launched (``False``) when given, only those silent since before ``silent_before`` when given."""
-    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(values(LIVE_WORKER_STATES)))
+    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES))
     if manual is not None:
         query = query.where(Worker.manual.is_(manual))
     if silent_before is not None:
@@ -88,8 +87,8 @@ def live_workers(
 def count_live_workers(session: Session, run_id: int) -> int:
     """How many workers of the run are launching or running."""
     query = select(func.count()).select_from(Worker)
-    live = values(LIVE_WORKER_STATES)
-    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(live))) or 0)
+    live = Worker.state.in_(LIVE_WORKER_STATES)
+    return int(session.scalar(query.where(Worker.run_id == run_id, live)) or 0)
 
 
 def stop_condition(run: Run) -> StopCondition:
@@ -146,30 +145,37 @@ def secret_values(run: Run) -> dict[str, str]:
 # -- state changes ----------------------------------------------------------------------------------
 
 
-def set_run_state(session: Session, run: Run, new: RunState, reason: str, now: datetime) -> bool:
+def set_run_state(
+    session: Session, run: Run, new: RunState, reason: str, now: datetime, cause: StopCause = StopCause.user
+) -> bool:
     """Move ``run`` to ``new`` if the table allows it; returns False when it already was there.
 
-    Raises :class:`IllegalTransition` for a transition the table forbids.
+    ``reason`` is for people (the run's ``state_reason`` and its event). A run going to ``stopping``
+    records ``cause`` as its ``stop_cause`` (:func:`settle_stopping_run` reads it); a failed run's cause
+    is ``failed``; a resumed (pending) run has none. Raises :class:`IllegalTransition` for a transition
+    the table forbids.
     """
-    old = RunState(run.state)
+    old = run.state
     if old == new:
         return False
     if new not in RUN_TRANSITIONS[old]:
-        raise IllegalTransition(f"run {run.name!r} is {old.value}; it cannot become {new.value}")
-    run.state, run.state_reason, run.updated_at = new.value, reason, now
+        raise IllegalTransition(f"run {run.name!r} is {old}; it cannot become {new}")
+    run.state, run.state_reason, run.updated_at = new, reason, now
     if new == RunState.running and run.started_at is None:
         run.started_at = now
     if new == RunState.stopping:
-        run.stop_requested_at = now
+        run.stop_requested_at, run.stop_cause = now, cause
+    if new == RunState.failed:
+        run.stop_cause = StopCause.failed
     if new in FINISHED_RUN_STATES:
         run.finished_at = now
         run.checkpointer_worker_id = None
         session.flush()  # the workers' last reports, written in this transaction, count
         run.final_loss, run.final_metrics = reported.final_values(session, run)
     if new == RunState.pending:
-        run.finished_at = run.stop_requested_at = None
+        run.finished_at = run.stop_requested_at = run.stop_cause = None
         run.consecutive_start_failures, run.last_start_failure_at = 0, None
-    record_event(session, run.id, "run.state", f"{old.value} -> {new.value}: {reason}", now)
+    record_event(session, run.id, "run.state", f"{old} -> {new}: {reason}", now)
     return True
 
 
@@ -179,12 +185,12 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
     Leaving ``running`` hands the checkpointer role on (at the next election, within a flush interval);
     the last live worker of a stopping run leaving ends the run. Raises :class:`IllegalTransition`.
     """
-    old = WorkerState(worker.state)
+    old = worker.state
     if old == new:
         return False
     if new not in WORKER_TRANSITIONS[old]:
-        raise IllegalTransition(f"worker {worker.id} is {old.value}; it cannot become {new.value}")
-    worker.state, worker.state_reason = new.value, reason
+        raise IllegalTransition(f"worker {worker.id} is {old}; it cannot become {new}")
+    worker.state, worker.state_reason = new, reason
     if new == WorkerState.running:
         worker.ended_at = None
     elif not WORKER_TRANSITIONS[new]:
@@ -192,7 +198,7 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
     run = worker.run
     if new != WorkerState.running and run.checkpointer_worker_id == worker.id:
         run.checkpointer_worker_id = None
-    record_event(session, run.id, "worker.state", f"{old.value} -> {new.value}: {reason}", now, worker.id)
+    record_event(session, run.id, "worker.state", f"{old} -> {new}: {reason}", now, worker.id)
     if new not in LIVE_WORKER_STATES:
         session.flush()
         settle_stopping_run(session, run, now)
@@ -200,19 +206,17 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
 
 
 def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
-    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped.
+    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped
+    (:func:`~orchestrator.domain.states.settled_state`).
 
-    The target counts as met when the run went to ``stopping`` because of it (the reconcile loop) or
-    when the swarm epoch the DHT showed meets it (a run stopped by hand at its target, or whose last
-    epoch was read as its last worker left: see :func:`swarm_progress`).
+    The target counts as met when the run went to ``stopping`` because of it (its ``stop_cause``: the
+    reconcile loop saw it on the DHT) or when the swarm epoch the DHT showed meets it (a run stopped by
+    hand at its target, or whose last epoch was read as its last worker left: see :func:`swarm_epoch`).
     """
-    if run.state != RunState.stopping.value or live_workers(session, run.id):
+    if run.state != RunState.stopping or live_workers(session, run.id):
         return
-    reached = run.state_reason == STOP_CONDITION_REACHED or stop_condition(run).reached(
-        swarm_epoch(run), run.target_batch_size
-    )
-    final = RunState.completed if reached else RunState.stopped
-    set_run_state(session, run, final, "all workers have left", now)
+    reached = stop_condition(run).reached(swarm_epoch(run), run.target_batch_size)
+    set_run_state(session, run, settled_state(run.stop_cause, reached), "all workers have left", now)
 
 
 # -- run operations (the admin API) -----------------------------------------------------------------
@@ -253,7 +257,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         trainer=spec.trainer.model_dump(exclude_defaults=True),
         report_metrics=list(spec.report_metrics),
         max_worker_crashes=spec.max_worker_crashes,
-        state=RunState.pending.value,
+        state=RunState.pending,
         state_reason="created",
         consecutive_start_failures=0,
         created_at=now,
@@ -292,7 +296,7 @@ def scale_run(
     Raises :class:`IllegalTransition` for a stopping or finished run and :class:`InvalidRequest` when
     ``desired`` is outside [min, max] or min > max.
     """
-    if run.state not in values(ACCEPTING_RUN_STATES):
+    if run.state not in ACCEPTING_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only pending or running runs scale")
     low = run.min_workers if min_workers is None else min_workers
     high = run.max_workers if max_workers is None else max_workers
@@ -305,15 +309,17 @@ def scale_run(
     record_event(session, run.id, "run.scaled", f"desired {old} -> {desired} (min {low}, max {high})", now)
 
 
-def stop_run(session: Session, run: Run, reason: str, now: datetime) -> None:
-    """Ask a run to stop: its workers are told to leave; with none live it is stopped at once.
+def stop_run(
+    session: Session, run: Run, reason: str, now: datetime, cause: StopCause = StopCause.user
+) -> None:
+    """Ask a run to stop for ``cause``: its workers are told to leave; with none live it ends at once.
 
     Stopping an already stopping or stopped run is a no-op; a completed or failed one raises
     :class:`IllegalTransition`.
     """
-    if run.state in (RunState.stopping.value, RunState.stopped.value):
+    if run.state in (RunState.stopping, RunState.stopped):
         return
-    set_run_state(session, run, RunState.stopping, reason, now)
+    set_run_state(session, run, RunState.stopping, reason, now, cause)
     settle_stopping_run(session, run, now)
 
 
@@ -325,7 +331,7 @@ def resume_run(session: Session, run: Run, now: datetime, stop: StopCondition | 
     Raises :class:`IllegalTransition` unless the run has finished, and :class:`Conflict` when the run
     would meet its stop condition at once (a completed run resumed without a higher target).
     """
-    if run.state not in values(FINISHED_RUN_STATES):
+    if run.state not in FINISHED_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only finished runs resume")
     if stop is not None:
         run.target_epochs, run.target_samples = stop.target_epochs, stop.target_samples
@@ -355,7 +361,7 @@ def delete_run(session: Session, run: Run) -> list[str]:
 
     Raises :class:`IllegalTransition` unless the run is stopped, completed or failed.
     """
-    if run.state not in values(FINISHED_RUN_STATES):
+    if run.state not in FINISHED_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; stop it before deleting it")
     keys = list(session.scalars(select(Checkpoint.key).where(Checkpoint.run_id == run.id)))
     if run.workdir is not None:

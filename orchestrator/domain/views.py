@@ -28,7 +28,7 @@ from orchestrator.api.schemas import (
 )
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.domain import averaging, checkpoints, reported, runs
-from orchestrator.domain.states import FINISHED_RUN_STATES, values
+from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
@@ -57,12 +57,12 @@ def run_numbers(session: Session, run_ids: Sequence[int], fresh_after: datetime)
     over the workers running with a heartbeat since ``fresh_after`` (:mod:`orchestrator.domain.reported`)."""
     if not run_ids:
         return {}
-    running = Worker.state == WorkerState.running.value
+    running = Worker.state == WorkerState.running
     fresh = running & (Worker.last_heartbeat_at >= fresh_after)
     query = (
         select(
             Worker.run_id,
-            func.sum(case((Worker.state == WorkerState.launching.value, 1), else_=0)),
+            func.sum(case((Worker.state == WorkerState.launching, 1), else_=0)),
             func.sum(case((running, 1), else_=0)),
             func.sum(case((fresh, 1), else_=0)),
             func.max(Worker.swarm_epoch),
@@ -155,7 +155,7 @@ def _run_out(
         name=run.name,
         swarm_id=run.swarm_id,
         spec=spec if full else public_spec(spec),
-        state=RunState(run.state),
+        state=run.state,
         state_reason=run.state_reason,
         created_at=run.created_at,
         updated_at=run.updated_at,
@@ -180,7 +180,7 @@ def _run_out(
 
 def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
     """What the run's workers reported: live numbers, and for a finished run its last loss and metrics."""
-    finished = run.state in values(FINISHED_RUN_STATES)
+    finished = run.state in FINISHED_RUN_STATES
     return ReportedProgress(
         swarm_epoch=numbers.swarm_epoch,
         samples_total=numbers.samples_total,
@@ -195,7 +195,7 @@ def list_runs(session: Session, state: RunState | None, limit: int, offset: int)
     query = select(Run)
     count = select(func.count()).select_from(Run)
     if state is not None:
-        query, count = query.where(Run.state == state.value), count.where(Run.state == state.value)
+        query, count = query.where(Run.state == state), count.where(Run.state == state)
     rows = session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
     return rows, int(session.scalar(count) or 0)
 
@@ -266,7 +266,7 @@ def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
         launcher=worker.launcher,
         launcher_handle=worker.launcher_handle,
         manual=worker.manual,
-        state=WorkerState(worker.state),
+        state=worker.state,
         state_reason=worker.state_reason,
         retire_requested_at=worker.retire_requested_at,
         hostname=worker.hostname,
@@ -301,7 +301,7 @@ def list_workers(
     query = select(Worker).where(Worker.run_id == run.id)
     count = select(func.count()).select_from(Worker).where(Worker.run_id == run.id)
     if state is not None:
-        query, count = query.where(Worker.state == state.value), count.where(Worker.state == state.value)
+        query, count = query.where(Worker.state == state), count.where(Worker.state == state)
     rows = session.scalars(query.order_by(Worker.id.desc()).limit(limit).offset(offset)).all()
     return [worker_out(w, run, full) for w in rows], int(session.scalar(count) or 0)
 
@@ -310,7 +310,7 @@ def worker_peers(session: Session, run_id: int) -> list[str]:
     """Multiaddrs reported by the run's running workers, freshest heartbeat first, at most 16."""
     query = (
         select(Worker.peer_maddrs)
-        .where(Worker.run_id == run_id, Worker.state == WorkerState.running.value)
+        .where(Worker.run_id == run_id, Worker.state == WorkerState.running)
         .order_by(Worker.last_heartbeat_at.desc().nulls_last())
         .limit(MAX_PEER_WORKERS)
     )

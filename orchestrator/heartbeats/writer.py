@@ -24,7 +24,7 @@ from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import averaging, progress_samples, runs
 from orchestrator.domain.checkpointer import counted_epoch, elect_checkpointer
-from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
@@ -86,12 +86,15 @@ class HeartbeatWriter:
     def _revive(
         self, session: Session, batch: dict[int, tuple[Heartbeat, datetime]], now: datetime
     ) -> list[int]:
-        stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running.value]
+        stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running]
         revived = []
-        reviving = values(REVIVABLE_WORKER_STATES)
         for start in range(0, len(stale), _REVIVE_CHUNK):  # one query per chunk, not one per worker
             chunk = stale[start : start + _REVIVE_CHUNK]
-            query = select(Worker).where(Worker.id.in_(chunk), Worker.state.in_(reviving)).order_by(Worker.id)
+            query = (
+                select(Worker)
+                .where(Worker.id.in_(chunk), Worker.state.in_(REVIVABLE_WORKER_STATES))
+                .order_by(Worker.id)
+            )
             for worker in session.scalars(query):
                 runs.set_worker_state(session, worker, WorkerState.running, "heartbeat received", now)
                 revived.append(worker.id)
@@ -125,7 +128,7 @@ class HeartbeatWriter:
         lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
         for w in cached_workers.values():
             if (
-                w.state == WorkerState.running.value
+                w.state == WorkerState.running
                 and not w.retiring
                 and w.last_seen is not None
                 and w.last_seen >= fresh_after
@@ -137,7 +140,7 @@ class HeartbeatWriter:
             current = cached_workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
             healthy = (
                 current is not None
-                and current.state == WorkerState.running.value
+                and current.state == WorkerState.running
                 and not current.retiring
                 and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
                 and counted_epoch(current.epoch, known[entry.run_id])
@@ -147,7 +150,7 @@ class HeartbeatWriter:
                 need.append(entry.run_id)
         for run_id in need:
             run = session.get(Run, run_id)
-            if run is not None and run.state in values(ACTIVE_RUN_STATES):
+            if run is not None and run.state in ACTIVE_RUN_STATES:
                 elect_checkpointer(session, run, now, timeout_s)
 
     def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
@@ -157,7 +160,7 @@ class HeartbeatWriter:
         due = {
             r.run_id: r
             for r in cached_runs.values()
-            if r.state != RunState.pending.value
+            if r.state != RunState.pending
             and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo)) >= interval
         }
         if not due:

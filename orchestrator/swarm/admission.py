@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
 from orchestrator.swarm.dht import DHTUnavailable
 from worker.admission.tokens import (
@@ -151,9 +151,9 @@ class SwarmAdmission:
         run = worker.run
         if not swarm_admission_requested(run.strategy_options):
             raise Conflict(f"run {run.name!r} admits any peer (swarm_admission is false): no token needed")
-        if run.state not in values(ACTIVE_RUN_STATES):
+        if run.state not in ACTIVE_RUN_STATES:
             raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}")
-        if worker.state not in values(TOKEN_WORKER_STATES):
+        if worker.state not in TOKEN_WORKER_STATES:
             raise Conflict(f"worker {worker_id} is {worker.state}; only registered, live workers get tokens")
         try:
             token = self.authority.grant(run.swarm_id, f"worker-{worker.id}", body.public_key, now)
@@ -209,6 +209,6 @@ class SwarmAdmission:
 def read_open_swarms(db: Database) -> frozenset[str]:
     """The swarm ids of the active runs that opted out of admission."""
     with db.read() as session:
-        active = values(ACTIVE_RUN_STATES)
-        rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
+        query = select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(ACTIVE_RUN_STATES))
+        rows = session.execute(query)
         return frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))

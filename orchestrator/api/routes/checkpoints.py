@@ -28,7 +28,7 @@ from orchestrator.api.schemas import CheckpointList
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.domain import checkpoints, runs
-from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.storage.base import checkpoint_key
@@ -59,7 +59,7 @@ async def upload_checkpoint(
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
-    if entry.state in values(ENDED_WORKER_STATES):
+    if entry.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
@@ -115,7 +115,7 @@ def _store_and_record(
         previous = checkpoints.existing_upload(session, run, epoch, sha256)
         if previous is not None:
             return checkpoints.to_ref(run, previous)
-        if run.state not in values(ACTIVE_RUN_STATES):
+        if run.state not in ACTIVE_RUN_STATES:
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
         key = checkpoint_key(run.swarm_id, epoch, sha256)
     ctx.store.put_file(key, path, sha256)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
 from orchestrator.context import AppContext
 from orchestrator.domain import checkpoints, runs, views, workers
-from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import WorkerEntry
 from worker.wire import (
@@ -108,7 +108,7 @@ def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
     # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
     # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
     entry = ctx.hub.cached(worker_id)
-    live = entry is not None and entry.state in values(UNENDED_WORKER_STATES)
+    live = entry is not None and entry.state in UNENDED_WORKER_STATES
     if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
         ctx.read_swarm_now(entry.run_id)
     ctx.heartbeat_writer.flush()
