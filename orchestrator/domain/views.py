@@ -53,12 +53,14 @@ class RunNumbers:
 
 
 def run_numbers(session: Session, run_ids: Sequence[int], fresh_after: datetime) -> dict[int, RunNumbers]:
-    """Worker counts and reported progress of several runs in two queries: throughput, loss and metrics
-    over the workers running with a heartbeat since ``fresh_after`` (:mod:`orchestrator.domain.reported`)."""
+    """Worker counts and reported progress of several runs in two queries: highest epoch and samples over
+    all their workers; throughput, loss and metrics over the :func:`~orchestrator.domain.reported.fresh`
+    ones. The one per-run aggregate: run views, progress samples (the heartbeat writer) and ``/metrics``
+    all read it."""
     if not run_ids:
         return {}
     running = Worker.state == WorkerState.running
-    fresh = running & (Worker.last_heartbeat_at >= fresh_after)
+    fresh = reported.fresh(fresh_after)
     query = (
         select(
             Worker.run_id,
