@@ -15,7 +15,6 @@ from orchestrator.cli.output import (
     fmt_metrics,
     fmt_number,
     fmt_usd,
-    worker_cost_usd,
 )
 from orchestrator.domain.states import LIVE_WORKER_STATES
 from worker.wire_trainer import LOSS_METRIC_NAMES
@@ -63,7 +62,7 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
         _averaged(worker),
         fmt_metrics(worker.get("metrics"), skip=LOSS_METRIC_NAMES),
         "yes" if worker.get("checkpointer") else "",
-        fmt_usd(worker_cost_usd(worker, now)),
+        fmt_usd(worker.get("cost_usd")),
         _ended(worker),
     ]
 

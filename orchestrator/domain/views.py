@@ -27,7 +27,7 @@ from orchestrator.api.schemas import (
     WorkerOut,
 )
 from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, reported, runs
+from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
 from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
@@ -140,19 +140,37 @@ def runs_out(
     heartbeat_timeout_s: float,
     full: bool = True,
 ) -> list[RunOut]:
-    """API views of ``rows`` with their live numbers (three queries for the whole page); the public
-    view unless ``full``."""
+    """API views of ``rows`` with their live numbers, cost and ETA (four queries for the whole page);
+    the public view unless ``full``."""
     ids = [r.id for r in rows]
     numbers = run_numbers(session, ids, now - timedelta(seconds=heartbeat_timeout_s))
     latest = latest_checkpoints(session, ids)
-    return [_run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), swarm, full) for r in rows]
+    costs = estimates.run_costs(session, now, ids)
+    return [
+        _run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), costs.get(r.id), swarm, full)
+        for r in rows
+    ]
 
 
 def _run_out(
-    run: Run, numbers: RunNumbers, latest: Checkpoint | None, swarm: SwarmProgressCache, full: bool
+    run: Run,
+    numbers: RunNumbers,
+    latest: Checkpoint | None,
+    cost_usd: float | None,
+    swarm: SwarmProgressCache,
+    full: bool,
 ) -> RunOut:
     progress = swarm.get(run.swarm_id)
     spec = runs.run_spec(run)
+    eta_s = estimates.eta_s(
+        run.state,
+        spec.stop,
+        run.target_batch_size,
+        samples_total=numbers.samples_total,
+        samples_per_s=numbers.samples_per_s,
+        swarm_epoch=max(numbers.swarm_epoch, progress.epoch if progress else 0),
+        samples_in_epoch=progress.samples_accumulated if progress else 0,
+    )
     return RunOut(
         name=run.name,
         swarm_id=run.swarm_id,
@@ -176,6 +194,8 @@ def _run_out(
         checkpointer_worker_id=str(run.checkpointer_worker_id) if run.checkpointer_worker_id else None,
         latest_checkpoint=checkpoints.to_ref(run, latest) if latest else None,
         averaging=RunAveraging.model_validate(run.averaging) if run.averaging else None,
+        cost_usd=cost_usd,
+        eta_s=eta_s,
         redacted=not full,
     )
 
@@ -256,8 +276,9 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
     return ProgressSeries(points=points, stored_points=len(rows))
 
 
-def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
-    """The API view of a worker; the public view (launch details that locate nothing) unless ``full``."""
+def worker_out(worker: Worker, run: Run, now: datetime, full: bool = True) -> WorkerOut:
+    """The API view of a worker (its cost up to ``now``); the public view (launch details that locate
+    nothing) unless ``full``."""
     details = dict(worker.launch_details)
     if not full:
         details = {key: value for key, value in details.items() if key in PUBLIC_DETAILS}
@@ -291,12 +312,21 @@ def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
         averaging=AveragingCounts.model_validate(worker.averaging) if worker.averaging else None,
         averaged_fraction=averaging.worker_fraction(worker.averaging),
         checkpointer=run.checkpointer_worker_id == worker.id,
+        cost_usd=estimates.worker_cost_usd(
+            worker.launch_details, worker.registered_at, worker.created_at, worker.ended_at, now
+        ),
         redacted=not full,
     )
 
 
 def list_workers(
-    session: Session, run: Run, state: WorkerState | None, limit: int, offset: int, full: bool = True
+    session: Session,
+    run: Run,
+    state: WorkerState | None,
+    limit: int,
+    offset: int,
+    now: datetime,
+    full: bool = True,
 ) -> tuple[list[WorkerOut], int]:
     """A page of the run's workers, newest first, and the total matching ``state`` (public view unless
     ``full``)."""
@@ -305,7 +335,7 @@ def list_workers(
     if state is not None:
         query, count = query.where(Worker.state == state), count.where(Worker.state == state)
     rows = session.scalars(query.order_by(Worker.id.desc()).limit(limit).offset(offset)).all()
-    return [worker_out(w, run, full) for w in rows], int(session.scalar(count) or 0)
+    return [worker_out(w, run, now, full) for w in rows], int(session.scalar(count) or 0)
 
 
 def worker_peers(session: Session, run_id: int) -> list[str]:

@@ -19,15 +19,13 @@ from sqlalchemy.orm import Session
 
 from orchestrator.context import AppContext
 from orchestrator.db.models import Checkpoint, Run, Worker
-from orchestrator.domain import averaging, views
+from orchestrator.domain import averaging, estimates, views
 from worker.wire import AVERAGING_OUTCOMES, RunState, WorkerState
 
 if TYPE_CHECKING:
     from orchestrator.reconciler.loop import Reconciler
 
 logger = logging.getLogger(__name__)
-
-PRICE_KEYS = ("price_usd_per_hour", "price_per_hour")
 
 
 class OrchestratorCollector(Collector):
@@ -106,26 +104,9 @@ def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _
         for rid, n, size, epoch in session.execute(kept)
         if rid in newest
     }
-    snap.cost_usd = _costs(session, now)
+    snap.cost_usd = estimates.run_costs(session, now, ids)
     snap.averaging = averaging.run_totals(session, ids)
     return snap
-
-
-def _costs(session: Session, now: datetime) -> dict[int, float]:
-    """USD per run: price per hour from each worker's launch details times the hours it existed."""
-    query = select(
-        Worker.run_id, Worker.launch_details, Worker.registered_at, Worker.created_at, Worker.ended_at
-    )
-    costs: dict[int, float] = {}
-    for run_id, details, registered_at, created_at, ended_at in session.execute(query):
-        price = next(
-            (details[k] for k in PRICE_KEYS if isinstance((details or {}).get(k), (int, float))), None
-        )
-        if price is None:
-            continue
-        hours = max(0.0, ((ended_at or now) - (registered_at or created_at)).total_seconds()) / 3600.0
-        costs[run_id] = costs.get(run_id, 0.0) + float(price) * hours
-    return costs
 
 
 # -- families ----------------------------------------------------------------------------------------

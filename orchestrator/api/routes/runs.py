@@ -214,5 +214,5 @@ def list_workers(
     """Without the admin token: the public view (launch details that locate nothing, ``redacted``)."""
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
-        items, total = views.list_workers(session, run, state, limit, offset, full)
+        items, total = views.list_workers(session, run, state, limit, offset, ctx.clock(), full)
     return WorkerList(items=items, total=total, limit=limit, offset=offset)
