@@ -21,7 +21,7 @@ from orchestrator.db.models import Checkpoint, Run
 from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
 from orchestrator.errors import Conflict, NotFound
-from worker.wire import CheckpointRef
+from worker.wire import API_PREFIX, ApiPath, CheckpointRef
 
 
 def to_ref(run: Run, checkpoint: Checkpoint) -> CheckpointRef:
@@ -31,7 +31,7 @@ def to_ref(run: Run, checkpoint: Checkpoint) -> CheckpointRef:
         size_bytes=checkpoint.size_bytes,
         sha256=checkpoint.sha256,
         created_at=checkpoint.created_at.isoformat(),
-        download_path=f"/api/v1/runs/{run.name}/checkpoints/{checkpoint.epoch}/download",
+        download_path=API_PREFIX + ApiPath.run_checkpoint.format(name=run.name, epoch=checkpoint.epoch),
     )
 
 

@@ -32,7 +32,7 @@ from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.storage.base import checkpoint_key
-from worker.wire import CHECKSUM_HEADER, CheckpointRef
+from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])
@@ -42,7 +42,7 @@ Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
 
 
 @router.put(
-    "/workers/{worker_id}/checkpoints/{epoch}",
+    ApiPath.checkpoint_upload,
     status_code=status.HTTP_201_CREATED,
     summary="Upload a checkpoint (worker token)",
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
@@ -151,7 +151,7 @@ def _record(
         return checkpoints.to_ref(run, stored), dropped
 
 
-@router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
+@router.get(ApiPath.run_checkpoints, summary="A run's checkpoints, newest first")
 def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
@@ -170,7 +170,7 @@ CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
 
 
 @router.get(
-    "/runs/{name}/checkpoints/latest/download",
+    ApiPath.run_latest_checkpoint,
     summary="Download the newest checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
@@ -182,7 +182,7 @@ def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
 
 
 @router.get(
-    "/runs/{name}/checkpoints/{epoch}/download",
+    ApiPath.run_checkpoint,
     summary="Download a checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
