@@ -21,7 +21,6 @@ registration), not only every ``dht_refresh_interval_s``. The design and threat 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator import files
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES
@@ -71,9 +71,8 @@ def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(pem)
+    if not files.create_atomic(path, pem, private=True):  # another orchestrator on this data dir won
+        return load_or_create_key(path)
     logger.info("swarm admission: new signing key in %s", path)
     return key
 
