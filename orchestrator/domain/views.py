@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
@@ -26,7 +27,7 @@ from orchestrator.api.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
+from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
 from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
 from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
@@ -238,6 +239,13 @@ def events_page(session: Session, run_id: int, after_id: int, limit: int) -> Eve
     return EventPage(items=items, next_after_id=items[-1].id if items else after_id)
 
 
+def same_fields(row: Base, model: type[BaseModel], **changed: Any) -> dict[str, Any]:
+    """The row's columns that ``model`` has a field of the same name for, as stored, with ``changed``
+    (values the view converts: ids as strings, copies of JSON, the public launch details) instead."""
+    stored = {c.key: getattr(row, c.key) for c in row.__table__.columns if c.key in model.model_fields}
+    return {**stored, **changed}
+
+
 def downsample(items: Sequence[T], max_points: int) -> list[T]:
     """At most ``max_points`` items spread evenly over ``items``, always keeping the first and last."""
     count = len(items)
@@ -258,19 +266,7 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
     )
     rows = session.scalars(query).all()
     points = [
-        ProgressPoint(
-            at=p.at,
-            swarm_epoch=p.swarm_epoch,
-            samples_total=p.samples_total,
-            loss=p.loss,
-            samples_per_s=p.samples_per_s,
-            live_workers=p.live_workers,
-            dht_epoch=p.dht_epoch,
-            dht_samples=p.dht_samples,
-            dht_peers=p.dht_peers,
-            metrics=dict(p.metrics or {}),
-            averaging=p.averaging,
-        )
+        ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {})))
         for p in downsample(rows, max_points)
     ]
     return ProgressSeries(points=points, stored_points=len(rows))
@@ -282,32 +278,13 @@ def worker_out(worker: Worker, run: Run, now: datetime, full: bool = True) -> Wo
     details = dict(worker.launch_details)
     if not full:
         details = {key: value for key, value in details.items() if key in PUBLIC_DETAILS}
-    return WorkerOut(
+    fields = same_fields(
+        worker,
+        WorkerOut,
         id=str(worker.id),
         run=run.name,
-        request_id=worker.request_id,
-        launcher=worker.launcher,
-        launcher_handle=worker.launcher_handle,
-        manual=worker.manual,
-        state=worker.state,
-        state_reason=worker.state_reason,
-        retire_requested_at=worker.retire_requested_at,
-        hostname=worker.hostname,
         peer_maddrs=list(worker.peer_maddrs),
         launch_details=details,
-        exit_reason=worker.exit_reason,
-        worker_index=worker.worker_index,
-        created_at=worker.created_at,
-        registered_at=worker.registered_at,
-        last_heartbeat_at=worker.last_heartbeat_at,
-        ended_at=worker.ended_at,
-        local_step=worker.local_step,
-        swarm_epoch=worker.swarm_epoch,
-        samples=worker.samples,
-        loss=worker.loss,
-        samples_per_s=worker.samples_per_s,
-        num_peers=worker.num_peers,
-        phase=worker.phase,
         metrics=dict(worker.metrics or {}),
         averaging=AveragingCounts.model_validate(worker.averaging) if worker.averaging else None,
         averaged_fraction=averaging.worker_fraction(worker.averaging),
@@ -317,6 +294,7 @@ def worker_out(worker: Worker, run: Run, now: datetime, full: bool = True) -> Wo
         ),
         redacted=not full,
     )
+    return WorkerOut(**fields)
 
 
 def list_workers(
