@@ -9,6 +9,7 @@ are stored as SHA-256 hex digests, never in clear. Times are timezone-aware UTC 
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
@@ -98,6 +99,15 @@ class Base(DeclarativeBase):
         dict[str, Any]: JSON(),
         list[str]: JSON(),
     }
+
+    @classmethod
+    def column_names(cls) -> frozenset[str]:
+        return frozenset(column.key for column in cls.__table__.columns)
+
+    def column_values(self, names: Container[str]) -> dict[str, Any]:
+        """This row's values of its columns named in ``names`` (e.g. a pydantic model's fields): for
+        models that show columns as they are stored."""
+        return {key: getattr(self, key) for key in self.column_names() if key in names}
 
 
 class Run(Base):

@@ -109,32 +109,14 @@ def swarm_epoch(run: Run, dht_epoch: int | None = None) -> int:
 
 def run_spec(run: Run) -> RunSpec:
     """The run's spec as the wire model (with its current worker counts); secret values are None (only
-    registrations carry them: :func:`secret_values`)."""
-    return RunSpec(
-        name=run.name,
-        module=run.module,
-        module_args=run.module_args,
-        datamodule=run.datamodule,
-        datamodule_args=run.datamodule_args,
-        target_batch_size=run.target_batch_size,
-        batch_size=run.batch_size,
-        strategy_options=run.strategy_options,
-        min_workers=run.min_workers,
-        max_workers=run.max_workers,
-        desired_workers=run.desired_workers,
-        stop=stop_condition(run),
-        checkpoint_every_epochs=run.checkpoint_every_epochs,
-        keep_checkpoints=run.keep_checkpoints,
-        launcher=run.launcher,
-        launcher_options=run.launcher_options,
-        workdir=run.workdir,
-        requirements=run.requirements,
-        env=run.env,
-        secret_env=dict.fromkeys(run.secret_env),
-        trainer=TrainerSection.model_validate(run.trainer),
-        report_metrics=run.report_metrics,
-        max_worker_crashes=run.max_worker_crashes,
-    )
+    registrations carry them: :func:`secret_values`). Every spec field is a column of the same name but
+    the stop condition (two columns) and the trainer section (JSON)."""
+    changed = {
+        "stop": stop_condition(run),
+        "secret_env": dict.fromkeys(run.secret_env),
+        "trainer": TrainerSection.model_validate(run.trainer),
+    }
+    return RunSpec.model_validate({**run.column_values(RunSpec.model_fields), **changed})
 
 
 def secret_values(run: Run) -> dict[str, str]:
@@ -230,33 +212,13 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         raise RunExists(f"a run named {spec.name!r} exists already")
     join_token = tokens.new_token(tokens.JOIN_PREFIX)
     run = Run(
-        name=spec.name,
+        **spec.model_dump(include=set(Run.column_names() - {"trainer"})),  # the spec's fields, as columns
         swarm_id=f"{spec.name}-{secrets.token_hex(4)}",
         join_token_hash=tokens.hash_token(join_token),
-        module=spec.module,
-        module_args=spec.module_args,
-        datamodule=spec.datamodule,
-        datamodule_args=spec.datamodule_args,
-        target_batch_size=spec.target_batch_size,
-        batch_size=spec.batch_size,
-        strategy_options=spec.strategy_options,
-        min_workers=spec.min_workers,
-        max_workers=spec.max_workers,
-        desired_workers=spec.desired_workers,
         target_epochs=spec.stop.target_epochs,
         target_samples=spec.stop.target_samples,
         swarm_epoch=0,
-        checkpoint_every_epochs=spec.checkpoint_every_epochs,
-        keep_checkpoints=spec.keep_checkpoints,
-        launcher=spec.launcher,
-        launcher_options=spec.launcher_options,
-        workdir=spec.workdir,
-        requirements=list(spec.requirements),
-        env=dict(spec.env),
-        secret_env=dict(spec.secret_env),
         trainer=spec.trainer.model_dump(exclude_defaults=True),
-        report_metrics=list(spec.report_metrics),
-        max_worker_crashes=spec.max_worker_crashes,
         state=RunState.pending,
         state_reason="created",
         consecutive_start_failures=0,

@@ -242,8 +242,7 @@ def events_page(session: Session, run_id: int, after_id: int, limit: int) -> Eve
 def same_fields(row: Base, model: type[BaseModel], **changed: Any) -> dict[str, Any]:
     """The row's columns that ``model`` has a field of the same name for, as stored, with ``changed``
     (values the view converts: ids as strings, copies of JSON, the public launch details) instead."""
-    stored = {c.key: getattr(row, c.key) for c in row.__table__.columns if c.key in model.model_fields}
-    return {**stored, **changed}
+    return {**row.column_values(model.model_fields), **changed}
 
 
 def downsample(items: Sequence[T], max_points: int) -> list[T]:
