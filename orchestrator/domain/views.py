@@ -172,16 +172,10 @@ def _run_out(
         swarm_epoch=max(numbers.swarm_epoch, progress.epoch if progress else 0),
         samples_in_epoch=progress.samples_accumulated if progress else 0,
     )
-    return RunOut(
-        name=run.name,
-        swarm_id=run.swarm_id,
+    fields = same_fields(
+        run,
+        RunOut,
         spec=spec if full else public_spec(spec),
-        state=run.state,
-        state_reason=run.state_reason,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
         workers=WorkerCounts(
             desired=run.desired_workers,
             min=run.min_workers,
@@ -199,6 +193,7 @@ def _run_out(
         eta_s=eta_s,
         redacted=not full,
     )
+    return RunOut(**fields)
 
 
 def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
