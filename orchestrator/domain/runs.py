@@ -30,6 +30,7 @@ from orchestrator.domain.states import (
     FINISHED_RUN_STATES,
     LIVE_WORKER_STATES,
     RUN_TRANSITIONS,
+    STOPPED_RUN_STATES,
     WORKER_TRANSITIONS,
     StopCause,
     settled_state,
@@ -279,7 +280,7 @@ def stop_run(
     Stopping an already stopping or stopped run is a no-op; a completed or failed one raises
     :class:`IllegalTransition`.
     """
-    if run.state in (RunState.stopping, RunState.stopped):
+    if run.state in STOPPED_RUN_STATES:
         return
     set_run_state(session, run, RunState.stopping, reason, now, cause)
     settle_stopping_run(session, run, now)

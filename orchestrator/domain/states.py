@@ -21,6 +21,7 @@ __all__ = [
     "LIVE_WORKER_STATES",
     "REVIVABLE_WORKER_STATES",
     "RUN_TRANSITIONS",
+    "STOPPED_RUN_STATES",
     "TOKEN_WORKER_STATES",
     "UNENDED_WORKER_STATES",
     "WORKER_TRANSITIONS",
@@ -75,6 +76,8 @@ ACTIVE_RUN_STATES = frozenset({RunState.pending, RunState.running, RunState.stop
 ACCEPTING_RUN_STATES = frozenset({RunState.pending, RunState.running})
 #: Runs that ended: they can be resumed or deleted, and keep their last reported values.
 FINISHED_RUN_STATES = frozenset({RunState.stopped, RunState.completed, RunState.failed})
+#: Runs a stop request leaves as they are (asked already, or stopped); it refuses the other finished ones.
+STOPPED_RUN_STATES = frozenset({RunState.stopping, RunState.stopped})
 
 #: Workers that count towards a run's workers: launched and not yet registered, or registered and training.
 LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
