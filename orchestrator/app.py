@@ -28,7 +28,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from orchestrator.api import API_PREFIX
+from orchestrator.api import API_PREFIX, ApiPath, path_regex
 from orchestrator.api.errors import ERROR_RESPONSES, install_error_handlers
 from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
 from orchestrator.api.routes import (
@@ -131,8 +131,8 @@ def create_app(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         upload_limits=[
-            (rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$", settings.checkpoint_max_bytes),
-            (rf"^{API_PREFIX}/packages/[^/]+$", settings.package_max_bytes),
+            (path_regex(ApiPath.checkpoint_upload), settings.checkpoint_max_bytes),
+            (path_regex(ApiPath.package), settings.package_max_bytes),
         ],
     )
     app.add_middleware(HeartbeatFastPath, hub_of=lambda: _hub(app), max_body_bytes=settings.max_body_bytes)

@@ -8,13 +8,14 @@ generated from the field descriptions below, so each description is the flag's d
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from orchestrator import files
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +336,6 @@ def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
         return path.read_text().strip(), False
     path.parent.mkdir(parents=True, exist_ok=True)
     token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
+    if not files.create_atomic(path, token + "\n", private=True):  # another process made one meanwhile
+        return path.read_text().strip(), False
     return token, True

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run, Worker
-from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import Forbidden, Unauthorized
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
@@ -116,7 +116,7 @@ def check_run_access(ctx: AppContext, session: Session, run: Run, token: str | N
         ).first()
         if owner is not None and owner.run_id != run.id:
             raise Forbidden(f"this worker token does not belong to run {run.name!r}")
-        if owner is not None and owner.state not in values(UNENDED_WORKER_STATES):
+        if owner is not None and owner.state not in UNENDED_WORKER_STATES:
             raise Forbidden(f"worker {owner.id} has ended ({owner.state}); its token no longer grants access")
         if owner is not None:
             return

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES, StopCause, settled_state
 from worker.wire import RunState, StopCondition, WorkerState
 
-# The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed``
-# (domain/runs.py).
+# The reason (for people) a run goes to ``stopping`` when its target is met; its stop cause is
+# ``target_reached``, so it ends ``completed``.
 STOP_CONDITION_REACHED = "stop condition reached"
 
 
@@ -82,6 +82,7 @@ class RunView:
     consecutive_start_failures: int = 0
     last_start_failure_at: float | None = None
     stop_requested_at: float | None = None
+    stop_cause: StopCause | None = None
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Plan:
     retire: list[str] = field(default_factory=list)  # worker ids asked to leave gracefully
     terminate: list[str] = field(default_factory=list)  # request ids to stop through the launcher
     run_state: tuple[RunState, str] | None = None
+    stop_cause: StopCause = StopCause.user  # why, when ``run_state`` is stopping
     backoff_until: float | None = None
 
     def is_empty(self) -> bool:
@@ -196,8 +198,7 @@ def _wind_down(
         else:
             remaining.append(worker)
     if not remaining:
-        final = RunState.completed if stop_condition_reached(run) else RunState.stopped
-        plan.run_state = (final, "all workers have left")
+        plan.run_state = (settled_state(run.stop_cause, stop_condition_reached(run)), "all workers have left")
 
 
 def _keep_at_desired(
@@ -211,6 +212,7 @@ def _keep_at_desired(
     """A running run: finish it, fail it, or launch and retire workers to meet the desired count."""
     if stop_condition_reached(run):
         plan.run_state = (RunState.stopping, STOP_CONDITION_REACHED)
+        plan.stop_cause = StopCause.target_reached
         return
     # The streak is reset when a worker registers (domain/runs.py); failures of this tick extend it.
     streak = run.consecutive_start_failures + plan.start_failures

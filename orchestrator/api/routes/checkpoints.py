@@ -28,11 +28,11 @@ from orchestrator.api.schemas import CheckpointList
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.domain import checkpoints, runs
-from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.storage.base import checkpoint_key
-from worker.wire import CHECKSUM_HEADER, CheckpointRef
+from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])
@@ -42,7 +42,7 @@ Epoch = Annotated[int, PathParam(ge=0, le=10**12)]
 
 
 @router.put(
-    "/workers/{worker_id}/checkpoints/{epoch}",
+    ApiPath.checkpoint_upload,
     status_code=status.HTTP_201_CREATED,
     summary="Upload a checkpoint (worker token)",
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
@@ -59,7 +59,7 @@ async def upload_checkpoint(
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
-    if entry.state in values(ENDED_WORKER_STATES):
+    if entry.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
@@ -115,7 +115,7 @@ def _store_and_record(
         previous = checkpoints.existing_upload(session, run, epoch, sha256)
         if previous is not None:
             return checkpoints.to_ref(run, previous)
-        if run.state not in values(ACTIVE_RUN_STATES):
+        if run.state not in ACTIVE_RUN_STATES:
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
         key = checkpoint_key(run.swarm_id, epoch, sha256)
     ctx.store.put_file(key, path, sha256)
@@ -151,7 +151,7 @@ def _record(
         return checkpoints.to_ref(run, stored), dropped
 
 
-@router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
+@router.get(ApiPath.run_checkpoints, summary="A run's checkpoints, newest first")
 def list_checkpoints(name: str, ctx: Ctx, _: Reader) -> CheckpointList:
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
@@ -170,7 +170,7 @@ CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
 
 
 @router.get(
-    "/runs/{name}/checkpoints/latest/download",
+    ApiPath.run_latest_checkpoint,
     summary="Download the newest checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
@@ -182,7 +182,7 @@ def download_latest(name: str, ctx: Ctx, token: Token) -> StreamingResponse:
 
 
 @router.get(
-    "/runs/{name}/checkpoints/{epoch}/download",
+    ApiPath.run_checkpoint,
     summary="Download a checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,

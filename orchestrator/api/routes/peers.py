@@ -7,19 +7,19 @@ from fastapi import APIRouter
 
 from orchestrator.api.deps import Ctx, Reader, Token, check_run_access
 from orchestrator.domain import runs, views
-from worker.wire import PeerList
+from worker.wire import ApiPath, PeerList
 
 router = APIRouter(tags=["peers"])
 
 
-@router.get("/peers", summary="The orchestrator's DHT multiaddrs")
+@router.get(ApiPath.peers, summary="The orchestrator's DHT multiaddrs")
 def orchestrator_peers(ctx: Ctx, _: Reader) -> PeerList:
     """Stable across restarts (fixed port, persistent identity); announce addresses first when set."""
     peers = ctx.orchestrator_peers()
     return PeerList(initial_peers=peers, orchestrator_peers=peers)
 
 
-@router.get("/runs/{name}/peers", summary="Initial peers for a run")
+@router.get(ApiPath.run_peers, summary="Initial peers for a run")
 def run_peers(name: str, ctx: Ctx, token: Token) -> PeerList:
     """Public when reads are public; else the admin token, the join token or a worker token of the run."""
     own = ctx.orchestrator_peers()

@@ -29,11 +29,11 @@ from orchestrator.domain import runs, views
 from orchestrator.errors import InvalidRequest, RunExists
 from orchestrator.launchers.base import LauncherConfigError
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
-from worker.wire import RunSpec, RunState, WorkerState
+from worker.wire import ApiPath, RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
 
 logger = logging.getLogger(__name__)
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(tags=["runs"])
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 Offset = Annotated[int, Query(ge=0, le=10**9)]
@@ -45,7 +45,7 @@ def _out(ctx: AppContext, run: Run) -> RunOut:
         return views.runs_out(session, [row], ctx.swarm, ctx.clock(), ctx.settings.heartbeat_timeout_s)[0]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
+@router.post(ApiPath.runs, status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
 def create_run(spec: RunSpec, ctx: Ctx, _: Admin) -> RunCreated:
     """Validate the spec (launcher options; the package named by ``workdir`` is stored; its requirements
     install and its classes import and take their arguments, in an isolated process), insert a pending
@@ -95,7 +95,7 @@ def _check_launcher(ctx: AppContext, spec: RunSpec) -> None:
         raise InvalidRequest(f"launcher_options: {exc}") from exc
 
 
-@router.get("", summary="List runs")
+@router.get(ApiPath.runs, summary="List runs")
 def list_runs(
     ctx: Ctx, full: Reader, limit: Limit = 50, offset: Offset = 0, state: RunState | None = None
 ) -> RunList:
@@ -107,7 +107,7 @@ def list_runs(
     return RunList(items=items, total=total, limit=limit, offset=offset)
 
 
-@router.get("/{name}", summary="Get a run")
+@router.get(ApiPath.run, summary="Get a run")
 def get_run(name: str, ctx: Ctx, full: Reader) -> RunOut:
     """The run with live and desired worker counts, progress reported by workers and read from the DHT.
     Without the admin token: the public view (free-form spec values left out, ``redacted``)."""
@@ -117,7 +117,7 @@ def get_run(name: str, ctx: Ctx, full: Reader) -> RunOut:
         return views.runs_out(session, [run], ctx.swarm, now, timeout_s, full)[0]
 
 
-@router.post("/{name}/scale", summary="Change worker counts (admin)")
+@router.post(ApiPath.run_scale, summary="Change worker counts (admin)")
 def scale_run(name: str, body: ScaleRequest, ctx: Ctx, _: Admin) -> RunOut:
     """422 when desired is outside [min, max]; 409 unless the run is pending or running."""
     with ctx.db.begin() as session:
@@ -127,7 +127,7 @@ def scale_run(name: str, body: ScaleRequest, ctx: Ctx, _: Admin) -> RunOut:
     return _out(ctx, run)
 
 
-@router.post("/{name}/stop", summary="Stop a run (admin)")
+@router.post(ApiPath.run_stop, summary="Stop a run (admin)")
 def stop_run(name: str, ctx: Ctx, _: Admin, body: StopRequest | None = None) -> RunOut:
     """Workers are told to stop at their next heartbeat; the run is stopped once none is live.
     A no-op for a stopping or stopped run; 409 for a completed or failed one."""
@@ -139,7 +139,7 @@ def stop_run(name: str, ctx: Ctx, _: Admin, body: StopRequest | None = None) -> 
     return _out(ctx, run)
 
 
-@router.post("/{name}/resume", summary="Resume a stopped, failed or completed run (admin)")
+@router.post(ApiPath.run_resume, summary="Resume a stopped, failed or completed run (admin)")
 def resume_run(name: str, ctx: Ctx, _: Admin, body: ResumeRequest | None = None) -> RunOut:
     """Back to pending (the reconciler launches workers again, from the latest checkpoint), with a new
     stop condition when ``stop`` is given. 409 unless the run has finished, and for a run that would
@@ -152,7 +152,7 @@ def resume_run(name: str, ctx: Ctx, _: Admin, body: ResumeRequest | None = None)
     return _out(ctx, run)
 
 
-@router.post("/{name}/join-token", summary="Replace the run's join token (admin)")
+@router.post(ApiPath.run_join_token, summary="Replace the run's join token (admin)")
 def rotate_join_token(name: str, ctx: Ctx, _: Admin) -> JoinToken:
     """A new join token, shown only this once; the old one stops working at once (registrations and
     checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
@@ -162,7 +162,7 @@ def rotate_join_token(name: str, ctx: Ctx, _: Admin) -> JoinToken:
     return JoinToken(name=name, join_token=join_token)
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
+@router.delete(ApiPath.run, status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
 def delete_run(name: str, ctx: Ctx, _: Admin) -> Response:
     """Delete a stopped, completed or failed run with its workers, events and checkpoints; 409 otherwise."""
     with ctx.db.begin() as session:
@@ -177,7 +177,7 @@ def delete_run(name: str, ctx: Ctx, _: Admin) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{name}/events", summary="A run's events")
+@router.get(ApiPath.run_events, summary="A run's events")
 def list_events(
     name: str,
     ctx: Ctx,
@@ -190,7 +190,7 @@ def list_events(
         return views.events_page(session, run.id, after_id, limit)
 
 
-@router.get("/{name}/progress", summary="A run's progress series")
+@router.get(ApiPath.run_progress, summary="A run's progress series")
 def progress(
     name: str,
     ctx: Ctx,
@@ -202,7 +202,7 @@ def progress(
         return views.progress_series(session, run.id, max_points)
 
 
-@router.get("/{name}/workers", summary="A run's workers")
+@router.get(ApiPath.run_workers, summary="A run's workers")
 def list_workers(
     name: str,
     ctx: Ctx,
@@ -214,5 +214,5 @@ def list_workers(
     """Without the admin token: the public view (launch details that locate nothing, ``redacted``)."""
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
-        items, total = views.list_workers(session, run, state, limit, offset, full)
+        items, total = views.list_workers(session, run, state, limit, offset, ctx.clock(), full)
     return WorkerList(items=items, total=total, limit=limit, offset=offset)

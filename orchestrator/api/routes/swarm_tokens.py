@@ -16,7 +16,7 @@ from orchestrator.api.routes.workers import CallingWorker
 from orchestrator.context import AppContext
 from orchestrator.errors import Conflict
 from orchestrator.swarm.admission import SwarmAdmission
-from worker.wire import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+from worker.wire import ApiPath, SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 
 router = APIRouter(tags=["swarm admission"])
 
@@ -28,9 +28,7 @@ def _admission(ctx: AppContext) -> SwarmAdmission:
     return admission
 
 
-@router.post(
-    "/workers/{worker_id}/swarm-token", summary="A swarm token for this worker's peer (worker token)"
-)
+@router.post(ApiPath.swarm_token, summary="A swarm token for this worker's peer (worker token)")
 async def swarm_token(worker_id: WorkerId, _: CallingWorker, body: SwarmTokenRequest, ctx: Ctx) -> SwarmToken:
     """401/403 for a wrong worker token, 409 when admission is off (here or for the run) or the worker
     has ended, 422 for a key that is not RSA of 2048 bits or more."""
@@ -46,7 +44,7 @@ async def swarm_token(worker_id: WorkerId, _: CallingWorker, body: SwarmTokenReq
     return granted
 
 
-@router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")
+@router.get(ApiPath.swarm_auth, summary="Swarm admission: on or off, and the key tokens are signed with")
 def swarm_auth_info(ctx: Ctx, token: Token) -> SwarmAuthInfo:
     """Public (workers ask before they have a token; a public key is no secret). The opted-out runs
     are listed only when reads are public or the caller is the admin."""

@@ -15,10 +15,11 @@ from fastapi.responses import JSONResponse
 from orchestrator.api.deps import MAX_ID, Ctx, RegistrationToken, WorkerId, WorkerToken
 from orchestrator.context import AppContext
 from orchestrator.domain import checkpoints, runs, views, workers
-from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import WorkerEntry
 from worker.wire import (
+    ApiPath,
     Deregister,
     Heartbeat,
     HeartbeatReply,
@@ -28,11 +29,11 @@ from worker.wire import (
     swarm_admission_requested,
 )
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(tags=["workers"])
 
 
 @router.post(
-    "/register", summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
+    ApiPath.register, summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
 )
 def register(body: WorkerRegister, ctx: Ctx, token: RegistrationToken) -> JSONResponse:
     """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
@@ -86,7 +87,7 @@ async def calling_worker(worker_id: WorkerId, ctx: Ctx, token: WorkerToken) -> W
 CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
 
 
-@router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
+@router.post(ApiPath.heartbeat, summary="Report progress (worker token)")
 async def heartbeat(worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, ctx: Ctx) -> HeartbeatReply:
     """The reply says continue or stop, whether this worker is the run's checkpointer and the
     checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
@@ -94,7 +95,7 @@ async def heartbeat(worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, 
 
 
 @router.post(
-    "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
+    ApiPath.deregister, status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
 )
 async def deregister(worker_id: WorkerId, _: CallingWorker, body: Deregister, ctx: Ctx) -> Response:
     """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
@@ -108,7 +109,7 @@ def _deregister(ctx: AppContext, worker_id: int, body: Deregister) -> None:
     # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
     # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
     entry = ctx.hub.cached(worker_id)
-    live = entry is not None and entry.state in values(UNENDED_WORKER_STATES)
+    live = entry is not None and entry.state in UNENDED_WORKER_STATES
     if entry is not None and live and entry.epoch > ctx.hub.swarm_epoch(entry.run_id):
         ctx.read_swarm_now(entry.run_id)
     ctx.heartbeat_writer.flush()
