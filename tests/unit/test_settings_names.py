@@ -9,6 +9,7 @@ variable the settings reference page documents.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -165,9 +166,25 @@ def test_a_flag_wins_over_its_variable_and_the_section_keeps_the_other_variables
 
 
 def test_an_invalid_setting_is_named_as_users_set_it(clean_env: pytest.MonkeyPatch) -> None:
-    clean_env.setenv("SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER", "0")
+    clean_env.setenv("SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER", "-1")
     with pytest.raises(click.UsageError) as error:
         build_settings({"dht_port": 70000})
     message = error.value.message
     assert message.startswith("invalid settings: ") and "dht_port: " in message, message
     assert "ec2_on_demand_fallback_after: " in message and "dht.port" not in message, message
+
+
+def test_what_the_terraform_module_writes_for_its_null_defaults_means_unset(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """terraform/orchestrator.tf writes an empty value for a null ``worker_max_price`` or
+    ``on_demand_fallback_after`` (the defaults), and allows a fallback after 0 failures."""
+    clean_env.setenv("SPOTSWARM_EC2_MAX_PRICE", "")
+    clean_env.setenv("SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER", "")
+    settings = Settings()
+    assert (settings.ec2.max_price, settings.ec2.on_demand_fallback_after) == (None, None)
+    clean_env.setenv("SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER", "0")
+    assert Settings().ec2.on_demand_fallback_after == 0
+    module = (REPO_ROOT / "terraform" / "orchestrator.tf").read_text()
+    for variable in ("SPOTSWARM_EC2_MAX_PRICE", "SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER"):
+        assert re.search(rf'{variable}\s*=\s*var\.\w+ == null \? ""', module), variable

@@ -8,8 +8,9 @@ module sets them). Importing this module does not import boto3.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict, Field
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, field_validator
 
 from worker.comma_list import CommaList
 
@@ -45,8 +46,16 @@ class Ec2Settings(BaseModel):
     )
     max_price: str | None = Field(default=None, description="Default spot max price in USD per hour.")
     on_demand_fallback_after: int | None = Field(
-        default=None, ge=1, description="Spot failures in a row after which a run falls back to on-demand."
+        default=None, ge=0, description="Spot failures in a row after which a run falls back to on-demand."
     )
     user_data_template: Path | None = Field(
         default=None, description="Worker cloud-init template. Default: deploy/cloud-init/worker.yaml."
     )
+
+    @field_validator("max_price", "on_demand_fallback_after", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        """An empty value is no value: the Terraform module writes ``SPOTSWARM_EC2_MAX_PRICE=`` and
+        ``SPOTSWARM_EC2_ON_DEMAND_FALLBACK_AFTER=`` for its null defaults (as the launcher reads a run's
+        options: ``fleet.py``)."""
+        return None if value == "" else value
