@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from orchestrator.cli.serve import build_settings, serve
 from orchestrator.config import Settings
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, clear_spotswarm_env
 
 # variable (without SPOTSWARM_), raw value, attribute path, parsed value
 NAMES: list[tuple[str, str, str, Any]] = [
@@ -102,12 +102,7 @@ def _hook(name: str) -> Any:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No ``SPOTSWARM_*`` variable of the machine running the tests leaks in."""
-    import os
-
-    for name in list(os.environ):
-        if name.upper().startswith("SPOTSWARM_"):
-            monkeypatch.delenv(name)
+    clear_spotswarm_env(monkeypatch)
     return monkeypatch
 
 
