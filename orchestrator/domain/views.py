@@ -14,7 +14,11 @@ from typing import TypeVar
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.schemas import (
+from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
+from orchestrator.domain import averaging, checkpoints, reported, runs
+from orchestrator.domain.states import FINISHED_RUN_STATES, values
+from orchestrator.launchers.base import PUBLIC_DETAILS
+from orchestrator.schemas import (
     EventOut,
     EventPage,
     ProgressPoint,
@@ -26,10 +30,6 @@ from orchestrator.api.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, reported, runs
-from orchestrator.domain.states import FINISHED_RUN_STATES, values
-from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 

@@ -11,7 +11,12 @@ from fastapi import APIRouter, Query, Response, status
 from sqlalchemy import select
 
 from orchestrator.api.deps import MAX_ID, Admin, Ctx, Reader
-from orchestrator.api.schemas import (
+from orchestrator.context import AppContext
+from orchestrator.db.models import Run
+from orchestrator.domain import runs, views
+from orchestrator.errors import InvalidRequest, RunExists
+from orchestrator.launchers.base import LauncherConfigError
+from orchestrator.schemas import (
     EventPage,
     JoinToken,
     ProgressSeries,
@@ -23,11 +28,6 @@ from orchestrator.api.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.context import AppContext
-from orchestrator.db.models import Run
-from orchestrator.domain import runs, views
-from orchestrator.errors import InvalidRequest, RunExists
-from orchestrator.launchers.base import LauncherConfigError
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
 from worker.wire import RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
