@@ -158,7 +158,7 @@ NOT_RUN_HERE = {
     "make demo # the orchestrator + a local run of 2 workers training digits; prints the status page URL": "runs until Ctrl-C on the fixed port 8000; tests/e2e/test_demo_exits.py runs `spotswarm demo` (what it starts) on free ports",
     "make test # every test: unit, integration (real uvicorn, hivemind, SQLite, PostgreSQL, moto) and e2e": "runs every test, this one included",
     "make venv # .venv with torch==2.13.0 (CPU) first, then the project with all its extras": "builds the .venv every test already runs in",
-    "make lint # ruff and mypy": "runs the linters over the whole tree: a check of the code's form, not a behaviour a test can prove",
+    "make lint # ruff (rules and formatting), mypy and the import contracts": "runs the linters over the whole tree (CI runs it first): a check of the code's form, not a behaviour a test can prove",
     "PYTEST_ARGS='-k strategy -x' make test": "runs tests (make test runs these and every other)",
     "docker build -f deploy/Dockerfile.orchestrator -t $REGISTRY/spotswarm-orchestrator:0.1.0 .": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",
     "docker build -f deploy/Dockerfile.worker -t $REGISTRY/spotswarm-worker:0.1.0 . # CUDA": "needs a Docker engine and a registry; tests/unit/test_deploy_static.py checks the Dockerfiles and the compose file",

@@ -10,7 +10,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import pytest
 
 T = TypeVar("T")
 
@@ -184,3 +187,11 @@ def assert_family_ends(family: dict[int, int], marker_name: str, marker_value: s
         message=f"every process ends; still running: {alive_of(family)}",
     )
     assert orphans_with_env(marker_name, marker_value) == {}
+
+
+def clear_spotswarm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset every ``SPOTSWARM_*`` variable for this test, so that settings read from the environment see
+    only what the test sets (not the machine's or the CI's own)."""
+    for name in list(os.environ):
+        if name.upper().startswith("SPOTSWARM_"):
+            monkeypatch.delenv(name)

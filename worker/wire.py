@@ -158,6 +158,19 @@ class WorkerState(str, Enum):
         return str(self.value)
 
 
+class StopCause(str, Enum):
+    """Why a run was asked to stop, or failed (stored on the run): a stopping run whose workers have all
+    left ends ``completed`` when the cause is ``target_reached`` (or the swarm reached the target
+    meanwhile), else ``stopped`` (``orchestrator/domain/states.py``)."""
+
+    target_reached = "target_reached"  # the reconcile loop saw the stop condition met
+    user = "user"  # an admin asked (POST /runs/{name}/stop)
+    failed = "failed"  # the run failed (start-up failures, crash budget)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
 class StopCondition(StrictModel):
     """When a run is complete: whichever target is reached first. Neither set means run until stopped."""
 

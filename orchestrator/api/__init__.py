@@ -1,10 +1,12 @@
 """The HTTP edge of the orchestrator: routes by resource, their dependencies and the error table.
 
+The request and response models are ``orchestrator/schemas.py`` (what workers send: ``worker/wire.py``),
+below this package and the domain, which builds the responses.
+
 - ``routes/``: one module per resource (runs, workers, checkpoints, packages, peers, worker logs,
   swarm tokens, health, ``/metrics``); each declares an ``APIRouter``.
 - ``deps.py``: what routes depend on (the app context, the caller's token, id types) and the auth rule.
 - ``errors.py``: the one table from typed errors to HTTP statuses, and the exception handlers.
-- ``schemas.py``: request and response models of the admin side (what workers send: ``worker/wire.py``).
 - ``uploads.py``: streamed uploads (checkpoints, code packages) with their size limit and checksum.
 - ``middleware/``: ASGI middleware of the API (the request body limit).
 

@@ -1,7 +1,7 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
 The CLI is a client like any other: it never starts or calls the server's parts, only imports names and
-pure rules (:mod:`orchestrator.api.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
+pure rules (:mod:`orchestrator.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
 failure becomes a :class:`CliError` carrying a one-line message and the process exit code (see ``EXIT_*``);
 the command layer prints it and exits.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import ssl
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,11 +28,6 @@ from typing import Any
 import httpx
 
 from worker.wire import API_PREFIX, CHECKSUM_HEADER, ApiPath
-
-try:  # Python >= 3.11
-    import tomllib
-except ImportError:  # pragma: no cover - Python 3.10: the config file only holds flat string keys
-    tomllib = None  # type: ignore[assignment]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_BYTES = 1 << 20
@@ -79,27 +74,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        text = path.read_text()
-        data = tomllib.loads(text) if tomllib is not None else _flat_toml(text)
+        data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
         raise CliError(f"cannot read config file {path}: {exc}") from exc
     for key in ("url", "token", "ca_cert"):
         if key in data and not isinstance(data[key], str):
             raise CliError(f"config file {path}: '{key}' must be a string")
-    return data
-
-
-def _flat_toml(text: str) -> dict[str, Any]:
-    """``key = "value"`` lines (what the config file holds) for Pythons without ``tomllib``."""
-    data: dict[str, Any] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"', line)
-        if not match:
-            raise ValueError(f'line {number}: expected key = "value"')
-        data[match[1]] = match[2]
     return data
 
 

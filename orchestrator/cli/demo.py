@@ -73,20 +73,28 @@ def _port_free(host: str, port: int) -> bool:
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
     from orchestrator.app import create_app
-    from orchestrator.cli.serve import _configure_logging, keep_new_files_private, stop_stale_dht_peer
-    from orchestrator.config import Settings, ensure_admin_token
+    from orchestrator.cli.serve import (
+        _configure_logging,
+        build_settings,
+        keep_new_files_private,
+        stop_stale_dht_peer,
+    )
+    from orchestrator.config import ensure_admin_token
 
-    settings = Settings(
-        host="127.0.0.1",
-        port=port,
-        data_dir=data_dir,
-        dht_port=dht_port,
-        dht_host_maddrs=[f"/ip4/127.0.0.1/tcp/{dht_port}"],
-        heartbeat_interval_s=2.0,
-        heartbeat_timeout_s=30.0,
-        dht_refresh_interval_s=2.0,
-        progress_sample_interval_s=2.0,
-        log_level="warning",
+    # as flags would give them: what the environment sets beside these still counts
+    settings = build_settings(
+        {
+            "host": "127.0.0.1",
+            "port": port,
+            "data_dir": data_dir,
+            "dht_port": dht_port,
+            "dht_host_maddrs": [f"/ip4/127.0.0.1/tcp/{dht_port}"],
+            "heartbeat_interval_s": 2.0,
+            "heartbeat_timeout_s": 30.0,
+            "dht_refresh_interval_s": 2.0,
+            "progress_sample_interval_s": 2.0,
+            "log_level": "warning",
+        }
     )
     _configure_logging(settings)
     keep_new_files_private()

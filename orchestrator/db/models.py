@@ -2,7 +2,7 @@
 
 Runs own everything else: deleting a run deletes its workers, events, progress samples and checkpoint
 rows (``ON DELETE CASCADE``). States are enums (``worker.wire.RunState`` and ``WorkerState``,
-:class:`StopCause`; their sets are in ``orchestrator/domain/states.py``), stored as their short string
+``StopCause``; their sets are in ``orchestrator/domain/states.py``), stored as their short string
 values (:func:`state_type`); ``orchestrator/domain/runs.py`` is the only code that changes them. Tokens
 are stored as SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
 """
@@ -33,7 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import Enum as EnumType
 from sqlalchemy.types import TypeDecorator
 
-from worker.wire import RunState, WorkerState
+from worker.wire import RunState, StopCause, WorkerState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -63,19 +63,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc)
-
-
-class StopCause(str, Enum):
-    """Why a run was asked to stop, or failed: a stopping run whose workers have all left ends
-    ``completed`` when the cause is ``target_reached`` (or the swarm reached the target meanwhile), else
-    ``stopped``. Domain code imports it from ``orchestrator/domain/states.py`` with the other states."""
-
-    target_reached = "target_reached"  # the reconcile loop saw the stop condition met
-    user = "user"  # an admin asked (POST /runs/{name}/stop)
-    failed = "failed"  # the run failed (start-up failures, crash budget)
-
-    def __str__(self) -> str:
-        return str(self.value)
 
 
 def state_type(enum: type[Enum]) -> EnumType:

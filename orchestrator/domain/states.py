@@ -10,8 +10,7 @@ below.
 
 from __future__ import annotations
 
-from orchestrator.db.models import StopCause
-from worker.wire import RunState, WorkerState
+from worker.wire import RunState, StopCause, WorkerState
 
 __all__ = [
     "ACCEPTING_RUN_STATES",

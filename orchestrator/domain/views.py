@@ -15,7 +15,11 @@ from pydantic import BaseModel
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.schemas import (
+from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
+from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
+from orchestrator.domain.states import FINISHED_RUN_STATES
+from orchestrator.launchers.base import PUBLIC_DETAILS
+from orchestrator.schemas import (
     EventOut,
     EventPage,
     ProgressPoint,
@@ -27,10 +31,6 @@ from orchestrator.api.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
-from orchestrator.domain.states import FINISHED_RUN_STATES
-from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 

@@ -119,7 +119,7 @@ class HeartbeatWriter:
         Silence is not held against the current checkpointer during the first heartbeat timeout after
         start-up: workers could not reach a stopped orchestrator.
         """
-        timeout_s = self._settings.heartbeat_timeout_s
+        timeout_s = self._settings.reconciler.heartbeat_timeout_s
         fresh_after = now - timedelta(seconds=timeout_s)
         in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         cached_workers, cached_runs = self._hub.snapshot()
@@ -157,7 +157,7 @@ class HeartbeatWriter:
         }
         if not due:
             return []
-        fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
+        fresh_after = now - timedelta(seconds=self._settings.reconciler.heartbeat_timeout_s)
         swarms = {run_id: entry.swarm_id for run_id, entry in due.items()}
         samples = progress_samples.write(
             session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points

@@ -59,7 +59,7 @@ class OrchestratorCollector(Collector):
         yield from _reconciler_families(self._reconcilers)
         try:
             with ctx.db.read() as session:
-                snapshot = _read_runs(session, ctx.clock(), ctx.settings.heartbeat_timeout_s)
+                snapshot = _read_runs(session, ctx.clock(), ctx.settings.reconciler.heartbeat_timeout_s)
         except SQLAlchemyError as exc:
             logger.warning("metrics: could not read runs from the database: %s", exc)
             return

@@ -40,7 +40,7 @@ from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
     Plan,
-    ReconcilePolicy,
+    ReconcileSettings,
     RunView,
     WorkerView,
     plan_run,
@@ -78,14 +78,14 @@ class Reconciler:
         db: Database,
         launchers: Mapping[str, Launcher],
         api_url: str,
-        policy: ReconcilePolicy,
+        settings: ReconcileSettings,
         clock: Clock,
         swarm_epoch: SwarmEpochReader | None = None,
     ) -> None:
         self.db = db
         self.launchers = dict(launchers)
         self.api_url = api_url
-        self.policy = policy
+        self.settings = settings
         self.clock = clock
         self.swarm_epoch = swarm_epoch or (lambda _swarm_id: None)
         self.started_at = clock()
@@ -172,7 +172,7 @@ class Reconciler:
             },
             [_failure_view(failures[w.request_id]) for w in rows if w.request_id in failures],
             now.timestamp(),
-            self.policy,
+            self.settings,
         )
         _copy_launch_details(rows, instances)
         if run.consecutive_start_failures and any(w.samples > 0 for w in rows):
@@ -190,11 +190,11 @@ class Reconciler:
 
         Silence counts from the loop's start at the earliest (workers could not reach a stopped one).
         """
-        cutoff = now - timedelta(seconds=self.policy.heartbeat_timeout_s)
+        cutoff = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
         if self.started_at >= cutoff:
             return
         for worker in runs.live_workers(session, run.id, manual=True, silent_before=cutoff):
-            reason = f"no heartbeat for {self.policy.heartbeat_timeout_s:.0f} s"
+            reason = f"no heartbeat for {self.settings.heartbeat_timeout_s:.0f} s"
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
     def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
@@ -306,8 +306,8 @@ class Reconciler:
             if state == WorkerState.lost:
                 # Lost but its machine is up: give it one more heartbeat timeout to come back.
                 silent_since = max(last_beat or now, self.started_at)
-                ended_at = silent_since + timedelta(seconds=self.policy.heartbeat_timeout_s)
-            if ended_at is not None and (now - ended_at).total_seconds() < self.policy.retire_grace_s:
+                ended_at = silent_since + timedelta(seconds=self.settings.heartbeat_timeout_s)
+            if ended_at is not None and (now - ended_at).total_seconds() < self.settings.retire_grace_s:
                 continue
             logger.info(
                 "terminating orphan instance of request %s (worker %s)", request_id, state or "unknown"

@@ -42,13 +42,14 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from worker.admission.access_tokens import to_access_token
 from worker.admission.authorizer import (
+    AdmissionDHT,
     SwarmAuthorizer,
     ensure_identity,
     load_identity,
-    to_access_token,
+    serve_token,
 )
-from worker.admission.guard import AdmissionDHT, serve_token
 from worker.admission.tokens import sign_token
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import ClientTokenSource

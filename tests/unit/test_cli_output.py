@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.cli.client import CliError, _detail, _flat_toml
+from orchestrator.cli.client import CliError, _detail, _read_config
 from orchestrator.cli.output import fmt_bytes, fmt_duration, format_table, text_chart
 from orchestrator.cli.runs import build_spec
 
@@ -62,10 +62,14 @@ def test_spec_flags_override_the_file(tmp_path: Any) -> None:
         build_spec(None, {"module_arg": ("novalue",)})
 
 
-def test_config_fallback_parser_reads_flat_strings() -> None:
-    assert _flat_toml('# c\nurl = "http://h:1"\n\ntoken="t#1"\n') == {"url": "http://h:1", "token": "t#1"}
-    with pytest.raises(ValueError):
-        _flat_toml("url = http://unquoted\n")
+def test_the_config_file_is_toml_whose_keys_are_strings(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('# c\nurl = "http://h:1"\n\ntoken="t#1"\n')
+    assert _read_config(path) == {"url": "http://h:1", "token": "t#1"}
+    path.write_text("url = 1\n")
+    with pytest.raises(CliError, match="'url' must be a string"):
+        _read_config(path)
+    assert _read_config(tmp_path / "absent.toml") == {}
 
 
 def test_the_demo_shows_the_admin_token_on_a_terminal_only() -> None:

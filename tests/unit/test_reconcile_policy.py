@@ -6,14 +6,16 @@ from orchestrator.domain.states import StopCause
 from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
-    ReconcilePolicy,
+    ReconcileSettings,
     RunView,
     WorkerView,
     plan_run,
 )
 from worker.wire import RunState, StopCondition, WorkerState
 
-POLICY = ReconcilePolicy(heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3)
+POLICY = ReconcileSettings(
+    heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3
+)
 NOW = 1000.0
 
 
@@ -78,7 +80,7 @@ def test_launch_backs_off_after_failures() -> None:
 def test_backoff_is_exponential_and_capped() -> None:
     delays = [POLICY.backoff_s(n) for n in range(1, 12)]
     assert delays[:3] == [2.0, 4.0, 8.0]
-    assert max(delays) == POLICY.backoff_cap_s
+    assert max(delays) == POLICY.launch_backoff_cap_s
 
 
 def test_run_fails_after_repeated_start_failures() -> None:

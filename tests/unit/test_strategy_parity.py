@@ -129,7 +129,7 @@ def test_scheduler_fn_warning_whenever_hivemind_may_step_the_optimizer_away(flag
 
 
 def test_the_agent_starts_its_dht_with_the_runs_dht_keywords(tmp_path: Path) -> None:
-    config = parse_config(["--url", "http://x", "--worker-dir", str(tmp_path)], {"SPOTSWARM_JOIN_TOKEN": "t"})
+    config = parse_config(["--url", "http://x", "--join-token", "t", "--worker-dir", str(tmp_path)])
     options = {"use_relay": False, "identity_path": "/k", "matchmaking_time": 1.0, "swarm_admission": True}
     split = split_strategy_options(options, config)
     assert split.dht == {"use_relay": False, "identity_path": "/k"}
@@ -137,7 +137,7 @@ def test_the_agent_starts_its_dht_with_the_runs_dht_keywords(tmp_path: Path) -> 
 
 
 def test_a_runs_own_strategy_options_win_over_the_run_defaults(tmp_path: Path) -> None:
-    config = parse_config(["--url", "http://x", "--worker-dir", str(tmp_path)], {"SPOTSWARM_JOIN_TOKEN": "t"})
+    config = parse_config(["--url", "http://x", "--join-token", "t", "--worker-dir", str(tmp_path)])
     split = split_strategy_options({"average_state_every": 1}, config)
     assert split.strategy == {"average_state_every": 1}
 

@@ -22,7 +22,7 @@ from worker.agent.checkpoints import (
     should_resume,
 )
 from worker.agent.client import ApiError, OrchestratorClient, Unreachable
-from worker.agent.config import AgentConfig
+from worker.agent.config import AgentSettings
 from worker.trainer_options import QUIET, build_plugins
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
@@ -47,7 +47,7 @@ class SplitOptions:
     strategy: dict[str, Any]
 
 
-def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
+def split_strategy_options(options: Mapping[str, Any], config: AgentSettings) -> SplitOptions:
     """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
     from worker.strategy.keywords import dht_keywords
 
@@ -62,7 +62,9 @@ def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> S
     return SplitOptions(dht, strategy)
 
 
-def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig, identity: str | None = None) -> Any:
+def swarm_authorizer(
+    registration: WorkerRegistered, config: AgentSettings, identity: str | None = None
+) -> Any:
     """This worker's swarm authorizer, or None when its swarm admits any peer.
 
     None when the run spec opts out (``swarm_admission: false``) or the orchestrator does not admit by
@@ -188,7 +190,7 @@ def build_trainer(
     dht: Any,
     strategy_options: Mapping[str, Any],
     callback: Any,
-    config: AgentConfig,
+    config: AgentSettings,
 ) -> Any:
     """The ``Trainer`` of this worker: HivemindStrategy on the agent's DHT, trains until told to stop.
 

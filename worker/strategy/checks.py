@@ -156,4 +156,3 @@ def warn_if_zero_grad_overridden(module: LightningModule) -> None:
             UserWarning,
             stacklevel=2,
         )
-

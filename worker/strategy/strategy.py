@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hivemind
 import torch
@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from worker.strategy import checks
 from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
-from worker.strategy.dht import initial_peers_line, parse_initial_peers, start_dht
+from worker.strategy.dht import PeerAuthorizer, initial_peers_line, parse_initial_peers, start_dht
 from worker.strategy.keywords import averager_options, route_keywords
 from worker.strategy.metrics import (
     MetricsThrottle,
@@ -52,9 +52,6 @@ from worker.strategy.precision import HivemindMixedPrecision
 from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.shutdown import shutdown_optimizer
 from worker.wire import AveragingCounts
-
-if TYPE_CHECKING:
-    from worker.admission.authorizer import SwarmAuthorizer
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
@@ -129,7 +126,7 @@ class HivemindStrategy(Strategy):
         dht: hivemind.DHT | None = None,
         announce_maddrs: list[str] | None = None,
         tracker_opts: dict[str, Any] | None = None,
-        authorizer: SwarmAuthorizer | None = None,
+        authorizer: PeerAuthorizer | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()

@@ -24,13 +24,13 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import uploads
 from orchestrator.api.deps import Ctx, Reader, Token, WorkerId, check_run_access
 from orchestrator.api.routes.workers import CallingWorker
-from orchestrator.api.schemas import CheckpointList
 from orchestrator.context import AppContext
 from orchestrator.db.models import Run
 from orchestrator.domain import checkpoints, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
+from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import checkpoint_key
 from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
 

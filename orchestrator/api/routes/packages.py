@@ -22,10 +22,10 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import uploads
 from orchestrator.api.deps import Admin, Ctx, Token, check_run_access
 from orchestrator.api.routes.checkpoints import SHA256_RE
-from orchestrator.api.schemas import PackageRef
 from orchestrator.context import AppContext
 from orchestrator.domain import runs
 from orchestrator.errors import InvalidRequest, NotFound
+from orchestrator.schemas import PackageRef
 from orchestrator.storage.base import CheckpointNotFound, package_key
 from worker.runtime.package import UnsafePackage, inspect_archive
 from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN, ApiPath

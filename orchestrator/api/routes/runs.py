@@ -11,7 +11,12 @@ from fastapi import APIRouter, Query, Response, status
 from sqlalchemy import select
 
 from orchestrator.api.deps import MAX_ID, Admin, Ctx, Reader
-from orchestrator.api.schemas import (
+from orchestrator.context import AppContext
+from orchestrator.db.models import Run
+from orchestrator.domain import runs, views
+from orchestrator.errors import InvalidRequest, RunExists
+from orchestrator.launchers.base import LauncherConfigError
+from orchestrator.schemas import (
     EventPage,
     JoinToken,
     ProgressSeries,
@@ -23,11 +28,6 @@ from orchestrator.api.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.context import AppContext
-from orchestrator.db.models import Run
-from orchestrator.domain import runs, views
-from orchestrator.errors import InvalidRequest, RunExists
-from orchestrator.launchers.base import LauncherConfigError
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
 from worker.wire import ApiPath, RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
@@ -42,7 +42,9 @@ Offset = Annotated[int, Query(ge=0, le=10**9)]
 def _out(ctx: AppContext, run: Run) -> RunOut:
     with ctx.db.read() as session:
         row = runs.get_run(session, run.name)
-        return views.runs_out(session, [row], ctx.swarm, ctx.clock(), ctx.settings.heartbeat_timeout_s)[0]
+        return views.runs_out(
+            session, [row], ctx.swarm, ctx.clock(), ctx.settings.reconciler.heartbeat_timeout_s
+        )[0]
 
 
 @router.post(ApiPath.runs, status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
@@ -102,7 +104,7 @@ def list_runs(
     """Runs, newest first, optionally only those in ``state``; ``total`` counts all matches."""
     with ctx.db.read() as session:
         rows, total = views.list_runs(session, state, limit, offset)
-        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
+        now, timeout_s = ctx.clock(), ctx.settings.reconciler.heartbeat_timeout_s
         items = views.runs_out(session, rows, ctx.swarm, now, timeout_s, full)
     return RunList(items=items, total=total, limit=limit, offset=offset)
 
@@ -113,7 +115,7 @@ def get_run(name: str, ctx: Ctx, full: Reader) -> RunOut:
     Without the admin token: the public view (free-form spec values left out, ``redacted``)."""
     with ctx.db.read() as session:
         run = runs.get_run(session, name)
-        now, timeout_s = ctx.clock(), ctx.settings.heartbeat_timeout_s
+        now, timeout_s = ctx.clock(), ctx.settings.reconciler.heartbeat_timeout_s
         return views.runs_out(session, [run], ctx.swarm, now, timeout_s, full)[0]
 
 

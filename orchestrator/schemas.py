@@ -1,5 +1,8 @@
 """Request and response models of the REST API (pydantic), apart from the ORM models in ``db/models.py``.
 
+The domain's read views (``domain/views.py``) build the responses and the routes (``api/``) return them:
+this module sits below both, so the domain never imports the HTTP edge.
+
 What workers send and receive is in ``worker/wire.py`` (shared with the worker package); this module
 holds what only the admin side, the status page and the CLI see. Responses never contain a token hash;
 the only secret ever returned is the join token, once, in :class:`RunCreated`. Runs and workers have a
