@@ -41,9 +41,15 @@ demo: venv
 test: venv browser nginx
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# What CI checks before the docs and the tests: ruff's rules and formatting, mypy, and the import
+# contracts of pyproject.toml ([tool.importlinter]).
+LINT_PATHS := orchestrator worker tests bench docs/hooks
+
 lint: venv
-	$(VENV)/bin/ruff check orchestrator worker tests bench
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # Every warning fails the build (a broken link or anchor, a page missing from the nav, a reference page
 # the code can no longer generate).

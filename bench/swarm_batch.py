@@ -73,8 +73,9 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
         **NO_VALIDATION,
     )
     per_epoch: dict[int, int] = {}
+    round_s = [0.0]
     if args.trace:
-        trace_epochs(strategy, per_epoch)
+        trace_epochs(strategy, per_epoch, round_s)
     trainer.fit(DigitsModule(hidden=args.hidden, lr=0.05), DigitsDataModule(batch_size=args.batch_size))
     outcomes = strategy.averaging_outcomes()
     loss = trainer.callback_metrics.get("train_loss")
@@ -84,11 +85,12 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
         "epoch": strategy.optimizer.local_epoch,
         "outcomes": outcomes.model_dump() if outcomes is not None else {},
         "per_epoch": per_epoch,
+        "round_s": round_s[0],
     }
     Path(out).write_text(json.dumps(result))
 
 
-def trace_epochs(strategy: Any, per_epoch: dict[int, int]) -> None:
+def trace_epochs(strategy: Any, per_epoch: dict[int, int], round_s: list[float]) -> None:
     """Log, at each epoch transition, this peer's samples and why the tracker said the epoch is over."""
     import logging
 
@@ -132,7 +134,12 @@ def trace_epochs(strategy: Any, per_epoch: dict[int, int]) -> None:
                 why,
                 others,
             )
+            began = time.perf_counter()
             update(grad_scaler)
+            round_s[0] += time.perf_counter() - began
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not all(bool(p.isfinite().all()) for p in params):
+                log.warning("TRACE NONFINITE parameters after epoch %d", optimizer.local_epoch)
 
         optimizer._update_global_epoch = traced
 
@@ -164,7 +171,7 @@ def trial(
     return [json.loads(out.read_text()) for out in outs if out.exists()]
 
 
-def summary(results: list[dict[str, Any]], target: int) -> dict[str, Any]:
+def summary(results: list[dict[str, Any]], target: int, seconds: float) -> dict[str, Any]:
     samples = sum(r["samples"] for r in results)
     epochs = max((r["epoch"] for r in results), default=0)
     outcome_totals: dict[str, int] = {}
@@ -174,6 +181,7 @@ def summary(results: list[dict[str, Any]], target: int) -> dict[str, Any]:
     counted = sum(v for k, v in outcome_totals.items() if k != "group_size_sum")
     averaged = outcome_totals.get("averaged", 0)
     totals: dict[str, int] = {}
+    round_s = [r.get("round_s", 0.0) for r in results]
     for r in results:
         for epoch, local in r.get("per_epoch", {}).items():
             totals[epoch] = totals.get(epoch, 0) + local
@@ -182,6 +190,7 @@ def summary(results: list[dict[str, Any]], target: int) -> dict[str, Any]:
     return {
         "last_loss": round(sum(losses) / len(losses), 3) if losses else None,
         "epoch_ratios": ratios,
+        "round_share": round(sum(round_s) / (len(results) * seconds), 3) if results else None,
         "peers_reported": len(results),
         "samples": samples,
         "epochs": epochs,
@@ -216,7 +225,8 @@ def main() -> None:
         for index in range(args.trials):
             for peers in sizes:
                 for tracker in args.trackers.split(","):
-                    result = summary(trial(args, peers, tracker, index, workdir), args.target_batch_size)
+                    outcome = trial(args, peers, tracker, index, workdir)
+                    result = summary(outcome, args.target_batch_size, args.seconds)
                     print(f"tracker={tracker} peers={peers} trial={index} {json.dumps(result)}", flush=True)
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 

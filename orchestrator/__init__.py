@@ -3,6 +3,7 @@
 - ``app.py``: ``create_app``, the one composition root: every part below is built and wired there.
 - ``config.py``: the settings (``SPOTSWARM_*`` variables, ``spotswarm serve`` flags); ``context.py``:
   the running parts routes are handed; ``background.py``: services that tick beside the API.
+- ``schemas.py``: the REST API's request and response models (the domain builds them, routes return them).
 - ``api/``: the HTTP edge (routes by resource, dependencies, the error table, middleware).
 - ``domain/``: the rules of runs and workers (states, runs, workers, events, checkpoints, read views).
 - ``heartbeats/``: the hot path: the cache of live workers, the batch writer, the fast path.

@@ -22,13 +22,12 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
-from orchestrator.api import API_PREFIX
+from orchestrator.api import API_PREFIX, ApiPath, path_regex
 from orchestrator.api.errors import ERROR_RESPONSES, install_error_handlers
 from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
 from orchestrator.api.routes import (
@@ -60,7 +59,6 @@ from orchestrator.metrics.tensorboard import TensorBoardForwarder
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.reconciler.leader import leader_election
 from orchestrator.reconciler.loop import Reconciler
-from orchestrator.reconciler.policy import ReconcilePolicy
 from orchestrator.reconciler.service import ReconcilerService
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission, SwarmAuthority
@@ -131,8 +129,8 @@ def create_app(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         upload_limits=[
-            (rf"^{API_PREFIX}/workers/[^/]+/checkpoints/[^/]+$", settings.checkpoint_max_bytes),
-            (rf"^{API_PREFIX}/packages/[^/]+$", settings.package_max_bytes),
+            (path_regex(ApiPath.checkpoint_upload), settings.checkpoint_max_bytes),
+            (path_regex(ApiPath.package), settings.package_max_bytes),
         ],
     )
     app.add_middleware(HeartbeatFastPath, hub_of=lambda: _hub(app), max_body_bytes=settings.max_body_bytes)
@@ -147,41 +145,25 @@ def build_launchers(settings: Settings) -> dict[str, Launcher]:
     """The launchers this orchestrator offers, by name."""
     launchers: dict[str, Launcher] = {
         "local": LocalLauncher(
-            settings.data_dir, grace_s=settings.retire_grace_s, pass_env=settings.worker_env
+            settings.data_dir, grace_s=settings.reconciler.retire_grace_s, pass_env=settings.worker_env
         ),
     }
-    if settings.ec2_launch_template:
-        from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig  # imports boto3
+    if settings.ec2.launch_template:
+        from orchestrator.launchers.ec2.launcher import Ec2Launcher  # imports boto3
 
-        config = Ec2LauncherConfig(
-            orchestrator_id=settings.ec2_orchestrator_id,
-            launch_template=settings.ec2_launch_template,
-            worker_image=settings.ec2_worker_image,
-            region=settings.ec2_region,
-            endpoint_url=settings.ec2_endpoint_url,
-            instance_types=tuple(settings.ec2_instance_types),
-            subnet_ids=tuple(settings.ec2_subnet_ids),
-            max_price=settings.ec2_max_price,
-            on_demand_fallback_after=settings.ec2_on_demand_fallback_after,
-        )
-        if settings.ec2_user_data_template is not None:
-            config = replace(config, user_data_template=settings.ec2_user_data_template)
-        launchers["ec2"] = Ec2Launcher(config)
+        launchers["ec2"] = Ec2Launcher(settings.ec2)
     return launchers
 
 
 def build_store(settings: Settings) -> CheckpointStore:
     """S3 when a bucket is configured, else the local checkpoint directory."""
-    if settings.s3_bucket:
+    s3 = settings.s3
+    if s3.bucket:
         from orchestrator.storage.s3 import S3Store, S3StoreConfig  # imports boto3
 
+        region = s3.region or settings.ec2.region
         return S3Store(
-            S3StoreConfig(
-                bucket=settings.s3_bucket,
-                prefix=settings.s3_prefix,
-                region=settings.s3_region or settings.ec2_region,
-                endpoint_url=settings.s3_endpoint_url,
-            )
+            S3StoreConfig(bucket=s3.bucket, prefix=s3.prefix, region=region, endpoint_url=s3.endpoint_url)
         )
     from orchestrator.storage.local import LocalCheckpointStore
 
@@ -201,8 +183,8 @@ def start_dht(
     dht = OrchestratorDHT(
         settings.dht_identity_path(),
         settings.dht_pid_path(),
-        settings.resolved_dht_host_maddrs(),
-        settings.dht_announce_maddrs,
+        settings.dht.resolved_host_maddrs(),
+        settings.dht.announce_maddrs,
         dht_options=options,
     )
     dht.start()
@@ -215,18 +197,6 @@ def public_url(settings: Settings) -> str:
         return settings.public_url.rstrip("/")
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     return f"http://{host}:{settings.port}"
-
-
-def reconcile_policy(settings: Settings) -> ReconcilePolicy:
-    """The loop's timeouts and limits, from settings."""
-    return ReconcilePolicy(
-        heartbeat_timeout_s=settings.heartbeat_timeout_s,
-        launch_timeout_s=settings.launch_timeout_s,
-        retire_grace_s=settings.retire_grace_s,
-        backoff_base_s=settings.launch_backoff_base_s,
-        backoff_cap_s=settings.launch_backoff_cap_s,
-        max_start_failures=settings.max_start_failures,
-    )
 
 
 # -- the lifespan -----------------------------------------------------------------------------------------
@@ -268,7 +238,7 @@ def _build_context(
         db.close()
         raise
     if admission is not None:
-        admission.bind_peer(functools.partial(_push_open_swarms, dht, timeout_s=settings.dht_timeout_s))
+        admission.bind_peer(functools.partial(_push_open_swarms, dht, timeout_s=settings.dht.timeout_s))
     swarm = SwarmProgressCache()
     forwarder = TensorBoardForwarder(settings.tensorboard_dir) if settings.tensorboard_dir else None
     hub = HeartbeatHub(db, settings, clock, swarm)
@@ -308,21 +278,21 @@ def _services(ctx: AppContext) -> tuple[list[BackgroundService], list[Reconciler
             final_tick=True,
         ),
         PeriodicService(
-            "swarm-progress", settings.dht_refresh_interval_s, functools.partial(_read_swarms, ctx)
+            "swarm-progress", settings.dht.refresh_interval_s, functools.partial(_read_swarms, ctx)
         ),
     ]
     if ctx.swarm_admission is not None:
         sync = functools.partial(ctx.swarm_admission.sync_open_swarms, ctx.db)
-        services.append(PeriodicService("swarm-admission", settings.dht_refresh_interval_s, sync))
+        services.append(PeriodicService("swarm-admission", settings.dht.refresh_interval_s, sync))
     reconcilers = []
-    if settings.reconcile:
+    if settings.reconciler.enabled:
         swarm_epoch = functools.partial(_swarm_epoch, ctx.swarm)
         reconciler = Reconciler(
-            ctx.db, ctx.launchers, public_url(settings), reconcile_policy(settings), ctx.clock, swarm_epoch
+            ctx.db, ctx.launchers, public_url(settings), settings.reconciler, ctx.clock, swarm_epoch
         )
         reconcilers.append(reconciler)
         services.append(
-            ReconcilerService(reconciler, settings.reconcile_interval_s, leader_election(ctx.db.url))
+            ReconcilerService(reconciler, settings.reconciler.interval_s, leader_election(ctx.db.url))
         )
     return services, reconcilers
 
@@ -349,7 +319,7 @@ def _read_swarms(ctx: AppContext) -> None:
     swarms = ctx.hub.active_swarms()
     if not swarms:
         return
-    refresh_progress(ctx.dht, ctx.swarm, swarms, ctx.settings.dht_timeout_s, ctx.clock)
+    refresh_progress(ctx.dht, ctx.swarm, swarms, ctx.settings.dht.timeout_s, ctx.clock)
     ctx.swarm.forget_except(set(swarms))
 
 

@@ -3,28 +3,117 @@
 Build it once (``Settings()`` or ``Settings(port=..., ...)``) and pass it to
 :func:`orchestrator.app.create_app`; nothing reads settings from a global. ``spotswarm serve --help`` is
 generated from the field descriptions below, so each description is the flag's documentation.
+
+Settings of one subsystem are a section, a model of their own that the subsystem takes as it is:
+``dht`` (:class:`DhtSettings`), ``reconciler`` (``ReconcileSettings``, declared beside the pure reconcile
+policy, which may import nothing of the server), ``ec2`` (``Ec2Settings``, beside the ec2 launcher) and
+``s3`` (:class:`S3Settings`). Users still name every setting flat, as they always have: each one has a
+name (``dht_port`` for ``dht.port``: a section field's alias, else its own name) that makes its variable
+``SPOTSWARM_DHT_PORT`` and its flag ``--dht-port``; ``Settings(**flags)`` takes the flat names too
+(typed code passes sections: ``Settings(dht=DhtSettings(port=...))``). :meth:`Settings.setting_fields`
+lists them all; ``spotswarm serve``'s flags and the settings reference page are made from it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from orchestrator import files
+from orchestrator.launchers.ec2.settings import Ec2Settings
+from orchestrator.reconciler.policy import ReconcileSettings
+from worker.comma_list import CommaList
 
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "SPOTSWARM_"
 ADMIN_TOKEN_PREFIX = "ssa_"
-MaddrList = Annotated[list[str], NoDecode]
+
+
+def _flat_names(prefix: str) -> ConfigDict:
+    """A section whose fields are named ``<prefix><field>`` (``dht_port``), by name or by that alias."""
+    return ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=AliasGenerator(validation_alias=lambda name: f"{prefix}{name}"),
+        validate_by_name=True,
+        validate_by_alias=True,
+    )
+
+
+class DhtSettings(BaseModel):
+    """The orchestrator's DHT peer (``SPOTSWARM_DHT_*``, ``--dht-*``)."""
+
+    model_config = _flat_names("dht_")
+
+    port: int = Field(
+        default=31330, ge=0, le=65535, description="Fixed TCP port of the orchestrator's DHT peer."
+    )
+    host_maddrs: CommaList = Field(
+        default_factory=list,
+        description="Comma-separated listen multiaddrs of the DHT. Default: /ip4/0.0.0.0/tcp/<dht_port>.",
+    )
+    announce_maddrs: CommaList = Field(
+        default_factory=list,
+        description="Comma-separated multiaddrs to announce (public IP behind NAT); also served by /peers.",
+    )
+    refresh_interval_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds between reads of each run's swarm progress."
+    )
+    timeout_s: float = Field(default=10.0, gt=0, le=600, description="Time limit of one DHT read.")
+
+    def resolved_host_maddrs(self) -> list[str]:
+        """Where the DHT peer listens: the configured multiaddrs, else every IPv4 interface on ``port``."""
+        return self.host_maddrs or [f"/ip4/0.0.0.0/tcp/{self.port}"]
+
+
+class S3Settings(BaseModel):
+    """Checkpoints in S3 (``SPOTSWARM_S3_*``, ``--s3-*``); without a bucket they stay on local disk."""
+
+    model_config = _flat_names("s3_")
+
+    bucket: str | None = Field(default=None, description="S3 bucket for checkpoints; unset: local directory.")
+    prefix: str = Field(default="spotswarm", description="Key prefix of checkpoints in the bucket.")
+    region: str | None = Field(default=None, description="Region of the bucket (default: ec2_region).")
+    endpoint_url: str | None = Field(default=None, description="S3 endpoint (tests point it at moto).")
+
+
+@dataclass(frozen=True)
+class SettingField:
+    """One setting as users name it: ``name`` makes its variable (``SPOTSWARM_<NAME>``) and its flag
+    (``--<name>``); ``path`` is where it lives in :class:`Settings` (``("dht", "port")``)."""
+
+    name: str
+    path: tuple[str, ...]
+    field: FieldInfo
+
+    @property
+    def env(self) -> str:
+        return f"{ENV_PREFIX}{self.name.upper()}"
+
+
+def _section(field: FieldInfo) -> type[BaseModel] | None:
+    """The section model a field of :class:`Settings` holds, or None for a plain setting."""
+    annotation = field.annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 class Settings(BaseSettings):
-    """Everything `spotswarm serve` can be told; each field is ``SPOTSWARM_<FIELD>`` and ``--<field>``."""
+    """Everything `spotswarm serve` can be told: each setting is ``SPOTSWARM_<NAME>`` and ``--<name>``,
+    a section's fields included (:meth:`setting_fields`)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, validate_default=True)
 
@@ -52,26 +141,13 @@ class Settings(BaseSettings):
         default=None,
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user:pw@host/db. Default: SQLite in data dir.",
     )
-    dht_port: int = Field(
-        default=31330, ge=0, le=65535, description="Fixed TCP port of the orchestrator's DHT peer."
-    )
-    dht_host_maddrs: MaddrList = Field(
-        default_factory=list,
-        description="Comma-separated listen multiaddrs of the DHT. Default: /ip4/0.0.0.0/tcp/<dht_port>.",
-    )
-    dht_announce_maddrs: MaddrList = Field(
-        default_factory=list,
-        description="Comma-separated multiaddrs to announce (public IP behind NAT); also served by /peers.",
-    )
+    dht: DhtSettings = Field(default_factory=DhtSettings)
     admin_token: SecretStr | None = Field(
         default=None,
         description="Bearer token of the admin API. Unset: generated once into <data_dir>/admin_token.",
     )
     heartbeat_interval_s: float = Field(
         default=5.0, gt=0, le=3600, description="Seconds between worker heartbeats (told to workers)."
-    )
-    heartbeat_timeout_s: float = Field(
-        default=30.0, gt=0, le=86400, description="A worker silent this long is no longer counted live."
     )
     heartbeat_flush_interval_s: float = Field(
         default=1.0, gt=0, le=60, description="Seconds between batched writes of buffered heartbeats."
@@ -100,10 +176,6 @@ class Settings(BaseSettings):
         description="Also write each run's progress samples (loss, reported metrics, throughput) as "
         "TensorBoard events into <dir>/<run name>/. Needs the spotswarm[tensorboard] extra.",
     )
-    dht_refresh_interval_s: float = Field(
-        default=5.0, gt=0, le=3600, description="Seconds between reads of each run's swarm progress."
-    )
-    dht_timeout_s: float = Field(default=10.0, gt=0, le=600, description="Time limit of one DHT read.")
     max_body_bytes: int = Field(
         default=1 << 20, ge=1024, description="Largest request body accepted (checkpoints excepted)."
     )
@@ -136,7 +208,7 @@ class Settings(BaseSettings):
         default=True,
         description="Serve read-only endpoints without a token (they never return secrets).",
     )
-    worker_env: MaddrList = Field(
+    worker_env: CommaList = Field(
         default_factory=list,
         description="Comma-separated extra environment variables (NAME or PREFIX*) that local workers and "
         "the import probe get from the server's environment, besides the default allow-list.",
@@ -199,30 +271,7 @@ class Settings(BaseSettings):
         default=None,
         description="URL workers reach the API at (e.g. http://10.0.0.5:8000). Default: from host and port.",
     )
-    reconcile: bool = Field(
-        default=True, description="Run the reconcile loop that launches and replaces workers."
-    )
-    reconcile_interval_s: float = Field(
-        default=2.0, gt=0, le=600, description="Seconds between reconcile ticks."
-    )
-    launch_timeout_s: float = Field(
-        default=180.0,
-        gt=0,
-        le=86400,
-        description="A launched worker that has not registered by then has failed.",
-    )
-    retire_grace_s: float = Field(
-        default=30.0, ge=0, le=3600, description="Seconds a worker told to leave has before it is terminated."
-    )
-    launch_backoff_base_s: float = Field(
-        default=2.0, gt=0, le=3600, description="First delay after a start-up failure; doubles per failure."
-    )
-    launch_backoff_cap_s: float = Field(
-        default=120.0, gt=0, le=86400, description="Longest delay between launches after start-up failures."
-    )
-    max_start_failures: int = Field(
-        default=5, ge=1, le=1000, description="Start-up failures in a row after which a run is marked failed."
-    )
+    reconciler: ReconcileSettings = Field(default_factory=ReconcileSettings)
     max_worker_crashes: int = Field(
         default=5,
         ge=1,
@@ -237,52 +286,62 @@ class Settings(BaseSettings):
         description="Seconds over which worker crashes count toward a run's crash budget.",
     )
     # AWS (the ec2 launcher and S3 checkpoints; the Terraform module sets these) -----------------------
-    ec2_launch_template: str | None = Field(
-        default=None, description="Worker launch template name or id; setting it enables the ec2 launcher."
-    )
-    ec2_orchestrator_id: str = Field(
-        default="spotswarm", description="Value of the spotswarm:orchestrator tag on every instance launched."
-    )
-    ec2_region: str | None = Field(default=None, description="AWS region of the ec2 launcher.")
-    ec2_endpoint_url: str | None = Field(
-        default=None, description="EC2 API endpoint (tests point it at moto)."
-    )
-    ec2_worker_image: str = Field(
-        default="spotswarm-worker:latest", description="Container image the worker user data starts."
-    )
-    ec2_instance_types: MaddrList = Field(
-        default_factory=list, description="Comma-separated default instance types (a run's options override)."
-    )
-    ec2_subnet_ids: MaddrList = Field(
-        default_factory=list, description="Comma-separated default subnets, one per zone to spread over."
-    )
-    ec2_max_price: str | None = Field(default=None, description="Default spot max price in USD per hour.")
-    ec2_on_demand_fallback_after: int | None = Field(
-        default=None, ge=1, description="Spot failures in a row after which a run falls back to on-demand."
-    )
-    ec2_user_data_template: Path | None = Field(
-        default=None, description="Worker cloud-init template. Default: deploy/cloud-init/worker.yaml."
-    )
-    s3_bucket: str | None = Field(
-        default=None, description="S3 bucket for checkpoints; unset: local directory."
-    )
-    s3_prefix: str = Field(default="spotswarm", description="Key prefix of checkpoints in the bucket.")
-    s3_region: str | None = Field(default=None, description="Region of the bucket (default: ec2_region).")
-    s3_endpoint_url: str | None = Field(default=None, description="S3 endpoint (tests point it at moto).")
+    ec2: Ec2Settings = Field(default_factory=Ec2Settings)
+    s3: S3Settings = Field(default_factory=S3Settings)
 
-    @field_validator(
-        "dht_host_maddrs",
-        "dht_announce_maddrs",
-        "ec2_instance_types",
-        "ec2_subnet_ids",
-        "worker_env",
-        mode="before",
-    )
+    # Names and sources ---------------------------------------------------------------------------
+
     @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
+    @functools.cache
+    def setting_fields(cls) -> tuple[SettingField, ...]:
+        """Every setting in declaration order, a section's fields where the section is declared."""
+        fields: list[SettingField] = []
+        for name, field in cls.model_fields.items():
+            section = _section(field)
+            if section is None:
+                fields.append(SettingField(name, (name,), field))
+                continue
+            for key, inner in section.model_fields.items():
+                alias = inner.validation_alias
+                fields.append(SettingField(alias if isinstance(alias, str) else key, (name, key), inner))
+        return tuple(fields)
+
+    @classmethod
+    def setting_name(cls, location: tuple[int | str, ...]) -> str:
+        """A validation error's location as users name it: ``("dht", "port")`` -> ``dht_port``."""
+        for setting in cls.setting_fields():
+            if location[: len(setting.path)] == setting.path:
+                return ".".join(map(str, (setting.name, *location[len(setting.path) :])))
+        return ".".join(map(str, location))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keywords (flags) over the environment; no ``.env`` file, no secrets directory."""
+        return init_settings, _FlatEnvSource(settings_cls)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_names(cls, data: Any) -> Any:
+        """Keywords and flags may name a section's field flat (``dht_port=4000``): move each into its
+        section, over what the environment put there."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for setting in cls.setting_fields():
+            if len(setting.path) == 2 and setting.name in data:
+                section, key = setting.path
+                given = data.get(section)
+                values = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+                values[key] = data.pop(setting.name)
+                data[section] = values
+        return data
 
     @field_validator("tensorboard_dir")
     @classmethod
@@ -315,11 +374,30 @@ class Settings(BaseSettings):
         """The running DHT peer's PID: the next start stops a peer that a crashed server left behind."""
         return self.data_dir / "dht.pid"
 
-    def resolved_dht_host_maddrs(self) -> list[str]:
-        return self.dht_host_maddrs or [f"/ip4/0.0.0.0/tcp/{self.dht_port}"]
-
     def admin_token_path(self) -> Path:
         return self.data_dir / "admin_token"
+
+
+class _FlatEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source, except that a section's fields are read from their flat
+    variables (``SPOTSWARM_DHT_PORT`` for ``dht.port``), not from one JSON variable per section."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if _section(field) is not None:
+            return None, field_name, False  # read field by field in __call__
+        return super().get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        for setting in Settings.setting_fields():
+            if len(setting.path) != 2:
+                continue
+            variable = f"{self.env_prefix}{setting.name}"
+            value = self.env_vars.get(variable if self.case_sensitive else variable.lower())
+            if value is not None:
+                section, key = setting.path
+                data.setdefault(section, {})[key] = value
+        return data
 
 
 def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
@@ -335,7 +413,6 @@ def ensure_admin_token(settings: Settings) -> tuple[str, bool]:
         return path.read_text().strip(), False
     path.parent.mkdir(parents=True, exist_ok=True)
     token = ADMIN_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
+    if not files.create_atomic(path, token + "\n", private=True):  # another process made one meanwhile
+        return path.read_text().strip(), False
     return token, True

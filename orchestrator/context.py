@@ -62,7 +62,7 @@ class AppContext:
             return
         swarms = {run.swarm_id: run.target_batch_size}
         try:
-            refresh_progress(self.dht, self.swarm, swarms, self.settings.dht_timeout_s, self.clock)
+            refresh_progress(self.dht, self.swarm, swarms, self.settings.dht.timeout_s, self.clock)
         except DHTUnavailable as exc:
             logger.warning("swarm %s: could not read its progress now: %s", run.swarm_id, exc)
 
@@ -71,7 +71,7 @@ class AppContext:
         visible = self.dht.visible_maddrs
         peer_ids = {m.rsplit("/p2p/", 1)[1] for m in visible if "/p2p/" in m}
         extra = []
-        for maddr in self.settings.dht_announce_maddrs:
+        for maddr in self.settings.dht.announce_maddrs:
             if "/p2p/" in maddr or not peer_ids:
                 extra.append(maddr)
             else:

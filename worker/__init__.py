@@ -7,9 +7,9 @@
 - ``wire.py``, ``wire_trainer.py``: the JSON both sides speak (the orchestrator imports these).
 - ``context.py``: what a user's code may ask of its worker (``from worker.context import current_worker``).
 - ``trainer_options.py``: the Trainer options and plugins a run spec may name.
-- ``logsetup.py``, ``lifeline.py``, ``peer_addresses.py``, ``files.py``: small pieces several of the
-  above (and the orchestrator) share: logging, a child process that ends with its parent, which peer
-  addresses are usable, atomic files and locks.
+- ``logsetup.py``, ``lifeline.py``, ``peer_addresses.py``, ``files.py``, ``comma_list.py``: small pieces
+  several of the above (and the orchestrator) share: logging, a child process that ends with its parent,
+  which peer addresses are usable, atomic files and locks, settings given as ``a, b``.
 - ``examples/``: what a user's LightningModule looks like.
 
 Importing this package is cheap: heavy modules (torch, lightning, hivemind) load only when the strategy

@@ -4,7 +4,9 @@ This module is the one piece both sides share. It lives in the worker package be
 carries no server code; the orchestrator imports it, never the other way round. It depends on pydantic
 only, so importing it pulls in neither torch nor hivemind.
 
-Endpoints that carry these models (all under ``/api/v1``):
+The API's paths are defined here once (:data:`API_PREFIX`, :class:`ApiPath`): the orchestrator declares
+its routes with them and every client calls them. Endpoints that carry these models (all under
+``/api/v1``):
 
 ==========================================  ================  =======================================
 ``POST /workers/register``                  join or launch    :class:`WorkerRegister` ->
@@ -48,6 +50,39 @@ RunName = Annotated[
         RUN_NAME_PATTERN, "use 1 to 63 lowercase letters, digits and hyphens, not starting with a hyphen"
     ),
 ]
+
+#: The prefix of the JSON API; :class:`ApiPath` templates are relative to it.
+API_PREFIX = "/api/v1"
+
+
+class ApiPath:
+    """Route templates of the JSON API, relative to :data:`API_PREFIX`; a client fills one in with
+    ``str.format`` (``ApiPath.heartbeat.format(worker_id=7)``)."""
+
+    runs = "/runs"
+    run = "/runs/{name}"
+    run_scale = "/runs/{name}/scale"
+    run_stop = "/runs/{name}/stop"
+    run_resume = "/runs/{name}/resume"
+    run_join_token = "/runs/{name}/join-token"
+    run_events = "/runs/{name}/events"
+    run_progress = "/runs/{name}/progress"
+    run_workers = "/runs/{name}/workers"
+    run_worker_log = "/runs/{name}/workers/{worker_id}/log"
+    run_peers = "/runs/{name}/peers"
+    run_package = "/runs/{name}/package"
+    run_checkpoints = "/runs/{name}/checkpoints"
+    run_latest_checkpoint = "/runs/{name}/checkpoints/latest/download"
+    run_checkpoint = "/runs/{name}/checkpoints/{epoch}/download"
+    package = "/packages/{sha256}"
+    peers = "/peers"
+    swarm_auth = "/swarm-auth"
+    register = "/workers/register"
+    heartbeat = "/workers/{worker_id}/heartbeat"
+    deregister = "/workers/{worker_id}/deregister"
+    swarm_token = "/workers/{worker_id}/swarm-token"
+    checkpoint_upload = "/workers/{worker_id}/checkpoints/{epoch}"
+
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
 # Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
@@ -105,6 +140,9 @@ class RunState(str, Enum):
     completed = "completed"
     failed = "failed"
 
+    def __str__(self) -> str:  # the value in messages, on every Python version
+        return str(self.value)
+
 
 class WorkerState(str, Enum):
     """Lifecycle of a worker; the allowed transitions live in ``orchestrator/domain/states.py``."""
@@ -115,6 +153,22 @@ class WorkerState(str, Enum):
     interrupted = "interrupted"
     exited = "exited"
     failed = "failed"
+
+    def __str__(self) -> str:  # the value in messages, on every Python version
+        return str(self.value)
+
+
+class StopCause(str, Enum):
+    """Why a run was asked to stop, or failed (stored on the run): a stopping run whose workers have all
+    left ends ``completed`` when the cause is ``target_reached`` (or the swarm reached the target
+    meanwhile), else ``stopped`` (``orchestrator/domain/states.py``)."""
+
+    target_reached = "target_reached"  # the reconcile loop saw the stop condition met
+    user = "user"  # an admin asked (POST /runs/{name}/stop)
+    failed = "failed"  # the run failed (start-up failures, crash budget)
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 class StopCondition(StrictModel):

@@ -2,10 +2,14 @@
 exposes it (``spotswarm serve``), so the page cannot disagree with the code.
 
 Each field gives one row: its dotted path, the command-line flag the command really has for it (looked
-up among the command's options, never derived), its environment variable (pydantic-settings' rules:
-``env_prefix`` plus the field name, nested fields joined by ``env_nested_delimiter``; without a
-delimiter a nested model is set as JSON in its parent's variable), its default and its description.
-A field whose annotation is a pydantic model gets a section of its own, recursively.
+up among the command's options, never derived), its environment variable, its default and its
+description. A field whose annotation is a pydantic model gets a section of its own, recursively.
+
+The variable follows pydantic-settings' rules (``env_prefix`` plus the field name, nested fields joined
+by ``env_nested_delimiter``; without a delimiter a nested model is set as JSON in its parent's
+variable), unless the model names its settings itself: a ``setting_fields()`` classmethod giving each
+field's ``path`` and ``name`` (``orchestrator.config.Settings`` reads ``dht.port`` from
+``SPOTSWARM_DHT_PORT``, and its flag is ``--dht-port``).
 """
 
 from __future__ import annotations
@@ -87,9 +91,9 @@ def _option_flags(command: click.Command) -> dict[str, str]:
     return flags
 
 
-def _flag_for(path: tuple[str, ...], flags: dict[str, str]) -> str | None:
+def _flag_for(path: tuple[str, ...], flags: dict[str, str], name: str | None = None) -> str | None:
     """The option whose destination is this field, however the command spells nested names."""
-    for candidate in ("_".join(path), "__".join(path), ".".join(path)):
+    for candidate in (name, "_".join(path), "__".join(path), ".".join(path)):
         if candidate in flags:
             return flags[candidate]
     return None
@@ -101,10 +105,20 @@ def setting_rows(model: type[BaseModel], command: click.Command | None = None) -
     prefix = str(config.get("env_prefix", ""))
     delimiter = config.get("env_nested_delimiter") or None
     flags = _option_flags(command) if command is not None else {}
-    yield from _rows(model, (), prefix, delimiter, flags, json_parent=None)
+    own_names = getattr(model, "setting_fields", None)
+    names = {setting.path: setting.name for setting in own_names()} if own_names is not None else {}
+    yield from _rows(model, (), prefix, delimiter, flags, json_parent=None, names=names)
 
 
-def _env_name(field: FieldInfo, path: tuple[str, ...], prefix: str, delimiter: str | None) -> str:
+def _env_name(
+    field: FieldInfo,
+    path: tuple[str, ...],
+    prefix: str,
+    delimiter: str | None,
+    names: dict[tuple[str, ...], str],
+) -> str:
+    if path in names:
+        return (prefix + names[path]).upper()  # the model's own name for it
     alias = field.validation_alias if isinstance(field.validation_alias, str) else field.alias
     if alias and len(path) == 1:
         return alias.upper()  # pydantic-settings reads an alias without the prefix
@@ -118,18 +132,21 @@ def _rows(
     delimiter: str | None,
     flags: dict[str, str],
     json_parent: str | None,
+    names: dict[tuple[str, ...], str],
 ) -> Iterator[SettingRow]:
     for name, field in model.model_fields.items():
         path = (*parent, name)
-        env = json_parent or _env_name(field, path, prefix, delimiter)
+        env = json_parent or _env_name(field, path, prefix, delimiter, names)
         nested = _model_of(field.annotation)
         if nested is not None:
-            # Without a delimiter the whole section is one JSON variable; with one, each field has its own.
-            yield from _rows(nested, path, prefix, delimiter, flags, None if delimiter else f"{env} (JSON)")
+            # Without a delimiter the whole section is one JSON variable; with one, or with the model's own
+            # names, each field has its own.
+            own = delimiter or any(known[: len(path)] == path for known in names)
+            yield from _rows(nested, path, prefix, delimiter, flags, None if own else f"{env} (JSON)", names)
             continue
         yield SettingRow(
             path=path,
-            flag=_flag_for(path, flags),
+            flag=_flag_for(path, flags, names.get(path)),
             env=env,
             default=format_default(field, name),
             description=" ".join((field.description or "").split()),

@@ -1,16 +1,35 @@
 """The HTTP edge of the orchestrator: routes by resource, their dependencies and the error table.
 
+The request and response models are ``orchestrator/schemas.py`` (what workers send: ``worker/wire.py``),
+below this package and the domain, which builds the responses.
+
 - ``routes/``: one module per resource (runs, workers, checkpoints, packages, peers, worker logs,
   swarm tokens, health, ``/metrics``); each declares an ``APIRouter``.
 - ``deps.py``: what routes depend on (the app context, the caller's token, id types) and the auth rule.
 - ``errors.py``: the one table from typed errors to HTTP statuses, and the exception handlers.
-- ``schemas.py``: request and response models of the admin side (what workers send: ``worker/wire.py``).
 - ``uploads.py``: streamed uploads (checkpoints, code packages) with their size limit and checksum.
 - ``middleware/``: ASGI middleware of the API (the request body limit).
 
-:data:`API_PREFIX` is the one prefix of the JSON API. Importing this package imports no route.
+The JSON API's prefix and route templates are defined once, in ``worker/wire.py`` (:data:`API_PREFIX`,
+:class:`ApiPath`), which clients share. Importing this package imports no route.
 """
 
-API_PREFIX = "/api/v1"
-#: The heartbeat's route template: the route, its fast path and its request metrics all use it.
-HEARTBEAT_ROUTE = f"{API_PREFIX}/workers/{{worker_id}}/heartbeat"
+from __future__ import annotations
+
+import re
+
+from worker.wire import API_PREFIX, ApiPath
+
+__all__ = ["API_PREFIX", "HEARTBEAT_ROUTE", "ApiPath", "path_regex"]
+
+#: The heartbeat's full route template: the route, its fast path and its request metrics all use it.
+HEARTBEAT_ROUTE = API_PREFIX + ApiPath.heartbeat
+
+
+def path_regex(template: str, **groups: str) -> str:
+    """A regex of the full paths of an :class:`ApiPath` template: each ``{param}`` matches one path
+    segment, or the pattern ``groups`` gives for it."""
+    pattern = re.escape(API_PREFIX + template)
+    for name in re.findall(r"\{(\w+)\}", template):
+        pattern = pattern.replace(re.escape("{" + name + "}"), groups.get(name, "[^/]+"))
+    return f"^{pattern}$"

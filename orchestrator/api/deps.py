@@ -44,7 +44,7 @@ from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
-from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
@@ -255,7 +255,7 @@ def check_run_access(admin_token_hash: str, session: Session, run: Run, token: s
         ).first()
         if owner is not None and owner.run_id != run.id:
             raise Forbidden(f"this worker token does not belong to run {run.name!r}")
-        if owner is not None and owner.state not in values(UNENDED_WORKER_STATES):
+        if owner is not None and owner.state not in UNENDED_WORKER_STATES:
             raise Forbidden(f"worker {owner.id} has ended ({owner.state}); its token no longer grants access")
         if owner is not None:
             return

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from orchestrator import errors
-from orchestrator.api.schemas import ErrorOut
+from orchestrator.schemas import ErrorOut
 from orchestrator.storage.base import CheckpointNotFound
 from orchestrator.swarm.dht import DHTUnavailable
 

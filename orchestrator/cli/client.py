@@ -1,7 +1,7 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
 The CLI is a client like any other: it never starts or calls the server's parts, only imports names and
-pure rules (:mod:`orchestrator.api.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
+pure rules (:mod:`orchestrator.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
 failure becomes a :class:`CliError` carrying a one-line message and the process exit code (see ``EXIT_*``);
 the command layer prints it and exits.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import ssl
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,14 +27,8 @@ from typing import Any
 
 import httpx
 
-from worker.wire import CHECKSUM_HEADER
+from worker.wire import API_PREFIX, CHECKSUM_HEADER, ApiPath
 
-try:  # Python >= 3.11
-    import tomllib
-except ImportError:  # pragma: no cover - Python 3.10: the config file only holds flat string keys
-    tomllib = None  # type: ignore[assignment]
-
-API_PREFIX = "/api/v1"
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_BYTES = 1 << 20
 CREATE_WITH_CODE_TIMEOUT_S = 1200.0  # the orchestrator's install_timeout_s (900) and import check (60)
@@ -80,27 +74,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        text = path.read_text()
-        data = tomllib.loads(text) if tomllib is not None else _flat_toml(text)
+        data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
         raise CliError(f"cannot read config file {path}: {exc}") from exc
     for key in ("url", "token", "ca_cert"):
         if key in data and not isinstance(data[key], str):
             raise CliError(f"config file {path}: '{key}' must be a string")
-    return data
-
-
-def _flat_toml(text: str) -> dict[str, Any]:
-    """``key = "value"`` lines (what the config file holds) for Pythons without ``tomllib``."""
-    data: dict[str, Any] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"', line)
-        if not match:
-            raise ValueError(f'line {number}: expected key = "value"')
-        data[match[1]] = match[2]
     return data
 
 
@@ -185,10 +164,10 @@ class ApiClient:
     # -- runs ------------------------------------------------------------------------------------
 
     def list_runs(self, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        return self._json("GET", "/runs", params={"limit": limit, "offset": offset})
+        return self._json("GET", ApiPath.runs, params={"limit": limit, "offset": offset})
 
     def get_run(self, name: str) -> dict[str, Any]:
-        return self._json("GET", f"/runs/{name}")
+        return self._json("GET", ApiPath.run.format(name=name))
 
     def create_run(self, spec: dict[str, Any]) -> dict[str, Any]:
         """POST the spec. With requirements, the orchestrator installs them for its import check first:
@@ -196,13 +175,13 @@ class ApiClient:
         timeout_s = self.connection.timeout_s
         if spec.get("requirements") or spec.get("workdir"):
             timeout_s = max(timeout_s, CREATE_WITH_CODE_TIMEOUT_S)
-        return self._json("POST", "/runs", json=spec, timeout=timeout_s)
+        return self._json("POST", ApiPath.runs, json=spec, timeout=timeout_s)
 
     def ensure_package(self, archive: Path, sha256: str) -> bool:
         """Upload the code package at ``archive`` unless the orchestrator stores it already; True if
         it was uploaded now."""
         try:
-            self._json("GET", f"/packages/{sha256}")
+            self._json("GET", ApiPath.package.format(sha256=sha256))
             return False
         except CliError as exc:
             if exc.exit_code != EXIT_NOT_FOUND:
@@ -210,38 +189,42 @@ class ApiClient:
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(archive.stat().st_size)}
         with archive.open("rb") as handle:
             chunks = iter(lambda: handle.read(CHUNK_BYTES), b"")
-            self._json("PUT", f"/packages/{sha256}", content=chunks, headers=headers)
+            self._json("PUT", ApiPath.package.format(sha256=sha256), content=chunks, headers=headers)
         return True
 
     def scale_run(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", f"/runs/{name}/scale", json=body)
+        return self._json("POST", ApiPath.run_scale.format(name=name), json=body)
 
     def stop_run(self, name: str, reason: str | None = None) -> dict[str, Any]:
-        return self._json("POST", f"/runs/{name}/stop", json={"reason": reason} if reason else {})
+        return self._json(
+            "POST", ApiPath.run_stop.format(name=name), json={"reason": reason} if reason else {}
+        )
 
     def resume_run(self, name: str, stop: dict[str, Any] | None = None) -> dict[str, Any]:
         body = {"stop": stop} if stop is not None else None
-        return self._json("POST", f"/runs/{name}/resume", json=body)
+        return self._json("POST", ApiPath.run_resume.format(name=name), json=body)
 
     def rotate_join_token(self, name: str) -> dict[str, Any]:
-        return self._json("POST", f"/runs/{name}/join-token")
+        return self._json("POST", ApiPath.run_join_token.format(name=name))
 
     def events(self, name: str, after_id: int = 0, limit: int = 500) -> dict[str, Any]:
-        return self._json("GET", f"/runs/{name}/events", params={"after_id": after_id, "limit": limit})
+        return self._json(
+            "GET", ApiPath.run_events.format(name=name), params={"after_id": after_id, "limit": limit}
+        )
 
     def progress(self, name: str, max_points: int = 200) -> dict[str, Any]:
-        return self._json("GET", f"/runs/{name}/progress", params={"max_points": max_points})
+        return self._json("GET", ApiPath.run_progress.format(name=name), params={"max_points": max_points})
 
     def delete_run(self, name: str) -> None:
         """Delete a finished run with its workers, events and checkpoints (409 while it is active)."""
-        self._request("DELETE", f"/runs/{name}")
+        self._request("DELETE", ApiPath.run.format(name=name))
 
     def worker_log(
         self, name: str, worker_id: str, tail_bytes: int, from_offset: int | None = None
     ) -> dict[str, Any]:
         """The last ``tail_bytes`` (at most) of a worker's log, as the orchestrator keeps it; with
         ``from_offset``, at most that many bytes from there on (what was written since)."""
-        path = f"/runs/{name}/workers/{worker_id}/log"
+        path = ApiPath.run_worker_log.format(name=name, worker_id=worker_id)
         params: dict[str, int] = {"tail_bytes": tail_bytes}
         if from_offset is not None:
             params["from_offset"] = from_offset
@@ -250,14 +233,14 @@ class ApiClient:
     # -- workers, checkpoints, peers -------------------------------------------------------------
 
     def workers(self, name: str, limit: int = 500) -> dict[str, Any]:
-        return self._json("GET", f"/runs/{name}/workers", params={"limit": limit})
+        return self._json("GET", ApiPath.run_workers.format(name=name), params={"limit": limit})
 
     def checkpoints(self, name: str) -> dict[str, Any]:
-        return self._json("GET", f"/runs/{name}/checkpoints")
+        return self._json("GET", ApiPath.run_checkpoints.format(name=name))
 
     def peers(self, name: str | None = None) -> dict[str, Any]:
         """A run's initial peers, or the orchestrator's own DHT addresses when ``name`` is None."""
-        return self._json("GET", f"/runs/{name}/peers" if name else "/peers")
+        return self._json("GET", ApiPath.run_peers.format(name=name) if name else ApiPath.peers)
 
     def download(self, download_path: str, dest: Path, on_bytes: Callable[[int, int | None], None]) -> str:
         """Stream ``download_path`` (an API path) to ``dest`` atomically and return its SHA-256.

@@ -24,19 +24,26 @@ import uvicorn
 
 from orchestrator.cli.command import EXIT_INTERRUPTED
 from orchestrator.cli.stopping import StoppingServer
+from orchestrator.domain.states import FINISHED_RUN_STATES, RunState
+from worker.wire import API_PREFIX, ApiPath
 
 DEMO_RUN = "digits-demo"
 STOP_WAIT_S = 60.0
 
 
 def demo_spec(workers: int) -> dict[str, Any]:
-    """The demo run: digits on 2 CPU workers, short hivemind timeouts for a one-machine swarm."""
+    """The demo run: digits on 2 CPU workers, short hivemind timeouts for a one-machine swarm.
+
+    A swarm epoch of 16,384 samples is a second or two of compute for two CPU workers, long enough for
+    its averaging round to be scheduled while they compute: about a third of the time goes to rounds, where
+    256 samples (tens of milliseconds) spent nine tenths waiting for them (``bench/swarm_batch.py``); the
+    loss still falls within a minute."""
     return {
         "name": DEMO_RUN,
         "module": "worker.examples.digits:DigitsModule",
         "module_args": {"hidden": 64, "lr": 0.05},
         "datamodule": "worker.examples.digits:DigitsDataModule",
-        "target_batch_size": 256,
+        "target_batch_size": 16384,
         "batch_size": 32,
         "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
         "min_workers": 0,
@@ -66,20 +73,28 @@ def _port_free(host: str, port: int) -> bool:
 def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     """Run the orchestrator with a local demo run of the digits example (Ctrl-C stops everything)."""
     from orchestrator.app import create_app
-    from orchestrator.cli.serve import _configure_logging, keep_new_files_private, stop_stale_dht_peer
-    from orchestrator.config import Settings, ensure_admin_token
+    from orchestrator.cli.serve import (
+        _configure_logging,
+        build_settings,
+        keep_new_files_private,
+        stop_stale_dht_peer,
+    )
+    from orchestrator.config import ensure_admin_token
 
-    settings = Settings(
-        host="127.0.0.1",
-        port=port,
-        data_dir=data_dir,
-        dht_port=dht_port,
-        dht_host_maddrs=[f"/ip4/127.0.0.1/tcp/{dht_port}"],
-        heartbeat_interval_s=2.0,
-        heartbeat_timeout_s=30.0,
-        dht_refresh_interval_s=2.0,
-        progress_sample_interval_s=2.0,
-        log_level="warning",
+    # as flags would give them: what the environment sets beside these still counts
+    settings = build_settings(
+        {
+            "host": "127.0.0.1",
+            "port": port,
+            "data_dir": data_dir,
+            "dht_port": dht_port,
+            "dht_host_maddrs": [f"/ip4/127.0.0.1/tcp/{dht_port}"],
+            "heartbeat_interval_s": 2.0,
+            "heartbeat_timeout_s": 30.0,
+            "dht_refresh_interval_s": 2.0,
+            "progress_sample_interval_s": 2.0,
+            "log_level": "warning",
+        }
     )
     _configure_logging(settings)
     keep_new_files_private()
@@ -89,7 +104,8 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
             raise click.ClickException(f"port {number} is in use; pick another with {what}")
     admin_token, _ = ensure_admin_token(settings)
     base = f"http://127.0.0.1:{port}"
-    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30)
+    auth = {"Authorization": f"Bearer {admin_token}"}
+    client = httpx.Client(base_url=base + API_PREFIX, headers=auth, timeout=30)  # the API's paths: ApiPath
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
     )
@@ -164,23 +180,24 @@ def _wait_ready(server: Any, timeout_s: float = 120.0) -> None:
 def _ensure_run(client: httpx.Client, workers: int) -> None:
     """Create the demo run, or resume it (and set its worker count) when it exists from a last demo."""
     # The first create imports the example in a probe process: allow for a slow, busy machine.
-    response = client.post("/api/v1/runs", json=demo_spec(workers), timeout=180)
+    response = client.post(ApiPath.runs, json=demo_spec(workers), timeout=180)
     if response.status_code == 201:
         return
     if response.status_code != 409:
         raise click.ClickException(f"creating the demo run failed: {response.status_code} {response.text}")
-    state = client.get(f"/api/v1/runs/{DEMO_RUN}").json()["state"]
-    if state in ("stopped", "failed", "completed"):
-        if state == "completed":
-            client.delete(f"/api/v1/runs/{DEMO_RUN}").raise_for_status()
-            client.post("/api/v1/runs", json=demo_spec(workers)).raise_for_status()
+    run_path = ApiPath.run.format(name=DEMO_RUN)
+    state = RunState(client.get(run_path).json()["state"])
+    if state in FINISHED_RUN_STATES:
+        if state == RunState.completed:
+            client.delete(run_path).raise_for_status()
+            client.post(ApiPath.runs, json=demo_spec(workers)).raise_for_status()
             return
-        client.post(f"/api/v1/runs/{DEMO_RUN}/resume").raise_for_status()
-    client.post(f"/api/v1/runs/{DEMO_RUN}/scale", json={"desired_workers": workers})
+        client.post(ApiPath.run_resume.format(name=DEMO_RUN)).raise_for_status()
+    client.post(ApiPath.run_scale.format(name=DEMO_RUN), json={"desired_workers": workers})
 
 
 def _banner(base: str, client: httpx.Client, admin_token: str, data_dir: Path) -> None:
-    peers = client.get("/api/v1/peers").json().get("initial_peers", [])
+    peers = client.get(ApiPath.peers).json().get("initial_peers", [])
     click.echo(
         f"\nspotswarm demo is running: run '{DEMO_RUN}', digits on local workers\n"
         f"  status page : {base}/\n"
@@ -211,7 +228,7 @@ def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:
                 return
             time.sleep(0.2)
         try:
-            response = client.get(f"/api/v1/runs/{DEMO_RUN}")
+            response = client.get(ApiPath.run.format(name=DEMO_RUN))
             response.raise_for_status()
             run = response.json()
         except httpx.HTTPError as exc:
@@ -234,11 +251,11 @@ def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:
 def _stop_run(client: httpx.Client) -> None:
     """Stop the demo run and wait (bounded) until its workers have left."""
     try:
-        client.post(f"/api/v1/runs/{DEMO_RUN}/stop", json={"reason": "demo ended (Ctrl-C)"})
+        client.post(ApiPath.run_stop.format(name=DEMO_RUN), json={"reason": "demo ended (Ctrl-C)"})
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            response = client.get(f"/api/v1/runs/{DEMO_RUN}")
-            if response.is_success and response.json()["state"] in ("stopped", "completed", "failed"):
+            response = client.get(ApiPath.run.format(name=DEMO_RUN))
+            if response.is_success and RunState(response.json()["state"]) in FINISHED_RUN_STATES:
                 return
             time.sleep(0.5)
         click.echo(f"  workers did not all leave within {STOP_WAIT_S:.0f} s; stopping anyway")

@@ -12,7 +12,7 @@ import click
 
 from orchestrator.cli.client import EXIT_NOT_FOUND, CliError
 from orchestrator.cli.command import ApiContext
-from orchestrator.domain.states import LIVE_WORKER_STATES, values
+from orchestrator.domain.states import LIVE_WORKER_STATES, WorkerState
 
 MAX_CHUNK_BYTES = 1024 * 1024  # the API's largest answer for a worker log
 
@@ -21,7 +21,7 @@ def follow_worker_log(ctx: ApiContext, name: str, worker_id: str, tail_bytes: in
     """Print the end of a worker's log, then what it writes, until the worker has ended."""
     offset = _print_chunk(ctx, ctx.api.worker_log(name, worker_id, tail_bytes))
     while True:
-        ended = _worker_state(ctx, name, worker_id) not in values(LIVE_WORKER_STATES)
+        ended = _worker_state(ctx, name, worker_id) not in LIVE_WORKER_STATES
         while True:  # after the state check: nothing the worker wrote before it ended is missed
             chunk = ctx.api.worker_log(name, worker_id, MAX_CHUNK_BYTES, from_offset=offset)
             if chunk["next_offset"] == offset:
@@ -40,8 +40,8 @@ def _print_chunk(ctx: ApiContext, chunk: dict[str, Any]) -> int:
     return int(chunk["next_offset"])
 
 
-def _worker_state(ctx: ApiContext, name: str, worker_id: str) -> str:
+def _worker_state(ctx: ApiContext, name: str, worker_id: str) -> WorkerState:
     for worker in ctx.api.workers(name)["items"]:
         if str(worker["id"]) == str(worker_id):
-            return str(worker["state"])
+            return WorkerState(worker["state"])
     raise CliError(f"404 worker {worker_id} not found in run {name!r}", EXIT_NOT_FOUND)

@@ -1,8 +1,7 @@
-"""What the CLI prints: aligned tables for people, JSON for scripts, a compact text chart, and the derived
-numbers (ETA, cost, ages) shared by several commands. Pure functions of the API's JSON; no I/O here
-except :func:`echo_json` and :func:`echo_table`.
-
-The status page computes ETA and cost the same way in ``orchestrator/web/static/app.js``; keep them in step.
+"""What the CLI prints: aligned tables for people, JSON for scripts, a compact text chart, and the
+formatting of numbers, times and sizes shared by several commands. Pure functions of the API's JSON; no
+I/O here except :func:`echo_json` and :func:`echo_table`. Derived numbers (ETA, cost) come computed
+from the server (``eta_s``, ``cost_usd``: ``orchestrator/domain/estimates.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ from typing import Any
 
 import click
 
-from orchestrator.domain.states import FINISHED_RUN_STATES, values
+from orchestrator.domain.states import FINISHED_RUN_STATES
 
-TERMINAL_RUN_STATES = values(FINISHED_RUN_STATES)
-PRICE_KEYS = ("price_per_hour", "price_usd_per_hour")
+TERMINAL_RUN_STATES = frozenset(state.value for state in FINISHED_RUN_STATES)  # as the API's JSON has them
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
 
@@ -136,52 +134,6 @@ def age_s(text: str | None, now: datetime) -> float | None:
 def fmt_age(text: str | None, now: datetime) -> str:
     seconds = age_s(text, now)
     return "-" if seconds is None else fmt_duration(seconds) + " ago"
-
-
-# -- derived run numbers ---------------------------------------------------------------------------
-
-
-def eta_s(run: Mapping[str, Any]) -> float | None:
-    """Seconds until the run's stop condition at the current throughput; None if unknown or unbounded.
-
-    Samples target: samples still missing over samples/s. Epoch target: epochs still missing times the
-    swarm batch, less what the DHT says the current epoch already holds. The sooner of the two wins.
-    """
-    if run.get("state") in TERMINAL_RUN_STATES:
-        return None
-    reported = run.get("reported") or {}
-    rate = float(reported.get("samples_per_s") or 0.0)
-    if rate <= 0:
-        return None
-    stop = (run.get("spec") or {}).get("stop") or {}
-    swarm = run.get("swarm") or {}
-    candidates: list[float] = []
-    if stop.get("target_samples"):
-        missing = stop["target_samples"] - int(reported.get("samples_total") or 0)
-        candidates.append(max(0.0, missing / rate))
-    if stop.get("target_epochs"):
-        epoch = max(int(reported.get("swarm_epoch") or 0), int(swarm.get("epoch") or 0))
-        batch = int(run["spec"].get("target_batch_size") or 0)
-        missing = (stop["target_epochs"] - epoch) * batch - int(swarm.get("samples_accumulated") or 0)
-        candidates.append(max(0.0, missing / rate))
-    return min(candidates) if candidates else None
-
-
-def worker_cost_usd(worker: Mapping[str, Any], now: datetime) -> float | None:
-    """Price per hour (from the launcher's ``launch_details``) times the hours the worker has existed."""
-    details = worker.get("launch_details") or {}
-    price = next((details[k] for k in PRICE_KEYS if isinstance(details.get(k), (int, float))), None)
-    start = parse_time(worker.get("registered_at") or worker.get("created_at"))
-    if price is None or start is None:
-        return None
-    end = parse_time(worker.get("ended_at")) or now
-    return float(price) * max(0.0, (end - start).total_seconds()) / 3600.0
-
-
-def run_cost_usd(workers: Sequence[Mapping[str, Any]], now: datetime) -> float | None:
-    """Sum of the workers' costs; None when no worker has a known price."""
-    costs = [c for c in (worker_cost_usd(w, now) for w in workers) if c is not None]
-    return sum(costs) if costs else None
 
 
 def fmt_usd(value: float | None) -> str:

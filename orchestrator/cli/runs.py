@@ -20,13 +20,11 @@ from orchestrator.cli.output import (
     TERMINAL_RUN_STATES,
     echo_json,
     echo_table,
-    eta_s,
     fmt_age,
     fmt_bytes,
     fmt_duration,
     fmt_number,
     fmt_usd,
-    run_cost_usd,
     text_chart,
     validation_metric,
 )
@@ -198,7 +196,7 @@ def run_row(run: dict[str, Any], now: datetime) -> list[Any]:
         epoch,
         fmt_number(reported.get("samples_per_s"), 3),
         fmt_number(reported.get("loss")),
-        fmt_duration(eta_s(run)),
+        fmt_duration(run.get("eta_s")),
         fmt_age(run.get("created_at"), now).removesuffix(" ago"),
     ]
 
@@ -261,8 +259,8 @@ def _show_lines(
         *[(name, fmt_number(value)) for name, value in (reported.get("metrics") or {}).items()],
         *_averaging_lines(run.get("averaging")),
         ("stop at", target),
-        ("eta", fmt_duration(eta_s(run))),
-        ("cost so far", fmt_usd(run_cost_usd(workers, now))),
+        ("eta", fmt_duration(run.get("eta_s"))),
+        ("cost so far", fmt_usd(run.get("cost_usd"))),
         ("checkpoint", f"epoch {ckpt['epoch']}, {fmt_bytes(ckpt['size_bytes'])}" if ckpt else "-"),
         ("created", fmt_age(run.get("created_at"), now)),
         ("module", spec["module"]),

@@ -1,8 +1,9 @@
 """``spotswarm serve`` and ``spotswarm db upgrade``.
 
-Every field of :class:`orchestrator.config.Settings` becomes a flag (``data_dir`` -> ``--data-dir``)
-whose help is the field's description plus its environment variable, so ``spotswarm serve --help``
-documents the whole configuration. A flag wins over the environment, which wins over the default.
+Every setting of :class:`orchestrator.config.Settings` becomes a flag named as its variable is
+(``data_dir``: ``--data-dir``; ``dht.port``: ``--dht-port``) whose help is the field's description plus
+its environment variable, so ``spotswarm serve --help`` documents the whole configuration. A flag wins
+over the environment, which wins over the default.
 Heavy imports (FastAPI, hivemind) happen inside the commands, so ``spotswarm --help`` stays fast.
 """
 
@@ -40,13 +41,13 @@ def _kind(annotation: Any) -> str:
 
 
 def _setting_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``func`` with one click option per Settings field (default None: env or default wins)."""
-    for name, field in reversed(list(Settings.model_fields.items())):
+    """Decorate ``func`` with one click option per setting (default None: env or default wins)."""
+    for setting in reversed(Settings.setting_fields()):
+        name, field = setting.name, setting.field
         flag = name.replace("_", "-")
-        env = f"{ENV_PREFIX}{name.upper()}"
         default = field.get_default(call_default_factory=True)
         shown = "generated" if name == "admin_token" else ("unset" if default in (None, []) else default)
-        help_text = f"{field.description} [env: {env}; default: {shown}]"
+        help_text = f"{field.description} [env: {setting.env}; default: {shown}]"
         kind = _kind(field.annotation)
         if kind == _BOOL:
             decl = f"--{flag}/--no-{flag}"
@@ -65,7 +66,7 @@ def build_settings(options: dict[str, Any]) -> Settings:
     try:
         return Settings(**given)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{Settings.setting_name(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise click.UsageError(f"invalid settings: {problems}") from exc
 
 

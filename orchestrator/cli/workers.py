@@ -15,12 +15,11 @@ from orchestrator.cli.output import (
     fmt_metrics,
     fmt_number,
     fmt_usd,
-    worker_cost_usd,
 )
-from orchestrator.domain.states import LIVE_WORKER_STATES, values
+from orchestrator.domain.states import LIVE_WORKER_STATES
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
-LIVE_STATES = values(LIVE_WORKER_STATES)
+LIVE_STATES = frozenset(state.value for state in LIVE_WORKER_STATES)  # as the API's JSON has them
 WORKER_COLUMNS = (
     *("id", "state", "handle", "host", "heartbeat", "samples", "samples/s"),
     *("loss", "averaged", "metrics", "ckpt", "cost", "ended"),
@@ -63,7 +62,7 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
         _averaged(worker),
         fmt_metrics(worker.get("metrics"), skip=LOSS_METRIC_NAMES),
         "yes" if worker.get("checkpointer") else "",
-        fmt_usd(worker_cost_usd(worker, now)),
+        fmt_usd(worker.get("cost_usd")),
         _ended(worker),
     ]
 

@@ -1,14 +1,17 @@
 """The orchestrator's tables (SQLAlchemy 2.x typed mappings). The schema itself lives in ``migrations/``.
 
 Runs own everything else: deleting a run deletes its workers, events, progress samples and checkpoint
-rows (``ON DELETE CASCADE``). States are stored as short strings (values of ``worker.wire.RunState`` and
-``WorkerState``); ``orchestrator/domain/runs.py`` is the only code that changes them. Tokens are stored as
-SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
+rows (``ON DELETE CASCADE``). States are enums (``worker.wire.RunState`` and ``WorkerState``,
+``StopCause``; their sets are in ``orchestrator/domain/states.py``), stored as their short string
+values (:func:`state_type`); ``orchestrator/domain/runs.py`` is the only code that changes them. Tokens
+are stored as SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import datetime, timezone
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import (
@@ -27,7 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import Enum as EnumType
 from sqlalchemy.types import TypeDecorator
+
+from worker.wire import RunState, StopCause, WorkerState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -59,6 +65,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
+def state_type(enum: type[Enum]) -> EnumType:
+    """A column of ``enum`` members stored as their values in a VARCHAR(16), with no CHECK constraint
+    and no native enum type: the same column contents as plain strings, and a new state needs no
+    migration. Binding a string that is no member's value raises."""
+    return EnumType(
+        enum,
+        native_enum=False,
+        create_constraint=False,
+        length=16,
+        validate_strings=True,
+        values_callable=lambda members: [str(m.value) for m in members],
+    )
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {
@@ -66,6 +86,15 @@ class Base(DeclarativeBase):
         dict[str, Any]: JSON(),
         list[str]: JSON(),
     }
+
+    @classmethod
+    def column_names(cls) -> frozenset[str]:
+        return frozenset(column.key for column in cls.__table__.columns)
+
+    def column_values(self, names: Container[str]) -> dict[str, Any]:
+        """This row's values of its columns named in ``names`` (e.g. a pydantic model's fields): for
+        models that show columns as they are stored."""
+        return {key: getattr(self, key) for key in self.column_names() if key in names}
 
 
 class Run(Base):
@@ -104,8 +133,10 @@ class Run(Base):
     report_metrics: Mapped[list[str]] = mapped_column(default=list)
     max_worker_crashes: Mapped[int | None] = mapped_column(Integer)  # null: the server's default
     # Lifecycle.
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    state_reason: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[RunState] = mapped_column(state_type(RunState), index=True)
+    state_reason: Mapped[str] = mapped_column(Text, default="")  # for people: rules read stop_cause
+    # Why the run was asked to stop or failed (null while it has not been): decides completed vs stopped.
+    stop_cause: Mapped[StopCause | None] = mapped_column(state_type(StopCause))
     checkpointer_worker_id: Mapped[int | None] = mapped_column(Integer)  # no FK: avoids a cycle
     # The highest swarm epoch the orchestrator's DHT reader saw: what the stop condition and the epochs
     # of checkpoint uploads are judged by (workers' own reports never count for either).
@@ -139,7 +170,7 @@ class Worker(Base):
     launcher: Mapped[str] = mapped_column(String(32))
     launcher_handle: Mapped[str | None] = mapped_column(String(128))
     manual: Mapped[bool] = mapped_column(Boolean, default=False)
-    state: Mapped[str] = mapped_column(String(16))
+    state: Mapped[WorkerState] = mapped_column(state_type(WorkerState))
     state_reason: Mapped[str] = mapped_column(Text, default="")
     retire_requested_at: Mapped[datetime | None]  # asked to leave (scale-down): heartbeats answer stop
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)  # the worker token

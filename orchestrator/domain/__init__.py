@@ -4,10 +4,11 @@ typed errors of ``orchestrator/errors.py`` and never commit (the caller's transa
 - ``states.py``: the allowed run and worker transitions, and every set of states a rule names.
 - ``runs.py``: run operations and the only functions that change a run's or a worker's state.
 - ``events.py``: a run's history (each event is a row and a log line).
-- ``checkpointer.py``: which live worker of a run saves its checkpoints (the election).
+- ``checkpointer.py``: which live worker of a run saves its checkpoints (the eligibility rule, the election).
 - ``workers.py``: launch intents, registration, leaving, retiring.
 - ``checkpoints.py``: checkpoint records (newest first, the last K kept) and upload slots.
 - ``views.py``: the read side: runs with their live numbers, events, progress series, workers, peers.
+- ``estimates.py``: a run's cost so far and ETA, returned in its view (page, CLI and ``/metrics`` show them).
 - ``crash_budget.py``: launched workers failing with the same error fail the run.
 - ``averaging.py``: whether a run's workers average together, and its warning.
 - ``reported.py``: a run's loss and metrics from its workers' latest reports.

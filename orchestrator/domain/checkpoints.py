@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Checkpoint, Run
 from orchestrator.domain import events, runs
-from orchestrator.domain.states import ACTIVE_RUN_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES
 from orchestrator.errors import Conflict, NotFound
-from worker.wire import CheckpointRef
+from worker.wire import API_PREFIX, ApiPath, CheckpointRef
 
 
 def to_ref(run: Run, checkpoint: Checkpoint) -> CheckpointRef:
@@ -31,7 +31,7 @@ def to_ref(run: Run, checkpoint: Checkpoint) -> CheckpointRef:
         size_bytes=checkpoint.size_bytes,
         sha256=checkpoint.sha256,
         created_at=checkpoint.created_at.isoformat(),
-        download_path=f"/api/v1/runs/{run.name}/checkpoints/{checkpoint.epoch}/download",
+        download_path=API_PREFIX + ApiPath.run_checkpoint.format(name=run.name, epoch=checkpoint.epoch),
     )
 
 
@@ -63,7 +63,7 @@ def check_upload(run: Run, worker_id: int, epoch: int, dht_epoch: int | None = N
     other worker, or made-up epochs far ahead, would prune the run's real checkpoints and make the heartbeat
     replies' ``latest_checkpoint_epoch`` keep the real checkpointer from uploading again.
     """
-    if run.state not in values(ACTIVE_RUN_STATES):
+    if run.state not in ACTIVE_RUN_STATES:
         raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
     if run.checkpointer_worker_id != worker_id:
         raise Conflict(f"worker {worker_id} is not the run's checkpointer: only the checkpointer uploads")

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Worker
 from orchestrator.domain import runs
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, values
+from orchestrator.domain.states import ACCEPTING_RUN_STATES
 from worker.wire import RunState, WorkerState
 
 
@@ -37,7 +37,7 @@ class CrashPolicy:
 
 def counts(worker: Worker) -> bool:
     """Whether this failed worker's failure counts toward its run's crash budget."""
-    return worker.state == WorkerState.failed.value and not worker.manual and worker.samples > 0
+    return worker.state == WorkerState.failed and not worker.manual and worker.samples > 0
 
 
 def same_crashes(session: Session, worker: Worker, since: datetime) -> int:
@@ -47,7 +47,7 @@ def same_crashes(session: Session, worker: Worker, since: datetime) -> int:
         .select_from(Worker)
         .where(
             Worker.run_id == worker.run_id,
-            Worker.state == WorkerState.failed.value,
+            Worker.state == WorkerState.failed,
             Worker.manual.is_(False),
             Worker.samples > 0,
             Worker.exit_reason == worker.exit_reason,
@@ -60,7 +60,7 @@ def same_crashes(session: Session, worker: Worker, since: datetime) -> int:
 def judge(session: Session, worker: Worker, policy: CrashPolicy, now: datetime) -> bool:
     """After ``worker`` failed: fail its run when the crash budget is spent; True if it did."""
     run = worker.run
-    if not counts(worker) or run.state not in values(ACCEPTING_RUN_STATES):
+    if not counts(worker) or run.state not in ACCEPTING_RUN_STATES:
         return False
     budget = run.max_worker_crashes or policy.default_budget
     session.flush()

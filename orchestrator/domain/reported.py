@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample, Run, Worker
@@ -49,14 +49,18 @@ def mean_values(reports: Iterable[tuple[float | None, Mapping[str, Any] | None]]
     return mean_loss, {name: sums[name][0] / sums[name][1] for name in names}
 
 
+def fresh(fresh_after: datetime) -> ColumnElement[bool]:
+    """The workers whose reports count while a run is active: running, heard from since ``fresh_after``
+    (their loss, metrics and throughput; ``views.run_numbers`` counts them too)."""
+    return and_(Worker.state == WorkerState.running, Worker.last_heartbeat_at >= fresh_after)
+
+
 def fresh_values(session: Session, run_ids: Sequence[int], fresh_after: datetime) -> dict[int, Values]:
-    """Loss and metrics of each run over its running workers heard from since ``fresh_after``."""
+    """Loss and metrics of each run over its :func:`fresh` workers."""
     if not run_ids:
         return {}
     query = select(Worker.run_id, Worker.loss, Worker.metrics).where(
-        Worker.run_id.in_(list(run_ids)),
-        Worker.state == WorkerState.running.value,
-        Worker.last_heartbeat_at >= fresh_after,
+        Worker.run_id.in_(list(run_ids)), fresh(fresh_after)
     )
     reports: dict[int, list[tuple[float | None, Mapping[str, Any] | None]]] = {}
     for run_id, loss, metrics in session.execute(query):

@@ -30,11 +30,12 @@ from orchestrator.domain.states import (
     FINISHED_RUN_STATES,
     LIVE_WORKER_STATES,
     RUN_TRANSITIONS,
+    STOPPED_RUN_STATES,
     WORKER_TRANSITIONS,
-    values,
+    StopCause,
+    settled_state,
 )
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
-from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from orchestrator.storage.base import package_key
 from worker.wire import RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
 from worker.wire_trainer import TrainerSection
@@ -68,8 +69,7 @@ def get_worker(session: Session, worker_id: int) -> Worker:
 
 def list_active_runs(session: Session) -> Sequence[Run]:
     """Runs the reconciler must look after: pending, running or stopping."""
-    states = values(ACTIVE_RUN_STATES)
-    return session.scalars(select(Run).where(Run.state.in_(states)).order_by(Run.id)).all()
+    return session.scalars(select(Run).where(Run.state.in_(ACTIVE_RUN_STATES)).order_by(Run.id)).all()
 
 
 def live_workers(
@@ -77,7 +77,7 @@ def live_workers(
 ) -> Sequence[Worker]:
     """Workers of the run that are launching or running; only those joined by hand (``manual=True``) or
     launched (``False``) when given, only those silent since before ``silent_before`` when given."""
-    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(values(LIVE_WORKER_STATES)))
+    query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES))
     if manual is not None:
         query = query.where(Worker.manual.is_(manual))
     if silent_before is not None:
@@ -88,8 +88,8 @@ def live_workers(
 def count_live_workers(session: Session, run_id: int) -> int:
     """How many workers of the run are launching or running."""
     query = select(func.count()).select_from(Worker)
-    live = values(LIVE_WORKER_STATES)
-    return int(session.scalar(query.where(Worker.run_id == run_id, Worker.state.in_(live))) or 0)
+    live = Worker.state.in_(LIVE_WORKER_STATES)
+    return int(session.scalar(query.where(Worker.run_id == run_id, live)) or 0)
 
 
 def stop_condition(run: Run) -> StopCondition:
@@ -110,32 +110,14 @@ def swarm_epoch(run: Run, dht_epoch: int | None = None) -> int:
 
 def run_spec(run: Run) -> RunSpec:
     """The run's spec as the wire model (with its current worker counts); secret values are None (only
-    registrations carry them: :func:`secret_values`)."""
-    return RunSpec(
-        name=run.name,
-        module=run.module,
-        module_args=run.module_args,
-        datamodule=run.datamodule,
-        datamodule_args=run.datamodule_args,
-        target_batch_size=run.target_batch_size,
-        batch_size=run.batch_size,
-        strategy_options=run.strategy_options,
-        min_workers=run.min_workers,
-        max_workers=run.max_workers,
-        desired_workers=run.desired_workers,
-        stop=stop_condition(run),
-        checkpoint_every_epochs=run.checkpoint_every_epochs,
-        keep_checkpoints=run.keep_checkpoints,
-        launcher=run.launcher,
-        launcher_options=run.launcher_options,
-        workdir=run.workdir,
-        requirements=run.requirements,
-        env=run.env,
-        secret_env=dict.fromkeys(run.secret_env),
-        trainer=TrainerSection.model_validate(run.trainer),
-        report_metrics=run.report_metrics,
-        max_worker_crashes=run.max_worker_crashes,
-    )
+    registrations carry them: :func:`secret_values`). Every spec field is a column of the same name but
+    the stop condition (two columns) and the trainer section (JSON)."""
+    changed = {
+        "stop": stop_condition(run),
+        "secret_env": dict.fromkeys(run.secret_env),
+        "trainer": TrainerSection.model_validate(run.trainer),
+    }
+    return RunSpec.model_validate({**run.column_values(RunSpec.model_fields), **changed})
 
 
 def secret_values(run: Run) -> dict[str, str]:
@@ -146,30 +128,37 @@ def secret_values(run: Run) -> dict[str, str]:
 # -- state changes ----------------------------------------------------------------------------------
 
 
-def set_run_state(session: Session, run: Run, new: RunState, reason: str, now: datetime) -> bool:
+def set_run_state(
+    session: Session, run: Run, new: RunState, reason: str, now: datetime, cause: StopCause = StopCause.user
+) -> bool:
     """Move ``run`` to ``new`` if the table allows it; returns False when it already was there.
 
-    Raises :class:`IllegalTransition` for a transition the table forbids.
+    ``reason`` is for people (the run's ``state_reason`` and its event). A run going to ``stopping``
+    records ``cause`` as its ``stop_cause`` (:func:`settle_stopping_run` reads it); a failed run's cause
+    is ``failed``; a resumed (pending) run has none. Raises :class:`IllegalTransition` for a transition
+    the table forbids.
     """
-    old = RunState(run.state)
+    old = run.state
     if old == new:
         return False
     if new not in RUN_TRANSITIONS[old]:
-        raise IllegalTransition(f"run {run.name!r} is {old.value}; it cannot become {new.value}")
-    run.state, run.state_reason, run.updated_at = new.value, reason, now
+        raise IllegalTransition(f"run {run.name!r} is {old}; it cannot become {new}")
+    run.state, run.state_reason, run.updated_at = new, reason, now
     if new == RunState.running and run.started_at is None:
         run.started_at = now
     if new == RunState.stopping:
-        run.stop_requested_at = now
+        run.stop_requested_at, run.stop_cause = now, cause
+    if new == RunState.failed:
+        run.stop_cause = StopCause.failed
     if new in FINISHED_RUN_STATES:
         run.finished_at = now
         run.checkpointer_worker_id = None
         session.flush()  # the workers' last reports, written in this transaction, count
         run.final_loss, run.final_metrics = reported.final_values(session, run)
     if new == RunState.pending:
-        run.finished_at = run.stop_requested_at = None
+        run.finished_at = run.stop_requested_at = run.stop_cause = None
         run.consecutive_start_failures, run.last_start_failure_at = 0, None
-    record_event(session, run.id, "run.state", f"{old.value} -> {new.value}: {reason}", now)
+    record_event(session, run.id, "run.state", f"{old} -> {new}: {reason}", now)
     return True
 
 
@@ -179,12 +168,12 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
     Leaving ``running`` hands the checkpointer role on (at the next election, within a flush interval);
     the last live worker of a stopping run leaving ends the run. Raises :class:`IllegalTransition`.
     """
-    old = WorkerState(worker.state)
+    old = worker.state
     if old == new:
         return False
     if new not in WORKER_TRANSITIONS[old]:
-        raise IllegalTransition(f"worker {worker.id} is {old.value}; it cannot become {new.value}")
-    worker.state, worker.state_reason = new.value, reason
+        raise IllegalTransition(f"worker {worker.id} is {old}; it cannot become {new}")
+    worker.state, worker.state_reason = new, reason
     if new == WorkerState.running:
         worker.ended_at = None
     elif not WORKER_TRANSITIONS[new]:
@@ -192,7 +181,7 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
     run = worker.run
     if new != WorkerState.running and run.checkpointer_worker_id == worker.id:
         run.checkpointer_worker_id = None
-    record_event(session, run.id, "worker.state", f"{old.value} -> {new.value}: {reason}", now, worker.id)
+    record_event(session, run.id, "worker.state", f"{old} -> {new}: {reason}", now, worker.id)
     if new not in LIVE_WORKER_STATES:
         session.flush()
         settle_stopping_run(session, run, now)
@@ -200,19 +189,17 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
 
 
 def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
-    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped.
+    """End a stopping run whose workers have all left: ``completed`` if its target was met, else stopped
+    (:func:`~orchestrator.domain.states.settled_state`).
 
-    The target counts as met when the run went to ``stopping`` because of it (the reconcile loop) or
-    when the swarm epoch the DHT showed meets it (a run stopped by hand at its target, or whose last
-    epoch was read as its last worker left: see :func:`swarm_progress`).
+    The target counts as met when the run went to ``stopping`` because of it (its ``stop_cause``: the
+    reconcile loop saw it on the DHT) or when the swarm epoch the DHT showed meets it (a run stopped by
+    hand at its target, or whose last epoch was read as its last worker left: see :func:`swarm_epoch`).
     """
-    if run.state != RunState.stopping.value or live_workers(session, run.id):
+    if run.state != RunState.stopping or live_workers(session, run.id):
         return
-    reached = run.state_reason == STOP_CONDITION_REACHED or stop_condition(run).reached(
-        swarm_epoch(run), run.target_batch_size
-    )
-    final = RunState.completed if reached else RunState.stopped
-    set_run_state(session, run, final, "all workers have left", now)
+    reached = stop_condition(run).reached(swarm_epoch(run), run.target_batch_size)
+    set_run_state(session, run, settled_state(run.stop_cause, reached), "all workers have left", now)
 
 
 # -- run operations (the admin API) -----------------------------------------------------------------
@@ -226,34 +213,14 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
         raise RunExists(f"a run named {spec.name!r} exists already")
     join_token = tokens.new_token(tokens.JOIN_PREFIX)
     run = Run(
-        name=spec.name,
+        **spec.model_dump(include=set(Run.column_names() - {"trainer"})),  # the spec's fields, as columns
         swarm_id=f"{spec.name}-{secrets.token_hex(4)}",
         join_token_hash=tokens.hash_token(join_token),
-        module=spec.module,
-        module_args=spec.module_args,
-        datamodule=spec.datamodule,
-        datamodule_args=spec.datamodule_args,
-        target_batch_size=spec.target_batch_size,
-        batch_size=spec.batch_size,
-        strategy_options=spec.strategy_options,
-        min_workers=spec.min_workers,
-        max_workers=spec.max_workers,
-        desired_workers=spec.desired_workers,
         target_epochs=spec.stop.target_epochs,
         target_samples=spec.stop.target_samples,
         swarm_epoch=0,
-        checkpoint_every_epochs=spec.checkpoint_every_epochs,
-        keep_checkpoints=spec.keep_checkpoints,
-        launcher=spec.launcher,
-        launcher_options=spec.launcher_options,
-        workdir=spec.workdir,
-        requirements=list(spec.requirements),
-        env=dict(spec.env),
-        secret_env=dict(spec.secret_env),
         trainer=spec.trainer.model_dump(exclude_defaults=True),
-        report_metrics=list(spec.report_metrics),
-        max_worker_crashes=spec.max_worker_crashes,
-        state=RunState.pending.value,
+        state=RunState.pending,
         state_reason="created",
         consecutive_start_failures=0,
         created_at=now,
@@ -292,7 +259,7 @@ def scale_run(
     Raises :class:`IllegalTransition` for a stopping or finished run and :class:`InvalidRequest` when
     ``desired`` is outside [min, max] or min > max.
     """
-    if run.state not in values(ACCEPTING_RUN_STATES):
+    if run.state not in ACCEPTING_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only pending or running runs scale")
     low = run.min_workers if min_workers is None else min_workers
     high = run.max_workers if max_workers is None else max_workers
@@ -305,15 +272,17 @@ def scale_run(
     record_event(session, run.id, "run.scaled", f"desired {old} -> {desired} (min {low}, max {high})", now)
 
 
-def stop_run(session: Session, run: Run, reason: str, now: datetime) -> None:
-    """Ask a run to stop: its workers are told to leave; with none live it is stopped at once.
+def stop_run(
+    session: Session, run: Run, reason: str, now: datetime, cause: StopCause = StopCause.user
+) -> None:
+    """Ask a run to stop for ``cause``: its workers are told to leave; with none live it ends at once.
 
     Stopping an already stopping or stopped run is a no-op; a completed or failed one raises
     :class:`IllegalTransition`.
     """
-    if run.state in (RunState.stopping.value, RunState.stopped.value):
+    if run.state in STOPPED_RUN_STATES:
         return
-    set_run_state(session, run, RunState.stopping, reason, now)
+    set_run_state(session, run, RunState.stopping, reason, now, cause)
     settle_stopping_run(session, run, now)
 
 
@@ -325,7 +294,7 @@ def resume_run(session: Session, run: Run, now: datetime, stop: StopCondition | 
     Raises :class:`IllegalTransition` unless the run has finished, and :class:`Conflict` when the run
     would meet its stop condition at once (a completed run resumed without a higher target).
     """
-    if run.state not in values(FINISHED_RUN_STATES):
+    if run.state not in FINISHED_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; only finished runs resume")
     if stop is not None:
         run.target_epochs, run.target_samples = stop.target_epochs, stop.target_samples
@@ -355,7 +324,7 @@ def delete_run(session: Session, run: Run) -> list[str]:
 
     Raises :class:`IllegalTransition` unless the run is stopped, completed or failed.
     """
-    if run.state not in values(FINISHED_RUN_STATES):
+    if run.state not in FINISHED_RUN_STATES:
         raise IllegalTransition(f"run {run.name!r} is {run.state}; stop it before deleting it")
     keys = list(session.scalars(select(Checkpoint.key).where(Checkpoint.run_id == run.id)))
     if run.workdir is not None:

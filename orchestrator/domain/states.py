@@ -1,18 +1,16 @@
 """The run and worker lifecycles: the allowed transitions, and every set of states a rule names.
 
 The state enums themselves (:class:`~worker.wire.RunState`, :class:`~worker.wire.WorkerState`) are in
-``worker/wire.py``: API answers carry them, and workers and clients read them. Rows store their string
-values; :func:`values` gives a set's stored strings, for queries and for comparing with a row.
-``runs.set_run_state`` and ``runs.set_worker_state`` are the only code that changes a state, and they
-allow only the transitions below.
+``worker/wire.py``: API answers carry them, and workers and clients read them. :class:`StopCause` (why a
+run stopped) is a column's values, in ``db/models.py``. Rows hold the enums (stored as their string
+values), so rows, queries and these sets compare enums with enums. ``runs.set_run_state`` and
+``runs.set_worker_state`` are the only code that changes a state, and they allow only the transitions
+below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from enum import Enum
-
-from worker.wire import RunState, WorkerState
+from worker.wire import RunState, StopCause, WorkerState
 
 __all__ = [
     "ACCEPTING_RUN_STATES",
@@ -22,12 +20,14 @@ __all__ = [
     "LIVE_WORKER_STATES",
     "REVIVABLE_WORKER_STATES",
     "RUN_TRANSITIONS",
+    "STOPPED_RUN_STATES",
     "TOKEN_WORKER_STATES",
     "UNENDED_WORKER_STATES",
     "WORKER_TRANSITIONS",
     "RunState",
+    "StopCause",
     "WorkerState",
-    "values",
+    "settled_state",
 ]
 
 # Allowed run transitions. A run is created ``pending`` and becomes ``running`` when its first worker
@@ -75,6 +75,8 @@ ACTIVE_RUN_STATES = frozenset({RunState.pending, RunState.running, RunState.stop
 ACCEPTING_RUN_STATES = frozenset({RunState.pending, RunState.running})
 #: Runs that ended: they can be resumed or deleted, and keep their last reported values.
 FINISHED_RUN_STATES = frozenset({RunState.stopped, RunState.completed, RunState.failed})
+#: Runs a stop request leaves as they are (asked already, or stopped); it refuses the other finished ones.
+STOPPED_RUN_STATES = frozenset({RunState.stopping, RunState.stopped})
 
 #: Workers that count towards a run's workers: launched and not yet registered, or registered and training.
 LIVE_WORKER_STATES = frozenset({WorkerState.launching, WorkerState.running})
@@ -88,6 +90,10 @@ REVIVABLE_WORKER_STATES = frozenset(s for s, to in WORKER_TRANSITIONS.items() if
 TOKEN_WORKER_STATES = frozenset({WorkerState.running, WorkerState.lost})
 
 
-def values(states: Iterable[Enum]) -> tuple[str, ...]:
-    """The stored strings of ``states``, sorted (rows hold the enums' values)."""
-    return tuple(sorted(str(state.value) for state in states))
+def settled_state(stop_cause: StopCause | None, target_reached: bool) -> RunState:
+    """The state a stopping run ends in once its workers have all left: ``completed`` when it was stopped
+    because its target was met (``stop_cause``) or the swarm meets it now (``target_reached``), else
+    ``stopped``."""
+    if stop_cause == StopCause.target_reached or target_reached:
+        return RunState.completed
+    return RunState.stopped

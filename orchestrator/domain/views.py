@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestrator.api.schemas import (
+from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
+from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
+from orchestrator.domain.states import FINISHED_RUN_STATES
+from orchestrator.launchers.base import PUBLIC_DETAILS
+from orchestrator.schemas import (
     EventOut,
     EventPage,
     ProgressPoint,
@@ -26,10 +31,6 @@ from orchestrator.api.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from orchestrator.db.models import Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, reported, runs
-from orchestrator.domain.states import FINISHED_RUN_STATES, values
-from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 
@@ -53,16 +54,18 @@ class RunNumbers:
 
 
 def run_numbers(session: Session, run_ids: Sequence[int], fresh_after: datetime) -> dict[int, RunNumbers]:
-    """Worker counts and reported progress of several runs in two queries: throughput, loss and metrics
-    over the workers running with a heartbeat since ``fresh_after`` (:mod:`orchestrator.domain.reported`)."""
+    """Worker counts and reported progress of several runs in two queries: highest epoch and samples over
+    all their workers; throughput, loss and metrics over the :func:`~orchestrator.domain.reported.fresh`
+    ones. The one per-run aggregate: run views, progress samples (the heartbeat writer) and ``/metrics``
+    all read it."""
     if not run_ids:
         return {}
-    running = Worker.state == WorkerState.running.value
-    fresh = running & (Worker.last_heartbeat_at >= fresh_after)
+    running = Worker.state == WorkerState.running
+    fresh = reported.fresh(fresh_after)
     query = (
         select(
             Worker.run_id,
-            func.sum(case((Worker.state == WorkerState.launching.value, 1), else_=0)),
+            func.sum(case((Worker.state == WorkerState.launching, 1), else_=0)),
             func.sum(case((running, 1), else_=0)),
             func.sum(case((fresh, 1), else_=0)),
             func.max(Worker.swarm_epoch),
@@ -138,29 +141,41 @@ def runs_out(
     heartbeat_timeout_s: float,
     full: bool = True,
 ) -> list[RunOut]:
-    """API views of ``rows`` with their live numbers (three queries for the whole page); the public
-    view unless ``full``."""
+    """API views of ``rows`` with their live numbers, cost and ETA (four queries for the whole page);
+    the public view unless ``full``."""
     ids = [r.id for r in rows]
     numbers = run_numbers(session, ids, now - timedelta(seconds=heartbeat_timeout_s))
     latest = latest_checkpoints(session, ids)
-    return [_run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), swarm, full) for r in rows]
+    costs = estimates.run_costs(session, now, ids)
+    return [
+        _run_out(r, numbers.get(r.id, RunNumbers()), latest.get(r.id), costs.get(r.id), swarm, full)
+        for r in rows
+    ]
 
 
 def _run_out(
-    run: Run, numbers: RunNumbers, latest: Checkpoint | None, swarm: SwarmProgressCache, full: bool
+    run: Run,
+    numbers: RunNumbers,
+    latest: Checkpoint | None,
+    cost_usd: float | None,
+    swarm: SwarmProgressCache,
+    full: bool,
 ) -> RunOut:
     progress = swarm.get(run.swarm_id)
     spec = runs.run_spec(run)
-    return RunOut(
-        name=run.name,
-        swarm_id=run.swarm_id,
+    eta_s = estimates.eta_s(
+        run.state,
+        spec.stop,
+        run.target_batch_size,
+        samples_total=numbers.samples_total,
+        samples_per_s=numbers.samples_per_s,
+        swarm_epoch=max(numbers.swarm_epoch, progress.epoch if progress else 0),
+        samples_in_epoch=progress.samples_accumulated if progress else 0,
+    )
+    fields = same_fields(
+        run,
+        RunOut,
         spec=spec if full else public_spec(spec),
-        state=RunState(run.state),
-        state_reason=run.state_reason,
-        created_at=run.created_at,
-        updated_at=run.updated_at,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
         workers=WorkerCounts(
             desired=run.desired_workers,
             min=run.min_workers,
@@ -174,13 +189,16 @@ def _run_out(
         checkpointer_worker_id=str(run.checkpointer_worker_id) if run.checkpointer_worker_id else None,
         latest_checkpoint=checkpoints.to_ref(run, latest) if latest else None,
         averaging=RunAveraging.model_validate(run.averaging) if run.averaging else None,
+        cost_usd=cost_usd,
+        eta_s=eta_s,
         redacted=not full,
     )
+    return RunOut(**fields)
 
 
 def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
     """What the run's workers reported: live numbers, and for a finished run its last loss and metrics."""
-    finished = run.state in values(FINISHED_RUN_STATES)
+    finished = run.state in FINISHED_RUN_STATES
     return ReportedProgress(
         swarm_epoch=numbers.swarm_epoch,
         samples_total=numbers.samples_total,
@@ -195,7 +213,7 @@ def list_runs(session: Session, state: RunState | None, limit: int, offset: int)
     query = select(Run)
     count = select(func.count()).select_from(Run)
     if state is not None:
-        query, count = query.where(Run.state == state.value), count.where(Run.state == state.value)
+        query, count = query.where(Run.state == state), count.where(Run.state == state)
     rows = session.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
     return rows, int(session.scalar(count) or 0)
 
@@ -214,6 +232,12 @@ def events_page(session: Session, run_id: int, after_id: int, limit: int) -> Eve
         for e in session.scalars(query)
     ]
     return EventPage(items=items, next_after_id=items[-1].id if items else after_id)
+
+
+def same_fields(row: Base, model: type[BaseModel], **changed: Any) -> dict[str, Any]:
+    """The row's columns that ``model`` has a field of the same name for, as stored, with ``changed``
+    (values the view converts: ids as strings, copies of JSON, the public launch details) instead."""
+    return {**row.column_values(model.model_fields), **changed}
 
 
 def downsample(items: Sequence[T], max_points: int) -> list[T]:
@@ -236,81 +260,61 @@ def progress_series(session: Session, run_id: int, max_points: int) -> ProgressS
     )
     rows = session.scalars(query).all()
     points = [
-        ProgressPoint(
-            at=p.at,
-            swarm_epoch=p.swarm_epoch,
-            samples_total=p.samples_total,
-            loss=p.loss,
-            samples_per_s=p.samples_per_s,
-            live_workers=p.live_workers,
-            dht_epoch=p.dht_epoch,
-            dht_samples=p.dht_samples,
-            dht_peers=p.dht_peers,
-            metrics=dict(p.metrics or {}),
-            averaging=p.averaging,
-        )
+        ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {})))
         for p in downsample(rows, max_points)
     ]
     return ProgressSeries(points=points, stored_points=len(rows))
 
 
-def worker_out(worker: Worker, run: Run, full: bool = True) -> WorkerOut:
-    """The API view of a worker; the public view (launch details that locate nothing) unless ``full``."""
+def worker_out(worker: Worker, run: Run, now: datetime, full: bool = True) -> WorkerOut:
+    """The API view of a worker (its cost up to ``now``); the public view (launch details that locate
+    nothing) unless ``full``."""
     details = dict(worker.launch_details)
     if not full:
         details = {key: value for key, value in details.items() if key in PUBLIC_DETAILS}
-    return WorkerOut(
+    fields = same_fields(
+        worker,
+        WorkerOut,
         id=str(worker.id),
         run=run.name,
-        request_id=worker.request_id,
-        launcher=worker.launcher,
-        launcher_handle=worker.launcher_handle,
-        manual=worker.manual,
-        state=WorkerState(worker.state),
-        state_reason=worker.state_reason,
-        retire_requested_at=worker.retire_requested_at,
-        hostname=worker.hostname,
         peer_maddrs=list(worker.peer_maddrs),
         launch_details=details,
-        exit_reason=worker.exit_reason,
-        worker_index=worker.worker_index,
-        created_at=worker.created_at,
-        registered_at=worker.registered_at,
-        last_heartbeat_at=worker.last_heartbeat_at,
-        ended_at=worker.ended_at,
-        local_step=worker.local_step,
-        swarm_epoch=worker.swarm_epoch,
-        samples=worker.samples,
-        loss=worker.loss,
-        samples_per_s=worker.samples_per_s,
-        num_peers=worker.num_peers,
-        phase=worker.phase,
         metrics=dict(worker.metrics or {}),
         averaging=AveragingCounts.model_validate(worker.averaging) if worker.averaging else None,
         averaged_fraction=averaging.worker_fraction(worker.averaging),
         checkpointer=run.checkpointer_worker_id == worker.id,
+        cost_usd=estimates.worker_cost_usd(
+            worker.launch_details, worker.registered_at, worker.created_at, worker.ended_at, now
+        ),
         redacted=not full,
     )
+    return WorkerOut(**fields)
 
 
 def list_workers(
-    session: Session, run: Run, state: WorkerState | None, limit: int, offset: int, full: bool = True
+    session: Session,
+    run: Run,
+    state: WorkerState | None,
+    limit: int,
+    offset: int,
+    now: datetime,
+    full: bool = True,
 ) -> tuple[list[WorkerOut], int]:
     """A page of the run's workers, newest first, and the total matching ``state`` (public view unless
     ``full``)."""
     query = select(Worker).where(Worker.run_id == run.id)
     count = select(func.count()).select_from(Worker).where(Worker.run_id == run.id)
     if state is not None:
-        query, count = query.where(Worker.state == state.value), count.where(Worker.state == state.value)
+        query, count = query.where(Worker.state == state), count.where(Worker.state == state)
     rows = session.scalars(query.order_by(Worker.id.desc()).limit(limit).offset(offset)).all()
-    return [worker_out(w, run, full) for w in rows], int(session.scalar(count) or 0)
+    return [worker_out(w, run, now, full) for w in rows], int(session.scalar(count) or 0)
 
 
 def worker_peers(session: Session, run_id: int) -> list[str]:
     """Multiaddrs reported by the run's running workers, freshest heartbeat first, at most 16."""
     query = (
         select(Worker.peer_maddrs)
-        .where(Worker.run_id == run_id, Worker.state == WorkerState.running.value)
+        .where(Worker.run_id == run_id, Worker.state == WorkerState.running)
         .order_by(Worker.last_heartbeat_at.desc().nulls_last())
         .limit(MAX_PEER_WORKERS)
     )

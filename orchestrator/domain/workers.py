@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import crash_budget, events, runs
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES, values
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
 from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
@@ -67,7 +67,7 @@ def _new_worker(run: Run, request_id: str, launcher: str, state: WorkerState, no
         request_id=request_id,
         launcher=launcher,
         manual=False,
-        state=state.value,
+        state=state,
         state_reason="",
         hostname="",
         peer_maddrs=[],
@@ -94,7 +94,7 @@ def create_launch_intent(
 
     Raises :class:`RunNotAcceptingWorkers` when the run is not pending or running.
     """
-    if run.state not in values(ACCEPTING_RUN_STATES):
+    if run.state not in ACCEPTING_RUN_STATES:
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
     token = tokens.new_token(tokens.LAUNCH_PREFIX)
     worker = _new_worker(run, new_request_id(run), run.launcher, WorkerState.launching, now)
@@ -111,7 +111,7 @@ def reissue_launch_token(session: Session, worker: Worker) -> str:
 
     Raises :class:`Conflict` when the worker has registered already.
     """
-    if worker.state != WorkerState.launching.value:
+    if worker.state != WorkerState.launching:
         raise Conflict(f"worker {worker.id} is {worker.state}; only launching workers get a new token")
     token = tokens.new_token(tokens.LAUNCH_PREFIX)
     worker.launch_token_hash = tokens.hash_token(token)
@@ -197,11 +197,11 @@ def register_worker(
     id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
     """
     run, worker, worker_token = _resolve_caller(session, token, body)
-    if run.state not in values(ACCEPTING_RUN_STATES):
+    if run.state not in ACCEPTING_RUN_STATES:
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
     if worker is None:
         worker = _new_manual_worker(session, run, body, now, limiter)
-    elif worker.state in values(ENDED_WORKER_STATES):
+    elif worker.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
     else:
         runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
@@ -214,7 +214,7 @@ def register_worker(
     assign_worker_index(session, worker)
     # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
     # here: a worker can register and still fail to import the user's code.
-    if run.state == RunState.pending.value:
+    if run.state == RunState.pending:
         runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
     events.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
     return Registration(worker, run, worker_token)
@@ -243,7 +243,7 @@ def deregister_worker(
     if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
-    if reason == DeregisterReason.error and old_state != new.value:
+    if reason == DeregisterReason.error and old_state != new:
         crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
 
 
@@ -259,7 +259,7 @@ def assign_worker_index(session: Session, worker: Worker) -> int:
         session.scalars(
             select(Worker.worker_index).where(
                 Worker.run_id == worker.run_id,
-                Worker.state.in_(values(LIVE_WORKER_STATES)),
+                Worker.state.in_(LIVE_WORKER_STATES),
                 Worker.id != worker.id,
                 Worker.worker_index.is_not(None),
             )
@@ -275,7 +275,7 @@ def count_running_workers(session: Session, run_id: int) -> int:
     query = (
         select(func.count())
         .select_from(Worker)
-        .where(Worker.run_id == run_id, Worker.state == WorkerState.running.value)
+        .where(Worker.run_id == run_id, Worker.state == WorkerState.running)
     )
     return int(session.scalar(query) or 0)
 

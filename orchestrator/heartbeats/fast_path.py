@@ -19,15 +19,13 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator import tokens
-from orchestrator.api import HEARTBEAT_ROUTE
+from orchestrator.api import HEARTBEAT_ROUTE, ApiPath, path_regex
 from orchestrator.api.deps import MAX_ID
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
 from worker.wire import Heartbeat
 
-HEARTBEAT_PATH_RE = re.compile(
-    "^" + re.escape(HEARTBEAT_ROUTE).replace(r"\{worker_id\}", "([0-9]{1,10})") + "$"
-)
+HEARTBEAT_PATH_RE = re.compile(path_regex(ApiPath.heartbeat, worker_id="([0-9]{1,10})"))
 
 
 class _Route:

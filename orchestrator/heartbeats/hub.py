@@ -29,7 +29,7 @@ from orchestrator.config import Settings
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import runs
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, ACTIVE_RUN_STATES, UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, ACTIVE_RUN_STATES, UNENDED_WORKER_STATES
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.swarm.dht import SwarmProgressCache
 from orchestrator.tokens import token_matches
@@ -37,6 +37,7 @@ from worker.peer_addresses import announced_addresses
 from worker.wire import (
     Heartbeat,
     HeartbeatReply,
+    RunState,
     WorkerAction,
     WorkerState,
     swarm_admission_requested,
@@ -45,16 +46,13 @@ from worker.wire_trainer import select_metrics
 
 logger = logging.getLogger(__name__)
 
-_CACHED_WORKER_STATES = values(UNENDED_WORKER_STATES)
-_PROCEED_RUN_STATES = values(ACCEPTING_RUN_STATES)
-
 
 @dataclass
 class WorkerEntry:
     worker_id: int
     run_id: int
     token_hash: str | None
-    state: str
+    state: WorkerState
     retiring: bool
     last_seen: datetime | None
     epoch: int = 0  # the swarm epoch it last reported
@@ -65,7 +63,7 @@ class WorkerEntry:
 class RunEntry:
     run_id: int
     swarm_id: str
-    state: str
+    state: RunState
     target_batch_size: int
     checkpointer_id: int | None
     checkpoint_every_epochs: int
@@ -121,12 +119,12 @@ class HeartbeatHub:
             heartbeat.metrics = select_metrics(heartbeat.metrics, run.report_metrics if run else ())
         with self._lock:
             run = self._runs.get(entry.run_id)
-            ended = entry.state not in _CACHED_WORKER_STATES
+            ended = entry.state not in UNENDED_WORKER_STATES
             if not ended:
                 self._pending[entry.worker_id] = (heartbeat, now)
                 entry.last_seen = now
                 entry.epoch = heartbeat.swarm_epoch
-            stop = ended or entry.retiring or run is None or run.state not in _PROCEED_RUN_STATES
+            stop = ended or entry.retiring or run is None or run.state not in ACCEPTING_RUN_STATES
             return HeartbeatReply(
                 action=WorkerAction.stop if stop else WorkerAction.proceed,
                 # kept with a stop: the checkpointer of a stopping run saves and uploads a final checkpoint
@@ -186,7 +184,7 @@ class HeartbeatHub:
             run_entry = _run_entries(session, [worker.run], self._settings.swarm_admission).get(worker.run_id)
         with self._lock:
             self._workers[worker_id] = entry
-            if run_entry is not None and run_entry.state in values(ACTIVE_RUN_STATES):
+            if run_entry is not None and run_entry.state in ACTIVE_RUN_STATES:
                 self._runs.setdefault(run_entry.run_id, run_entry)
         return entry
 
@@ -229,7 +227,7 @@ class HeartbeatHub:
             # Only the cached columns, as plain rows: loading whole ORM objects (JSON columns and all) of
             # every live worker once a second was the orchestrator's largest CPU cost under load.
             query = select(*_ENTRY_COLUMNS).where(
-                Worker.run_id.in_(list(run_entries)), Worker.state.in_(_CACHED_WORKER_STATES)
+                Worker.run_id.in_(list(run_entries)), Worker.state.in_(UNENDED_WORKER_STATES)
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
             worker_entries = {
@@ -245,7 +243,9 @@ class HeartbeatHub:
                 ):
                     entry.last_seen, entry.epoch = old.last_seen, max(old.epoch, entry.epoch)
             self._workers, self._runs = worker_entries, run_entries
-            self._running = Counter(e.run_id for e in worker_entries.values() if e.state == _RUNNING)
+            self._running = Counter(
+                e.run_id for e in worker_entries.values() if e.state == WorkerState.running
+            )
             self._announced = {k: v for k, v in self._announced.items() if k in worker_entries}
 
     # -- the batch writer's side (heartbeats/writer.py) ---------------------------------------
@@ -267,7 +267,6 @@ class HeartbeatHub:
             return dict(self._workers), dict(self._runs)
 
 
-_RUNNING = WorkerState.running.value
 _ENTRY_COLUMNS = (
     Worker.id,
     Worker.run_id,

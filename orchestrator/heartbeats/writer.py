@@ -23,8 +23,8 @@ from orchestrator.config import Settings
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import averaging, progress_samples, runs
-from orchestrator.domain.checkpointer import counted_epoch, elect_checkpointer
-from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES, values
+from orchestrator.domain.checkpointer import Contender, elect_checkpointer, eligible
+from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
@@ -86,12 +86,15 @@ class HeartbeatWriter:
     def _revive(
         self, session: Session, batch: dict[int, tuple[Heartbeat, datetime]], now: datetime
     ) -> list[int]:
-        stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running.value]
+        stale = [w for w in batch if (e := self._hub.cached(w)) and e.state != WorkerState.running]
         revived = []
-        reviving = values(REVIVABLE_WORKER_STATES)
         for start in range(0, len(stale), _REVIVE_CHUNK):  # one query per chunk, not one per worker
             chunk = stale[start : start + _REVIVE_CHUNK]
-            query = select(Worker).where(Worker.id.in_(chunk), Worker.state.in_(reviving)).order_by(Worker.id)
+            query = (
+                select(Worker)
+                .where(Worker.id.in_(chunk), Worker.state.in_(REVIVABLE_WORKER_STATES))
+                .order_by(Worker.id)
+            )
             for worker in session.scalars(query):
                 runs.set_worker_state(session, worker, WorkerState.running, "heartbeat received", now)
                 revived.append(worker.id)
@@ -110,44 +113,36 @@ class HeartbeatWriter:
                 run.swarm_epoch = epoch
 
     def _elect(self, session: Session, now: datetime) -> None:
-        """Re-elect only where the cached checkpointer is missing, ended, retiring, silent or lagging
-        (more than ``checkpoint_every_epochs`` behind the run's most advanced live worker; reported
-        epochs count only up to the swarm epoch the DHT showed).
+        """Re-elect only where the cached checkpointer is missing or no longer :func:`eligible` (ended,
+        retiring, silent or lagging), and where a run without one has an eligible worker.
 
-        Silence is not held against anyone during the first heartbeat timeout after start-up: workers
-        could not reach a stopped orchestrator.
+        Silence is not held against the current checkpointer during the first heartbeat timeout after
+        start-up: workers could not reach a stopped orchestrator.
         """
-        timeout_s = self._settings.heartbeat_timeout_s
+        timeout_s = self._settings.reconciler.heartbeat_timeout_s
         fresh_after = now - timedelta(seconds=timeout_s)
         in_grace = now - self._started_at < timedelta(seconds=timeout_s)
         cached_workers, cached_runs = self._hub.snapshot()
-        known = {r.run_id: self._hub.known_epoch(r) for r in cached_runs.values()}
-        lead: dict[int, int] = {}  # run id -> highest swarm epoch of a worker that could checkpoint
+        by_run: dict[int, list[Contender]] = {}
         for w in cached_workers.values():
-            if (
-                w.state == WorkerState.running.value
-                and not w.retiring
-                and w.last_seen is not None
-                and w.last_seen >= fresh_after
-            ):
-                epoch = counted_epoch(w.epoch, known.get(w.run_id, 0))
-                lead[w.run_id] = max(lead.get(w.run_id, 0), epoch)
+            by_run.setdefault(w.run_id, []).append(
+                Contender(w.worker_id, w.state, w.retiring, w.last_seen, w.epoch)
+            )
         need = []
         for entry in cached_runs.values():
-            current = cached_workers.get(entry.checkpointer_id) if entry.checkpointer_id else None
-            healthy = (
-                current is not None
-                and current.state == WorkerState.running.value
-                and not current.retiring
-                and (in_grace or (current.last_seen is not None and current.last_seen >= fresh_after))
-                and counted_epoch(current.epoch, known[entry.run_id])
-                >= lead.get(entry.run_id, 0) - entry.checkpoint_every_epochs
+            current = entry.checkpointer_id
+            members = eligible(
+                by_run.get(entry.run_id, []),
+                self._hub.known_epoch(entry),
+                entry.checkpoint_every_epochs,
+                fresh_after,
+                excused=current if in_grace else None,
             )
-            if not healthy and (entry.checkpointer_id is not None or entry.run_id in lead):
+            if current not in {c.worker_id for c in members} and (current is not None or members):
                 need.append(entry.run_id)
         for run_id in need:
             run = session.get(Run, run_id)
-            if run is not None and run.state in values(ACTIVE_RUN_STATES):
+            if run is not None and run.state in ACTIVE_RUN_STATES:
                 elect_checkpointer(session, run, now, timeout_s)
 
     def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
@@ -157,12 +152,12 @@ class HeartbeatWriter:
         due = {
             r.run_id: r
             for r in cached_runs.values()
-            if r.state != RunState.pending.value
+            if r.state != RunState.pending
             and now - self._last_sample_at.get(r.run_id, datetime.min.replace(tzinfo=now.tzinfo)) >= interval
         }
         if not due:
             return []
-        fresh_after = now - timedelta(seconds=self._settings.heartbeat_timeout_s)
+        fresh_after = now - timedelta(seconds=self._settings.reconciler.heartbeat_timeout_s)
         swarms = {run_id: entry.swarm_id for run_id, entry in due.items()}
         samples = progress_samples.write(
             session, swarms, self._swarm, now, fresh_after, self._settings.progress_max_points

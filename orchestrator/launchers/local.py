@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from orchestrator import files
 from orchestrator.launchers import local_files as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.launchers.childenv import child_env
@@ -308,11 +309,13 @@ class LocalLauncher:
         return self._state_dir / f"{record.request_id}.exit"
 
     def _persist(self, record: _Record) -> None:
-        proc.write_json_atomic(self._state_path(record.request_id), record.to_json())
+        files.write_atomic(self._state_path(record.request_id), json.dumps(record.to_json(), sort_keys=True))
 
     def _reserve(self, record: _Record) -> bool:
         """Create the state file before spawning, so that one request id is spawned at most once."""
-        return proc.create_json_exclusive(self._state_path(record.request_id), record.to_json())
+        return files.create_atomic(
+            self._state_path(record.request_id), json.dumps(record.to_json(), sort_keys=True)
+        )
 
     def _load(self, request_id: str) -> _Record | None:
         """Adopt a request recorded by an earlier launcher on this data dir (one launcher at a time)."""

@@ -1,4 +1,4 @@
-"""Process helpers of the local launcher: process groups, env markers, state files, logs.
+"""Process helpers of the local launcher: process groups, env markers, exit files, logs.
 
 Linux only (``/proc``). A PID alone does not identify a process after an orchestrator restart because
 PIDs are reused; the pair (PID, start time) does: :func:`orchestrator.processes.proc_start_ticks`.
@@ -6,11 +6,9 @@ PIDs are reused; the pair (PID, start time) does: :func:`orchestrator.processes.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 # The worker's exit-code convention (worker/agent/config.py EXIT_*): 0 clean exit, 1 training crashed
 # (retryable), 2 bad command line (argparse), 3 permanent configuration error (bad join token, a module
@@ -56,26 +54,6 @@ def processes_with_marker(marker_name: str, marker_value: str) -> list[tuple[int
         except (OSError, ProcessLookupError):
             continue
     return found
-
-
-def create_json_exclusive(path: Path, payload: dict[str, Any]) -> bool:
-    """Create ``path`` holding ``payload`` unless it exists; atomic (readers never see it half written)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    return True
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON so that a reader sees the old or the new file, never a part."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def read_exit_file(path: Path) -> int | None:

@@ -6,6 +6,7 @@ series disappear with it. :mod:`orchestrator.metrics.service` registers :class:`
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -18,15 +19,13 @@ from sqlalchemy.orm import Session
 
 from orchestrator.context import AppContext
 from orchestrator.db.models import Checkpoint, Run, Worker
-from orchestrator.domain import averaging, views
+from orchestrator.domain import averaging, estimates, views
 from worker.wire import AVERAGING_OUTCOMES, RunState, WorkerState
 
 if TYPE_CHECKING:
     from orchestrator.reconciler.loop import Reconciler
 
 logger = logging.getLogger(__name__)
-
-PRICE_KEYS = ("price_usd_per_hour", "price_per_hour")
 
 
 class OrchestratorCollector(Collector):
@@ -60,7 +59,7 @@ class OrchestratorCollector(Collector):
         yield from _reconciler_families(self._reconcilers)
         try:
             with ctx.db.read() as session:
-                snapshot = _read_runs(session, ctx.clock(), ctx.settings.heartbeat_timeout_s)
+                snapshot = _read_runs(session, ctx.clock(), ctx.settings.reconciler.heartbeat_timeout_s)
         except SQLAlchemyError as exc:
             logger.warning("metrics: could not read runs from the database: %s", exc)
             return
@@ -76,7 +75,7 @@ class _RunSnapshot:
     def __init__(self, now: datetime) -> None:
         self.now = now
         self.runs: list[Run] = []
-        self.workers_by_state: dict[tuple[int, str], int] = {}
+        self.workers_by_state: dict[tuple[int, WorkerState], int] = {}
         self.numbers: dict[int, views.RunNumbers] = {}
         self.checkpoints: dict[int, tuple[int, int, int, datetime]] = {}  # count, bytes, epoch, created
         self.cost_usd: dict[int, float] = {}
@@ -105,26 +104,9 @@ def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _
         for rid, n, size, epoch in session.execute(kept)
         if rid in newest
     }
-    snap.cost_usd = _costs(session, now)
+    snap.cost_usd = estimates.run_costs(session, now, ids)
     snap.averaging = averaging.run_totals(session, ids)
     return snap
-
-
-def _costs(session: Session, now: datetime) -> dict[int, float]:
-    """USD per run: price per hour from each worker's launch details times the hours it existed."""
-    query = select(
-        Worker.run_id, Worker.launch_details, Worker.registered_at, Worker.created_at, Worker.ended_at
-    )
-    costs: dict[int, float] = {}
-    for run_id, details, registered_at, created_at, ended_at in session.execute(query):
-        price = next(
-            (details[k] for k in PRICE_KEYS if isinstance((details or {}).get(k), (int, float))), None
-        )
-        if price is None:
-            continue
-        hours = max(0.0, ((ended_at or now) - (registered_at or created_at)).total_seconds()) / 3600.0
-        costs[run_id] = costs.get(run_id, 0.0) + float(price) * hours
-    return costs
 
 
 # -- families ----------------------------------------------------------------------------------------
@@ -197,15 +179,14 @@ def _run_families(snap: _RunSnapshot, ctx: AppContext) -> Iterator[Any]:
         labels=["run", "outcome"],
     )
     runs_by_state = _gauge("spotswarm_runs", "Runs by state.", ("state",))
-    counts = {s.value: 0 for s in RunState}
     for run in snap.runs:
-        counts[run.state] = counts.get(run.state, 0) + 1
         _add_run(f, samples, snap, ctx, run)
         for outcome, n in snap.averaging.get(run.id, {}).items():
             if outcome in AVERAGING_OUTCOMES:
                 outcomes.add_metric([run.name, outcome], n)
-    for state, count in counts.items():
-        runs_by_state.add_metric([state], count)
+    counts = Counter(run.state for run in snap.runs)
+    for state in RunState:
+        runs_by_state.add_metric([state.value], counts[state])
     yield runs_by_state
     yield samples
     yield outcomes
@@ -221,10 +202,10 @@ def _add_run(
 ) -> None:
     name = run.name
     for run_state in RunState:
-        f["state"].add_metric([name, run_state.value], 1.0 if run.state == run_state.value else 0.0)
+        f["state"].add_metric([name, run_state.value], 1.0 if run.state == run_state else 0.0)
     f["desired"].add_metric([name], run.desired_workers)
     for state in WorkerState:
-        f["workers"].add_metric([name, state.value], snap.workers_by_state.get((run.id, state.value), 0))
+        f["workers"].add_metric([name, state.value], snap.workers_by_state.get((run.id, state), 0))
     numbers = snap.numbers.get(run.id, views.RunNumbers())
     reported = views.reported_progress(run, numbers)
     f["epoch"].add_metric([name], numbers.swarm_epoch)

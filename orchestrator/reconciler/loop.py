@@ -33,14 +33,14 @@ from orchestrator.clock import Clock
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import events, runs, workers
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES, values
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import IllegalTransition, ServiceError
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
     Plan,
-    ReconcilePolicy,
+    ReconcileSettings,
     RunView,
     WorkerView,
     plan_run,
@@ -78,14 +78,14 @@ class Reconciler:
         db: Database,
         launchers: Mapping[str, Launcher],
         api_url: str,
-        policy: ReconcilePolicy,
+        settings: ReconcileSettings,
         clock: Clock,
         swarm_epoch: SwarmEpochReader | None = None,
     ) -> None:
         self.db = db
         self.launchers = dict(launchers)
         self.api_url = api_url
-        self.policy = policy
+        self.settings = settings
         self.clock = clock
         self.swarm_epoch = swarm_epoch or (lambda _swarm_id: None)
         self.started_at = clock()
@@ -172,7 +172,7 @@ class Reconciler:
             },
             [_failure_view(failures[w.request_id]) for w in rows if w.request_id in failures],
             now.timestamp(),
-            self.policy,
+            self.settings,
         )
         _copy_launch_details(rows, instances)
         if run.consecutive_start_failures and any(w.samples > 0 for w in rows):
@@ -182,7 +182,7 @@ class Reconciler:
         by_id = {str(w.id): w for w in rows}
         self._record_plan(session, run, plan, by_id, now)
         actions.terminations.extend((run.launcher, rid) for rid in plan.terminate)
-        if run.state in values(ACCEPTING_RUN_STATES):
+        if run.state in ACCEPTING_RUN_STATES:
             actions.launches.extend(self._intents(session, run, plan, by_id, now))
 
     def _expire_manual_workers(self, session: Session, run: Run, now: datetime) -> None:
@@ -190,17 +190,17 @@ class Reconciler:
 
         Silence counts from the loop's start at the earliest (workers could not reach a stopped one).
         """
-        cutoff = now - timedelta(seconds=self.policy.heartbeat_timeout_s)
+        cutoff = now - timedelta(seconds=self.settings.heartbeat_timeout_s)
         if self.started_at >= cutoff:
             return
         for worker in runs.live_workers(session, run.id, manual=True, silent_before=cutoff):
-            reason = f"no heartbeat for {self.policy.heartbeat_timeout_s:.0f} s"
+            reason = f"no heartbeat for {self.settings.heartbeat_timeout_s:.0f} s"
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
     def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
         return RunView(
             name=run.name,
-            state=RunState(run.state),
+            state=run.state,
             desired_workers=run.desired_workers,
             stop=runs.stop_condition(run),
             target_batch_size=run.target_batch_size,
@@ -208,6 +208,7 @@ class Reconciler:
             consecutive_start_failures=run.consecutive_start_failures,
             last_start_failure_at=_ts(run.last_start_failure_at),
             stop_requested_at=_ts(run.stop_requested_at),
+            stop_cause=run.stop_cause,
         )
 
     def _record_plan(
@@ -231,7 +232,7 @@ class Reconciler:
             state, reason = plan.run_state
             try:
                 if state == RunState.stopping:
-                    runs.stop_run(session, run, reason, now)
+                    runs.stop_run(session, run, reason, now, plan.stop_cause)
                 else:
                     runs.set_run_state(session, run, state, reason, now)
             except IllegalTransition as exc:  # the API changed the run meanwhile; next tick decides again
@@ -300,13 +301,13 @@ class Reconciler:
         already = {rid for _, rid in actions.terminations}
         for request_id, launcher_name in alive.items():
             state, ended_at, last_beat = rows.get(request_id, (None, None, None))
-            if state in values(LIVE_WORKER_STATES) or request_id in already:
+            if state in LIVE_WORKER_STATES or request_id in already:
                 continue
-            if state == WorkerState.lost.value:
+            if state == WorkerState.lost:
                 # Lost but its machine is up: give it one more heartbeat timeout to come back.
                 silent_since = max(last_beat or now, self.started_at)
-                ended_at = silent_since + timedelta(seconds=self.policy.heartbeat_timeout_s)
-            if ended_at is not None and (now - ended_at).total_seconds() < self.policy.retire_grace_s:
+                ended_at = silent_since + timedelta(seconds=self.settings.heartbeat_timeout_s)
+            if ended_at is not None and (now - ended_at).total_seconds() < self.settings.retire_grace_s:
                 continue
             logger.info(
                 "terminating orphan instance of request %s (worker %s)", request_id, state or "unknown"
@@ -360,7 +361,7 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
     return WorkerView(
         id=str(worker.id),
         request_id=worker.request_id,
-        state=WorkerState(worker.state),
+        state=worker.state,
         created_at=worker.created_at.timestamp(),
         registered=worker.registered_at is not None,
         last_heartbeat_at=_ts(last),

@@ -14,31 +14,72 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES, StopCause, settled_state
 from worker.wire import RunState, StopCondition, WorkerState
 
-# The reason a run goes to ``stopping`` when its target is met; such a run ends ``completed``
-# (domain/runs.py).
+# The reason (for people) a run goes to ``stopping`` when its target is met; its stop cause is
+# ``target_reached``, so it ends ``completed``.
 STOP_CONDITION_REACHED = "stop condition reached"
+MAX_LAUNCHES_PER_TICK = 16  # per run: a large scale-up reaches its count over a few ticks
 
 
-@dataclass(frozen=True)
-class ReconcilePolicy:
-    """Timeouts and limits of the loop. Every duration is in seconds."""
+class ReconcileSettings(BaseModel):
+    """The loop's timeouts and limits: ``Settings.reconciler``, and what :func:`plan_run` decides by.
 
-    heartbeat_timeout_s: float = 30.0
-    launch_timeout_s: float = 180.0  # launching -> failed when the worker never registers
-    retire_grace_s: float = 30.0  # a retired or stopping worker may finish its last step this long
-    backoff_base_s: float = 2.0
-    backoff_cap_s: float = 120.0
-    max_start_failures: int = 5  # consecutive start-up failures before the run is failed
-    max_launches_per_tick: int = 16
+    Declared here, beside the rules that use them, so that the policy needs nothing of the server; the
+    orchestrator's settings nest this model. Each field is read from ``SPOTSWARM_<NAME>`` and
+    ``--<name>`` of ``spotswarm serve``, where the name is its alias or else its own name
+    (``enabled``: ``SPOTSWARM_RECONCILE``). Every duration is in seconds.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True)
+
+    enabled: bool = Field(
+        default=True,
+        validation_alias="reconcile",
+        description="Run the reconcile loop that launches and replaces workers.",
+    )
+    interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        validation_alias="reconcile_interval_s",
+        description="Seconds between reconcile ticks.",
+    )
+    heartbeat_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=86400,
+        description="A worker silent this long is no longer counted live.",
+    )
+    launch_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        le=86400,
+        description="A launched worker that has not registered by then has failed.",
+    )
+    retire_grace_s: float = Field(
+        default=30.0, ge=0, le=3600, description="Seconds a worker told to leave has before it is terminated."
+    )
+    launch_backoff_base_s: float = Field(
+        default=2.0, gt=0, le=3600, description="First delay after a start-up failure; doubles per failure."
+    )
+    launch_backoff_cap_s: float = Field(
+        default=120.0, gt=0, le=86400, description="Longest delay between launches after start-up failures."
+    )
+    max_start_failures: int = Field(
+        default=5, ge=1, le=1000, description="Start-up failures in a row after which a run is marked failed."
+    )
 
     def backoff_s(self, consecutive_failures: int) -> float:
         """Delay before the next launch after ``consecutive_failures`` start-up failures in a row."""
         if consecutive_failures <= 0:
             return 0.0
-        return float(min(self.backoff_cap_s, self.backoff_base_s * 2 ** (consecutive_failures - 1)))
+        return float(
+            min(self.launch_backoff_cap_s, self.launch_backoff_base_s * 2 ** (consecutive_failures - 1))
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +123,7 @@ class RunView:
     consecutive_start_failures: int = 0
     last_start_failure_at: float | None = None
     stop_requested_at: float | None = None
+    stop_cause: StopCause | None = None
 
 
 @dataclass
@@ -97,6 +139,7 @@ class Plan:
     retire: list[str] = field(default_factory=list)  # worker ids asked to leave gracefully
     terminate: list[str] = field(default_factory=list)  # request ids to stop through the launcher
     run_state: tuple[RunState, str] | None = None
+    stop_cause: StopCause = StopCause.user  # why, when ``run_state`` is stopping
     backoff_until: float | None = None
 
     def is_empty(self) -> bool:
@@ -124,17 +167,17 @@ def plan_run(
     instances: Mapping[str, InstanceView],
     failures: Iterable[FailureView],
     now: float,
-    policy: ReconcilePolicy,
+    settings: ReconcileSettings,
 ) -> Plan:
     """Decide one tick for ``run``. ``instances`` is keyed by request id; ``failures`` are new ones."""
     plan = Plan()
     live = [w for w in workers if w.state in LIVE_WORKER_STATES]
     failure_by_request = {f.request_id: f for f in failures}
-    survivors = _passive_transitions(live, instances, failure_by_request, now, policy, plan)
+    survivors = _passive_transitions(live, instances, failure_by_request, now, settings, plan)
     if run.state == RunState.stopping:
-        _wind_down(run, survivors, now, policy, plan)
+        _wind_down(run, survivors, now, settings, plan)
     elif run.state in ACCEPTING_RUN_STATES:
-        _keep_at_desired(run, survivors, instances, now, policy, plan)
+        _keep_at_desired(run, survivors, instances, now, settings, plan)
     return plan
 
 
@@ -143,7 +186,7 @@ def _passive_transitions(
     instances: Mapping[str, InstanceView],
     failures: Mapping[str, FailureView],
     now: float,
-    policy: ReconcilePolicy,
+    settings: ReconcileSettings,
     plan: Plan,
 ) -> list[WorkerView]:
     """Record what the world reports; return the workers that are still live afterwards."""
@@ -160,16 +203,16 @@ def _passive_transitions(
         elif worker.state == WorkerState.launching and instance is not None and not instance.alive:
             plan.failed[worker.id] = "worker process ended before it registered"
             plan.start_failures += 1
-        elif worker.state == WorkerState.launching and now - worker.created_at > policy.launch_timeout_s:
-            plan.failed[worker.id] = f"did not register within {policy.launch_timeout_s:.0f} s"
+        elif worker.state == WorkerState.launching and now - worker.created_at > settings.launch_timeout_s:
+            plan.failed[worker.id] = f"did not register within {settings.launch_timeout_s:.0f} s"
             plan.start_failures += 1
             plan.terminate.append(worker.request_id)
         elif worker.state == WorkerState.running and instance is not None and not instance.alive:
             plan.lost[worker.id] = "its process or instance is gone"
-        elif worker.state == WorkerState.running and _silent(worker, now, policy):
+        elif worker.state == WorkerState.running and _silent(worker, now, settings):
             # Not terminated yet: a worker that was only slow comes back as running (and the surplus is
             # retired, youngest first). The loop terminates it if it stays silent (see the reconciler).
-            plan.lost[worker.id] = f"no heartbeat for {policy.heartbeat_timeout_s:.0f} s"
+            plan.lost[worker.id] = f"no heartbeat for {settings.heartbeat_timeout_s:.0f} s"
         else:
             if worker.state == WorkerState.launching and instance is None:
                 plan.relaunch.append(worker.request_id)  # intent written, launch never happened
@@ -177,17 +220,17 @@ def _passive_transitions(
     return survivors
 
 
-def _silent(worker: WorkerView, now: float, policy: ReconcilePolicy) -> bool:
+def _silent(worker: WorkerView, now: float, settings: ReconcileSettings) -> bool:
     last = worker.last_heartbeat_at if worker.last_heartbeat_at is not None else worker.created_at
-    return now - last > policy.heartbeat_timeout_s
+    return now - last > settings.heartbeat_timeout_s
 
 
 def _wind_down(
-    run: RunView, survivors: list[WorkerView], now: float, policy: ReconcilePolicy, plan: Plan
+    run: RunView, survivors: list[WorkerView], now: float, settings: ReconcileSettings, plan: Plan
 ) -> None:
     """A stopping run: workers were told to leave; force the ones that outstay the grace period."""
     started = run.stop_requested_at if run.stop_requested_at is not None else now
-    overdue = now - started > policy.retire_grace_s
+    overdue = now - started > settings.retire_grace_s
     remaining = []
     for worker in survivors:
         if overdue or not worker.registered:
@@ -196,8 +239,7 @@ def _wind_down(
         else:
             remaining.append(worker)
     if not remaining:
-        final = RunState.completed if stop_condition_reached(run) else RunState.stopped
-        plan.run_state = (final, "all workers have left")
+        plan.run_state = (settled_state(run.stop_cause, stop_condition_reached(run)), "all workers have left")
 
 
 def _keep_at_desired(
@@ -205,23 +247,24 @@ def _keep_at_desired(
     survivors: list[WorkerView],
     instances: Mapping[str, InstanceView],
     now: float,
-    policy: ReconcilePolicy,
+    settings: ReconcileSettings,
     plan: Plan,
 ) -> None:
     """A running run: finish it, fail it, or launch and retire workers to meet the desired count."""
     if stop_condition_reached(run):
         plan.run_state = (RunState.stopping, STOP_CONDITION_REACHED)
+        plan.stop_cause = StopCause.target_reached
         return
     # The streak is reset when a worker registers (domain/runs.py); failures of this tick extend it.
     streak = run.consecutive_start_failures + plan.start_failures
-    if streak >= policy.max_start_failures:
+    if streak >= settings.max_start_failures:
         plan.run_state = (RunState.failed, f"{streak} workers in a row failed at start-up")
         plan.terminate.extend(w.request_id for w in survivors)
         plan.exited.update({w.id: "terminated: the run failed" for w in survivors})
         return
     retiring = [w for w in survivors if w.retire_requested_at is not None]
     for worker in retiring:
-        if now - worker.retire_requested_at > policy.retire_grace_s:  # type: ignore[operator]
+        if now - worker.retire_requested_at > settings.retire_grace_s:  # type: ignore[operator]
             plan.exited[worker.id] = "terminated: retired by scale-down"
             plan.terminate.append(worker.request_id)
     active = [w for w in survivors if w.retire_requested_at is None]
@@ -232,11 +275,11 @@ def _keep_at_desired(
     missing = -surplus
     if missing > 0:
         last_failure = run.last_start_failure_at if plan.start_failures == 0 else now
-        wait_until = (last_failure or 0.0) + policy.backoff_s(streak)
+        wait_until = (last_failure or 0.0) + settings.backoff_s(streak)
         if now < wait_until:
             plan.backoff_until = wait_until
         else:
-            plan.launch = min(missing, policy.max_launches_per_tick)
+            plan.launch = min(missing, MAX_LAUNCHES_PER_TICK)
 
 
 def _retire_order(workers: list[WorkerView]) -> list[WorkerView]:

@@ -1,6 +1,7 @@
 """The reconcile loop as a background service of the app: ticks in a thread, only while leading.
 
-``create_app`` makes one when ``settings.reconcile`` is on, over the app's database and launchers.
+``create_app`` makes one when the ``reconcile`` setting is on (``settings.reconciler.enabled``), over the
+app's database and launchers.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ registration), not only every ``dht_refresh_interval_s``. The design and threat 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +31,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator import files
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, TOKEN_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest, NotFound, RunNotAcceptingWorkers
 from orchestrator.swarm.dht import DHTUnavailable
 from worker.admission.tokens import (
@@ -71,9 +71,8 @@ def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(pem)
+    if not files.create_atomic(path, pem, private=True):  # another orchestrator on this data dir won
+        return load_or_create_key(path)
     logger.info("swarm admission: new signing key in %s", path)
     return key
 
@@ -151,9 +150,9 @@ class SwarmAdmission:
         run = worker.run
         if not swarm_admission_requested(run.strategy_options):
             raise Conflict(f"run {run.name!r} admits any peer (swarm_admission is false): no token needed")
-        if run.state not in values(ACTIVE_RUN_STATES):
+        if run.state not in ACTIVE_RUN_STATES:
             raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}")
-        if worker.state not in values(TOKEN_WORKER_STATES):
+        if worker.state not in TOKEN_WORKER_STATES:
             raise Conflict(f"worker {worker_id} is {worker.state}; only registered, live workers get tokens")
         try:
             token = self.authority.grant(run.swarm_id, f"worker-{worker.id}", body.public_key, now)
@@ -209,6 +208,6 @@ class SwarmAdmission:
 def read_open_swarms(db: Database) -> frozenset[str]:
     """The swarm ids of the active runs that opted out of admission."""
     with db.read() as session:
-        active = values(ACTIVE_RUN_STATES)
-        rows = session.execute(select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(active)))
+        query = select(Run.swarm_id, Run.strategy_options).where(Run.state.in_(ACTIVE_RUN_STATES))
+        rows = session.execute(query)
         return frozenset(sid for sid, options in rows if not swarm_admission_requested(options or {}))

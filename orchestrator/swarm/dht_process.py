@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from orchestrator import processes
+from orchestrator import files, processes
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +96,7 @@ def record_peer(pid_path: Path, peer_pid: int) -> None:
         "server_pid": server_pid,
         "server_start_ticks": processes.proc_start_ticks(server_pid),
     }
-    tmp = pid_path.with_name(pid_path.name + ".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, pid_path)
+    files.write_atomic(pid_path, json.dumps(record))
 
 
 def forget_peer(pid_path: Path) -> None:

@@ -37,7 +37,8 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from orchestrator.swarm.admission import SwarmAuthority
 from orchestrator.swarm.dht import DHTPeer, progress_key
-from worker.admission.authorizer import ensure_identity, from_access_token, load_identity, to_access_token
+from worker.admission.access_tokens import from_access_token, to_access_token
+from worker.admission.authorizer import ensure_identity, load_identity
 from worker.admission.tokens import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
 
 logger = logging.getLogger(__name__)

@@ -10,17 +10,11 @@ elements (styled-components, React), and a style cannot read the token.
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
-
-import fastapi_offline
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from orchestrator.web.routes import PAGE_HEADERS, StaticFile, page, serve_file, static_file_of
-
-ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
-ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js")
+from orchestrator.web.static_files import RevalidatedStaticFiles
+from orchestrator.web.templating import PAGE_HEADERS, templates
 
 DOCS_CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -30,27 +24,19 @@ DOCS_CONTENT_SECURITY_POLICY = (
 DOCS_HEADERS = {**PAGE_HEADERS, "Content-Security-Policy": DOCS_CONTENT_SECURITY_POLICY}
 
 router = APIRouter(include_in_schema=False)
-
-
-@cache
-def _assets() -> dict[str, StaticFile]:
-    """The fixed set of served files, read once (no request path ever reaches the disk)."""
-    return {name: static_file_of(ASSETS_DIR / name) for name in ASSETS}
+# /docs/assets/{file}: the scripts and styles of fastapi-offline's static/ (revalidated like the page's)
+router.mount(
+    "/docs/assets", RevalidatedStaticFiles(packages=[("fastapi_offline", "static")]), name="docs-assets"
+)
 
 
 @router.get("/docs", response_class=HTMLResponse)
 def swagger_page(request: Request) -> HTMLResponse:
     """The interactive API reference (Swagger UI) of ``/openapi.json``."""
-    return page(request, "docs.html", headers=DOCS_HEADERS)
+    return templates.TemplateResponse(request, "docs.html", headers=DOCS_HEADERS)
 
 
 @router.get("/redoc", response_class=HTMLResponse)
 def redoc_page(request: Request) -> HTMLResponse:
     """The API reference as one document (ReDoc)."""
-    return page(request, "redoc.html", headers=DOCS_HEADERS)
-
-
-@router.get("/docs/assets/{filename}")
-def asset(request: Request, filename: str) -> Response:
-    """A file of Swagger UI or ReDoc (ETag-revalidated like the status page's)."""
-    return serve_file(_assets(), filename, request)
+    return templates.TemplateResponse(request, "redoc.html", headers=DOCS_HEADERS)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.output import parse_time
 from tests.api.operability import (
     OPERABILITY_ENV,
     admin_get,
@@ -25,12 +26,15 @@ from worker.wire import DeregisterReason
 
 ORCHESTRATOR_ENV = OPERABILITY_ENV
 PRICE_USD_PER_HOUR = 3.6
+OTHER_PRICE_PER_HOUR = 100.0  # price_per_hour set too: price_usd_per_hour wins (the docs' precedence)
+TARGET_SAMPLES = 2256
 
 
 @pytest.mark.timeout(180)
 def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_path: Path) -> None:
-    name, join_token = create(orch, desired_workers=1)
-    request_id, launch_token = launch_intent(orch, name, {"price_usd_per_hour": PRICE_USD_PER_HOUR})
+    name, join_token = create(orch, desired_workers=1, stop={"target_samples": TARGET_SAMPLES})
+    prices = {"price_usd_per_hour": PRICE_USD_PER_HOUR, "price_per_hour": OTHER_PRICE_PER_HOUR}
+    request_id, launch_token = launch_intent(orch, name, prices)
     worker = join(orch, launch_token, request_id)
     numbers = dict(local_step=9, swarm_epoch=4, samples=256, loss=0.25, samples_per_s=32.0, num_peers=1)
     become_checkpointer(orch, {"worker_id": worker.worker_id, "worker_token": worker.client.token}, **numbers)
@@ -54,6 +58,7 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
     assert value(samples, "spotswarm_run_swarm_epoch", run=name) == run["reported"]["swarm_epoch"] == 4
     assert value(samples, "spotswarm_run_loss", run=name) == run["reported"]["loss"] == 0.25
     assert value(samples, "spotswarm_run_samples_per_second", run=name) == 32.0
+    assert run["eta_s"] == pytest.approx((TARGET_SAMPLES - 256) / 32.0)  # the server's ETA
     assert value(samples, "spotswarm_run_state", run=name, state="running") == 1
     assert value(samples, "spotswarm_run_state", run=name, state="pending") == 0
     assert value(samples, "spotswarm_run_checkpoints", run=name) == 1
@@ -73,7 +78,20 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
         assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
     worker.leave(DeregisterReason.stopped)
     wait_until(lambda: admin_get(orch, f"/api/v1/runs/{name}")["state"] == "stopped", 15)
-    assert value(scrape(orch), "spotswarm_run_state", run=name, state="stopped") == 1
+    samples = scrape(orch)
+    assert value(samples, "spotswarm_run_state", run=name, state="stopped") == 1
+    # The worker has ended, so its cost is fixed: the run view, the worker view and /metrics show the
+    # one value the server computed, from price_usd_per_hour.
+    run = admin_get(orch, f"/api/v1/runs/{name}")
+    (listed,) = admin_get(orch, f"/api/v1/runs/{name}/workers")["items"]
+    assert (
+        run["cost_usd"]
+        == listed["cost_usd"]
+        == pytest.approx(value(samples, "spotswarm_run_cost_usd", run=name))
+    )
+    hours = (parse_time(listed["ended_at"]) - parse_time(listed["registered_at"])).total_seconds() / 3600
+    assert run["cost_usd"] == pytest.approx(PRICE_USD_PER_HOUR * hours)
+    assert run["eta_s"] is None  # finished
     with orch.admin() as http:
         assert http.delete(f"/api/v1/runs/{name}").status_code == 204
     assert not [key for key in scrape(orch) if ("run", name) in key[1]], "series of a deleted run remain"

@@ -27,7 +27,7 @@ from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
 from worker.agent.boot import register as agent_register
 from worker.agent.client import OrchestratorClient
-from worker.agent.config import AgentConfig
+from worker.agent.config import AgentSettings
 from worker.wire import CHECKSUM_HEADER
 
 _names = itertools.count()
@@ -123,7 +123,9 @@ def test_a_restarted_launched_agent_rejoins_with_its_cached_worker_token(
     so a restarted agent registers again with the worker token it cached and keeps its row."""
     name, _ = create(orch)
     worker_id, request_id, launch_token = launch_intent(orch, name)
-    config = AgentConfig(orch.url, launch_token, tmp_path / "agent", request_id=request_id)
+    config = AgentSettings(
+        url=orch.url, join_token=launch_token, worker_dir=tmp_path / "agent", request_id=request_id
+    )
     config.worker_dir.mkdir()
     with OrchestratorClient(orch.url, retries=0, transport=orch.transport) as client:
         boot = agent_register(client, config)

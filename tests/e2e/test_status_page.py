@@ -126,6 +126,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         page.wait_for_url("**/runs/page-demo")
 
         expect(page.locator("#run-state")).to_have_text("running")
+        expect(page.locator("#t-eta")).not_to_have_text("-")  # the server's eta_s (stop at epoch 50)
         wait_until(lambda: chart_points(page, "loss-chart") >= 3, 20, message="loss chart has points")
         assert chart_points(page, "speed-chart") >= 3
         assert page.locator("#loss-chart path.series.main").count() == 1

@@ -19,7 +19,8 @@ import yaml
 from botocore.awsrequest import AWSResponse
 
 from orchestrator.launchers.base import Launcher, LauncherConfigError, LaunchRequest
-from orchestrator.launchers.ec2.launcher import Ec2Launcher, Ec2LauncherConfig
+from orchestrator.launchers.ec2.launcher import Ec2Launcher
+from orchestrator.launchers.ec2.settings import Ec2Settings
 from tests.support.aws import FakeAws
 
 ORCH = "orch-test"
@@ -102,7 +103,7 @@ class Cloud:
         )
 
     def launcher(self, orchestrator_id: str = ORCH, **overrides: Any) -> Ec2Launcher:
-        config = Ec2LauncherConfig(
+        settings = Ec2Settings(
             orchestrator_id=orchestrator_id,
             launch_template=TEMPLATE,
             worker_image="registry.example/spotswarm-worker:1.0",
@@ -110,7 +111,7 @@ class Cloud:
             subnet_ids=self.subnets,
             **overrides,
         )
-        return Ec2Launcher(config, client=self.ec2)
+        return Ec2Launcher(settings, client=self.ec2)
 
     def raw(self, instance_id: str) -> dict[str, Any]:
         return self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
@@ -304,11 +305,11 @@ def test_launcher_builds_its_own_client_from_endpoint_and_region(
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    config = Ec2LauncherConfig(
+    settings = Ec2Settings(
         orchestrator_id=ORCH, launch_template=TEMPLATE, worker_image="w:1",
         instance_types=("g4dn.xlarge",), region="us-east-1", endpoint_url=moto_endpoint,
     )  # fmt: skip
-    launcher = Ec2Launcher(config)
+    launcher = Ec2Launcher(settings)
     try:
         handle = launcher.launch(_request("req-1"))
         assert [i.handle for i in launcher.describe()] == [handle]

@@ -104,7 +104,7 @@ def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
         return http.get(f"/api/v1/runs/{name}{path}").raise_for_status().json()
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(420)
 def test_only_admitted_peers_join_the_runs_swarm(
     orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
@@ -151,7 +151,7 @@ def test_only_admitted_peers_join_the_runs_swarm(
     (tmp_path / "probe.tmp").write_text(json.dumps(config))
     (tmp_path / "probe.tmp").replace(config_path)
     wait_until(
-        lambda: not probe.alive(), 150, interval_s=0.5, message=f"the probe ends\n{probe.log()[-3000:]}"
+        lambda: not probe.alive(), 210, interval_s=0.5, message=f"the probe ends\n{probe.log()[-3000:]}"
     )
     assert probe.popen.returncode == 0, probe.log()[-3000:]
     results = json.loads(out_path.read_text())

@@ -20,8 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.dht.crypto import RSASignatureValidator
 
 from orchestrator.swarm.admission import SwarmAuthority
-from worker.admission.authorizer import SwarmAuthorizer
-from worker.admission.guard import AdmissionDHT
+from worker.admission.authorizer import AdmissionDHT, SwarmAuthorizer
 from worker.wire import SwarmToken
 
 TOKEN_TTL_S = 600.0

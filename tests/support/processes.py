@@ -9,6 +9,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 from tests.support.waiting import wait_until
 
@@ -155,3 +159,11 @@ def assert_family_ends(family: dict[int, int], marker_name: str, marker_value: s
         message=f"every process ends; still running: {alive_of(family)}",
     )
     assert orphans_with_env(marker_name, marker_value) == {}
+
+
+def clear_spotswarm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset every ``SPOTSWARM_*`` variable for this test, so that settings read from the environment see
+    only what the test sets (not the machine's or the CI's own)."""
+    for name in list(os.environ):
+        if name.upper().startswith("SPOTSWARM_"):
+            monkeypatch.delenv(name)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.processes import clear_spotswarm_env
 from worker.agent.agent import seconds_until
 from worker.agent.boot import (
     OrchestratorUnavailable,
@@ -21,7 +22,7 @@ from worker.agent.boot import (
 )
 from worker.agent.checkpoints import Checkpointer, live_peer_epochs, live_record_max_age_s, should_resume
 from worker.agent.client import OrchestratorClient
-from worker.agent.config import AgentConfig, parse_config
+from worker.agent.config import AgentSettings, parse_config
 from worker.agent.metrics import read_loss
 from worker.agent.state import AgentState
 from worker.wire import CheckpointRef, DeregisterReason, HeartbeatReply, RunSpec, StopCondition, WorkerAction
@@ -50,9 +51,9 @@ def client_for(handler: Any) -> OrchestratorClient:
     return OrchestratorClient("http://orch", transport=httpx.MockTransport(handler), retries=0)
 
 
-def config(tmp_path: Path, **overrides: Any) -> AgentConfig:
+def config(tmp_path: Path, **overrides: Any) -> AgentSettings:
     values: dict[str, Any] = {"url": "http://orch", "join_token": "ssj_a", "worker_dir": tmp_path}
-    return AgentConfig(**{**values, "register_timeout_s": 0.0, **overrides})
+    return AgentSettings(**{**values, "register_timeout_s": 0.0, **overrides})
 
 
 def test_registration_is_cached_and_used_while_the_orchestrator_is_down(tmp_path: Path) -> None:
@@ -212,13 +213,54 @@ def test_the_stop_condition_counts_samples_as_whole_epochs_of_the_target_batch()
     assert not StopCondition().reached(10**6, 64)
 
 
-def test_flags_win_over_the_environment_and_missing_values_are_usage_errors(tmp_path: Path) -> None:
-    env = {"SPOTSWARM_URL": "http://env", "SPOTSWARM_JOIN_TOKEN": "t", "SPOTSWARM_HOST_MADDRS": "/a, /b"}
-    parsed = parse_config(["--url", "http://flag", "--worker-dir", str(tmp_path)], env)
+def test_flags_win_over_the_environment_and_missing_values_are_usage_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_spotswarm_env(monkeypatch)
+    for name, value in {
+        "URL": "http://env",
+        "JOIN_TOKEN": "t",
+        "HOST_MADDRS": "/a, /b",
+        "STOP_GRACE_S": "",
+    }.items():
+        monkeypatch.setenv(f"SPOTSWARM_{name}", value)
+    parsed = parse_config(["--url", "http://flag", "--worker-dir", str(tmp_path)])
     assert parsed.url == "http://flag" and parsed.join_token == "t" and parsed.host_maddrs == ["/a", "/b"]
+    assert parsed.stop_grace_s == 15.0 and parsed.worker_dir == tmp_path.resolve()  # empty: unset
+    monkeypatch.delenv("SPOTSWARM_JOIN_TOKEN")
     with pytest.raises(SystemExit) as exit_info:
-        parse_config([], {"SPOTSWARM_URL": "http://env"})
+        parse_config([])
     assert exit_info.value.code == 2
+
+
+# Every flag of spotswarm-worker and its variable, as launchers, cloud-init and people use them.
+AGENT_OPTIONS = [
+    "url", "join-token", "request-id", "worker-dir", "metadata-url", "log-level", "log-format",
+    "peers-refresh-s", "register-timeout-s", "stop-grace-s", "orchestrator-lost-timeout-s", "host-maddrs",
+    "announce-maddrs", "accelerator", "cache-dir", "installer", "install-timeout-s",
+]  # fmt: skip
+
+
+def test_help_lists_every_option_with_its_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option in AGENT_OPTIONS:
+        variable = "SPOTSWARM_" + option.upper().replace("-", "_")
+        assert f"--{option}" in text and f"[{variable}]" in text, option
+    assert "--log-format {text,json}" in text and "--installer {auto,uv,pip}" in text
+
+
+def test_a_bad_value_in_the_environment_is_a_usage_error_naming_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clear_spotswarm_env(monkeypatch)
+    monkeypatch.setenv("SPOTSWARM_INSTALL_TIMEOUT_S", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(["--url", "http://orch", "--join-token", "t", "--worker-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--install-timeout-s (SPOTSWARM_INSTALL_TIMEOUT_S): " in capsys.readouterr().err
 
 
 class _RunsCodeWhenUnpickled:

@@ -1,65 +1,16 @@
-"""The CLI's derived numbers and text output: ETA, cost, tables, the text chart, error details."""
+"""The CLI's text output: tables, the text chart, error details, and the spec flags."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from orchestrator.cli.client import CliError, _detail, _flat_toml
-from orchestrator.cli.output import (
-    eta_s,
-    fmt_bytes,
-    fmt_duration,
-    format_table,
-    run_cost_usd,
-    text_chart,
-    worker_cost_usd,
-)
+from orchestrator.cli.client import CliError, _detail, _read_config
+from orchestrator.cli.output import fmt_bytes, fmt_duration, format_table, text_chart
 from orchestrator.cli.runs import build_spec
-
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
-
-
-def run(state: str = "running", rate: float = 100.0, **stop: int) -> dict[str, Any]:
-    return {
-        "state": state,
-        "spec": {"target_batch_size": 1000, "stop": stop},
-        "reported": {"samples_per_s": rate, "samples_total": 5000, "swarm_epoch": 4},
-        "swarm": {"epoch": 5, "samples_accumulated": 200},
-    }
-
-
-def test_eta_takes_the_sooner_target_and_is_unknown_without_one() -> None:
-    assert eta_s(run(target_samples=6000)) == pytest.approx(10.0)
-    # epochs: (10 - 5) epochs * 1000 samples - 200 already in epoch 5 = 4800 samples at 100/s
-    assert eta_s(run(target_epochs=10)) == pytest.approx(48.0)
-    assert eta_s(run(target_epochs=10, target_samples=6000)) == pytest.approx(10.0)
-    assert eta_s(run()) is None
-    assert eta_s(run(rate=0.0, target_samples=6000)) is None
-    assert eta_s(run(state="stopped", target_samples=6000)) is None
-
-
-def worker(price: Any, hours: float, ended: bool = False) -> dict[str, Any]:
-    start = NOW - timedelta(hours=hours)
-    return {
-        "launch_details": {"price_usd_per_hour": price} if price is not None else {},
-        "created_at": start.isoformat(),
-        "registered_at": start.isoformat(),
-        "ended_at": (start + timedelta(hours=hours / 2)).isoformat() if ended else None,
-    }
-
-
-def test_cost_is_price_times_hours_and_unknown_without_prices() -> None:
-    assert worker_cost_usd(worker(0.5, 2), NOW) == pytest.approx(1.0)
-    assert worker_cost_usd(worker(0.5, 2, ended=True), NOW) == pytest.approx(0.5)
-    assert worker_cost_usd(worker(None, 2), NOW) is None
-    assert worker_cost_usd(worker("0.5", 2), NOW) is None  # not a number: unknown, not a crash
-    assert run_cost_usd([worker(0.5, 2), worker(None, 3), worker(1.0, 1)], NOW) == pytest.approx(2.0)
-    assert run_cost_usd([worker(None, 3)], NOW) is None
 
 
 def test_table_aligns_numbers_right_and_shows_missing_as_dash() -> None:
@@ -111,10 +62,14 @@ def test_spec_flags_override_the_file(tmp_path: Any) -> None:
         build_spec(None, {"module_arg": ("novalue",)})
 
 
-def test_config_fallback_parser_reads_flat_strings() -> None:
-    assert _flat_toml('# c\nurl = "http://h:1"\n\ntoken="t#1"\n') == {"url": "http://h:1", "token": "t#1"}
-    with pytest.raises(ValueError):
-        _flat_toml("url = http://unquoted\n")
+def test_the_config_file_is_toml_whose_keys_are_strings(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('# c\nurl = "http://h:1"\n\ntoken="t#1"\n')
+    assert _read_config(path) == {"url": "http://h:1", "token": "t#1"}
+    path.write_text("url = 1\n")
+    with pytest.raises(CliError, match="'url' must be a string"):
+        _read_config(path)
+    assert _read_config(tmp_path / "absent.toml") == {}
 
 
 def test_the_demo_shows_the_admin_token_on_a_terminal_only() -> None:

@@ -96,11 +96,16 @@ def test_the_page_gives_each_setting_an_anchor_and_shows_placeholders_as_text() 
 
 
 def test_every_setting_of_the_orchestrator_has_its_flag_and_its_variable() -> None:
+    """A section's fields keep the flat names the model gives them (``dht.port``: ``--dht-port``,
+    ``SPOTSWARM_DHT_PORT``); tests/unit/test_settings_names.py checks that they set what they say."""
     rows = list(settings_reference.setting_rows(Settings, serve))
-    assert [row.path for row in rows] == [(name,) for name in Settings.model_fields]
-    for row in rows:
+    settings = Settings.setting_fields()
+    assert [row.path for row in rows] == [setting.path for setting in settings]
+    assert ("dht", "port") in [row.path for row in rows]
+    for row, setting in zip(rows, settings, strict=True):
         assert row.flag is not None, f"{row.path}: no option of `spotswarm serve` sets it"
-        assert row.env == f"{ENV_PREFIX}{'_'.join(row.path).upper()}"
+        assert row.flag.split("/")[0] == "--" + setting.name.replace("_", "-")
+        assert row.env == f"{ENV_PREFIX}{setting.name.upper()}"
         assert row.description, f"{row.path}: no description"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import clear_spotswarm_env
 from tests.unit.test_worker_client import FakeServer
 from worker.agent.client import OrchestratorClient
 from worker.agent.config import EXIT_USAGE, parse_config
@@ -90,16 +91,17 @@ def test_a_timeout_of_zero_never_gives_up(tmp_path: Path) -> None:
     assert lost == []
 
 
-def test_the_timeout_comes_from_the_flag_or_the_environment(tmp_path: Path) -> None:
-    env = {
-        "SPOTSWARM_URL": "http://orch",
-        "SPOTSWARM_JOIN_TOKEN": "ssj_x",
-        "SPOTSWARM_WORKER_DIR": str(tmp_path),
-    }
-    assert parse_config([], env).orchestrator_lost_timeout_s == 900.0
-    env["SPOTSWARM_ORCHESTRATOR_LOST_TIMEOUT_S"] = "30"
-    assert parse_config([], env).orchestrator_lost_timeout_s == 30.0
-    assert parse_config(["--orchestrator-lost-timeout-s", "0"], env).orchestrator_lost_timeout_s == 0.0
+def test_the_timeout_comes_from_the_flag_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_spotswarm_env(monkeypatch)
+    monkeypatch.setenv("SPOTSWARM_URL", "http://orch")
+    monkeypatch.setenv("SPOTSWARM_JOIN_TOKEN", "ssj_x")
+    monkeypatch.setenv("SPOTSWARM_WORKER_DIR", str(tmp_path))
+    assert parse_config([]).orchestrator_lost_timeout_s == 900.0
+    monkeypatch.setenv("SPOTSWARM_ORCHESTRATOR_LOST_TIMEOUT_S", "30")
+    assert parse_config([]).orchestrator_lost_timeout_s == 30.0
+    assert parse_config(["--orchestrator-lost-timeout-s", "0"]).orchestrator_lost_timeout_s == 0.0
     with pytest.raises(SystemExit) as exit_info:
-        parse_config(["--orchestrator-lost-timeout-s", "-1"], env)
+        parse_config(["--orchestrator-lost-timeout-s", "-1"])
     assert exit_info.value.code == EXIT_USAGE

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from orchestrator.domain.states import StopCause
 from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
-    ReconcilePolicy,
+    ReconcileSettings,
     RunView,
     WorkerView,
     plan_run,
 )
 from worker.wire import RunState, StopCondition, WorkerState
 
-POLICY = ReconcilePolicy(heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3)
+POLICY = ReconcileSettings(
+    heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3
+)
 NOW = 1000.0
 
 
@@ -77,7 +80,7 @@ def test_launch_backs_off_after_failures() -> None:
 def test_backoff_is_exponential_and_capped() -> None:
     delays = [POLICY.backoff_s(n) for n in range(1, 12)]
     assert delays[:3] == [2.0, 4.0, 8.0]
-    assert max(delays) == POLICY.backoff_cap_s
+    assert max(delays) == POLICY.launch_backoff_cap_s
 
 
 def test_run_fails_after_repeated_start_failures() -> None:
@@ -108,14 +111,23 @@ def test_retired_worker_that_outstays_grace_is_terminated() -> None:
 def test_stop_condition_moves_run_to_stopping() -> None:
     plan = plan_run(run(swarm_epoch=10), [worker("a")], alive("a"), [], NOW, POLICY)
     assert plan.run_state == (RunState.stopping, "stop condition reached")
+    assert plan.stop_cause == StopCause.target_reached
     assert plan.launch == 0
 
 
 def test_stopping_run_completes_when_its_workers_have_left() -> None:
     r = run(state=RunState.stopping, swarm_epoch=10, stop_requested_at=NOW - 1)
     assert plan_run(r, [], {}, [], NOW, POLICY).run_state == (RunState.completed, "all workers have left")
-    manual = run(state=RunState.stopping, swarm_epoch=3, stop_requested_at=NOW - 1)
+    manual = run(state=RunState.stopping, swarm_epoch=3, stop_requested_at=NOW - 1, stop_cause=StopCause.user)
     assert plan_run(manual, [], {}, [], NOW, POLICY).run_state == (RunState.stopped, "all workers have left")
+
+
+def test_run_stopped_at_its_target_completes_though_the_epoch_read_since_is_lower() -> None:
+    """The cause recorded when the loop stopped the run counts, not only the epoch known now."""
+    r = run(
+        state=RunState.stopping, swarm_epoch=9, stop_requested_at=NOW - 1, stop_cause=StopCause.target_reached
+    )
+    assert plan_run(r, [], {}, [], NOW, POLICY).run_state == (RunState.completed, "all workers have left")
 
 
 def test_stopping_run_terminates_workers_after_grace() -> None:

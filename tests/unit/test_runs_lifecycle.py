@@ -13,8 +13,9 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Event, Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain import checkpoints, runs, states, workers
+from orchestrator.domain import checkpoints, runs, workers
 from orchestrator.domain.checkpointer import elect_checkpointer
+from orchestrator.domain.states import StopCause
 from orchestrator.errors import (
     Conflict,
     Forbidden,
@@ -24,11 +25,43 @@ from orchestrator.errors import (
     RunNotAcceptingWorkers,
     Unauthorized,
 )
-from orchestrator.reconciler.policy import STOP_CONDITION_REACHED
 from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 _names = itertools.count()
+
+# The lifecycles as the docs state them (docs/concepts/runs.md and workers.md), written out here so
+# that a wrong edit of the tables in orchestrator/domain/states.py fails these tests.
+EXPECTED_RUN_TRANSITIONS = {
+    ("pending", "running"),
+    ("pending", "stopping"),
+    ("pending", "failed"),
+    ("running", "stopping"),
+    ("running", "completed"),
+    ("running", "failed"),
+    ("stopping", "stopped"),
+    ("stopping", "completed"),
+    ("stopping", "failed"),
+    ("stopped", "pending"),
+    ("failed", "pending"),
+    ("completed", "pending"),
+}
+EXPECTED_WORKER_TRANSITIONS = {
+    ("launching", "running"),
+    ("launching", "lost"),
+    ("launching", "interrupted"),
+    ("launching", "exited"),
+    ("launching", "failed"),
+    ("running", "lost"),
+    ("running", "interrupted"),
+    ("running", "exited"),
+    ("running", "failed"),
+    ("lost", "running"),
+    ("lost", "interrupted"),
+    ("lost", "exited"),
+    ("lost", "failed"),
+}
+FINAL_WORKER_STATES = {"interrupted", "exited", "failed"}  # no transition leaves them: ended_at is set
 
 
 @pytest.fixture
@@ -73,14 +106,14 @@ def test_run_transitions_follow_the_table(db: Database, old: RunState, new: RunS
     name, _ = new_run(db)
     with db.begin() as session:
         run = runs.get_run(session, name)
-        run.state = old.value
+        run.state = old
     with db.begin() as session:
         run = runs.get_run(session, name)
         if old == new:
             assert runs.set_run_state(session, run, new, "again", T0) is False
-        elif new in states.RUN_TRANSITIONS[old]:
+        elif (old.value, new.value) in EXPECTED_RUN_TRANSITIONS:
             assert runs.set_run_state(session, run, new, "test", T0) is True
-            assert run.state == new.value and run.state_reason == "test"
+            assert run.state == new and run.state_reason == "test"
         else:
             with pytest.raises(IllegalTransition):
                 runs.set_run_state(session, run, new, "test", T0)
@@ -92,25 +125,24 @@ def test_worker_transitions_follow_the_table(db: Database, old: WorkerState, new
     name, _ = new_run(db)
     with db.begin() as session:
         worker = workers.create_launch_intent(session, runs.get_run(session, name), T0).worker
-        worker.state = old.value
+        worker.state = old
         worker_id = worker.id
     with db.begin() as session:
         worker = runs.get_worker(session, worker_id)
         if old == new:
             assert runs.set_worker_state(session, worker, new, "again", T0) is False
-        elif new in states.WORKER_TRANSITIONS[old]:
+        elif (old.value, new.value) in EXPECTED_WORKER_TRANSITIONS:
             assert runs.set_worker_state(session, worker, new, "test", T0) is True
-            assert (worker.ended_at is not None) == (not states.WORKER_TRANSITIONS[new])
+            assert (worker.ended_at is not None) == (new.value in FINAL_WORKER_STATES)
         else:
             with pytest.raises(IllegalTransition):
                 runs.set_worker_state(session, worker, new, "test", T0)
 
 
-def test_finished_runs_resume_and_ended_workers_are_final() -> None:
-    for state in states.FINISHED_RUN_STATES:
-        assert states.RUN_TRANSITIONS[state] == {RunState.pending}
-    for state in (WorkerState.interrupted, WorkerState.exited, WorkerState.failed):
-        assert states.WORKER_TRANSITIONS[state] == frozenset()
+def test_the_expected_tables_name_every_state() -> None:
+    """The literal tables above cover the enums: a state added without a decision here fails."""
+    assert {s for pair in EXPECTED_RUN_TRANSITIONS for s in pair} == {s.value for s in RunState}
+    assert {s for pair in EXPECTED_WORKER_TRANSITIONS for s in pair} == {s.value for s in WorkerState}
 
 
 @pytest.mark.timeout(30)
@@ -209,7 +241,7 @@ def test_a_completed_run_resumes_from_its_checkpoint_with_a_target_it_has_not_re
     name, _ = new_run(db, stop={"target_epochs": 5})
     with db.begin() as session:
         run = runs.get_run(session, name)
-        run.state, run.swarm_epoch = RunState.completed.value, 7
+        run.state, run.swarm_epoch = RunState.completed, 7
         checkpoints.record_checkpoint(
             session, run, epoch=5, key="k", size_bytes=1, sha256="0" * 64, worker_id=None, now=T0
         )
@@ -226,20 +258,22 @@ def test_a_completed_run_resumes_from_its_checkpoint_with_a_target_it_has_not_re
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
-    ("reason", "final"), [(STOP_CONDITION_REACHED, "completed"), ("stopped by hand", "stopped")]
+    ("cause", "final"), [(StopCause.target_reached, "completed"), (StopCause.user, "stopped")]
 )
 def test_a_run_stopped_at_its_target_completes_though_the_reports_lag(
-    db: Database, reason: str, final: str
+    db: Database, cause: StopCause, final: str
 ) -> None:
     """The reconcile loop saw the target met (on the DHT): the run completes, even though the last
-    worker's reports stayed one epoch short; a run stopped by hand short of its target is stopped."""
+    worker's reports stayed one epoch short; a run stopped by hand short of its target is stopped,
+    whatever its reason says."""
     name, token = new_run(db, stop={"target_epochs": 10})
     worker_id = join(db, token)
     with db.begin() as session:
         run = runs.get_run(session, name)
-        run.state = RunState.running.value
+        run.state = RunState.running
         runs.get_worker(session, worker_id).swarm_epoch = 9
-        runs.set_run_state(session, run, RunState.stopping, reason, T0)
+        runs.stop_run(session, run, "stop condition reached", T0, cause)
+        assert run.stop_cause == cause
     with db.begin() as session:
         worker = runs.get_worker(session, worker_id)
         workers.deregister_worker(session, worker, DeregisterReason.completed, None, T0)
@@ -254,10 +288,11 @@ def test_stop_without_workers_stops_at_once_and_resume_resets(db: Database) -> N
         run = runs.get_run(session, name)
         run.consecutive_start_failures = 3
         runs.stop_run(session, run, "test", T0)
-        assert run.state == "stopped"
+        assert run.state == "stopped" and run.stop_cause == StopCause.user
         runs.stop_run(session, run, "again", T0)  # a no-op
         runs.resume_run(session, run, T0)
         assert run.state == "pending" and run.consecutive_start_failures == 0 and run.finished_at is None
+        assert run.stop_cause is None
         with pytest.raises(IllegalTransition):
             runs.resume_run(session, run, T0)
         with pytest.raises(IllegalTransition):

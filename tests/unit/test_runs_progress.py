@@ -77,8 +77,8 @@ def test_settings_read_env_lists_and_derive_paths(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SPOTSWARM_DHT_ANNOUNCE_MADDRS", "/ip4/1.2.3.4/tcp/31330, /dns4/x.example/tcp/31330")
     monkeypatch.setenv("SPOTSWARM_PUBLIC_READS", "false")
     settings = Settings(dht_port=4000)
-    assert settings.dht_announce_maddrs == ["/ip4/1.2.3.4/tcp/31330", "/dns4/x.example/tcp/31330"]
-    assert settings.resolved_dht_host_maddrs() == ["/ip4/0.0.0.0/tcp/4000"] and not settings.public_reads
+    assert settings.dht.announce_maddrs == ["/ip4/1.2.3.4/tcp/31330", "/dns4/x.example/tcp/31330"]
+    assert settings.dht.resolved_host_maddrs() == ["/ip4/0.0.0.0/tcp/4000"] and not settings.public_reads
     assert settings.resolved_database_url() == f"sqlite:///{tmp_path.resolve() / 'spotswarm.db'}"
     assert settings.resolved_checkpoint_dir() == tmp_path / "checkpoints"
     with pytest.raises(ValueError):

@@ -18,7 +18,7 @@ from worker.agent.config import parse_config
 from worker.agent.training import split_strategy_options
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy, HivemindStrategyError
-from worker.strategy.keywords import dht_keywords, optimizer_keywords, route_keywords
+from worker.strategy.keywords import averager_options, dht_keywords, optimizer_keywords, route_keywords
 from worker.strategy.options import strategy_option_problem
 
 pytestmark = pytest.mark.timeout(90)
@@ -129,11 +129,17 @@ def test_scheduler_fn_warning_whenever_hivemind_may_step_the_optimizer_away(flag
 
 
 def test_the_agent_starts_its_dht_with_the_runs_dht_keywords(tmp_path: Path) -> None:
-    config = parse_config(["--url", "http://x", "--worker-dir", str(tmp_path)], {"SPOTSWARM_JOIN_TOKEN": "t"})
+    config = parse_config(["--url", "http://x", "--join-token", "t", "--worker-dir", str(tmp_path)])
     options = {"use_relay": False, "identity_path": "/k", "matchmaking_time": 1.0, "swarm_admission": True}
     split = split_strategy_options(options, config)
     assert split.dht == {"use_relay": False, "identity_path": "/k"}
-    assert split.strategy == {"matchmaking_time": 1.0}
+    assert split.strategy == {"matchmaking_time": 1.0, "average_state_every": 10}  # the run default
+
+
+def test_a_runs_own_strategy_options_win_over_the_run_defaults(tmp_path: Path) -> None:
+    config = parse_config(["--url", "http://x", "--join-token", "t", "--worker-dir", str(tmp_path)])
+    split = split_strategy_options({"average_state_every": 1}, config)
+    assert split.strategy == {"average_state_every": 1}
 
 
 def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_construction() -> None:
@@ -144,3 +150,20 @@ def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_
         HivemindStrategy(target_batch_size=64, matchmaking_time=1.0, averaging_timeout=0.5)
     problem = strategy_option_problem({"matchmaking_time": 5.0, "averaging_timeout": 2.0})
     assert problem is not None and "must be longer than matchmaking_time" in problem
+
+
+def test_the_averagers_request_timeout_stays_below_the_matchmaking_time() -> None:
+    assert averager_options(None, matchmaking_time=1.0) == {"request_timeout": 0.5}
+    assert averager_options(None, matchmaking_time=30.0) == {"request_timeout": 3.0}  # hivemind's default
+    given = {"request_timeout": 2.0, "bandwidth": 1e6}
+    assert averager_options(given, matchmaking_time=1.0) == given
+
+
+def test_both_averagers_wait_on_a_leader_for_less_than_the_matchmaking_time() -> None:
+    """hivemind warns in every peer's log when they do not (and gives ``averager_opts`` to its state averager
+    only: the strategy's optimizer passes them to the gradient averager too)."""
+    strategy = make_strategy(target_batch_size=32)  # matchmaking_time 1.0, as the tests and the demo use
+    make_trainer(strategy, max_steps=2).fit(DigitsModule(), digits(batch_size=32))
+    for averager in (strategy.optimizer.grad_averager, strategy.optimizer.state_averager):
+        kwargs = averager.matchmaking_kwargs
+        assert kwargs["request_timeout"] == 0.5 < kwargs["min_matchmaking_time"] == 1.0

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.p2p import P2PHandlerError, PeerID
 from hivemind.proto.auth_pb2 import AccessToken
 
-from worker.admission.authorizer import to_access_token
+from worker.admission.access_tokens import to_access_token
 from worker.admission.guard import AdmissionGuard, PeerNotAdmitted
 from worker.admission.tokens import TokenVerifier, openssh_public_key, peer_id_of, sign_token
 

@@ -13,7 +13,7 @@ from orchestrator.swarm.admission import SwarmAuthority, load_or_create_key
 from tests.support.ports import free_port
 from worker.admission.authorizer import ensure_identity, load_identity
 from worker.agent.client import Unreachable
-from worker.agent.config import AgentConfig, parse_config
+from worker.agent.config import AgentSettings, parse_config
 from worker.agent.token_cache import CachingTokenSource, identity_path, load_token, save_token
 from worker.agent.training import swarm_authorizer
 from worker.wire import RunSpec, SwarmToken, WorkerRegistered
@@ -91,10 +91,10 @@ def registration(worker_id: str = "7") -> WorkerRegistered:
     )
 
 
-def down_orchestrator_config(worker_dir: Path) -> AgentConfig:
+def down_orchestrator_config(worker_dir: Path) -> AgentSettings:
     """Agent config pointing at a port nothing listens on, with no retries to wait for."""
     url = f"http://127.0.0.1:{free_port()}"
-    return parse_config(["--url", url, "--join-token", "ssj_x", "--worker-dir", str(worker_dir)], {})
+    return parse_config(["--url", url, "--join-token", "ssj_x", "--worker-dir", str(worker_dir)])
 
 
 @pytest.mark.timeout(60)

@@ -141,7 +141,8 @@ class FlakyOrchestrator:
 
 
 def test_the_worker_renews_at_half_life_and_keeps_its_token_in_an_outage(authority_key, tmp_path) -> None:
-    from worker.admission.authorizer import SwarmAuthorizer, SwarmTokenUnavailable, from_access_token
+    from worker.admission.access_tokens import from_access_token
+    from worker.admission.authorizer import SwarmAuthorizer, SwarmTokenUnavailable
 
     source = FlakyOrchestrator(SwarmAuthority(authority_key, ttl_s=100), "run-a")
     clock = [source.now]

@@ -5,6 +5,7 @@ it signs every DHT request and response of this peer with its token and refuses 
 whose token is missing, not signed by the orchestrator, for another run or expired (see
 :mod:`worker.admission.tokens`). Its key *is* the peer's libp2p identity key, so the token also names the
 peer id; :mod:`worker.admission.guard` relies on that to guard averaging, which hivemind does not authorize.
+:class:`AdmissionDHT` is the DHT peer that uses both (:meth:`SwarmAuthorizer.start_dht` starts one).
 
 Tokens come from an injected callable ``fetch(public_key) -> SwarmToken`` (the agent passes
 :class:`worker.agent.token_cache.ClientTokenSource`, which calls ``POST /workers/{id}/swarm-token``).
@@ -20,18 +21,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from hivemind.p2p import P2P, PeerID
+import hivemind
+from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from worker.admission.access_tokens import from_access_token, to_access_token
+from worker.admission.guard import ADMISSION_HANDLER, AdmissionGuard, GuardedP2P
 from worker.admission.tokens import SwarmTokenError, TokenFields, TokenVerifier
+from worker.strategy.dht import LifelineDHT
 from worker.wire import SwarmToken
 
 logger = logging.getLogger(__name__)
@@ -65,32 +72,13 @@ def load_identity(path: Path) -> tuple[RSAPrivateKey, str]:
     return key, PeerID.from_identity(data).to_base58()
 
 
-def to_access_token(token: TokenFields | SwarmToken) -> AccessToken:
-    return AccessToken(
-        username=token.username,
-        public_key=token.public_key.encode(),
-        expiration_time=token.expiration_time,
-        signature=token.signature.encode(),
-    )
-
-
-def from_access_token(token: AccessToken) -> TokenFields:
-    """The text fields of a hivemind token (undecodable bytes become replacement characters)."""
-    return TokenFields(
-        username=token.username,
-        public_key=token.public_key.decode(errors="replace"),
-        expiration_time=token.expiration_time,
-        signature=token.signature.decode(errors="replace"),
-    )
-
-
 class SwarmAuthorizer(TokenAuthorizerBase):
     """A hivemind authorizer holding this peer's swarm token and checking other peers' tokens.
 
     Build it with :meth:`create`, which also fetches the first token (so a refusal shows at once, not
     as a DHT that cannot reach anyone). ``identity_path`` is this peer's libp2p identity file; a new
     one is made in a private temporary directory when it is None. Pass the same file to the DHT
-    (:class:`worker.admission.guard.AdmissionDHT` does).
+    (:class:`AdmissionDHT` does; :meth:`start_dht` starts one).
     """
 
     def __init__(
@@ -152,6 +140,11 @@ class SwarmAuthorizer(TokenAuthorizerBase):
             with contextlib.suppress(OSError):
                 self.identity_path.parent.rmdir()
             self.temporary_identity = False
+
+    def start_dht(self, initial_peers: list[str], **dht_kwargs: Any) -> hivemind.DHT:
+        """This peer's DHT in the swarm: an :class:`AdmissionDHT` with this authorizer, started. What
+        ``HivemindStrategy(authorizer=...)`` calls (``worker.strategy.dht.start_dht``)."""
+        return AdmissionDHT(initial_peers, authorizer=self, **dht_kwargs)
 
     @property
     def public_key_text(self) -> str:
@@ -236,3 +229,59 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         except SwarmTokenError:
             return True
         return remaining_s < self._renew_before_s
+
+
+class AdmissionDHT(LifelineDHT):
+    """A ``hivemind.DHT`` that takes part in a swarm with admission.
+
+    Its DHT calls are signed and checked by ``authorizer``; it uses the authorizer's identity (so its
+    peer id is the one named in the token); it serves the token on :data:`ADMISSION_HANDLER`; and the
+    P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started; its
+    process ends with the one that created it (:class:`worker.strategy.dht.LifelineDHT`).
+    """
+
+    def __init__(
+        self, initial_peers: list[str] | None = None, *, authorizer: SwarmAuthorizer, **kwargs: Any
+    ) -> None:
+        given = kwargs.pop("identity_path", None)
+        if given is not None and os.path.abspath(given) != os.path.abspath(authorizer.identity_path):
+            raise ValueError(
+                f"identity_path {given!r} differs from the swarm authorizer's identity "
+                f"{str(authorizer.identity_path)!r}; create the authorizer with that identity instead"
+            )
+        kwargs.pop("start", None)
+        self._admission_verifier = authorizer.verifier
+        super().__init__(
+            initial_peers,
+            start=True,
+            authorizer=authorizer,
+            identity_path=str(authorizer.identity_path),
+            check_if_identity_free=False,
+            **kwargs,
+        )
+        self.run_coroutine(serve_token)
+        authorizer.discard_temporary_identity()  # the daemon has read it
+
+    async def replicate_p2p(self) -> P2P:
+        """Like hivemind's, but the replica guards every handler registered on it (averagers')."""
+        # the same caching as hivemind.DHT.replicate_p2p: one replica per process
+        replica: P2P | None = getattr(self, "_p2p_replica", None)
+        if replica is None or getattr(self, "_origin_pid", None) != os.getpid():
+            self._origin_pid = os.getpid()
+            daemon_listen_maddr = self.run_coroutine(hivemind.DHT._get_p2p_daemon_listen_maddr)
+            guarded = await GuardedP2P.replicate(daemon_listen_maddr)
+            guarded.admission_guard = AdmissionGuard(self._admission_verifier)
+            self._p2p_replica = replica = guarded
+        return replica
+
+
+async def serve_token(_dht: hivemind.DHT, node: Any) -> None:
+    """``dht.run_coroutine(serve_token)``: in the DHT process, answer :data:`ADMISSION_HANDLER` with the
+    current token of the DHT's authorizer (one with ``refresh_token_if_needed`` and ``current_token``)."""
+    authorizer: SwarmAuthorizer = node.protocol.authorizer
+
+    async def own_token(_request: AccessToken, _context: P2PContext) -> AccessToken:
+        await authorizer.refresh_token_if_needed()
+        return authorizer.current_token()
+
+    await node.p2p.add_protobuf_handler(ADMISSION_HANDLER, own_token, AccessToken)

@@ -6,7 +6,7 @@ they do know is the caller's peer id, which libp2p authenticates for every strea
 
 - every admitted peer serves its current token on the handler :data:`ADMISSION_HANDLER` (from its DHT
   process, where the authorizer renews it); a token is no secret, it is useless without the key;
-- :class:`AdmissionDHT` (a ``hivemind.DHT`` with a
+- :class:`~worker.admission.authorizer.AdmissionDHT` (a ``hivemind.DHT`` with a
   :class:`~worker.admission.authorizer.SwarmAuthorizer`) hands averagers a :class:`GuardedP2P`, whose every
   registered handler first asks :class:`AdmissionGuard`: has the calling peer a token for this run, signed by
   the orchestrator, unexpired, *whose key is the caller's peer id*? The guard fetches the caller's token once
@@ -23,20 +23,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import hivemind
 from google.protobuf.message import DecodeError
 from hivemind.p2p import P2P, P2PContext, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.timed_storage import get_dht_time
 
-from worker.admission.authorizer import SwarmAuthorizer, from_access_token
+from worker.admission.access_tokens import from_access_token
 from worker.admission.tokens import TokenFields, TokenVerifier
-from worker.strategy.dht import LifelineDHT
 from worker.strategy.hivemind_fixes import quiet_refusal_tracebacks
 
 logger = logging.getLogger(__name__)
@@ -169,62 +166,6 @@ class GuardedP2P(P2P):
             stream_output=stream_output,
             balanced=balanced,
         )
-
-
-class AdmissionDHT(LifelineDHT):
-    """A ``hivemind.DHT`` that takes part in a swarm with admission.
-
-    Its DHT calls are signed and checked by ``authorizer``; it uses the authorizer's identity (so its
-    peer id is the one named in the token); it serves the token on :data:`ADMISSION_HANDLER`; and the
-    P2P it hands to averagers (``replicate_p2p``) guards every averaging handler. Always started; its
-    process ends with the one that created it (:class:`worker.strategy.dht.LifelineDHT`).
-    """
-
-    def __init__(
-        self, initial_peers: list[str] | None = None, *, authorizer: SwarmAuthorizer, **kwargs: Any
-    ) -> None:
-        given = kwargs.pop("identity_path", None)
-        if given is not None and os.path.abspath(given) != os.path.abspath(authorizer.identity_path):
-            raise ValueError(
-                f"identity_path {given!r} differs from the swarm authorizer's identity "
-                f"{str(authorizer.identity_path)!r}; create the authorizer with that identity instead"
-            )
-        kwargs.pop("start", None)
-        self._admission_verifier = authorizer.verifier
-        super().__init__(
-            initial_peers,
-            start=True,
-            authorizer=authorizer,
-            identity_path=str(authorizer.identity_path),
-            check_if_identity_free=False,
-            **kwargs,
-        )
-        self.run_coroutine(serve_token)
-        authorizer.discard_temporary_identity()  # the daemon has read it
-
-    async def replicate_p2p(self) -> P2P:
-        """Like hivemind's, but the replica guards every handler registered on it (averagers')."""
-        # the same caching as hivemind.DHT.replicate_p2p: one replica per process
-        replica: P2P | None = getattr(self, "_p2p_replica", None)
-        if replica is None or getattr(self, "_origin_pid", None) != os.getpid():
-            self._origin_pid = os.getpid()
-            daemon_listen_maddr = self.run_coroutine(hivemind.DHT._get_p2p_daemon_listen_maddr)
-            guarded = await GuardedP2P.replicate(daemon_listen_maddr)
-            guarded.admission_guard = AdmissionGuard(self._admission_verifier)
-            self._p2p_replica = replica = guarded
-        return replica
-
-
-async def serve_token(_dht: hivemind.DHT, node: Any) -> None:
-    """``dht.run_coroutine(serve_token)``: in the DHT process, answer :data:`ADMISSION_HANDLER` with the
-    current token of the DHT's authorizer (one with ``refresh_token_if_needed`` and ``current_token``)."""
-    authorizer: SwarmAuthorizer = node.protocol.authorizer
-
-    async def own_token(_request: AccessToken, _context: P2PContext) -> AccessToken:
-        await authorizer.refresh_token_if_needed()
-        return authorizer.current_token()
-
-    await node.p2p.add_protobuf_handler(ADMISSION_HANDLER, own_token, AccessToken)
 
 
 quiet_refusal_tracebacks(PeerNotAdmitted)  # refused peers are logged once, by the guard

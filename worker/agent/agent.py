@@ -45,7 +45,7 @@ from worker.agent.config import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_ORCHESTRATOR_LOST,
-    AgentConfig,
+    AgentSettings,
     parse_config,
 )
 from worker.agent.state import AgentState
@@ -81,7 +81,7 @@ def seconds_until(iso_time: str, now: datetime | None = None) -> float | None:
 class Agent:
     """One worker's life from registration to exit; :meth:`run` returns the process exit code."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentSettings) -> None:
         self.config = config
         self.state = AgentState(checkpoint_every_epochs=5)
         self.client = OrchestratorClient(config.url)

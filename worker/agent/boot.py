@@ -33,7 +33,7 @@ from worker.agent.client import (
     Unauthorized,
     Unreachable,
 )
-from worker.agent.config import AgentConfig
+from worker.agent.config import AgentSettings
 from worker.files import write_json
 from worker.runtime import env as runtime_env
 from worker.runtime.package import UnsafePackage
@@ -76,7 +76,7 @@ def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def save_registration(worker_dir: Path, config: AgentConfig, registration: WorkerRegistered) -> None:
+def save_registration(worker_dir: Path, config: AgentSettings, registration: WorkerRegistered) -> None:
     """Remember the registration (it holds the worker token: owner-only file)."""
     payload = {
         "url": config.url,
@@ -86,7 +86,7 @@ def save_registration(worker_dir: Path, config: AgentConfig, registration: Worke
     write_json(worker_dir / REGISTRATION_FILE, payload, private=True)
 
 
-def load_registration(worker_dir: Path, config: AgentConfig) -> WorkerRegistered | None:
+def load_registration(worker_dir: Path, config: AgentSettings) -> WorkerRegistered | None:
     """The cached registration for this orchestrator and join token, or None."""
     try:
         payload = json.loads((worker_dir / REGISTRATION_FILE).read_text())
@@ -115,7 +115,7 @@ def load_peers(worker_dir: Path, run_name: str) -> list[str]:
 
 def register(
     client: OrchestratorClient,
-    config: AgentConfig,
+    config: AgentSettings,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Boot:
@@ -157,7 +157,7 @@ def register(
         return Boot(registration, registration.initial_peers, from_cache=False)
 
 
-def _boot_from_cache(config: AgentConfig, error: Unreachable) -> Boot:
+def _boot_from_cache(config: AgentSettings, error: Unreachable) -> Boot:
     cached = load_registration(config.worker_dir, config)
     if cached is None:
         raise OrchestratorUnavailable(
@@ -174,7 +174,7 @@ def _boot_from_cache(config: AgentConfig, error: Unreachable) -> Boot:
     return Boot(cached, peers, from_cache=True)
 
 
-def prepare_run_code(config: AgentConfig, registration: WorkerRegistered) -> None:
+def prepare_run_code(config: AgentSettings, registration: WorkerRegistered) -> None:
     """Set the run's environment variables, make its package and requirements ready (cached per machine)
     and put them first on the import path, before any of the run's code is imported.
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from worker.agent.client import ApiError, NotFound, OrchestratorClient, Unreachable
 from worker.agent.state import AgentState
-from worker.wire import CheckpointRef
+from worker.wire import ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 
@@ -232,4 +232,4 @@ def fetch_checkpoint(
         return client.download_checkpoint(checkpoint.download_path, dest, checkpoint.sha256)
     except NotFound:
         logger.info("checkpoint of epoch %d is gone; downloading the run's latest", checkpoint.epoch)
-        return client.download_checkpoint(f"/runs/{run_name}/checkpoints/latest/download", dest)
+        return client.download_checkpoint(ApiPath.run_latest_checkpoint.format(name=run_name), dest)

@@ -1,4 +1,4 @@
-"""The worker's small HTTP client of the orchestrator API (``/api/v1``, models from :mod:`worker.wire`).
+"""The worker's small HTTP client of the orchestrator API (paths and models from :mod:`worker.wire`).
 
 Transient failures (connection errors, time-outs, HTTP 5xx, and 429 no sooner than its ``Retry-After``)
 are retried with exponential backoff and surface as :class:`Unreachable` once the retries are spent.
@@ -20,7 +20,9 @@ from typing import Any
 import httpx
 
 from worker.wire import (
+    API_PREFIX,
     CHECKSUM_HEADER,
+    ApiPath,
     Deregister,
     DeregisterReason,
     Heartbeat,
@@ -36,7 +38,6 @@ from worker.wire import (
 
 logger = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
 CHUNK_BYTES = 1 << 20
 
 
@@ -144,34 +145,36 @@ class OrchestratorClient:
 
     def register(self, join_token: str, body: WorkerRegister) -> WorkerRegistered:
         """Join a run with its join token; raises :class:`Unauthorized` for a bad token."""
-        response = self._call("POST", "/workers/register", token=join_token, json=body.model_dump())
+        response = self._call("POST", ApiPath.register, token=join_token, json=body.model_dump())
         return WorkerRegistered.model_validate(response.json())
 
     def heartbeat(self, worker_id: str, body: Heartbeat) -> HeartbeatReply:
         """Report progress; the reply says whether to go on and whether this worker checkpoints."""
-        response = self._call("POST", f"/workers/{worker_id}/heartbeat", json=body.model_dump(mode="json"))
+        response = self._call(
+            "POST", ApiPath.heartbeat.format(worker_id=worker_id), json=body.model_dump(mode="json")
+        )
         return HeartbeatReply.model_validate(response.json())
 
     def deregister(self, worker_id: str, reason: DeregisterReason, message: str | None = None) -> None:
         """Leave the run for ``reason``; ``message`` (made one line, at most 4000 chars) says why."""
         text = without_control_characters(message)[:4000] if message else None
         body = Deregister(reason=reason, message=text or None)
-        self._call("POST", f"/workers/{worker_id}/deregister", json=body.model_dump(mode="json"))
+        self._call("POST", ApiPath.deregister.format(worker_id=worker_id), json=body.model_dump(mode="json"))
 
     def run_peers(self, run_name: str) -> PeerList:
         """The run's current initial peers (no token needed)."""
-        return PeerList.model_validate(self._call("GET", f"/runs/{run_name}/peers").json())
+        return PeerList.model_validate(self._call("GET", ApiPath.run_peers.format(name=run_name)).json())
 
     def swarm_auth_info(self) -> SwarmAuthInfo:
         """Whether the orchestrator admits swarm peers by token, and its signing key (no token needed)."""
-        return SwarmAuthInfo.model_validate(self._call("GET", "/swarm-auth").json())
+        return SwarmAuthInfo.model_validate(self._call("GET", ApiPath.swarm_auth).json())
 
     def swarm_token(self, worker_id: str, public_key: str) -> SwarmToken:
         """A signed swarm token for this worker's peer key (``public_key``, OpenSSH); see
         ``worker/admission/authorizer.py``. :class:`Conflict` when the run or the orchestrator uses no
         tokens."""
         body = SwarmTokenRequest(public_key=public_key)
-        response = self._call("POST", f"/workers/{worker_id}/swarm-token", json=body.model_dump())
+        response = self._call("POST", ApiPath.swarm_token.format(worker_id=worker_id), json=body.model_dump())
         return SwarmToken.model_validate(response.json())
 
     def upload_checkpoint(self, worker_id: str, epoch: int, path: Path) -> dict[str, Any]:
@@ -188,7 +191,7 @@ class OrchestratorClient:
         }
         response = self._call(
             "PUT",
-            f"/workers/{worker_id}/checkpoints/{epoch}",
+            ApiPath.checkpoint_upload.format(worker_id=worker_id, epoch=epoch),
             headers=headers,
             content_factory=lambda: _file_chunks(path),
         )
@@ -196,14 +199,15 @@ class OrchestratorClient:
 
     def download_package(self, run_name: str, dest: Path, sha256: str) -> Path:
         """Download the run's code package to ``dest`` (atomically); its SHA-256 must be ``sha256``."""
-        return self.download_checkpoint(f"/runs/{run_name}/package", dest, sha256)
+        return self.download_checkpoint(ApiPath.run_package.format(name=run_name), dest, sha256)
 
     def download_checkpoint(self, download_path: str, dest: Path, sha256: str | None = None) -> Path:
         """Download a checkpoint (or any file of the API) to ``dest`` (atomically) and verify it.
 
         ``download_path`` is an API path such as ``/runs/<name>/checkpoints/latest/download`` (with or
-        without the ``/api/v1`` prefix). The expected SHA-256 is ``sha256`` or else the response's
-        ``X-Checksum-Sha256``; a mismatch raises :class:`ChecksumMismatch` and leaves no file behind.
+        without :data:`~worker.wire.API_PREFIX`). The expected SHA-256 is ``sha256`` or else the
+        response's ``X-Checksum-Sha256``; a mismatch raises :class:`ChecksumMismatch` and leaves no file
+        behind.
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(f".{dest.name}.{os.getpid()}.part")

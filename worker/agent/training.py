@@ -22,11 +22,19 @@ from worker.agent.checkpoints import (
     should_resume,
 )
 from worker.agent.client import ApiError, OrchestratorClient, Unreachable
-from worker.agent.config import AgentConfig
+from worker.agent.config import AgentSettings
 from worker.trainer_options import QUIET, build_plugins
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
 logger = logging.getLogger(__name__)
+
+#: What a run's workers give ``HivemindStrategy`` unless the run's ``strategy_options`` say otherwise
+#: (the strategy's own defaults are lightning-hivemind's, kept for drop-in use). hivemind averages the
+#: whole training state (parameters and optimizer statistics) in a second round after every gradient
+#: round by default; peers that apply the same averaged gradients stay equal without it, so the state
+#: round only mends peers that drifted (a round they missed). Every 10th epoch: about half the time per
+#: epoch on short epochs, and far fewer rounds that find no group (bench/swarm_batch.py).
+RUN_STRATEGY_DEFAULTS: dict[str, Any] = {"average_state_every": 10}
 
 # The strategy's own DHT keywords. They, and every other keyword hivemind's DHT takes
 # (worker/strategy/keywords.py), configure the DHT, which the agent starts: they go to start_dht instead.
@@ -39,14 +47,14 @@ class SplitOptions:
     strategy: dict[str, Any]
 
 
-def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> SplitOptions:
+def split_strategy_options(options: Mapping[str, Any], config: AgentSettings) -> SplitOptions:
     """Separate the DHT options from the strategy's; the agent's own flags win over the run spec."""
     from worker.strategy.keywords import dht_keywords
 
     dht_names = {*DHT_OPTION_NAMES, *dht_keywords()}
     dht = {k: v for k, v in options.items() if k in dht_names}
     not_strategy = {*dht_names, "initial_peers", SWARM_ADMISSION_OPTION}  # the agent handles these
-    strategy = {k: v for k, v in options.items() if k not in not_strategy}
+    strategy = {**RUN_STRATEGY_DEFAULTS, **{k: v for k, v in options.items() if k not in not_strategy}}
     if config.host_maddrs:
         dht["host_maddrs"] = config.host_maddrs
     if config.announce_maddrs:
@@ -54,7 +62,9 @@ def split_strategy_options(options: Mapping[str, Any], config: AgentConfig) -> S
     return SplitOptions(dht, strategy)
 
 
-def swarm_authorizer(registration: WorkerRegistered, config: AgentConfig, identity: str | None = None) -> Any:
+def swarm_authorizer(
+    registration: WorkerRegistered, config: AgentSettings, identity: str | None = None
+) -> Any:
     """This worker's swarm authorizer, or None when its swarm admits any peer.
 
     None when the run spec opts out (``swarm_admission: false``) or the orchestrator does not admit by
@@ -180,7 +190,7 @@ def build_trainer(
     dht: Any,
     strategy_options: Mapping[str, Any],
     callback: Any,
-    config: AgentConfig,
+    config: AgentSettings,
 ) -> Any:
     """The ``Trainer`` of this worker: HivemindStrategy on the agent's DHT, trains until told to stop.
 

@@ -10,16 +10,13 @@ import ipaddress
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import hivemind
 
 from worker.lifeline import exit_with_parent
 from worker.peer_addresses import usable_initial_peers
 from worker.strategy.hivemind_fixes import quiet_dead_sender_errors
-
-if TYPE_CHECKING:
-    from worker.admission.authorizer import SwarmAuthorizer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +46,17 @@ def parse_initial_peers(
     return [str(item).strip() for item in items if str(item).strip()]
 
 
+class PeerAuthorizer(Protocol):
+    """This peer's pass into a swarm with admission, as the strategy sees it: something that starts the
+    DHT peer that signs its calls and guards its averaging (``worker.admission.authorizer.SwarmAuthorizer``
+    is one). Declared here so that the strategy imports nothing of ``worker.admission``, which builds on
+    this module."""
+
+    def start_dht(self, initial_peers: list[str], **dht_kwargs: Any) -> hivemind.DHT:
+        """Start the DHT with these keywords of ``hivemind.DHT`` and wait until it is ready."""
+        ...
+
+
 def start_dht(
     *,
     initial_peers: Sequence[str],
@@ -56,7 +64,7 @@ def start_dht(
     announce_maddrs: Sequence[str] | None = None,
     identity_path: str | None = None,
     client_mode: bool = False,
-    authorizer: SwarmAuthorizer | None = None,
+    authorizer: PeerAuthorizer | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> hivemind.DHT:
     """Start a DHT peer and wait until it is ready (and has joined ``initial_peers`` if any).
@@ -65,8 +73,8 @@ def start_dht(
     with a warning: one bad address would otherwise stop the peer from starting at all. ``host_maddrs``
     defaults to every IPv4 interface on a free TCP port. Fails with hivemind's errors
     (for example ``P2PDaemonError`` when the identity in ``identity_path`` is already in use).
-    ``authorizer``: take part in a swarm with admission (``worker/admission/guard.py``: DHT calls signed and
-    checked, averaging guarded); the peer then uses the authorizer's identity. ``extra``: further
+    ``authorizer``: take part in a swarm with admission (``worker/admission/``: DHT calls signed and
+    checked, averaging guarded); the authorizer starts the DHT, with its own identity. ``extra``: further
     keywords of ``hivemind.DHT`` and what it passes on (``use_relay``, ``use_auto_relay``...:
     :mod:`worker.strategy.keywords`).
     """
@@ -85,9 +93,7 @@ def start_dht(
     kwargs.update(extra or {})
     peers = usable_initial_peers(initial_peers)
     if authorizer is not None:
-        from worker.admission.guard import AdmissionDHT
-
-        return AdmissionDHT(peers, authorizer=authorizer, **kwargs)
+        return authorizer.start_dht(peers, **kwargs)
     return LifelineDHT(initial_peers=peers, start=True, **kwargs)
 
 

@@ -14,7 +14,9 @@ re-check each against its test (named in its docstring) and delete what upstream
   tracker's stopped event loop.
 - :func:`quiet_refusal_tracebacks`: a traceback per call refused by the averaging guard.
 
-Not here: ``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
+Not here, because they override hivemind's own classes: ``Optimizer._make_gradient_averager``
+(``optimizer.py``: hivemind gives ``averager_opts`` to the state averager only), and
+``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
 ``hivemind.Optimizer.__del__`` it would inherit (collecting a discarded wrapper shut down the shared
 averagers; hivemind 1.1.12, no upstream issue found). It subclasses Lightning's wrapper, and this module
 must load without Lightning: plain DHT peers (``dht.py``) and the admission guard import it. The orderly

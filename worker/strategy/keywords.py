@@ -88,3 +88,17 @@ def unknown_keyword_message(key: str) -> str:
         f"HivemindStrategy got an unknown keyword {key!r}{hint}: extra keywords go to hivemind.Optimizer "
         f"or to hivemind.DHT, and neither takes it"
     )
+
+
+#: hivemind's own ``request_timeout`` default for its averagers, in seconds
+HIVEMIND_REQUEST_TIMEOUT_S = 3.0
+
+
+def averager_options(averager_opts: dict[str, Any] | None, matchmaking_time: float) -> dict[str, Any]:
+    """The averagers' options: ``request_timeout`` below ``matchmaking_time`` unless given.
+
+    hivemind warns in every peer's log when a follower may wait on a leader longer than the matchmaking
+    window (``request_timeout >= min_matchmaking_time``, its default 3 s against the 1-5 s windows used):
+    such a wait can outlast the round and leave the follower without a group.
+    """
+    return {"request_timeout": min(HIVEMIND_REQUEST_TIMEOUT_S, matchmaking_time / 2), **(averager_opts or {})}

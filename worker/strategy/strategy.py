@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hivemind
 import torch
@@ -30,8 +30,8 @@ from typing_extensions import override
 
 from worker.strategy import checks
 from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
-from worker.strategy.dht import initial_peers_line, parse_initial_peers, start_dht
-from worker.strategy.keywords import route_keywords
+from worker.strategy.dht import PeerAuthorizer, initial_peers_line, parse_initial_peers, start_dht
+from worker.strategy.keywords import averager_options, route_keywords
 from worker.strategy.metrics import (
     MetricsThrottle,
     SwarmProgress,
@@ -52,9 +52,6 @@ from worker.strategy.precision import HivemindMixedPrecision
 from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.shutdown import shutdown_optimizer
 from worker.wire import AveragingCounts
-
-if TYPE_CHECKING:
-    from worker.admission.authorizer import SwarmAuthorizer
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
@@ -80,7 +77,9 @@ class HivemindStrategy(Strategy):
         matchmaking_time: seconds to wait for peers before averaging.
         averaging_timeout: seconds before an averaging round gives up (training goes on with local grads).
         verbose: log hivemind's progress at INFO.
-        averager_opts: keyword arguments for hivemind's averagers.
+        averager_opts: keyword arguments for hivemind's averagers. ``request_timeout`` defaults to half of
+            ``matchmaking_time`` (at most hivemind's 3 s): hivemind asks for it below the matchmaking time,
+            where a follower waiting on an unresponsive leader can otherwise outlast the round.
         host_maddrs: multiaddrs to listen on (default: every IPv4 interface, a free TCP port).
         initial_peers: multiaddrs (list or comma-separated) of any swarm member; default: the
             ``INITIAL_PEERS`` (or ``PL_INITIAL_PEERS``) environment variable; none starts a new swarm.
@@ -127,7 +126,7 @@ class HivemindStrategy(Strategy):
         dht: hivemind.DHT | None = None,
         announce_maddrs: list[str] | None = None,
         tracker_opts: dict[str, Any] | None = None,
-        authorizer: SwarmAuthorizer | None = None,
+        authorizer: PeerAuthorizer | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -154,7 +153,7 @@ class HivemindStrategy(Strategy):
             matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout,
             verbose=verbose,
-            averager_opts=averager_opts,
+            averager_opts=averager_options(averager_opts, matchmaking_time),
             **routed.optimizer,
         )
         # hivemind can only offload or delay an optimizer it builds itself

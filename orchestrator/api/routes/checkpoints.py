@@ -41,18 +41,18 @@ from orchestrator.api.deps import (
     check_run_access,
 )
 from orchestrator.api.routes.workers import CallingWorker
-from orchestrator.api.schemas import CheckpointList
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs
-from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES, values
+from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import CheckpointStore, checkpoint_key
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import CHECKSUM_HEADER, CheckpointRef
+from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])
@@ -87,7 +87,7 @@ async def uploading(
 
 
 @router.put(
-    "/workers/{worker_id}/checkpoints/{epoch}",
+    ApiPath.checkpoint_upload,
     status_code=status.HTTP_201_CREATED,
     summary="Upload a checkpoint (worker token)",
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
@@ -105,7 +105,7 @@ async def upload_checkpoint(
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
-    if entry.state in values(ENDED_WORKER_STATES):
+    if entry.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker_id} has ended ({entry.state}); it cannot upload")
     sha256 = (checksum or "").strip().lower()
     if not SHA256_RE.match(sha256):
@@ -163,7 +163,7 @@ def _store_and_record(
         previous = checkpoints.existing_upload(session, run, epoch, sha256)
         if previous is not None:
             return checkpoints.to_ref(run, previous)
-        if run.state not in values(ACTIVE_RUN_STATES):
+        if run.state not in ACTIVE_RUN_STATES:
             raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
         key = checkpoint_key(run.swarm_id, epoch, sha256)
     parts.store.put_file(key, path, sha256)
@@ -199,7 +199,7 @@ def _record(
         return checkpoints.to_ref(run, stored), dropped
 
 
-@router.get("/runs/{name}/checkpoints", summary="A run's checkpoints, newest first")
+@router.get(ApiPath.run_checkpoints, summary="A run's checkpoints, newest first")
 def list_checkpoints(name: str, session: ReadSession, _: Reader) -> CheckpointList:
     run = runs.get_run(session, name)
     return CheckpointList(
@@ -217,7 +217,7 @@ CHECKPOINT_BYTES: dict[int | str, dict[str, object]] = {
 
 
 @router.get(
-    "/runs/{name}/checkpoints/latest/download",
+    ApiPath.run_latest_checkpoint,
     summary="Download the newest checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,
@@ -231,7 +231,7 @@ def download_latest(
 
 
 @router.get(
-    "/runs/{name}/checkpoints/{epoch}/download",
+    ApiPath.run_checkpoint,
     summary="Download a checkpoint",
     response_class=StreamingResponse,
     responses=CHECKPOINT_BYTES,

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.api.deps import DatabaseDep, DhtDep
-from orchestrator.api.schemas import Health, Readiness
+from orchestrator.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 READY_DB_TIMEOUT_S = 5.0

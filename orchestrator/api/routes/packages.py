@@ -30,12 +30,12 @@ from orchestrator.api.deps import (
     check_run_access,
 )
 from orchestrator.api.routes.checkpoints import SHA256_RE
-from orchestrator.api.schemas import PackageRef
 from orchestrator.domain import runs
 from orchestrator.errors import InvalidRequest, NotFound
+from orchestrator.schemas import PackageRef
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, package_key
 from worker.runtime.package import UnsafePackage, inspect_archive
-from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN
+from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN, ApiPath
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["packages"])
@@ -56,7 +56,7 @@ def _stored(store: CheckpointStore, sha256: str) -> PackageRef | None:
         return None
 
 
-@router.get("/packages/{sha256}", summary="Look up a code package (admin)")
+@router.get(ApiPath.package, summary="Look up a code package (admin)")
 def get_package(sha256: Sha256, store: StoreDep, _: Admin) -> PackageRef:
     """404 when no package with this SHA-256 is stored (the CLI uploads it then)."""
     found = _stored(store, sha256)
@@ -66,7 +66,7 @@ def get_package(sha256: Sha256, store: StoreDep, _: Admin) -> PackageRef:
 
 
 @router.put(
-    "/packages/{sha256}",
+    ApiPath.package,
     summary="Upload a code package (admin)",
     responses={201: {"description": "Stored now"}},
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}},
@@ -94,7 +94,7 @@ async def put_package(
 
 
 @router.get(
-    "/runs/{name}/package",
+    ApiPath.run_package,
     summary="Download a run's code package",
     response_class=StreamingResponse,
     responses=PACKAGE_BYTES,

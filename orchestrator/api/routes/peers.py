@@ -15,18 +15,18 @@ from orchestrator.api.deps import (
     check_run_access,
 )
 from orchestrator.domain import runs, views
-from worker.wire import PeerList
+from worker.wire import ApiPath, PeerList
 
 router = APIRouter(tags=["peers"])
 
 
-@router.get("/peers", summary="The orchestrator's DHT multiaddrs")
+@router.get(ApiPath.peers, summary="The orchestrator's DHT multiaddrs")
 def orchestrator_peers(own: OwnPeers, _: Reader) -> PeerList:
     """Stable across restarts (fixed port, persistent identity); announce addresses first when set."""
     return PeerList(initial_peers=own, orchestrator_peers=own)
 
 
-@router.get("/runs/{name}/peers", summary="Initial peers for a run")
+@router.get(ApiPath.run_peers, summary="Initial peers for a run")
 def run_peers(
     name: str,
     own: OwnPeers,

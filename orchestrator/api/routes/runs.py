@@ -26,7 +26,14 @@ from orchestrator.api.deps import (
     StoreDep,
     SwarmDep,
 )
-from orchestrator.api.schemas import (
+from orchestrator.clock import Clock
+from orchestrator.config import Settings
+from orchestrator.db.models import Run
+from orchestrator.db.session import Database
+from orchestrator.domain import runs, views
+from orchestrator.errors import InvalidRequest, RunExists
+from orchestrator.launchers.base import Launcher, LauncherConfigError
+from orchestrator.schemas import (
     EventPage,
     JoinToken,
     ProgressSeries,
@@ -38,20 +45,13 @@ from orchestrator.api.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.clock import Clock
-from orchestrator.config import Settings
-from orchestrator.db.models import Run
-from orchestrator.db.session import Database
-from orchestrator.domain import runs, views
-from orchestrator.errors import InvalidRequest, RunExists
-from orchestrator.launchers.base import Launcher, LauncherConfigError
 from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import RunSpec, RunState, WorkerState
+from worker.wire import ApiPath, RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
 
 logger = logging.getLogger(__name__)
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(tags=["runs"])
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 Offset = Annotated[int, Query(ge=0, le=10**9)]
@@ -70,7 +70,7 @@ class RunReader:
         with self.db.read() as session:
             row = runs.get_run(session, name)
             return views.runs_out(
-                session, [row], self.swarm, self.clock(), self.settings.heartbeat_timeout_s
+                session, [row], self.swarm, self.clock(), self.settings.reconciler.heartbeat_timeout_s
             )[0]
 
 
@@ -81,7 +81,7 @@ async def run_reader(db: DatabaseDep, swarm: SwarmDep, clock: ClockDep, settings
 RunOutDep = Annotated[RunReader, Depends(run_reader)]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
+@router.post(ApiPath.runs, status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
 def create_run(
     spec: RunSpec,
     db: DatabaseDep,
@@ -141,7 +141,7 @@ def _check_launcher(launchers: Mapping[str, Launcher], spec: RunSpec) -> None:
         raise InvalidRequest(f"launcher_options: {exc}") from exc
 
 
-@router.get("", summary="List runs")
+@router.get(ApiPath.runs, summary="List runs")
 def list_runs(
     session: ReadSession,
     swarm: SwarmDep,
@@ -154,21 +154,21 @@ def list_runs(
 ) -> RunList:
     """Runs, newest first, optionally only those in ``state``; ``total`` counts all matches."""
     rows, total = views.list_runs(session, state, limit, offset)
-    items = views.runs_out(session, rows, swarm, clock(), settings.heartbeat_timeout_s, full)
+    items = views.runs_out(session, rows, swarm, clock(), settings.reconciler.heartbeat_timeout_s, full)
     return RunList(items=items, total=total, limit=limit, offset=offset)
 
 
-@router.get("/{name}", summary="Get a run")
+@router.get(ApiPath.run, summary="Get a run")
 def get_run(
     name: str, session: ReadSession, swarm: SwarmDep, clock: ClockDep, settings: SettingsDep, full: Reader
 ) -> RunOut:
     """The run with live and desired worker counts, progress reported by workers and read from the DHT.
     Without the admin token: the public view (free-form spec values left out, ``redacted``)."""
     run = runs.get_run(session, name)
-    return views.runs_out(session, [run], swarm, clock(), settings.heartbeat_timeout_s, full)[0]
+    return views.runs_out(session, [run], swarm, clock(), settings.reconciler.heartbeat_timeout_s, full)[0]
 
 
-@router.post("/{name}/scale", summary="Change worker counts (admin)")
+@router.post(ApiPath.run_scale, summary="Change worker counts (admin)")
 def scale_run(
     name: str, body: ScaleRequest, db: DatabaseDep, clock: ClockDep, hub: HubDep, reader: RunOutDep, _: Admin
 ) -> RunOut:
@@ -180,7 +180,7 @@ def scale_run(
     return reader.out(name)
 
 
-@router.post("/{name}/stop", summary="Stop a run (admin)")
+@router.post(ApiPath.run_stop, summary="Stop a run (admin)")
 def stop_run(
     name: str,
     db: DatabaseDep,
@@ -200,7 +200,7 @@ def stop_run(
     return reader.out(name)
 
 
-@router.post("/{name}/resume", summary="Resume a stopped, failed or completed run (admin)")
+@router.post(ApiPath.run_resume, summary="Resume a stopped, failed or completed run (admin)")
 def resume_run(
     name: str,
     db: DatabaseDep,
@@ -222,7 +222,7 @@ def resume_run(
     return reader.out(name)
 
 
-@router.post("/{name}/join-token", summary="Replace the run's join token (admin)")
+@router.post(ApiPath.run_join_token, summary="Replace the run's join token (admin)")
 def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> JoinToken:
     """A new join token, shown only this once; the old one stops working at once (registrations and
     checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
@@ -232,7 +232,7 @@ def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> 
     return JoinToken(name=name, join_token=join_token)
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
+@router.delete(ApiPath.run, status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
 def delete_run(name: str, db: DatabaseDep, hub: HubDep, store: StoreDep, _: Admin) -> Response:
     """Delete a stopped, completed or failed run with its workers, events and checkpoints; 409 otherwise."""
     with db.begin() as session:
@@ -247,7 +247,7 @@ def delete_run(name: str, db: DatabaseDep, hub: HubDep, store: StoreDep, _: Admi
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{name}/events", summary="A run's events")
+@router.get(ApiPath.run_events, summary="A run's events")
 def list_events(
     name: str,
     session: ReadSession,
@@ -259,7 +259,7 @@ def list_events(
     return views.events_page(session, run.id, after_id, limit)
 
 
-@router.get("/{name}/progress", summary="A run's progress series")
+@router.get(ApiPath.run_progress, summary="A run's progress series")
 def progress(
     name: str,
     session: ReadSession,
@@ -270,10 +270,11 @@ def progress(
     return views.progress_series(session, run.id, max_points)
 
 
-@router.get("/{name}/workers", summary="A run's workers")
+@router.get(ApiPath.run_workers, summary="A run's workers")
 def list_workers(
     name: str,
     session: ReadSession,
+    clock: ClockDep,
     full: Reader,
     limit: Limit = 100,
     offset: Offset = 0,
@@ -281,5 +282,5 @@ def list_workers(
 ) -> WorkerList:
     """Without the admin token: the public view (launch details that locate nothing, ``redacted``)."""
     run = runs.get_run(session, name)
-    items, total = views.list_workers(session, run, state, limit, offset, full)
+    items, total = views.list_workers(session, run, state, limit, offset, clock(), full)
     return WorkerList(items=items, total=total, limit=limit, offset=offset)

@@ -24,7 +24,7 @@ from orchestrator.api.deps import (
 from orchestrator.api.routes.workers import CallingWorker
 from orchestrator.errors import Conflict
 from orchestrator.swarm.admission import SwarmAdmission
-from worker.wire import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+from worker.wire import ApiPath, SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 
 router = APIRouter(tags=["swarm admission"])
 
@@ -35,9 +35,7 @@ def _admission(admission: SwarmAdmission | None) -> SwarmAdmission:
     return admission
 
 
-@router.post(
-    "/workers/{worker_id}/swarm-token", summary="A swarm token for this worker's peer (worker token)"
-)
+@router.post(ApiPath.swarm_token, summary="A swarm token for this worker's peer (worker token)")
 async def swarm_token(
     worker_id: WorkerId,
     _: CallingWorker,
@@ -61,7 +59,7 @@ async def swarm_token(
     return granted
 
 
-@router.get("/swarm-auth", summary="Swarm admission: on or off, and the key tokens are signed with")
+@router.get(ApiPath.swarm_auth, summary="Swarm admission: on or off, and the key tokens are signed with")
 def swarm_auth_info(
     admission: AdmissionDep, settings: SettingsDep, admin_token_hash: AdminTokenHash, token: Token
 ) -> SwarmAuthInfo:

@@ -24,8 +24,9 @@ from orchestrator.launchers.worker_logs import (
     read_tail,
     worker_log_path,
 )
+from worker.wire import ApiPath
 
-router = APIRouter(prefix="/runs", tags=["runs"])
+router = APIRouter(tags=["runs"])
 
 
 class WorkerLog(BaseModel):
@@ -42,7 +43,7 @@ class WorkerLog(BaseModel):
     )
 
 
-@router.get("/{name}/workers/{worker_id}/log", summary="The tail of a worker's log (admin)")
+@router.get(ApiPath.run_worker_log, summary="The tail of a worker's log (admin)")
 def worker_log(
     name: str,
     worker_id: WorkerId,

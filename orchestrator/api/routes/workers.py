@@ -34,11 +34,12 @@ from orchestrator.clock import Clock
 from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs, views, workers
 from orchestrator.domain.crash_budget import CrashPolicy
-from orchestrator.domain.states import UNENDED_WORKER_STATES, values
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from worker.wire import (
+    ApiPath,
     Deregister,
     Heartbeat,
     HeartbeatReply,
@@ -48,11 +49,11 @@ from worker.wire import (
     swarm_admission_requested,
 )
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(tags=["workers"])
 
 
 @router.post(
-    "/register", summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
+    ApiPath.register, summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
 )
 def register(
     body: WorkerRegister,
@@ -115,7 +116,7 @@ async def calling_worker(worker_id: WorkerId, hub: HubDep, token: WorkerToken) -
 CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
 
 
-@router.post("/{worker_id}/heartbeat", summary="Report progress (worker token)")
+@router.post(ApiPath.heartbeat, summary="Report progress (worker token)")
 async def heartbeat(
     worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, hub: HubDep
 ) -> HeartbeatReply:
@@ -125,7 +126,7 @@ async def heartbeat(
 
 
 @router.post(
-    "/{worker_id}/deregister", status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
+    ApiPath.deregister, status_code=status.HTTP_204_NO_CONTENT, summary="Leave the run (worker token)"
 )
 async def deregister(
     worker_id: WorkerId,
@@ -167,7 +168,7 @@ def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
     # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
     # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
     entry = parts.hub.cached(worker_id)
-    live = entry is not None and entry.state in values(UNENDED_WORKER_STATES)
+    live = entry is not None and entry.state in UNENDED_WORKER_STATES
     if entry is not None and live and entry.epoch > parts.hub.swarm_epoch(entry.run_id):
         parts.read_swarm_now(entry.run_id)
     parts.writer.flush()

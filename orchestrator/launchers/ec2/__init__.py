@@ -1,6 +1,7 @@
 """The ``ec2`` launcher: workers on EC2 spot instances, one instant EC2 Fleet per worker.
 
 - ``launcher.py``: the launcher (launch, terminate, describe, poll errors) over a boto3 client.
+- ``settings.py``: its settings (``Settings.ec2``: ``SPOTSWARM_EC2_*``), which the launcher takes as they are.
 - ``fleet.py``: pure pieces: run options, the ``CreateFleet`` request, AWS error kinds.
 - ``pricing.py``: current spot prices per instance type and zone, cached.
 - ``userdata.py``: a worker's cloud-init user data, rendered from ``deploy/cloud-init/worker.yaml``.

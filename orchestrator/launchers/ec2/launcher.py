@@ -24,8 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import boto3
@@ -49,6 +48,7 @@ from orchestrator.launchers.ec2.fleet import (
     resolve_plan,
 )
 from orchestrator.launchers.ec2.pricing import SpotPriceCache
+from orchestrator.launchers.ec2.settings import Ec2Settings
 from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
 
 log = logging.getLogger(__name__)
@@ -60,45 +60,12 @@ _ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
 LAUNCH_VISIBILITY_LAG_S = 120.0
 WORKER_DHT_PORT = 31331  # the Terraform module's worker security group opens this port between peers
+SPOT_PRICE_TTL_S = 300.0  # spot prices are read again after this long
+# Added to every worker's environment, under the request's own variables.
 DEFAULT_WORKER_ENV: Mapping[str, str] = {
     "SPOTSWARM_METADATA_URL": "http://169.254.169.254",  # turns on the agent's spot watcher
     "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{WORKER_DHT_PORT}",
 }
-
-
-@dataclass(frozen=True)
-class Ec2LauncherConfig:
-    """Account-wide defaults; each run may override the :class:`LaunchPlan` fields in its options.
-
-    ``orchestrator_id`` is the value of the ``spotswarm:orchestrator`` tag: the IAM policy made by the
-    Terraform module lets the orchestrator launch and terminate only instances carrying it.
-    ``worker_env`` is added to every worker's environment under the request's own variables.
-    """
-
-    orchestrator_id: str
-    launch_template: str
-    worker_image: str
-    region: str | None = None
-    endpoint_url: str | None = None
-    instance_types: tuple[str, ...] = ()
-    subnet_ids: tuple[str, ...] = ()
-    max_price: str | None = None
-    on_demand_fallback_after: int | None = None
-    gpus: bool = True
-    user_data_template: Path = DEFAULT_WORKER_TEMPLATE
-    spot_price_ttl_s: float = 300.0
-    worker_env: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_WORKER_ENV))
-
-    def default_plan(self) -> LaunchPlan:
-        return LaunchPlan(
-            instance_types=tuple(self.instance_types),
-            subnet_ids=tuple(self.subnet_ids),
-            launch_template=self.launch_template,
-            max_price=self.max_price,
-            on_demand_fallback_after=self.on_demand_fallback_after,
-            gpus=self.gpus,
-            worker_image=self.worker_image,
-        )
 
 
 def make_ec2_client(region: str | None, endpoint_url: str | None = None) -> Any:
@@ -120,17 +87,36 @@ class Ec2Launcher:
 
     def __init__(
         self,
-        config: Ec2LauncherConfig,
+        settings: Ec2Settings,
         client: Any | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not _ORCHESTRATOR_ID.match(config.orchestrator_id):
-            raise LauncherConfigError(f"orchestrator_id {config.orchestrator_id!r}: 1-64 of [A-Za-z0-9._-]")
-        self.config = config
+        """``settings.orchestrator_id`` is the value of the ``spotswarm:orchestrator`` tag: the IAM policy
+        made by the Terraform module lets the orchestrator launch and terminate only instances carrying
+        it. Raises :class:`LauncherConfigError` without a launch template or with an unusable id."""
+        if not settings.launch_template:
+            raise LauncherConfigError(
+                "the ec2 launcher needs a launch template (SPOTSWARM_EC2_LAUNCH_TEMPLATE)"
+            )
+        if not _ORCHESTRATOR_ID.match(settings.orchestrator_id):
+            raise LauncherConfigError(f"orchestrator_id {settings.orchestrator_id!r}: 1-64 of [A-Za-z0-9._-]")
+        self.settings = settings
+        self._default_plan = LaunchPlan(
+            instance_types=tuple(settings.instance_types),
+            subnet_ids=tuple(settings.subnet_ids),
+            launch_template=settings.launch_template,
+            max_price=settings.max_price,
+            on_demand_fallback_after=settings.on_demand_fallback_after,
+            gpus=True,  # a run's options may turn them off (CPU instance types)
+            worker_image=settings.worker_image,
+        )
+        self._user_data_template = settings.user_data_template or DEFAULT_WORKER_TEMPLATE
         self._owns_client = client is None
-        self._client = client if client is not None else make_ec2_client(config.region, config.endpoint_url)
+        self._client = (
+            client if client is not None else make_ec2_client(settings.region, settings.endpoint_url)
+        )
         self._clock = clock
-        self._prices = SpotPriceCache(self._client, config.spot_price_ttl_s, clock)
+        self._prices = SpotPriceCache(self._client, SPOT_PRICE_TTL_S, clock)
         self._lock = threading.Lock()
         self._failures: list[LaunchFailure] = []
         self._attempts: dict[str, int] = {}
@@ -139,7 +125,7 @@ class Ec2Launcher:
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan."""
-        resolve_plan(options, self.config.default_plan())
+        resolve_plan(options, self._default_plan)
 
     def launch(self, request: LaunchRequest) -> str:
         """Start one instance for ``request`` and return its id; ``""`` when EC2 had no capacity.
@@ -149,10 +135,10 @@ class Ec2Launcher:
         LauncherConfigError for options or AWS answers that say the request can never succeed as
         given; capacity failures go to :meth:`poll_errors`.
         """
-        plan = resolve_plan(request.options, self.config.default_plan())
-        env = {**self.config.worker_env, **request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
+        plan = resolve_plan(request.options, self._default_plan)
+        env = {**DEFAULT_WORKER_ENV, **request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
         user_data = render_worker_user_data(
-            self.config.user_data_template, worker_image=plan.worker_image, env=env, gpus=plan.gpus
+            self._user_data_template, worker_image=plan.worker_image, env=env, gpus=plan.gpus
         )
         with self._lock:
             existing = self._recently_launched(request.request_id) or self._existing_instance(
@@ -199,8 +185,8 @@ class Ec2Launcher:
     ) -> _Attempt:
         attempt = self._attempts.get(request.request_id, 0) + 1
         self._attempts[request.request_id] = attempt
-        tags = instance_tags(self.config.orchestrator_id, request.run_name, request.request_id, market)
-        token = client_token(self.config.orchestrator_id, request.request_id, attempt)
+        tags = instance_tags(self.settings.orchestrator_id, request.run_name, request.request_id, market)
+        token = client_token(self.settings.orchestrator_id, request.request_id, attempt)
         kwargs = build_fleet_request(plan, market, tags, user_data, token)
         try:
             response = self._client.create_fleet(**kwargs)
@@ -277,7 +263,7 @@ class Ec2Launcher:
     def _instances(self, request_id: str | None = None) -> Iterator[Instance]:
         """This orchestrator's workers (of ``request_id``): its tag *and* a request id, never less."""
         filters = [
-            {"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.config.orchestrator_id]},
+            {"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.settings.orchestrator_id]},
             {"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]}
             if request_id is not None
             else {"Name": "tag-key", "Values": [TAG_REQUEST]},

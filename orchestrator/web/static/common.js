@@ -1,6 +1,6 @@
 // Shared by both pages: the JSON API client (the admin token from localStorage goes only with admin
 // calls, see api()), the token panel,
-// the error banner, number/time formatting, ETA and cost (same rules as orchestrator/cli/output.py),
+// the error banner, number/time formatting (ETA and cost come computed from the server: eta_s, cost_usd),
 // a DOM builder that never parses HTML, and a poller that pauses while the tab is hidden.
 
 export const ROOT = document.body.dataset.root || "";
@@ -176,45 +176,10 @@ export function ageSeconds(text, nowMs = Date.now()) {
   return ms === null ? null : Math.max(0, (nowMs - ms) / 1000);
 }
 
-// -- derived numbers (keep in step with orchestrator/cli/output.py) ------------------------------------
+// -- derived numbers -----------------------------------------------------------------------------------
 
 export function swarmEpoch(run) {
   return Math.max(run.reported.swarm_epoch || 0, (run.swarm && run.swarm.epoch) || 0);
-}
-
-/** Seconds to the stop condition at the current throughput; null when unknown or unbounded. */
-export function etaSeconds(run) {
-  if (TERMINAL_STATES.has(run.state)) return null;
-  const rate = run.reported.samples_per_s || 0;
-  if (rate <= 0) return null;
-  const stop = run.spec.stop || {};
-  const swarm = run.swarm || {};
-  const candidates = [];
-  if (stop.target_samples) {
-    candidates.push(Math.max(0, (stop.target_samples - (run.reported.samples_total || 0)) / rate));
-  }
-  if (stop.target_epochs) {
-    const missing = (stop.target_epochs - swarmEpoch(run)) * run.spec.target_batch_size
-      - (swarm.samples_accumulated || 0);
-    candidates.push(Math.max(0, missing / rate));
-  }
-  return candidates.length ? Math.min(...candidates) : null;
-}
-
-const PRICE_KEYS = ["price_per_hour", "price_usd_per_hour"];
-
-export function workerCost(worker, nowMs = Date.now()) {
-  const details = worker.launch_details || {};
-  const key = PRICE_KEYS.find((k) => typeof details[k] === "number");
-  const start = parseTime(worker.registered_at || worker.created_at);
-  if (key === undefined || start === null) return null;
-  const end = parseTime(worker.ended_at) || nowMs;
-  return details[key] * Math.max(0, end - start) / 3600e3;
-}
-
-export function runCost(workers, nowMs = Date.now()) {
-  const costs = workers.map((w) => workerCost(w, nowMs)).filter((c) => c !== null);
-  return costs.length ? costs.reduce((a, b) => a + b, 0) : null;
 }
 
 // -- polling -------------------------------------------------------------------------------------------

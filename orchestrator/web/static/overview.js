@@ -1,23 +1,19 @@
-// The runs overview: one row per run, refreshed every few seconds from GET /api/v1/runs.
-// Cost needs each run's workers; those are fetched less often (cost moves slowly).
+// The runs overview: one row per run, refreshed every few seconds from GET /api/v1/runs (which carries
+// each run's ETA and cost).
 
 import {
-  ROOT, api, ageSeconds, el, etaSeconds, fmtDuration, fmtNumber, fmtUsd, freshness, poll, runCost,
-  setupTokenPanel, swarmEpoch,
+  ROOT, api, ageSeconds, el, fmtDuration, fmtNumber, fmtUsd, freshness, poll, setupTokenPanel, swarmEpoch,
 } from "./common.js";
 
 const RUNS_EVERY_MS = 3000;
-const COST_EVERY_MS = 15000;
 const PAGE_SIZE = 200;
 
-const costs = new Map(); // run name -> cost in USD or null
 let lastRuns = [];
 let totalRuns = 0;
 const status = freshness();
 
 function row(run) {
   const live = `${run.workers.live}/${run.workers.desired}`;
-  const cost = costs.has(run.name) ? fmtUsd(costs.get(run.name)) : "-";
   return el("tr", { "data-run": run.name },
     el("td", {}, el("a", { href: `${ROOT}/runs/${encodeURIComponent(run.name)}` }, run.name)),
     el("td", {}, el("span", { class: `state state-${run.state}`, title: run.state_reason || "" }, run.state)),
@@ -25,8 +21,8 @@ function row(run) {
     el("td", { class: "num" }, String(swarmEpoch(run))),
     el("td", { class: "num" }, fmtNumber(run.reported.samples_per_s, 3)),
     el("td", { class: "num" }, fmtNumber(run.reported.loss)),
-    el("td", { class: "num" }, fmtDuration(etaSeconds(run))),
-    el("td", { class: "num" }, cost),
+    el("td", { class: "num" }, fmtDuration(run.eta_s)),
+    el("td", { class: "num" }, fmtUsd(run.cost_usd)),
     el("td", { class: "num" }, fmtDuration(ageSeconds(run.created_at))),
   );
 }
@@ -51,18 +47,5 @@ async function refreshRuns() {
   }
 }
 
-async function refreshCosts() {
-  await Promise.all(lastRuns.map(async (run) => {
-    try {
-      const page = await api(`/runs/${encodeURIComponent(run.name)}/workers?limit=500`);
-      costs.set(run.name, runCost(page.items));
-    } catch (err) {
-      costs.delete(run.name); // shown as "-"; the runs poll reports connection trouble
-    }
-  }));
-  render();
-}
-
 setupTokenPanel(() => runs.now());
 const runs = poll(refreshRuns, RUNS_EVERY_MS);
-setTimeout(() => poll(refreshCosts, COST_EVERY_MS), 500);

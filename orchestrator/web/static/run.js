@@ -5,9 +5,8 @@
 
 import { drawLineChart } from "./charts.js";
 import {
-  API, LIVE_WORKER_STATES, ROOT, TERMINAL_STATES, ApiError, ageSeconds, api, el, etaSeconds, fmtBytes,
-  fmtDuration, fmtInt, fmtNumber, fmtUsd, freshness, getToken, parseTime, poll, runCost, setText,
-  setupTokenPanel, swarmEpoch, workerCost,
+  API, LIVE_WORKER_STATES, ROOT, TERMINAL_STATES, ApiError, ageSeconds, api, el, fmtBytes, fmtDuration,
+  fmtInt, fmtNumber, fmtUsd, freshness, getToken, parseTime, poll, setText, setupTokenPanel, swarmEpoch,
 } from "./common.js";
 
 const NAME = document.body.dataset.run;
@@ -40,7 +39,8 @@ function renderRun(run) {
   setText("t-metric", shown ? fmtNumber((run.reported.metrics || {})[shown]) : "-");
   setText("t-samples", fmtInt(run.reported.samples_total));
   renderAveraging(run.averaging);
-  setText("t-eta", fmtDuration(etaSeconds(run)));
+  setText("t-eta", fmtDuration(run.eta_s));
+  setText("t-cost", fmtUsd(run.cost_usd));
   setText("t-age", fmtDuration(ageSeconds(run.created_at)));
   const input = document.getElementById("scale-input");
   input.min = String(run.workers.min);
@@ -158,7 +158,7 @@ function workerRow(w) {
     el("td", { class: "num averaged" }, w.averaged_fraction === null || w.averaged_fraction === undefined
       ? "-" : `${Math.round(100 * w.averaged_fraction)}%`),
     el("td", { class: "metrics mono" }, metricsText(w.metrics)),
-    el("td", { class: "num" }, fmtUsd(workerCost(w))),
+    el("td", { class: "num" }, fmtUsd(w.cost_usd)),
     el("td", { class: "ended" }, ended(w)),
   );
 }
@@ -183,7 +183,6 @@ async function refreshWorkers() {
     const live = page.items.filter((w) => LIVE_WORKER_STATES.has(w.state)).length;
     setText("workers-count", `${live} live, ${page.total} in all`);
     document.querySelector("#workers tbody").replaceChildren(...page.items.map(workerRow));
-    setText("t-cost", fmtUsd(runCost(page.items)));
     if (document.getElementById("per-worker").checked) drawCharts();
   } catch (err) {
     status.failed(err);

@@ -1,5 +1,8 @@
 """Request and response models of the REST API (pydantic), apart from the ORM models in ``db/models.py``.
 
+The domain's read views (``domain/views.py``) build the responses and the routes (``api/``) return them:
+this module sits below both, so the domain never imports the HTTP edge.
+
 What workers send and receive is in ``worker/wire.py`` (shared with the worker package); this module
 holds what only the admin side, the status page and the CLI see. Responses never contain a token hash;
 the only secret ever returned is the join token, once, in :class:`RunCreated`. Runs and workers have a
@@ -125,6 +128,19 @@ class RunOut(BaseModel):
     averaging: RunAveraging | None = Field(
         default=None, description="Null until the run's workers reported averaging outcomes."
     )
+    cost_usd: float | None = Field(
+        default=None,
+        description="Cost so far in USD: over the run's workers whose launch_details carry a price "
+        "(price_usd_per_hour, else price_per_hour), that price times the hours from registration (or "
+        "launch) to the end (or now). Null when no worker has a price (e.g. the local launcher).",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="Seconds until the stop condition at the current samples/s: with target_samples, "
+        "target_samples - samples_total; with target_epochs, (target_epochs - the highest of reported and "
+        "DHT swarm epoch) x target_batch_size - the samples already in the current epoch; with both, the "
+        "sooner. Null when the run has no stop condition, is not moving, or has finished.",
+    )
     redacted: bool = Field(
         description="True in the public view (no admin token): the spec's free-form values "
         "(module_args, datamodule_args, strategy_options, launcher_options, env, secret_env, requirements, "
@@ -228,6 +244,12 @@ class WorkerOut(BaseModel):
         default=None, description="Its epochs on averaged gradients since it started (null before any)."
     )
     checkpointer: bool
+    cost_usd: float | None = Field(
+        default=None,
+        description="Its cost so far in USD: its price per hour (launch_details price_usd_per_hour, else "
+        "price_per_hour) times the hours from registration (or launch) to the end (or now); null without "
+        "a price.",
+    )
     redacted: bool = Field(
         description="True in the public view (no admin token): launch_details keeps only what describes "
         "the machine and its price, not where it is (IPs, subnets, paths)."

@@ -1,0 +1,104 @@
+"""The migrations build exactly the tables the models declare (on SQLite and PostgreSQL), and revision
+0008 fills in ``runs.stop_cause`` of existing rows from their state and reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import insert, select, text
+
+from orchestrator.db.models import Base, Run
+from orchestrator.db.session import Database, upgrade
+from orchestrator.domain.states import RunState, StopCause
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """An empty database on each backend (not migrated)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'schema.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    db = Database(url)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_migrated_schema_is_what_the_models_declare(database: Database) -> None:
+    """Autogenerate finds nothing to change: the state columns are enums in the models and VARCHAR(16)
+    in the database, with the same contents."""
+    database.upgrade()
+    with database.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def _old_run(name: str, state: str, reason: str) -> dict[str, object]:
+    """A ``runs`` row as revision 0007 stored it (every column without a default)."""
+    return {
+        "name": name,
+        "swarm_id": f"{name}-0",
+        "join_token_hash": name.ljust(64, "0"),
+        "module": "m:M",
+        "module_args": {},
+        "datamodule": "m:D",
+        "datamodule_args": {},
+        "target_batch_size": 64,
+        "batch_size": 8,
+        "strategy_options": {},
+        "min_workers": 0,
+        "max_workers": 2,
+        "desired_workers": 1,
+        "checkpoint_every_epochs": 5,
+        "keep_checkpoints": 3,
+        "launcher": "local",
+        "launcher_options": {},
+        "requirements": [],
+        "env": {},
+        "secret_env": {},
+        "trainer": {},
+        "report_metrics": [],
+        "state": state,
+        "state_reason": reason,
+        "consecutive_start_failures": 0,
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_revision_0008_fills_in_the_stop_cause_from_the_old_reason(database: Database) -> None:
+    """Before 0008 a stopping run completed when its reason read "stop condition reached"; the
+    migration turns that text into the cause once, and finished runs get the cause their state implies."""
+    upgrade(database.engine, "0007")
+    old_rows = {
+        "at-target": ("stopping", "stop condition reached", StopCause.target_reached),
+        "by-hand": ("stopping", "stopped by admin", StopCause.user),
+        "done": ("completed", "all workers have left", StopCause.target_reached),
+        "halted": ("stopped", "all workers have left", StopCause.user),
+        "broken": ("failed", "5 workers in a row failed at start-up", StopCause.failed),
+        "waiting": ("pending", "created", None),
+        "training": ("running", "worker 1 registered", None),
+    }
+    table = Run.__table__
+    with database.engine.begin() as connection:
+        for name, (state, reason, _) in old_rows.items():
+            connection.execute(insert(table).values(_old_run(name, state, reason)))
+    database.upgrade()
+    with database.engine.connect() as connection:
+        causes = dict(connection.execute(select(Run.name, Run.stop_cause)).all())
+        stored = dict(connection.execute(text("SELECT name, stop_cause FROM runs")).all())
+        states = dict(connection.execute(select(Run.name, Run.state)).all())
+    assert causes == {name: cause for name, (_, _, cause) in old_rows.items()}
+    assert stored == {name: cause.value if cause else None for name, (_, _, cause) in old_rows.items()}
+    assert states == {name: RunState(state) for name, (state, _, _) in old_rows.items()}
