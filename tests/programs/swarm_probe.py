@@ -205,7 +205,11 @@ def train_with_strategy(config: dict[str, Any], steps: int) -> dict[str, Any]:
     class Watch(Callback):
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             note(strategy.swarm_progress())
-            if trainer.global_step >= steps and seen["peers"] >= 3 and seen["last_epoch"] > seen["first_epoch"]:
+            if (
+                trainer.global_step >= steps
+                and seen["peers"] >= 3
+                and seen["last_epoch"] > seen["first_epoch"]
+            ):
                 trainer.should_stop = True
             seen["dht_peer_id"] = str(strategy.dht.peer_id)
 
