@@ -53,7 +53,7 @@ class PeriodicService:
             await self._run_once()
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _run_once(self) -> None:

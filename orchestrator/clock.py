@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
     """The current time, timezone-aware in UTC (the default clock)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any
 
 from worker.wire import CONTROL_CHARACTER_RE
@@ -120,7 +120,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line with the fields listed in the module docstring."""
 
     def format(self, record: logging.LogRecord) -> str:
-        stamp = datetime.fromtimestamp(record.created, tz=timezone.utc)
+        stamp = datetime.fromtimestamp(record.created, tz=UTC)
         line: dict[str, Any] = {
             "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
             "level": level_name(record).lower(),

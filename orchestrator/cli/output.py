@@ -10,7 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -123,7 +123,7 @@ def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def age_s(text: str | None, now: datetime) -> float | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +213,7 @@ def list_runs(ctx: ApiContext, limit: int) -> None:
     if ctx.as_json:
         echo_json(page)
         return
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [run_row(run, now) for run in page["items"]]
     echo_table(RUN_COLUMNS, rows, "(no runs)")
     if page.get("total", 0) > len(rows):
@@ -315,7 +315,7 @@ def show(ctx: ApiContext, name: str) -> None:
     if ctx.as_json:
         echo_json({"run": run, "progress": progress, "workers": workers})
         return
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     click.echo(f"run {run['name']}")
     for key, value in _show_lines(run, workers, now, len(workers) >= page.get("total", 0)):
         click.echo(f"  {key:<12} {value}")

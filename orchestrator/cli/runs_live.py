@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -45,7 +45,7 @@ def watch(ctx: ApiContext, name: str, interval_s: float) -> None:
     last = ""
     while True:
         run = ctx.api.get_run(name)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if live:
             _redraw(ctx, run, now)
         else:  # a line only when something changed: a log of a day-long run stays readable

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -81,5 +81,5 @@ def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
     if ctx.as_json:
         echo_json({**page, "items": items})
         return
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     echo_table(WORKER_COLUMNS, [worker_row(w, now) for w in items], "(no workers)")

@@ -9,7 +9,7 @@ records its key; one with another key refuses to start and says which file to co
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
@@ -30,7 +30,7 @@ def claim_authority(db: Database, public_key: str, key_path: Path) -> None:
     if recorded is None:
         try:
             with db.begin() as session:
-                now = datetime.now(timezone.utc)
+                now = datetime.now(UTC)
                 session.add(DeploymentFact(name=AUTHORITY_FACT, value=public_key, recorded_at=now))
         except IntegrityError:  # another orchestrator recorded its key first: compare with that one
             pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         message="the hand-started worker counts three peers",
     )
 
-    restarted_at = datetime.now(timezone.utc)
+    restarted_at = datetime.now(UTC)
     orch = start_loop_orchestrator(
         processes, loop_data_dir, extra_env=ENV, port=orch.port, dht_port=orch.dht_port, name="orchestrator-2"
     )

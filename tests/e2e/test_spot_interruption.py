@@ -15,7 +15,7 @@ import json
 import secrets
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ class InstanceMetadata(ThreadingHTTPServer):
 
     def interrupt(self, seconds_ahead: float = 120.0) -> None:
         """Arm EC2's notice: ``terminate`` at ``seconds_ahead`` from now, for the next worker that polls."""
-        when = datetime.now(timezone.utc) + timedelta(seconds=seconds_ahead)
+        when = datetime.now(UTC) + timedelta(seconds=seconds_ahead)
         with self.lock:
             self.armed = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from orchestrator.db.models import Base, Run
 from orchestrator.db.session import Database, upgrade
 from orchestrator.domain.states import RunState, StopCause
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +271,7 @@ def restart_on_cached_token(
         name="orchestrator-back",
     )
 
-    back_at = datetime.now(timezone.utc)
+    back_at = datetime.now(UTC)
 
     def heartbeats_again() -> bool:
         workers = run_view(back, "adm-swarm", "/workers")["items"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.swarm.dht import parse_progress, progress_key
@@ -24,7 +24,7 @@ def main() -> None:
     print(json.dumps({"started": True}), flush=True)
     while True:
         found = dht.get(progress_key(swarm_id), latest=True)
-        progress = parse_progress(found.value if found else None, int(target), datetime.now(timezone.utc))
+        progress = parse_progress(found.value if found else None, int(target), datetime.now(UTC))
         if progress is not None:
             print(
                 json.dumps({"t": time.time(), "epoch": progress.epoch, "peers": progress.num_peers}),

@@ -4,7 +4,7 @@ stop requests, configuration and user-object building."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ def test_the_first_stop_reason_wins_but_a_spot_notice_overrides() -> None:
 
 
 def test_small_readers() -> None:
-    now = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
     assert seconds_until("2024-05-01T12:02:00Z", now) == 120.0
     assert seconds_until("soon", now) is None
     assert read_loss({"train_loss": 0.5, "loss": 9.0}) == 0.5

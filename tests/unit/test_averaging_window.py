@@ -5,7 +5,7 @@ with 2+ live workers, is raised once, and is cleared once (recovery, or fewer th
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain import averaging, runs
 from worker.wire import RunSpec
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0
 
 

@@ -3,12 +3,12 @@ over database rows and the heartbeat writer's check over its cache both apply it
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from orchestrator.domain.checkpointer import Contender, eligible
 from orchestrator.domain.states import WorkerState
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 FRESH_AFTER = NOW - timedelta(seconds=30)
 
 

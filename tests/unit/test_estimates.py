@@ -3,7 +3,7 @@ and worker views, the status page, the CLI and /metrics all show these values.""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +12,7 @@ from orchestrator.domain.estimates import eta_s, price_per_hour, worker_cost_usd
 from orchestrator.domain.states import RunState
 from worker.wire import StopCondition
 
-NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def eta(state: RunState = RunState.running, rate: float = 100.0, **stop: int) -> float | None:

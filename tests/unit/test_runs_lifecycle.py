@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from orchestrator.errors import (
 )
 from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _names = itertools.count()
 
 # The lifecycles as the docs state them (docs/concepts/runs.md and workers.md), written out here so

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from orchestrator.domain.views import downsample
 from orchestrator.swarm.dht import SwarmProgressCache, parse_progress, progress_key
 from orchestrator.tokens import bearer_token, hash_token, token_matches
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(("count", "max_points"), [(0, 5), (3, 5), (5, 5), (100, 7), (1000, 2), (10, 1)])

@@ -5,7 +5,7 @@ opted-out run pushes the set at once unless the peer has it already."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from orchestrator.swarm.admission import SwarmAdmission
 from orchestrator.swarm.peer_authorizer import OrchestratorPeerAuthorizer, peer_dht_options
 from worker.wire import RunSpec, RunState
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture

@@ -119,7 +119,7 @@ class AdmissionGuard:
         try:
             call = p2p.call_protobuf_handler(peer, ADMISSION_HANDLER, AccessToken(), AccessToken)
             token = await asyncio.wait_for(call, self._timeout_s)
-        except (P2PHandlerError, P2PDaemonError, asyncio.TimeoutError, OSError, EOFError, DecodeError) as exc:
+        except (TimeoutError, P2PHandlerError, P2PDaemonError, OSError, EOFError, DecodeError) as exc:
             return None, f"it showed no token ({type(exc).__name__})"
         return from_access_token(token), ""
 

@@ -22,7 +22,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import base58
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -79,7 +79,7 @@ def split_username(username: str) -> tuple[str, str]:
 
 
 def format_expiration(unix_time: float) -> str:
-    return datetime.fromtimestamp(unix_time, timezone.utc).isoformat()
+    return datetime.fromtimestamp(unix_time, UTC).isoformat()
 
 
 def parse_expiration(text: str) -> float:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -74,8 +74,8 @@ def seconds_until(iso_time: str, now: datetime | None = None) -> float | None:
     except ValueError:
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return (when - (now or datetime.now(timezone.utc))).total_seconds()
+        when = when.replace(tzinfo=UTC)
+    return (when - (now or datetime.now(UTC))).total_seconds()
 
 
 class Agent:

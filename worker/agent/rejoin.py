@@ -70,7 +70,7 @@ async def rejoin(maddrs: Sequence[str], node: Any) -> list[PeerID]:
 async def _ping(node: Any, peer: PeerID, addrs: list[Multiaddr]) -> bool:
     try:  # tell the libp2p daemon where the peer is: a worker it never met has no known address
         await asyncio.wait_for(node.p2p._client.connect(peer, addrs), CONNECT_TIMEOUT_S)
-    except (P2PDaemonError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, P2PDaemonError, OSError) as exc:
         logger.debug("could not reach listed peer %s: %r", peer, exc)
         return False
     if await node.protocol.call_ping(peer) is None:

@@ -26,7 +26,7 @@ async def readyz(db: DatabaseDep, dht_peer: DhtDep) -> JSONResponse:
     try:
         await asyncio.wait_for(asyncio.to_thread(db.ping), READY_DB_TIMEOUT_S)
         database = True
-    except (SQLAlchemyError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, SQLAlchemyError) as exc:
         database = False
         detail["database"] = type(exc).__name__
     dht = dht_peer.alive()

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -51,7 +51,7 @@ class SpotPriceCache:
                 InstanceTypes=[instance_type],
                 AvailabilityZone=zone,
                 ProductDescriptions=[PRODUCT],
-                StartTime=datetime.now(timezone.utc),
+                StartTime=datetime.now(UTC),
                 MaxResults=5,
             )
         except ClientError as exc:
