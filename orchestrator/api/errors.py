@@ -51,7 +51,7 @@ def _status_of(exc: Exception) -> int:
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every failure as ``{"detail": ...}`` with the status of :data:`ERROR_STATUS`."""
 
-    async def service_error(request: Request, exc: Exception) -> JSONResponse:
+    async def service_error(request: Request, exc: Exception) -> JSONResponse:  # noqa: ARG001 - FastAPI's handler signature
         status = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if isinstance(exc, errors.TooManyRequests):
@@ -71,7 +71,7 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)
         return JSONResponse({"detail": "internal server error"}, status_code=500)
 
-    async def validation(request: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:  # noqa: ARG001 - FastAPI's handler signature
         assert isinstance(exc, RequestValidationError)
         details = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         return JSONResponse({"detail": details}, status_code=422)

@@ -83,7 +83,7 @@ def download(ctx: ApiContext, name: str, epoch: int | None, output: Path | None,
     )
     done = [0]
 
-    def on_bytes(received: int, total: int | None) -> None:
+    def on_bytes(received: int, total: int | None) -> None:  # noqa: ARG001 - the download callback's signature
         if show_bar:
             bar.update(received - done[0])
         done[0] = received

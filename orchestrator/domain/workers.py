@@ -106,7 +106,7 @@ def create_launch_intent(
     return LaunchIntent(worker, token)
 
 
-def reissue_launch_token(session: Session, worker: Worker) -> str:
+def reissue_launch_token(worker: Worker) -> str:
     """A new launch token for a ``launching`` worker (the old one stops working).
 
     Raises :class:`Conflict` when the worker has registered already.

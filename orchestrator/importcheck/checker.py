@@ -215,7 +215,7 @@ class RuntimeLimits:
     max_unpacked_bytes: int = 1 << 30
 
 
-def _no_package(dest: Path) -> None:
+def _no_package(dest: Path) -> None:  # noqa: ARG001 - the fetch callback's signature
     raise UnsafePackage("the run names no package")
 
 

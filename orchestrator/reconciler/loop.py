@@ -259,7 +259,7 @@ class Reconciler:
             worker = by_request[request_id]
             if worker.created_at >= self.started_at:
                 continue  # launched by this process moments ago; the launcher has not listed it yet
-            token = workers.reissue_launch_token(session, worker)
+            token = workers.reissue_launch_token(worker)
             events.record_event(
                 session, run.id, "worker.relaunch", "launch intent found without instance", now, worker.id
             )

@@ -177,7 +177,7 @@ def plan_run(
     if run.state == RunState.stopping:
         _wind_down(run, survivors, now, settings, plan)
     elif run.state in ACCEPTING_RUN_STATES:
-        _keep_at_desired(run, survivors, instances, now, settings, plan)
+        _keep_at_desired(run, survivors, now, settings, plan)
     return plan
 
 
@@ -245,7 +245,6 @@ def _wind_down(
 def _keep_at_desired(
     run: RunView,
     survivors: list[WorkerView],
-    instances: Mapping[str, InstanceView],
     now: float,
     settings: ReconcileSettings,
     plan: Plan,

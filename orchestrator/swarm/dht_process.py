@@ -59,7 +59,7 @@ def start_server_dht(**kwargs: Any) -> Any:
     return dht
 
 
-def _leave_with_children(signum: int, frame: FrameType | None) -> None:
+def _leave_with_children(signum: int, frame: FrameType | None) -> None:  # noqa: ARG001 - a signal handler's signature
     """SIGTERM in the peer's process: end ``p2pd`` (and anything else it started), then leave at once."""
     processes.leave_with_children(128 + signum)
 

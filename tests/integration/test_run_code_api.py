@@ -122,7 +122,7 @@ def test_a_package_uploads_once_and_only_the_runs_workers_download_it(
 
 
 @pytest.mark.timeout(120)
-def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator, tmp_path: Path) -> None:
+def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator) -> None:
     evil = io.BytesIO()
     with tarfile.open(fileobj=evil, mode="w:gz") as archive:
         info = tarfile.TarInfo("../outside.py")

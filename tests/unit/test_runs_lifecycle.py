@@ -181,12 +181,12 @@ def test_launch_token_registers_once_reissued_token_replaces_it(db: Database) ->
     with db.begin() as session:
         intent = workers.create_launch_intent(session, runs.get_run(session, name), T0)
         worker = intent.worker
-        new_token = workers.reissue_launch_token(session, worker)
+        new_token = workers.reissue_launch_token(worker)
     with pytest.raises(Unauthorized):
         join(db, intent.token)
     assert join(db, new_token) == worker.id
     with db.begin() as session, pytest.raises(Conflict):
-        workers.reissue_launch_token(session, runs.get_worker(session, worker.id))
+        workers.reissue_launch_token(runs.get_worker(session, worker.id))
 
 
 @pytest.mark.timeout(30)

@@ -118,7 +118,10 @@ CallingWorker = Annotated[WorkerEntry, Depends(calling_worker)]
 
 @router.post(ApiPath.heartbeat, summary="Report progress (worker token)")
 async def heartbeat(
-    worker_id: WorkerId, entry: CallingWorker, body: Heartbeat, hub: HubDep
+    worker_id: WorkerId,  # noqa: ARG001 - the path parameter; calling_worker reads it
+    entry: CallingWorker,
+    body: Heartbeat,
+    hub: HubDep,
 ) -> HeartbeatReply:
     """The reply says continue or stop, whether this worker is the run's checkpointer and the
     checkpoint policy. A worker that has ended, is retiring or whose run is stopping gets ``stop``."""
