@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.load_client import Tally, run_load_process  # noqa: E402
+from bench.load_client import Tally, run_load_process
 
 PRODUCTION_ENV = {  # undo the fast time scales of tests/support/orchestrator.py
     "SPOTSWARM_HEARTBEAT_INTERVAL_S": "5",

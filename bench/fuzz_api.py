@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support.fuzz import Failure, build_world, fuzz, fuzz_orchestrator  # noqa: E402
+from tests.support.fuzz import Failure, build_world, fuzz, fuzz_orchestrator
 
 
 def _print_progress(label: str, failure: Failure | None, took_s: float) -> None:

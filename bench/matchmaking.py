@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers  # noqa: E402
+from bench.forked_peers import kill_peers
 
 AVERAGED_LINE = "Averaged gradients with"
 EPOCH_LINE = "Transitioning to epoch"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.cli.packaging import pack  # noqa: E402
-from worker.runtime.env import find_installer, prepare_runtime  # noqa: E402
+from orchestrator.cli.packaging import pack
+from worker.runtime.env import find_installer, prepare_runtime
 
 DEFAULT_REQUIREMENTS = ("torchmetrics", "einops", "tabulate")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers  # noqa: E402
+from bench.forked_peers import kill_peers
 
 #: what each variant changes: hivemind's own epoch judgement, or strategy options
 VARIANTS: dict[str, dict[str, Any]] = {

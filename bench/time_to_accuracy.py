@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers  # noqa: E402
+from bench.forked_peers import kill_peers
 
 HERE = Path(__file__).resolve().parent
 

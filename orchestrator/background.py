@@ -59,7 +59,7 @@ class PeriodicService:
     async def _run_once(self) -> None:
         try:
             await asyncio.to_thread(self._tick)
-        except Exception:  # noqa: BLE001 - logged with traceback; the loop must survive one bad tick
+        except Exception:  # logged with traceback; the loop must survive one bad tick
             logger.exception("%s: tick failed", self.name)
 
     async def stop(self) -> None:

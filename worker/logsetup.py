@@ -111,7 +111,7 @@ class TextFormatter(logging.Formatter):
         record.kind = escape_control_characters(f"{event}: ") if event else ""
         return super().format(record)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
         record.message = escape_control_characters(record.message)
         return super().formatMessage(record)
 

@@ -88,6 +88,6 @@ def build_plugins(plugins: Sequence[TrainerPlugin], kind: PluginKind) -> list[An
         target = load_plugin_class(plugin, kind)
         try:
             built.append(target(**plugin.args))
-        except Exception as exc:  # noqa: BLE001 - the user's class refused its arguments: a spec error
+        except Exception as exc:  # the user's class refused its arguments: a spec error
             raise TrainerPluginError(f"{kind} {plugin.path}: {type(exc).__name__}: {exc}") from exc
     return built

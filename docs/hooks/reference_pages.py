@@ -24,8 +24,8 @@ from mkdocs.structure.pages import Page
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the generators beside this file
 
-from openapi_reference import openapi_markdown  # noqa: E402
-from settings_reference import settings_markdown  # noqa: E402
+from openapi_reference import openapi_markdown
+from settings_reference import settings_markdown
 
 SETTINGS_MODEL = "orchestrator.config:Settings"
 SERVE_COMMAND = "orchestrator.cli.serve:serve"

@@ -6,6 +6,6 @@ import os
 if os.environ.get("SPOTSWARM_REQUEST_ID"):
     raise ImportError("No module named 'a_dependency_missing_on_workers'")
 
-from worker.examples.digits import DigitsDataModule, DigitsModule  # noqa: E402
+from worker.examples.digits import DigitsDataModule, DigitsModule
 
 __all__ = ["DigitsModule", "DigitsDataModule"]

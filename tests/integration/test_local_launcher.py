@@ -72,7 +72,7 @@ def started_pids(worker_dir: Path) -> list[int]:
     return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def instance_of(launcher: LocalLauncher, request_id: str):  # noqa: ANN201 - test helper
+def instance_of(launcher: LocalLauncher, request_id: str):
     return next(i for i in launcher.describe() if i.request_id == request_id)
 
 

@@ -277,7 +277,7 @@ def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    import worker.examples.digits  # noqa: F401 - import Lightning and the model before waiting
+    import worker.examples.digits  # import Lightning and the model before waiting
     import worker.strategy.strategy  # noqa: F401
 
     config_path = Path(sys.argv[1])

@@ -229,7 +229,7 @@ class Agent:
             logger.error("%s", message, exc_info=True)
             self.state.request_stop(DeregisterReason.error, message)
             return EXIT_CONFIG
-        except BaseException as exc:  # noqa: BLE001 - training may fail anyhow; reported, then exit 1
+        except BaseException as exc:  # training may fail anyhow; reported, then exit 1
             if self.state.stop is not None:
                 return self._stopped_despite(exc)
             message = f"training failed: {type(exc).__name__}: {_first_line(exc)}"

@@ -253,7 +253,7 @@ def build_user_objects(spec: RunSpec) -> tuple[Any, Any]:
         try:
             factory = import_object(path)
             built.append(factory(**call_arguments(factory, args, batch_size)))
-        except Exception as exc:  # noqa: BLE001 - user code: any failure is reported, none is hidden
+        except Exception as exc:  # user code: any failure is reported, none is hidden
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise PermanentError(f"cannot build {path}: {type(exc).__name__}: {first_line}") from exc
     return built[0], built[1]

@@ -93,5 +93,5 @@ async def _rejoin_forever(peers: Callable[[], list[str]], interval_s: float, nod
         await asyncio.sleep(interval_s)
         try:
             await rejoin(peers(), node)
-        except Exception:  # noqa: BLE001 - logged with traceback; one bad round must not end the loop
+        except Exception:  # logged with traceback; one bad round must not end the loop
             logger.exception("rejoining the swarm's listed peers failed; trying again in %.0f s", interval_s)
