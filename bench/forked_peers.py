@@ -3,6 +3,7 @@ DHT, averager and p2pd processes hivemind started under it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterable
@@ -14,8 +15,6 @@ def kill_peers(procs: Iterable[BaseProcess]) -> None:
     for proc in procs:
         if proc.pid is None:
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.join(timeout=5)

@@ -15,6 +15,7 @@ start. Usage: ``.venv/bin/python bench/recovery.py [--heartbeat-timeout-s 10] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -69,10 +70,9 @@ def recover(reader: RunReader, how: str, timeout_s: float) -> float:
     os.killpg(int(victim["launcher_handle"]), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     _, seen = first_contribution(reader, known, timeout_s)
     if how == "freeze":
-        try:  # the orchestrator may have terminated it already (a lost worker that stays silent)
+        # the orchestrator may have terminated it already (a lost worker that stays silent)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(int(victim["launcher_handle"]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     print(f"  {how}: replacement contributed after {seen - started:.1f} s", flush=True)
     return seen - started
 

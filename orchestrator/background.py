@@ -7,6 +7,7 @@ seconds without importing the app's container.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -51,10 +52,8 @@ class PeriodicService:
     async def _loop(self) -> None:
         while not self._stopping.is_set():
             await self._run_once()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=self.interval_s)
-            except TimeoutError:
-                pass
 
     async def _run_once(self) -> None:
         try:

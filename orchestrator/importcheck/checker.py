@@ -18,6 +18,7 @@ server's user.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -257,10 +258,9 @@ def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """End the probe: closing its stdin ends its loop; killed if it lingers."""
     if proc.stdin is not None:
-        try:
+        # OSError: a check is writing to it right now; the kill below ends both
+        with contextlib.suppress(OSError):
             proc.stdin.close()
-        except OSError:  # a check is writing to it right now; the kill below ends both
-            pass
     try:
         proc.wait(timeout=PROBE_EXIT_WAIT_S)
     except subprocess.TimeoutExpired:

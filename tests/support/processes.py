@@ -3,6 +3,7 @@ what is left of a process family after a stop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -50,28 +51,22 @@ class ManagedProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def terminate(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM the group, wait, then SIGKILL what is left. Returns the exit code."""
         self.signal_group(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill()
         return self.popen.returncode
 
     def kill(self) -> None:
         """SIGKILL the whole process group (by PID, never by name) and reap the leader."""
         self.signal_group(signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
         if not self._log.closed:
             self._log.close()
 

@@ -3,6 +3,7 @@ and small readers of the API that the tests wait on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -91,10 +92,8 @@ def admin_post(orch: Orchestrator, path: str, body: dict[str, Any] | None = None
 def kill_worker(worker: dict[str, Any]) -> None:
     """``kill -9`` a local worker's whole process group (its handle is the group leader's PID)."""
     pid = int(worker["launcher_handle"])
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def kill_local_workers(data_dir: Path) -> None:
@@ -111,7 +110,5 @@ def kill_local_workers(data_dir: Path) -> None:
         except (OSError, ValueError):
             continue
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass

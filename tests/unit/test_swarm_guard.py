@@ -9,6 +9,7 @@ test's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.p2p import P2PHandlerError, PeerID
@@ -64,17 +65,13 @@ def test_expired_admissions_and_refusals_are_forgotten() -> None:
 
         clock[0] += REFUSAL_TTL_S + 1  # every refusal has expired; the member's token has not
         late, _ = new_peer()
-        try:
+        with contextlib.suppress(PeerNotAdmitted):
             await guard.require(p2p, late)  # type: ignore[arg-type]
-        except PeerNotAdmitted:
-            pass
         assert guard.remembered_peers() == 2  # the member and the newest refusal
 
         clock[0] = NOW + TOKEN_TTL_S + REFUSAL_TTL_S + 1  # the member's token has expired too
-        try:
+        with contextlib.suppress(PeerNotAdmitted):
             await guard.require(p2p, strangers[0])  # type: ignore[arg-type]
-        except PeerNotAdmitted:
-            pass
         assert guard.remembered_peers() == 1  # only that caller's fresh refusal
 
     asyncio.run(scenario())

@@ -11,6 +11,7 @@ SIGTERM to each group, a grace period for a clean goodbye to the swarm, then SIG
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -87,10 +88,9 @@ def run_peer(config: PeerConfig, reports: mp.Queue) -> None:
         **QUIET,
         **NO_VALIDATION,
     )
-    try:
+    # SIGTERMException: asked to stop, Lightning has already torn the strategy down
+    with contextlib.suppress(SIGTERMException):
         trainer.fit(DigitsModule(hidden=64, lr=0.01), DigitsDataModule(batch_size=config.batch_size))
-    except SIGTERMException:
-        pass  # asked to stop: Lightning has already torn the strategy down
     reports.put(("done", config.index, trainer.callback_metrics.get("train_loss")))
 
 
@@ -118,10 +118,8 @@ def _stop(processes: list[BaseProcess]) -> None:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
