@@ -226,14 +226,14 @@ class Agent:
             if self.state.stop is not None:
                 return self._stopped_despite(exc)
             message = f"unusable run spec: {type(exc).__name__}: {_first_line(exc)}"
-            logger.error("%s", message, exc_info=True)
+            logger.exception("%s", message)
             self.state.request_stop(DeregisterReason.error, message)
             return EXIT_CONFIG
         except BaseException as exc:  # training may fail anyhow; reported, then exit 1
             if self.state.stop is not None:
                 return self._stopped_despite(exc)
             message = f"training failed: {type(exc).__name__}: {_first_line(exc)}"
-            logger.error("%s", message, exc_info=True)
+            logger.exception("%s", message)
             self.state.request_stop(DeregisterReason.error, message)
             return EXIT_FAILED
         if self.state.stop is None:
