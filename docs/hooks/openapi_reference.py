@@ -31,7 +31,7 @@ def shared_responses(document: dict[str, Any], prefix: str) -> dict[str, str]:
     operations = _operations(document, prefix)
     if not operations:
         return {}
-    common = {status: answer for status, answer in operations[0].get("responses", {}).items()}
+    common = dict(operations[0].get("responses", {}))
     for operation in operations[1:]:
         responses = operation.get("responses", {})
         common = {status: answer for status, answer in common.items() if responses.get(status) == answer}

@@ -259,7 +259,9 @@ def check_run_access(admin_token_hash: str, session: Session, run: Run, token: s
             raise Forbidden(f"worker {owner.id} has ended ({owner.state}); its token no longer grants access")
         if owner is not None:
             return
-    if token.startswith(tokens.JOIN_PREFIX):
-        if session.scalar(select(Run.id).where(Run.join_token_hash == tokens.hash_token(token))) is not None:
-            raise Forbidden(f"this join token does not belong to run {run.name!r}")
+    if (
+        token.startswith(tokens.JOIN_PREFIX)
+        and session.scalar(select(Run.id).where(Run.join_token_hash == tokens.hash_token(token))) is not None
+    ):
+        raise Forbidden(f"this join token does not belong to run {run.name!r}")
     raise Unauthorized("invalid token")

@@ -94,7 +94,7 @@ def fmt_duration(seconds: float | None) -> str:
     """``93`` -> ``1m33s``; ``None`` or negative -> ``-``."""
     if seconds is None or seconds < 0 or not math.isfinite(seconds):
         return "-"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)

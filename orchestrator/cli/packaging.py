@@ -92,9 +92,7 @@ def _spec(path: Path) -> pathspec.PathSpec:
 
 def _root_rules(root: Path) -> _Rules:
     layers: list[tuple[str, pathspec.PathSpec]] = [("", pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES))]
-    for name in (".gitignore", IGNORE_FILE):
-        if (root / name).is_file():
-            layers.append(("", _spec(root / name)))
+    layers.extend(("", _spec(root / name)) for name in (".gitignore", IGNORE_FILE) if (root / name).is_file())
     return _Rules(layers)
 
 
@@ -150,10 +148,13 @@ def pack(root: Path, dest_dir: Path, max_unpacked_bytes: int) -> Package:
         )
     archive = dest_dir / "package.tar.gz"
     try:
-        with archive.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped:
-            with tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for entry in entries:
-                    _add(tar, entry)
+        with (
+            archive.open("wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as zipped,
+            tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for entry in entries:
+                _add(tar, entry)
     except OSError as exc:
         raise PackagingError(f"cannot pack {root}: {exc}") from exc
     return Package(archive, sha256_of(archive), archive.stat().st_size, len(entries), total)

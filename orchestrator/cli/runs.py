@@ -246,12 +246,14 @@ def _show_lines(
     target = ", ".join(targets) or "none (runs until stopped)"
     ckpt = run.get("latest_checkpoint")
     speed = fmt_number(reported.get("samples_per_s"), 3)
-    lines = [
+    return [
         ("state", f"{run['state']}" + (f" ({run['state_reason']})" if run.get("state_reason") else "")),
         (
             "workers",
-            f"{counts['live']} live / {counts['desired']} desired "
-            f"(min {counts['min']}, max {counts['max']}; {counts['launching']} launching)",
+            (
+                f"{counts['live']} live / {counts['desired']} desired "
+                f"(min {counts['min']}, max {counts['max']}; {counts['launching']} launching)"
+            ),
         ),
         ("swarm epoch", str(max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0))),
         ("samples", f"{_samples_total(reported, workers, all_listed)}, {speed}/s"),
@@ -268,7 +270,6 @@ def _show_lines(
         ("launcher", spec.get("launcher", "-")),
         *_code_lines(spec),
     ]
-    return lines
 
 
 def _averaging_lines(window: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Container
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -81,7 +81,7 @@ def state_type(enum: type[Enum]) -> EnumType:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
         datetime: UTCDateTime(),
         dict[str, Any]: JSON(),
         list[str]: JSON(),

@@ -173,7 +173,7 @@ class HeartbeatWriter:
                     self._settings.averaging_window_s,
                     self._settings.averaging_warning_fraction,
                 )
-        self._last_sample_at.update({run_id: now for run_id in due})
+        self._last_sample_at.update(dict.fromkeys(due, now))
         return [progress_samples.as_point(due[sample.run_id].name, sample) for sample in samples]
 
 

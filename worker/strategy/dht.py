@@ -7,6 +7,7 @@ addresses of its peer. Nothing here talks to Lightning.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -114,7 +115,7 @@ class LifelineDHT(hivemind.DHT):  # type: ignore[misc]
 
 def _is_loopback(maddr: str) -> bool:
     parts = maddr.split("/")
-    for proto, value in zip(parts[1:], parts[2:], strict=False):
+    for proto, value in itertools.pairwise(parts[1:]):
         if proto in ("ip4", "ip6"):
             try:
                 return ipaddress.ip_address(value).is_loopback

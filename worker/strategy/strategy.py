@@ -308,11 +308,14 @@ class HivemindStrategy(Strategy):
 
     def _use_hivemind_precision(self) -> None:
         plugin = self.precision_plugin
-        if isinstance(plugin, MixedPrecision) and plugin.precision == "16-mixed":
-            if not isinstance(plugin, HivemindMixedPrecision):
-                self.precision_plugin = HivemindMixedPrecision(
-                    plugin.device, self.reuse_grad_buffers, plugin.scaler
-                )
+        if (
+            isinstance(plugin, MixedPrecision)
+            and plugin.precision == "16-mixed"
+            and not isinstance(plugin, HivemindMixedPrecision)
+        ):
+            self.precision_plugin = HivemindMixedPrecision(
+                plugin.device, self.reuse_grad_buffers, plugin.scaler
+            )
 
     @override
     def setup_optimizers(self, trainer: Trainer) -> None:
