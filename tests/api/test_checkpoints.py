@@ -92,7 +92,7 @@ def test_checkpoint_uploads_are_checked(orch: Orchestrator) -> None:
             headers={CHECKSUM_HEADER: "a" * 64},
         )
     assert response.status_code == 413
-    other_name, other_join = create(orch)
+    _, other_join = create(orch)
     with orch.client(other_join) as http:
         assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 403
     with orch.client() as http:

@@ -39,7 +39,7 @@ def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator
         assert http.get(path, params={"tail_bytes": 1024 * 1024 + 1}).status_code == 422
         assert http.get(path, params={"tail_bytes": 0}).status_code == 422
         assert http.get(f"/api/v1/runs/{name}/workers/999999/log").status_code == 404
-        other_name, other_join = create(orch)
+        other_name, _ = create(orch)
         assert http.get(path.replace(name, other_name)).status_code == 404  # not that run's worker
         manual = join(orch, join_token)
         refused = http.get(f"/api/v1/runs/{name}/workers/{manual.worker_id}/log")

@@ -161,7 +161,7 @@ def test_an_ended_workers_token_no_longer_downloads_checkpoints(orch: Orchestrat
 @pytest.mark.timeout(120)
 def test_join_tokens_respect_max_workers(orch: Orchestrator) -> None:
     """Before, 30 registrations with one join token of a run with max_workers 2 made 30 live workers."""
-    name, join = create(orch, max_workers=2, desired_workers=1)
+    _, join = create(orch, max_workers=2, desired_workers=1)
     first, _ = register(orch, join), register(orch, join)
     answer = post_register(orch, join)
     assert answer.status_code == 409 and "max_workers" in answer.json()["detail"], answer.text

@@ -20,6 +20,7 @@ setting it replays those choices (the system's own timing still varies from run 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -102,7 +103,7 @@ def before_the_end(series: list[int], last_epoch: int) -> list[int]:
 
 def went_back(series: list[int]) -> list[tuple[int, int]]:
     """Each (before, after) pair where the series decreased."""
-    return [(a, b) for a, b in zip(series, series[1:], strict=False) if b < a]
+    return [(a, b) for a, b in itertools.pairwise(series) if b < a]
 
 
 def verify_checkpoints(orch: Orchestrator, name: str) -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ def swarm_options() -> list[str]:
     args = ["--workers", "1", "--min-workers", "0", "--max-workers", "1"]
     for key, value in digits_run("options")["strategy_options"].items():
         args += ["--strategy-option", f"{key}={str(value).lower()}"]
-    return args + ["--trainer-option", "val_check_interval=8"]
+    return [*args, "--trainer-option", "val_check_interval=8"]
 
 
 @pytest.mark.timeout(300)

@@ -8,4 +8,4 @@ if os.environ.get("SPOTSWARM_REQUEST_ID"):
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
 
-__all__ = ["DigitsModule", "DigitsDataModule"]
+__all__ = ["DigitsDataModule", "DigitsModule"]

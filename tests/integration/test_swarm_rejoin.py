@@ -81,7 +81,7 @@ async def rejoin_round(maddrs: list[str], _dht: Any, node: Any) -> int:
 
 @pytest.mark.timeout(120)
 def test_a_round_in_a_whole_swarm_contacts_nobody(alone: list[hivemind.DHT]) -> None:
-    first, second = alone
+    first, _ = alone
     maddrs = [str(m) for peer in alone for m in peer.get_visible_maddrs()]
     assert first.run_coroutine(functools.partial(rejoin_round, maddrs)) == 1  # it met the other peer
     assert first.run_coroutine(functools.partial(rejoin_round, maddrs)) == 0  # known now: nothing to do

@@ -68,7 +68,7 @@ def main(config_path: str, out_path: str) -> None:
     out, stop = Path(out_path), Path(config["stop_file"])
     options = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     try:
-        dht = start_swarm_dht_retrying(config["initial_peers"], options, authorizer_for(config), lambda: [])
+        dht = start_swarm_dht_retrying(config["initial_peers"], options, authorizer_for(config), list)
     except RuntimeError as exc:
         write(out, {"joined": False, "error": str(exc)})
         return

@@ -42,7 +42,7 @@ def cli(
 
     ``token`` defaults to the admin token; pass ``token=""`` for none.
     """
-    full_env: dict[str, str | None] = {key: None for key in SCRUBBED_ENV}
+    full_env: dict[str, str | None] = dict.fromkeys(SCRUBBED_ENV)
     full_env["SPOTSWARM_CONFIG"] = os.devnull + ".absent.toml"
     if orch is not None or url is not None:
         full_env["SPOTSWARM_URL"] = url or (orch.url if orch else None)

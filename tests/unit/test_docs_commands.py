@@ -4,6 +4,7 @@ or listed with the reason it cannot run here (``tests/support/docs_commands.py``
 from __future__ import annotations
 
 import re
+import shlex
 
 from tests.support.docs_commands import (
     NOT_RUN_HERE,
@@ -45,7 +46,7 @@ def test_the_tests_named_for_documented_commands_exist() -> None:
 
 
 def test_placeholders_are_filled_in_one_way() -> None:
-    argv = "runs resume NAME [--target-epochs N | --target-samples N] --reason [x]".split()
+    argv = shlex.split("runs resume NAME [--target-epochs N | --target-samples N] --reason [x]")
     filled = substitute(argv, {"NAME": "r1", "N": "3"})
     assert filled == ["runs", "resume", "r1", "--target-epochs", "3", "--reason", "x"]
     assert substitute(["--opt", "a=[1]", "[--json]", "..."], {}) == ["--opt", "a=[1]", "--json"]

@@ -102,7 +102,7 @@ def test_links_inside_the_tree_travel_and_links_leaving_it_are_refused(tmp_path:
 
     (tmp_path / "outside.txt").write_text("secret")
     (root / "escape").symlink_to(tmp_path / "outside.txt")
-    with pytest.raises(PackagingError, match="escape links to .*outside the workdir"):
+    with pytest.raises(PackagingError, match=r"escape links to .*outside the workdir"):
         pack(root, mkdir(tmp_path / "out2"), LIMIT)
 
 

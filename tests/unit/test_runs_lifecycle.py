@@ -192,7 +192,7 @@ def test_launch_token_registers_once_reissued_token_replaces_it(db: Database) ->
 @pytest.mark.timeout(30)
 def test_registration_is_refused_for_bad_tokens_foreign_requests_and_stopped_runs(db: Database) -> None:
     name_a, token_a = new_run(db)
-    name_b, token_b = new_run(db)
+    name_b, _ = new_run(db)
     with db.begin() as session:
         intent_a = workers.create_launch_intent(session, runs.get_run(session, name_a), T0)
         request_b = workers.create_launch_intent(session, runs.get_run(session, name_b), T0).worker.request_id

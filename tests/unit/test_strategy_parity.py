@@ -92,7 +92,9 @@ def test_optimizer_keywords_reach_the_optimizer_and_a_keyword_both_take_goes_the
 
 
 def test_a_keyword_neither_takes_is_refused_with_the_closest_one_before_anything_starts() -> None:
-    with pytest.raises(HivemindStrategyError, match="unknown keyword 'use_rellay'.*did you mean 'use_relay'"):
+    with pytest.raises(
+        HivemindStrategyError, match=r"unknown keyword 'use_rellay'.*did you mean 'use_relay'"
+    ):
         HivemindStrategy(target_batch_size=64, use_rellay=True)
     with pytest.raises(HivemindStrategyError, match="did you mean 'grad_compression'"):
         HivemindStrategy(target_batch_size=64, grad_compresion=None)
@@ -145,7 +147,7 @@ def test_a_runs_own_strategy_options_win_over_the_run_defaults(tmp_path: Path) -
 def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_construction() -> None:
     # hivemind would fail every worker's training at the first scheduled round with an AssertionError
     with pytest.raises(
-        HivemindStrategyError, match="averaging_timeout .* must be longer than matchmaking_time"
+        HivemindStrategyError, match=r"averaging_timeout .* must be longer than matchmaking_time"
     ):
         HivemindStrategy(target_batch_size=64, matchmaking_time=1.0, averaging_timeout=0.5)
     problem = strategy_option_problem({"matchmaking_time": 5.0, "averaging_timeout": 2.0})

@@ -38,5 +38,5 @@ def test_wait_returns_once_another_thread_writes_the_file(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(30)
 def test_wait_for_a_file_that_never_comes_times_out_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(TimeoutError, match="never.txt did not appear within 0.2 s"):
+    with pytest.raises(TimeoutError, match=r"never\.txt did not appear within 0\.2 s"):
         wait_for_file(tmp_path / "never.txt", timeout_s=0.2)
