@@ -163,7 +163,7 @@ class Reconciler:
         self._expire_manual_workers(session, run, now)
         rows = list(runs.live_workers(session, run.id, manual=False))
         plan = plan_run(
-            self._run_view(session, run, now),
+            self._run_view(run),
             [_worker_view(w, self.started_at) for w in rows],
             {
                 rid: InstanceView(rid, inst.alive)
@@ -197,7 +197,7 @@ class Reconciler:
             reason = f"no heartbeat for {self.settings.heartbeat_timeout_s:.0f} s"
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
-    def _run_view(self, session: Session, run: Run, now: datetime) -> RunView:
+    def _run_view(self, run: Run) -> RunView:
         return RunView(
             name=run.name,
             state=run.state,
