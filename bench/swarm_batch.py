@@ -200,6 +200,47 @@ def summary(results: list[dict[str, Any]], target: int, seconds: float) -> dict[
     }
 
 
+def table(lines: list[tuple[str, int, dict[str, Any]]]) -> str:
+    """The trials of each variant and swarm size pooled: the batch ratio over all their epochs, the
+    spread of single epochs (10th, 50th, 90th percentile), the averaged share and the time in rounds."""
+    pooled: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for tracker, peers, result in lines:
+        pooled.setdefault((peers, tracker), []).append(result)
+    rows = [
+        "| peers | variant | trials | swarm epochs | batch ratio | single epochs p10 / p50 / p90 "
+        "| averaged | time in rounds |",
+        "| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for (peers, tracker), results in sorted(pooled.items()):
+        epochs = sum(r["epochs"] for r in results)
+        ratio = sum(r["batch_ratio"] * r["epochs"] for r in results) / epochs if epochs else float("nan")
+        singles = sorted(x for r in results for x in r["epoch_ratios"])
+        spread = (
+            " / ".join(f"{singles[int(q * (len(singles) - 1))]:.2f}" for q in (0.1, 0.5, 0.9))
+            if singles
+            else ""
+        )
+        averaged = sum(r["outcomes"].get("averaged", 0) for r in results)
+        counted = sum(v for r in results for k, v in r["outcomes"].items() if k != "group_size_sum")
+        share = sum(r["round_share"] or 0 for r in results) / len(results)
+        rows.append(
+            f"| {peers} | {tracker} | {len(results)} | {epochs} | {ratio:.2f} | {spread} "
+            f"| {averaged / counted if counted else float('nan'):.0%} | {share:.0%} |"
+        )
+    return "\n".join(rows)
+
+
+def parse_log(path: Path) -> list[tuple[str, int, dict[str, Any]]]:
+    """The per-trial lines of an earlier run's output."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line.startswith("tracker="):
+            head, _, payload = line.partition(" {")
+            fields = dict(part.split("=") for part in head.split())
+            lines.append((fields["tracker"], int(fields["peers"]), json.loads("{" + payload)))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peers", default="2,4", help="comma-separated swarm sizes")
@@ -215,10 +256,15 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--trace", action="store_true", help="log each epoch transition's cause")
     parser.add_argument("--logs", type=Path, help="keep the peers' logs and results in this folder")
+    parser.add_argument("--table-from", type=Path, help="print the table of an earlier run's output and exit")
     args = parser.parse_args()
+    if args.table_from:
+        print(table(parse_log(args.table_from)))
+        return
     sizes = [int(p) for p in args.peers.split(",")]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     print(f"commit {commit.strip()}, load {os.getloadavg()[0]:.1f}, {vars(args)}", flush=True)
+    lines: list[tuple[str, int, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="spotswarm-batch-") as tmp:
         workdir = args.logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +274,9 @@ def main() -> None:
                     outcome = trial(args, peers, tracker, index, workdir)
                     result = summary(outcome, args.target_batch_size, args.seconds)
                     print(f"tracker={tracker} peers={peers} trial={index} {json.dumps(result)}", flush=True)
+                    lines.append((tracker, peers, result))
     print(f"load at the end {os.getloadavg()[0]:.1f}")
+    print(table(lines))
 
 
 if __name__ == "__main__":
