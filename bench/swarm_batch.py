@@ -207,8 +207,10 @@ def table(lines: list[tuple[str, int, dict[str, Any]]]) -> str:
     for tracker, peers, result in lines:
         pooled.setdefault((peers, tracker), []).append(result)
     rows = [
-        "| peers | variant | trials | swarm epochs | batch ratio | single epochs p10 / p50 / p90 "
-        "| averaged | time in rounds |",
+        (
+            "| peers | variant | trials | swarm epochs | batch ratio | single epochs p10 / p50 / p90 "
+            "| averaged | time in rounds |"
+        ),
         "| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for (peers, tracker), results in sorted(pooled.items()):
