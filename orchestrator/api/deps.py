@@ -29,7 +29,7 @@ nothing about what a valid body looks like.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 from fastapi import Path as PathParam
@@ -76,80 +76,41 @@ async def get_ctx(request: Request) -> AppContext:
 _Ctx = Annotated[AppContext, Depends(get_ctx)]
 
 
-async def get_settings(ctx: _Ctx) -> Settings:
-    return ctx.settings
+def _part(attribute: str, *, call: bool = False) -> Callable[[AppContext], Any]:
+    """A dependency that gives one part of the app context: one function per part, so a route names
+    only what it uses and a test can override that part alone (``app.dependency_overrides``)."""
+
+    async def part(ctx: _Ctx) -> Any:
+        value = getattr(ctx, attribute)
+        return value() if call else value
+
+    part.__name__ = part.__qualname__ = f"get_{attribute}"
+    return part
 
 
-async def get_database(ctx: _Ctx) -> Database:
-    return ctx.db
+get_settings = _part("settings")
+get_database = _part("db")
+get_clock = _part("clock")
+get_hub = _part("hub")
+get_heartbeat_writer = _part("heartbeat_writer")
+get_store = _part("store")
+get_swarm = _part("swarm")
+get_dht = _part("dht")
+get_own_peers = _part("orchestrator_peers", call=True)  # announce addresses first
+get_swarm_reader = _part("read_swarm_now")  # blocking: call it off the event loop
+get_imports = _part("imports")
+get_launchers = _part("launchers")
+get_admission = _part("swarm_admission")
+get_join_limiter = _part("join_limiter")
+get_uploads = _part("uploads")
+get_crash_policy = _part("crash_policy")
+get_admin_token_hash = _part("admin_token_hash")
 
 
 def read_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
     """A read-only session, closed when the route returns (before the answer is sent)."""
     with db.read() as session:
         yield session
-
-
-async def get_clock(ctx: _Ctx) -> Clock:
-    return ctx.clock
-
-
-async def get_hub(ctx: _Ctx) -> HeartbeatHub:
-    return ctx.hub
-
-
-async def get_heartbeat_writer(ctx: _Ctx) -> HeartbeatWriter:
-    return ctx.heartbeat_writer
-
-
-async def get_store(ctx: _Ctx) -> CheckpointStore:
-    return ctx.store
-
-
-async def get_swarm(ctx: _Ctx) -> SwarmProgressCache:
-    return ctx.swarm
-
-
-async def get_dht(ctx: _Ctx) -> DHTPeer:
-    return ctx.dht
-
-
-async def get_own_peers(ctx: _Ctx) -> list[str]:
-    """The orchestrator's DHT multiaddrs as workers get them (announce addresses first)."""
-    return ctx.orchestrator_peers()
-
-
-async def get_swarm_reader(ctx: _Ctx) -> Callable[[int], None]:
-    """Reads one run's swarm progress from the DHT now (blocking: call it off the event loop)."""
-    return ctx.read_swarm_now
-
-
-async def get_imports(ctx: _Ctx) -> ImportChecker | None:
-    return ctx.imports
-
-
-async def get_launchers(ctx: _Ctx) -> Mapping[str, Launcher]:
-    return ctx.launchers
-
-
-async def get_admission(ctx: _Ctx) -> SwarmAdmission | None:
-    return ctx.swarm_admission
-
-
-async def get_join_limiter(ctx: _Ctx) -> RateLimiter | None:
-    return ctx.join_limiter
-
-
-async def get_uploads(ctx: _Ctx) -> UploadSlots:
-    return ctx.uploads
-
-
-async def get_crash_policy(ctx: _Ctx) -> CrashPolicy:
-    return ctx.crash_policy
-
-
-async def get_admin_token_hash(ctx: _Ctx) -> str:
-    return ctx.admin_token_hash
 
 
 async def get_metrics(request: Request) -> ServiceMetrics:

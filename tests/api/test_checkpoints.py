@@ -4,7 +4,6 @@ with the run's tokens. The app in-process, on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,22 +12,17 @@ import pytest
 from tests.api.conftest import BOTH_BACKENDS
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
-from tests.support.specs import run_spec
+from tests.support.specs import create_run
 from tests.support.workers import become_checkpointer, heartbeat, register
 from worker.wire import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
-_names = itertools.count()
 CHECKPOINT_MAX_BYTES = 256 * 1024
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES)}
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
-    name = f"w-{next(_names)}"
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
-    assert response.status_code == 201, response.text
-    return name, response.json()["join_token"]
+    return create_run(orch, "w", **overrides)
 
 
 def upload(

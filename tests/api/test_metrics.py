@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.output import parse_time
-from tests.api.operability import (
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.operability import (
     OPERABILITY_ENV,
     admin_get,
     create,
@@ -19,7 +20,6 @@ from tests.api.operability import (
     scrape_until,
     value,
 )
-from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer
 from worker.wire import DeregisterReason

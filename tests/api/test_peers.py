@@ -10,8 +10,8 @@ from typing import Any
 import base58
 import pytest
 
-from tests.api.operability import OPERABILITY_ENV, admin_get, create, join
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.operability import OPERABILITY_ENV, admin_get, create, join
 from tests.support.waiting import wait_until
 from worker.wire import DeregisterReason
 

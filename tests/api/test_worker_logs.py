@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.operability import (
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.operability import (
     OPERABILITY_ENV,
     admin_get,
     create,
@@ -14,7 +15,6 @@ from tests.api.operability import (
     launch_intent,
     local_worker_with_log,
 )
-from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 
 ORCHESTRATOR_ENV = OPERABILITY_ENV
 

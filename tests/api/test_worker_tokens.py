@@ -10,7 +10,6 @@ worker's token or a launch token alive, and the join token's rotation.
 from __future__ import annotations
 
 import hashlib
-import itertools
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from orchestrator.domain import runs, workers
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
-from tests.support.specs import run_spec
+from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
 from worker.agent.boot import register as agent_register
@@ -30,17 +29,12 @@ from worker.agent.client import OrchestratorClient
 from worker.agent.config import AgentSettings
 from worker.wire import CHECKSUM_HEADER
 
-_names = itertools.count()
 JOIN_BURST = 6
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_JOIN_BURST": str(JOIN_BURST), "SPOTSWARM_JOIN_RATE_PER_S": "0.2"}
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
-    name = f"tl-{next(_names)}"
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
-    assert response.status_code == 201, response.text
-    return name, response.json()["join_token"]
+    return create_run(orch, "tl", **overrides)
 
 
 def post_register(orch: Orchestrator, token: str, **body: Any) -> Any:

@@ -17,13 +17,12 @@ from orchestrator.domain import runs, workers
 from tests.api.conftest import BOTH_BACKENDS
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
-from tests.support.specs import run_spec
+from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, register, swarm_token_peer_id
 from worker.wire import NEWER_SPEC_FIELDS, RunSpec, StrictModel
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
-_names = itertools.count()
 CHECKPOINT_MAX_BYTES = 256 * 1024
 ANNOUNCED = "/ip4/203.0.113.7/tcp/31330/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
 ORCHESTRATOR_ENV = {
@@ -36,11 +35,7 @@ ORCHESTRATOR_ENV = {
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
-    name = f"w-{next(_names)}"
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
-    assert response.status_code == 201, response.text
-    return name, response.json()["join_token"]
+    return create_run(orch, "w", **overrides)
 
 
 def get_run(orch: Orchestrator, name: str) -> dict[str, Any]:

@@ -4,89 +4,24 @@ server's output. (Metrics, peer lists and the log API: tests/api/, on the app in
 
 from __future__ import annotations
 
-import itertools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.clock import utc_now
-from orchestrator.db.session import Database
-from orchestrator.domain import runs, workers
 from tests.support.cli import cli
+from tests.support.operability import admin_get, create, join, local_worker_with_log
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
-from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.agent.client import OrchestratorClient
-from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
+from worker.wire import DeregisterReason
 
-_names = itertools.count()
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_LOG_FORMAT": "json"}
 JSON_FIELDS = {"timestamp", "level", "logger", "run", "worker", "event", "message"}
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-
-
-def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
-    name = f"ops-{next(_names)}"
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
-    assert response.status_code == 201, response.text
-    return name, response.json()["join_token"]
-
-
-def launch_intent(orch: Orchestrator, name: str, details: dict[str, Any] | None = None) -> tuple[str, str]:
-    """A ``launching`` row of the run's launcher (local), as the reconcile loop writes it: its request id
-    and launch token."""
-    database = Database(f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
-    try:
-        with database.begin() as session:
-            intent = workers.create_launch_intent(session, runs.get_run(session, name), utc_now(), details)
-            return intent.worker.request_id, intent.token
-    finally:
-        database.close()
-
-
-@dataclass
-class Joined:
-    """A worker joined through the real API that reports what a test tells it to."""
-
-    client: OrchestratorClient
-    worker_id: str
-
-    def beat(self, **numbers: Any) -> None:
-        self.client.heartbeat(self.worker_id, Heartbeat(**numbers))
-
-    def leave(self, reason: DeregisterReason, message: str | None = None) -> None:
-        self.client.deregister(self.worker_id, reason, message)
-
-
-def join(orch: Orchestrator, token: str, request_id: str | None = None) -> Joined:
-    client = OrchestratorClient(orch.url, retries=1, backoff_s=0.1)
-    registered = client.register(token, WorkerRegister(request_id=request_id, hostname="ops-box"))
-    client.token = registered.worker_token
-    return Joined(client, registered.worker_id)
-
-
-def local_worker_with_log(orch: Orchestrator, name: str, text: str) -> tuple[Joined, Path]:
-    """A worker of the local launcher (joined with its launch token) and its log, holding ``text``."""
-    request_id, launch_token = launch_intent(orch, name)
-    worker = join(orch, launch_token, request_id)
-    log = orch.data_dir / "workers" / f"{request_id}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(text)
-    return worker, log
-
-
-def admin_get(orch: Orchestrator, path: str, **params: Any) -> Any:
-    with orch.admin() as http:
-        response = http.get(path, params=params)
-    response.raise_for_status()
-    return response.json()
 
 
 # -- worker logs through the CLI ---------------------------------------------------------------------------

@@ -40,9 +40,8 @@ from fastapi import FastAPI
 
 from orchestrator.app import create_app
 from orchestrator.config import ENV_PREFIX, Settings
-from orchestrator.db.session import Database
 from tests.support.null_dht import null_dht
-from tests.support.orchestrator import TEST_ENV
+from tests.support.orchestrator import TEST_ENV, ApiServer
 
 BASE_URL = "http://testserver"
 LIFESPAN_TIMEOUT_S = 60.0  # start-up migrates the database; shut-down writes the last heartbeats
@@ -101,7 +100,7 @@ class PortalTransport(httpx.BaseTransport):
 
 
 @dataclass
-class InProcessOrchestrator:
+class InProcessOrchestrator(ApiServer):
     """A running app in this process: its settings, admin token and clients (as the subprocess fixture's
     :class:`~tests.support.orchestrator.Orchestrator` offers them)."""
 
@@ -119,31 +118,8 @@ class InProcessOrchestrator:
     def db_url(self) -> str | None:
         return self.settings.database_url
 
-    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client:
-        """An HTTP client on the app, sending ``token`` as bearer token when given."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(
-            transport=self.transport, base_url=self.url, headers=headers, timeout=timeout_s, **kwargs
-        )
-
-    def admin(self) -> httpx.Client:
-        return self.client(self.admin_token)
-
-    def peers(self) -> list[str]:
-        """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
-        with self.client() as http:
-            response = http.get("/api/v1/peers")
-            response.raise_for_status()
-            return list(response.json()["orchestrator_peers"])
-
-    @contextmanager
-    def database(self) -> Iterator[Database]:
-        """The app's database, opened beside it (to write what a launcher or a past version wrote)."""
-        db = Database(self.settings.resolved_database_url())
-        try:
-            yield db
-        finally:
-            db.close()
+    def database_url(self) -> str:
+        return self.settings.resolved_database_url()
 
 
 @asynccontextmanager

@@ -20,13 +20,15 @@ The ``processes`` registry kills the server (and its DHT daemon) when the test e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from orchestrator.db.session import Database
 from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.waiting import wait_until
@@ -60,15 +62,43 @@ LOOP_ENV: dict[str, str] = {
 }
 
 
-class ApiServer(Protocol):
-    """What API helpers need of an orchestrator, in a subprocess (:class:`Orchestrator`) or in this
-    process (:class:`~tests.support.inprocess.InProcessOrchestrator`)."""
+class ApiServer:
+    """What an orchestrator handle offers the tests, in a subprocess (:class:`Orchestrator`) or in this
+    process (:class:`~tests.support.inprocess.InProcessOrchestrator`): clients on its API and its
+    database, opened beside it (to write what a launcher or a past version wrote)."""
 
+    url: str
     admin_token: str
+    transport: httpx.BaseTransport | None
 
-    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client: ...
+    def database_url(self) -> str:
+        raise NotImplementedError
 
-    def admin(self) -> httpx.Client: ...
+    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client:
+        """An HTTP client on the orchestrator, sending ``token`` as bearer token when given."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(
+            transport=self.transport, base_url=self.url, headers=headers, timeout=timeout_s, **kwargs
+        )
+
+    def admin(self) -> httpx.Client:
+        """An HTTP client with the admin token."""
+        return self.client(self.admin_token)
+
+    def peers(self) -> list[str]:
+        """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
+        with self.client() as http:
+            response = http.get("/api/v1/peers")
+            response.raise_for_status()
+            return list(response.json()["orchestrator_peers"])
+
+    @contextmanager
+    def database(self) -> Iterator[Database]:
+        db = Database(self.database_url())
+        try:
+            yield db
+        finally:
+            db.close()
 
 
 # The fuzzer's server: hand-joined workers, no import checks (generated import paths would all fail them
@@ -82,7 +112,7 @@ FUZZ_ENV: dict[str, str] = {
 
 
 @dataclass
-class Orchestrator:
+class Orchestrator(ApiServer):
     """A running `spotswarm serve`: where it listens, its admin token and its process."""
 
     url: str
@@ -92,22 +122,10 @@ class Orchestrator:
     port: int
     dht_port: int
     db_url: str | None
+    transport: httpx.BaseTransport | None = None  # over the network
 
-    def client(self, token: str | None = None, timeout_s: float = 30.0, **kwargs: Any) -> httpx.Client:
-        """An HTTP client on the orchestrator, sending ``token`` as bearer token when given."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s, **kwargs)
-
-    def admin(self) -> httpx.Client:
-        """An HTTP client with the admin token."""
-        return self.client(self.admin_token)
-
-    def peers(self) -> list[str]:
-        """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
-        with self.client() as http:
-            response = http.get("/api/v1/peers")
-            response.raise_for_status()
-            return list(response.json()["orchestrator_peers"])
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / 'spotswarm.db'}"
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """Graceful stop (SIGTERM to the group, SIGKILL after ``timeout_s``); returns the exit code."""
@@ -165,22 +183,6 @@ def start_orchestrator(
         raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
-
-
-def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
-    """A valid run spec (tiny classes from tests/support/models.py) with ``overrides``."""
-    spec: dict[str, Any] = {
-        "name": name,
-        "module": "tests.support.models:TinyModule",
-        "datamodule": "tests.support.models:TinyDataModule",
-        "target_batch_size": 64,
-        "batch_size": 8,
-        "min_workers": 0,
-        "max_workers": 4,
-        "desired_workers": 1,
-    }
-    spec.update(overrides)
-    return spec
 
 
 class OrchestratorFactory(Protocol):

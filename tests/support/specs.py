@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.support.orchestrator import ApiServer
+
+_names = itertools.count()
 
 
 def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
@@ -19,3 +25,13 @@ def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
     }
     spec.update(overrides)
     return spec
+
+
+def create_run(orch: ApiServer, prefix: str = "run", **overrides: Any) -> tuple[str, str]:
+    """Create a run named ``<prefix>-<n>`` (unique in this test process) through the API, as the admin;
+    its name and join token."""
+    name = f"{prefix}-{next(_names)}"
+    with orch.admin() as http:
+        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+    assert response.status_code == 201, response.text
+    return name, response.json()["join_token"]

@@ -1,10 +1,9 @@
-"""Helpers of the operability tests on the app in-process (metrics, peer lists, worker logs): runs,
-launch intents written as the reconcile loop writes them, workers joined through the agent's own client,
-and scrapes of /metrics."""
+"""Helpers of the operability tests (metrics, peer lists, worker logs), on the app in-process or on a
+real `spotswarm serve`: runs, launch intents written as the reconcile loop writes them, workers joined
+through the agent's own client, and scrapes of /metrics."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,38 +12,28 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.clock import utc_now
-from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
-from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
-from tests.support.specs import run_spec
+from tests.support.orchestrator import ApiServer as Orchestrator
+from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from worker.agent.client import OrchestratorClient
 from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
 
-_names = itertools.count()
 # Reads need the admin token here (the rule /metrics and the peer lists follow too).
 OPERABILITY_ENV = {**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false"}
 
 
 def create(orch: Orchestrator, **overrides: Any) -> tuple[str, str]:
-    name = f"ops-{next(_names)}"
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
-    assert response.status_code == 201, response.text
-    return name, response.json()["join_token"]
+    return create_run(orch, "ops", **overrides)
 
 
 def launch_intent(orch: Orchestrator, name: str, details: dict[str, Any] | None = None) -> tuple[str, str]:
     """A ``launching`` row of the run's launcher (local), as the reconcile loop writes it: its request id
     and launch token."""
-    database = Database(orch.settings.resolved_database_url())
-    try:
-        with database.begin() as session:
-            intent = workers.create_launch_intent(session, runs.get_run(session, name), utc_now(), details)
-            return intent.worker.request_id, intent.token
-    finally:
-        database.close()
+    with orch.database() as database, database.begin() as session:
+        intent = workers.create_launch_intent(session, runs.get_run(session, name), utc_now(), details)
+        return intent.worker.request_id, intent.token
 
 
 @dataclass
