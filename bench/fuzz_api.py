@@ -1,16 +1,7 @@
 """Fuzz the orchestrator's REST API from its own OpenAPI schema (schemathesis cases, driven by hypothesis).
 
-Every operation of ``/openapi.json`` gets generated requests, valid and invalid, sent by a mix of callers
-(no token, garbage, the admin token, two runs' join tokens, three workers' tokens) against a small world of
-real runs, workers and a checkpoint. Each answer must:
-
-- not be a server error (5xx), and match the schema: documented status, content type, body schema;
-- grant nothing to the wrong caller: admin calls need the admin token, worker calls that worker's token,
-  downloads a token of the run, and with ``--no-public-reads`` every read the admin token (a run's peers
-  also a token of that run); 401/403 answers carry only ``{"detail": "..."}``;
-- never contain a token (or token digest) the caller did not already hold.
-
-The harness is tests/support/fuzz.py; the test suite runs it in miniature (tests/api/test_fuzz.py). Usage::
+What each answer must hold is written in the harness, tests/support/fuzz.py; the test suite runs it in
+miniature (tests/api/test_fuzz.py). Usage::
 
     python bench/fuzz_api.py --examples 300                  # own orchestrator on SQLite, private reads
     python bench/fuzz_api.py --examples 300 --postgres       # own throwaway PostgreSQL

@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.runs import RunReader
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -51,26 +52,16 @@ def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orc
     return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
 
 
-class Api:
+class Api(RunReader):
     def __init__(self, orch: Orchestrator) -> None:
-        self.orch = orch
+        super().__init__(orch, RUN)
 
-    def get(self, path: str) -> Any:
-        with self.orch.client(timeout_s=15) as http:
-            response = http.get(f"/api/v1/runs/{RUN}{path}")
-            response.raise_for_status()
-            return response.json()
-
-    def admin_post(self, path: str) -> None:
-        with self.orch.admin() as http:
-            http.post(f"/api/v1/runs/{RUN}{path}", json={}, timeout=60).raise_for_status()
-
-    def workers(self) -> dict[str, dict[str, Any]]:
+    def by_handle(self) -> dict[str, dict[str, Any]]:
         """Workers by hostname-independent key: the agent's process group id (its launcher handle)."""
         return {w["launcher_handle"]: w for w in self.get("/workers")["items"]}
 
     def worker_of(self, agent: ManagedProcess) -> dict[str, Any] | None:
-        return self.workers().get(str(agent.pid))
+        return self.by_handle().get(str(agent.pid))
 
 
 def alive(*agents: ManagedProcess) -> None:
@@ -101,7 +92,7 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
         return all(w and w["state"] == "running" and w["samples"] > 0 and w["loss"] for w in mine)
 
     wait_until(both_train, BOOT_S, interval_s=1, message="both agents register and report progress")
-    start_loss = max(w["loss"] for w in api.workers().values())
+    start_loss = max(w["loss"] for w in api.by_handle().values())
     start_epoch = api.get("")["reported"]["swarm_epoch"]
 
     def trained() -> bool:
@@ -116,7 +107,7 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
     wait_until(trained, 150, interval_s=1, message="epoch rises, loss falls, a checkpoint is uploaded")
     # a peer's count drops for a moment when the other's record expires while it waits out a round
     wait_until(
-        lambda: all(w["num_peers"] >= 2 for w in api.workers().values()),
+        lambda: all(w["num_peers"] >= 2 for w in api.by_handle().values()),
         60,
         interval_s=1,
         message="the agents trained together (each counts two peers)",

@@ -50,14 +50,19 @@ class RunReader:
         self.orch = orch
         self.name = name
 
-    def _get(self, path: str) -> Any:
+    def get(self, path: str) -> Any:
+        """``GET /api/v1/runs/<name><path>``, its JSON."""
         with self.orch.client(timeout_s=15) as http:
             response = http.get(f"/api/v1/runs/{self.name}{path}")
             response.raise_for_status()
             return response.json()
 
     def run(self) -> dict[str, Any]:
-        return self._get("")  # type: ignore[no-any-return]
+        return self.get("")  # type: ignore[no-any-return]
+
+    def admin_post(self, path: str) -> None:
+        with self.orch.admin() as http:
+            http.post(f"/api/v1/runs/{self.name}{path}", json={}, timeout=60).raise_for_status()
 
     def worker_log(self, worker_id: str | int) -> str:
         """The tail of a worker's log (an admin read, as `spotswarm runs logs NAME --worker ID` does)."""
@@ -67,16 +72,16 @@ class RunReader:
             return str(response.json()["text"])
 
     def workers(self) -> list[dict[str, Any]]:
-        return list(self._get("/workers?limit=500")["items"])
+        return list(self.get("/workers?limit=500")["items"])
 
     def running(self) -> list[dict[str, Any]]:
         return [w for w in self.workers() if w["state"] == "running" and w["registered_at"]]
 
     def events(self) -> list[dict[str, Any]]:
-        return list(self._get("/events?limit=1000")["items"])
+        return list(self.get("/events?limit=1000")["items"])
 
     def checkpoints(self) -> list[dict[str, Any]]:
-        return list(self._get("/checkpoints")["items"])
+        return list(self.get("/checkpoints")["items"])
 
     def epoch(self) -> int:
         return int(self.run()["reported"]["swarm_epoch"])
