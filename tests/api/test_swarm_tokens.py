@@ -6,41 +6,19 @@ an opted-out run is listed as open. The app in-process (its DHT peer, a null one
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
-from tests.support.specs import run_spec
+from tests.support.specs import post_run, run_spec
 from tests.support.waiting import wait_until
+from tests.support.workers import ask_token, new_public_key, register
 from worker.admission.tokens import TokenFields, TokenVerifier, openssh_public_key, peer_id_of
 
 TOKEN_TTL_S = 90
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S)}
-
-
-def create_run(orch: Orchestrator, spec: dict[str, Any]) -> dict[str, Any]:
-    with orch.admin() as http:
-        return dict(http.post("/api/v1/runs", json=spec).raise_for_status().json())
-
-
-def register(orch: Orchestrator, join_token: str, hostname: str = "probe") -> dict[str, Any]:
-    with orch.client(join_token) as http:
-        return dict(
-            http.post("/api/v1/workers/register", json={"hostname": hostname}).raise_for_status().json()
-        )
-
-
-def new_public_key() -> str:
-    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
-
-
-def ask_token(orch: Orchestrator, worker_id: str, token: str | None, public_key: str) -> httpx.Response:
-    with orch.client(token) as http:
-        return http.post(f"/api/v1/workers/{worker_id}/swarm-token", json={"public_key": public_key})
 
 
 @pytest.mark.timeout(60)
@@ -48,7 +26,7 @@ def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(orch: 
     with orch.client() as http:
         info = http.get("/api/v1/swarm-auth").raise_for_status().json()
     assert info["enabled"] and info["authority_public_key"].startswith("ssh-rsa ")
-    run = create_run(orch, run_spec("adm-api"))
+    run = post_run(orch, run_spec("adm-api"))
     worker, other = register(orch, run["join_token"]), register(orch, run["join_token"])
     key = new_public_key()
 
@@ -75,7 +53,7 @@ def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(orch: 
         ).raise_for_status()
     assert ask_token(orch, worker["worker_id"], worker["worker_token"], key).status_code == 409
 
-    opted_out = create_run(orch, run_spec("adm-open", strategy_options={"swarm_admission": False}))
+    opted_out = post_run(orch, run_spec("adm-open", strategy_options={"swarm_admission": False}))
     member = register(orch, opted_out["join_token"])
     refused = ask_token(orch, member["worker_id"], member["worker_token"], key)
     assert refused.status_code == 409 and "swarm_admission is false" in refused.json()["detail"]

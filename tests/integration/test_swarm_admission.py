@@ -19,16 +19,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.orchestrator import HAND_ONLY, NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
-from tests.support.specs import run_spec
+from tests.support.specs import post_run, run_spec
 from tests.support.waiting import BOOT_S, wait_until
+from tests.support.workers import register
 from worker.admission.tokens import (
-    openssh_public_key,
     parse_expiration,
 )
 
@@ -55,27 +53,6 @@ DIGITS = {
 # no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life) while
 # the tests run, from their DHT processes
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S)}
-
-
-def create_run(orch: Orchestrator, spec: dict[str, Any]) -> dict[str, Any]:
-    with orch.admin() as http:
-        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())
-
-
-def register(orch: Orchestrator, join_token: str, hostname: str = "probe") -> dict[str, Any]:
-    with orch.client(join_token) as http:
-        return dict(
-            http.post("/api/v1/workers/register", json={"hostname": hostname}).raise_for_status().json()
-        )
-
-
-def new_public_key() -> str:
-    return openssh_public_key(rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key())
-
-
-def ask_token(orch: Orchestrator, worker_id: str, token: str | None, public_key: str) -> httpx.Response:
-    with orch.client(token) as http:
-        return http.post(f"/api/v1/workers/{worker_id}/swarm-token", json={"public_key": public_key})
 
 
 def start_agent(
@@ -108,9 +85,9 @@ def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
 def test_only_admitted_peers_join_the_runs_swarm(
     orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    run = create_run(orch, {"name": "adm-swarm", **DIGITS})
-    other_run = create_run(orch, run_spec("adm-other"))
-    open_run = create_run(orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
+    run = post_run(orch, {"name": "adm-swarm", **DIGITS})
+    other_run = post_run(orch, run_spec("adm-other"))
+    open_run = post_run(orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
     agents = [start_agent(processes, tmp_path, n, orch, run["join_token"]) for n in ("first", "second")]
     config_path, out_path = tmp_path / "probe.json", tmp_path / "probe-out.json"
     probe = processes.start(  # imports now, runs once the config file appears

@@ -35,3 +35,9 @@ def create_run(orch: ApiServer, prefix: str = "run", **overrides: Any) -> tuple[
         response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return name, response.json()["join_token"]
+
+
+def post_run(orch: ApiServer, spec: dict[str, Any]) -> dict[str, Any]:
+    """Create the run ``spec`` describes, as the admin; the API's reply (with its join token)."""
+    with orch.admin() as http:
+        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.support.orchestrator import ApiServer
@@ -20,6 +21,12 @@ def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:
         response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
     assert response.status_code == 200, response.text
     return dict(response.json())
+
+
+def ask_token(orch: ApiServer, worker_id: str, token: str | None, public_key: str) -> httpx.Response:
+    """Ask for a swarm token for ``worker_id``'s peer with ``token``; the answer as it is."""
+    with orch.client(token) as http:
+        return http.post(f"/api/v1/workers/{worker_id}/swarm-token", json={"public_key": public_key})
 
 
 def heartbeat(orch: ApiServer, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
