@@ -3,12 +3,16 @@
 - ``processes.py``: subprocesses in their own process group, always killed; what outlives a stop.
 - ``waiting.py``: ``wait_until`` (a condition with a deadline), ``wait_for_file``, ``BOOT_S``.
 - ``ports.py``: free TCP ports.
-- ``orchestrator.py``: ``spotswarm serve`` as a subprocess, and the settings presets every test starts
+- ``orchestrator.py``: ``spotswarm serve`` as a subprocess, ``ApiServer`` (what both kinds of
+  orchestrator offer a test: API clients, the database), and the settings presets every test starts
   its orchestrator with (``TEST_ENV``, ``NO_RECONCILE``, ``HAND_ONLY``, ``LOOP_ENV``, ``FUZZ_ENV``).
 - ``inprocess.py``: the app in-process (``create_app`` with a null DHT, through httpx's ASGI transport):
   what the API tests (``tests/api/``) run against; ``null_dht.py``: that DHT peer.
-- ``specs.py`` and ``models.py``: a valid run spec, the tiny Lightning classes it names.
-- ``workers.py``: register, heartbeat, become the checkpointer, as a worker does over the API.
+- ``specs.py`` and ``models.py``: a valid run spec (and runs created from it), the tiny Lightning
+  classes it names.
+- ``workers.py``: register, heartbeat, become the checkpointer, ask for a swarm token, as a worker does
+  over the API; ``operability.py``: launch intents, workers joined through the agent's client, scrapes
+  of ``/metrics``.
 - ``cli.py``: the ``spotswarm`` CLI in-process, and workers joined by hand through the agent's client.
 - ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
