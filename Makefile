@@ -7,7 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
-PYTEST_ARGS ?=
+# `make test` runs the tests in TEST_WORKERS processes (pytest-xdist), a module per process at a time: most
+# tests wait on servers, workers and swarms rather than compute. 1 runs them in this process, in order.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # The documentation site: where `make docs-build` writes it (ignored by git), where `make docs` serves it.
 DOCS_SITE ?= site
 DOCS_PORT ?= 8001

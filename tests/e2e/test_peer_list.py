@@ -83,10 +83,19 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     created = admin_post(orch, "/api/v1/runs", spec).json()
     swarm_id = created["swarm_id"]
     reader = RunReader(orch, RUN)
-    wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
-    first, second = sorted(reader.running(), key=lambda w: int(w["id"]))
+
+    def training_with_addresses() -> list[dict[str, Any]] | None:
+        """Both workers running, the swarm past epoch 0, and each worker's addresses reported (a worker
+        sends them with a heartbeat once its DHT is up, which can come after its registration)."""
+        running = reader.running()
+        ready = len(running) == 2 and all(w["peer_maddrs"] for w in running) and reader.epoch() >= 1
+        return running if ready else None
+
+    running = wait_until(
+        training_with_addresses, BOOT_S, message="2 workers train and report their addresses"
+    )
+    first, second = sorted(running, key=lambda w: int(w["id"]))
     second_ids = {peer_id(m) for m in second["peer_maddrs"]}
-    assert second_ids, "the second worker reported its addresses in heartbeats"
     wait_until(
         lambda: second_ids & {peer_id(m) for m in saved_peers(loop_data_dir, first)},
         30,
