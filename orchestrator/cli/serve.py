@@ -166,6 +166,8 @@ def serve(**options: Any) -> None:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it stopped on: exit as a shell expects
         raise SystemExit(EXIT_INTERRUPTED) from None
+    if server.interrupted:  # the same, where SIGINT was ignored when the server started
+        raise SystemExit(EXIT_INTERRUPTED)
     if not server.started:
         raise SystemExit(1)
 

@@ -62,11 +62,21 @@ class StoppingServer(uvicorn.Server):
         self.include_workers = include_workers
         self._deadline_lock = threading.Lock()
         self._deadline: float | None = None
+        self.stopped_by: int | None = None  # the first signal that stopped it
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by Ctrl-C (SIGINT). uvicorn re-raises that signal once it has stopped, but the re-raise
+        does nothing where the server was started with SIGINT ignored (a job started in the background of
+        a script, ``nohup``), so the exit status asks this instead."""
+        return self.stopped_by == signal.SIGINT
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """First SIGTERM/Ctrl-C: graceful stop under the deadline; a second Ctrl-C: force it now."""
         if self.should_exit and sig == signal.SIGINT:
             self.exit_now("a second Ctrl-C", EXIT_INTERRUPTED)
+        if self.stopped_by is None:
+            self.stopped_by = sig
         self.arm_deadline(self.shutdown_grace_s)
         super().handle_exit(sig, frame)
 
