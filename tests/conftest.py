@@ -80,20 +80,6 @@ def orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFacto
     return orchestrator_factory(getattr(request.module, "ORCHESTRATOR_ENV", HAND_ONLY))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: the modules that train swarms through servers and workers (marked ``swarm``,
-    outside tests/unit/) run before the rest, so that with ``make test``'s two processes the short
-    modules fill the gaps at the end instead of one long module running alone there. The order within
-    each part is the collection order."""
-
-    def part(item: pytest.Item) -> int:
-        if item.get_closest_marker("swarm") is None:
-            return 2
-        return 1 if "/tests/unit/" in str(item.path) else 0
-
-    items.sort(key=part)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A skipped check is not a pass: any skip fails the run."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
