@@ -5,14 +5,14 @@ step) with ``keep_progress_record`` set as asked, and prints the run's progress 
 once the fit and the strategy's teardown ended: one JSON line, ``{"entries": [...]}``, each entry null
 (withdrawn) or its epoch, ``{"epoch": N}``.
 
-A fresh interpreter per case: a pytest process that already forked many hivemind peers can lose a
-reply on the pipe between a DHT and its parent (hivemind 1.1.12), so the read would hang there.
+A fresh interpreter per case, so that nothing of other tests' hivemind peers is shared with it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import hivemind
 
@@ -21,6 +21,20 @@ from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy
 
 RUN_ID = "leaving"
+READ_ATTEMPTS = 3
+READ_TIMEOUT_S = 20.0
+
+
+def read_latest(dht: hivemind.DHT, key: str) -> Any:
+    """``dht.get(key, latest=True)``, asked again when no answer comes within 20 s: under load the DHT
+    process can fail to fetch a request's reply pipe from this process (an ``EOFError`` in
+    ``multiprocessing``'s resource sharer, hivemind 1.1.12), and that request is then never answered."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return dht.get(key, latest=True, return_future=True).result(timeout=READ_TIMEOUT_S)
+        except TimeoutError:
+            print(f"no answer to read {attempt} within {READ_TIMEOUT_S:.0f} s", file=sys.stderr, flush=True)
+    raise TimeoutError(f"{READ_ATTEMPTS} reads of {key} went unanswered")
 
 
 def main() -> None:
@@ -31,7 +45,7 @@ def main() -> None:
         strategy = HivemindStrategy(target_batch_size=32, run_id=RUN_ID, dht=dht, **options)
         strategy.keep_progress_record = keep
         make_trainer(strategy, max_steps=steps).fit(DigitsModule(), digits(batch_size=32))
-        found = dht.get(f"{RUN_ID}_progress", latest=True)
+        found = read_latest(dht, f"{RUN_ID}_progress")
         values = [entry.value for entry in dict(found.value).values()] if found is not None else []
         entries = [None if value is None else {"epoch": value["epoch"]} for value in values]
         print(json.dumps({"entries": entries}), flush=True)

@@ -19,7 +19,7 @@ from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.waiting import wait_until
 
 STEPS = 4
-RUN_S = 90
+RUN_S = 150
 
 
 def entries_after_fit(processes: ProcessRegistry, mode: str) -> list[Any]:
@@ -33,7 +33,7 @@ def entries_after_fit(processes: ProcessRegistry, mode: str) -> list[Any]:
     return json.loads(line)["entries"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_a_peer_leaving_a_run_at_its_target_keeps_its_last_progress_record(
     processes: ProcessRegistry,
 ) -> None:
@@ -41,6 +41,6 @@ def test_a_peer_leaving_a_run_at_its_target_keeps_its_last_progress_record(
     assert entry is not None and entry["epoch"] == STEPS
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_a_peer_leaving_otherwise_withdraws_its_progress_record(processes: ProcessRegistry) -> None:
     assert entries_after_fit(processes, "withdraw") == [None]
