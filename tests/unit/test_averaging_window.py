@@ -4,9 +4,7 @@ with 2+ live workers, is raised once, and is cleared once (recovery, or fewer th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -18,16 +16,6 @@ from worker.wire import RunSpec
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'unit.db'}")
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def new_run(db: Database) -> int:

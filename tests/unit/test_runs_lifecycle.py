@@ -4,9 +4,7 @@ SQLite database per test."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -62,16 +60,6 @@ EXPECTED_WORKER_TRANSITIONS = {
     ("lost", "failed"),
 }
 FINAL_WORKER_STATES = {"interrupted", "exited", "failed"}  # no transition leaves them: ended_at is set
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'unit.db'}")
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def spec(**overrides: object) -> RunSpec:

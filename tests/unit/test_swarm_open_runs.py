@@ -4,12 +4,9 @@ opted-out run pushes the set at once unless the peer has it already."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from orchestrator.db.session import Database
 from orchestrator.domain import runs
@@ -18,16 +15,6 @@ from orchestrator.swarm.peer_authorizer import OrchestratorPeerAuthorizer, peer_
 from worker.wire import RunSpec, RunState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'unit.db'}")
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def new_run(db: Database, name: str, admission: bool, state: RunState = RunState.pending) -> str:
