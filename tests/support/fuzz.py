@@ -48,6 +48,7 @@ from schemathesis.specs.openapi.checks import (
 from tests.support.orchestrator import FUZZ_ENV, Orchestrator, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
+from tests.support.waiting import wait_until
 
 CHECKS = [
     not_a_server_error,
@@ -161,12 +162,12 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
         world.workers.append((response.json()["worker_id"], response.json()["worker_token"], key))
     worker_id, token, _ = world.workers[0]
     auth = {"Authorization": f"Bearer {token}"}
-    deadline = time.monotonic() + 30  # only the run's checkpointer uploads: wait for the election
     beat = f"/api/v1/workers/{worker_id}/heartbeat"
-    while not http.post(beat, json={}, headers=auth).json()["checkpointer"]:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"worker {worker_id} never became its run's checkpointer")
-        time.sleep(0.2)
+    wait_until(  # only the run's checkpointer uploads: wait for the election
+        lambda: http.post(beat, json={}, headers=auth).json()["checkpointer"],
+        30,
+        message=f"worker {worker_id} becomes its run's checkpointer",
+    )
     data = b"a checkpoint the fuzzer must never damage"
     headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
     http.put(f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers).raise_for_status()
