@@ -196,6 +196,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/averaging.py --trials 2 --seconds 60 # admission on and off, side by side": "a benchmark of about 8 minutes with real training workers; tests/e2e/test_averaging_outcomes.py and the completion test in tests/e2e/test_runs_keep_going.py read the same counts",
     ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 3 --target 0.95 [--accelerator cuda]": "a benchmark of many minutes (or a CUDA GPU); tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
     ".venv/bin/python bench/strategy_overhead.py --accelerator cuda --hidden 4096 --depth 4 --batch-size 1024": "needs a CUDA GPU",
+    ".venv/bin/python bench/strategy_overhead.py --short --variants loop sbloop peer1 --rounds 3": "a benchmark of about a minute and a half; its numbers vary with the machine",
     ".venv/bin/python -m pytest tests/unit/test_strategy_*.py tests/integration/test_swarm_training.py": "runs tests (make test runs these and every other)",
     "SPOTSWARM_TENSORBOARD_DIR=data/tensorboard spotswarm serve": "port 8000; tests/e2e/test_trainer_and_metrics.py starts an orchestrator with SPOTSWARM_TENSORBOARD_DIR",
     "spotswarm-worker --url http://10.0.0.5:8000 --join-token ssj_... # or SPOTSWARM_URL / SPOTSWARM_JOIN_TOKEN": "joins the example address 10.0.0.5; the worker tests start spotswarm-worker against their own orchestrators",

@@ -13,7 +13,6 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.domain.crash_budget import CrashPolicy
 from tests.unit.test_runs_lifecycle import T0, join, new_run
-from tests.unit.test_runs_lifecycle import db as db  # the fixture: a fresh SQLite database
 from worker.wire import DeregisterReason
 
 BUG = "training failed: RuntimeError: the model diverged in a buggy layer"
