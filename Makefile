@@ -7,9 +7,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
-# `make test` runs the tests in TEST_WORKERS processes (pytest-xdist), a module per process at a time: most
-# tests wait on servers, workers and swarms rather than compute. 1 runs them in this process, in order.
-TEST_WORKERS ?= 2
+# `make test` runs the tests in TEST_WORKERS processes (pytest-xdist, a module per process at a time) when
+# it is above 1. One by default: on 2 cores two swarm tests at once can run out of their time bounds.
+TEST_WORKERS ?= 1
 PYTEST_ARGS ?= $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # The documentation site: where `make docs-build` writes it (ignored by git), where `make docs` serves it.
 DOCS_SITE ?= site
