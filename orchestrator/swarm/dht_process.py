@@ -38,6 +38,8 @@ def server_dht_class() -> type[Any]:
     """hivemind's ``DHT`` with the child set up as the module docstring says (hivemind imported late)."""
     import hivemind
 
+    from worker.strategy.hivemind_fixes import survive_unreadable_requests
+
     class ServerDHT(hivemind.DHT):  # type: ignore[misc, name-defined]
         """A ``hivemind.DHT`` whose process ends with the server (see the module docstring)."""
 
@@ -46,6 +48,7 @@ def server_dht_class() -> type[Any]:
         def run(self) -> None:
             signal.signal(signal.SIGTERM, _leave_with_children)  # not uvicorn's handler, copied by fork
             processes.exit_with_parent(self.server_pid, exit_code=128 + signal.SIGTERM)
+            survive_unreadable_requests(self)
             super().run()
 
     return ServerDHT

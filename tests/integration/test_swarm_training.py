@@ -29,6 +29,7 @@ pytestmark = pytest.mark.swarm
 PARAM_ATOL = 1e-6
 EPOCHS_TOGETHER = 3
 EPOCHS_AFTER_LATE_PEER = 4  # a late peer may catch up by download once or twice first
+IDENTICAL_EPOCHS = 2  # epochs after which a and b hold bit-identical parameters: they averaged
 INITIAL_PEERS_LINE = re.compile(r"^INITIAL_PEERS=(\S+)$", re.MULTILINE)
 
 
@@ -88,6 +89,27 @@ def _epochs_together(peer: Peer) -> int:
     return sum(1 for e in peer.status().get("epochs", []) if e["num_peers"] >= 2)
 
 
+def _identical_epochs(peer: Peer, others: tuple[Peer, ...]) -> list[int]:
+    """Epochs after which ``peer`` held bit for bit the parameters of one of ``others``, neither having
+    reached it by a download: only a shared averaging round does that. Read while the peers run, a
+    snapshot being written counts as not identical (yet)."""
+    status = peer.status()
+    downloaded = {p.name: set(p.status().get("downloaded_epochs", [])) for p in (peer, *others)}
+    identical = []
+    for epoch in [e["epoch"] for e in status.get("epochs", [])]:
+        if epoch in downloaded[peer.name]:
+            continue
+        peers = [o for o in others if o.has_snapshot(epoch) and epoch not in downloaded[o.name]]
+        try:
+            own = peer.snapshot(epoch)
+            diffs = [float((own - o.snapshot(epoch)).abs().max()) for o in peers]
+        except (OSError, RuntimeError, EOFError):
+            continue
+        if any(diff <= PARAM_ATOL for diff in diffs):
+            identical.append(epoch)
+    return identical
+
+
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwarmRun]:
     root = tmp_path_factory.mktemp("swarm")
@@ -102,18 +124,25 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SwarmRun]:
         )
         # b gets the logged line's value in INITIAL_PEERS, as a user would paste it
         (root / "b_peers").write_text(match.group(1))
+        # rounds may fail for a few epochs in a row on a loaded machine: wait for the outcome the tests
+        # check (epochs of identical parameters) rather than for a number of epochs
         wait_until(
-            lambda: min(_epochs_together(a), _epochs_together(b)) >= EPOCHS_TOGETHER,
+            lambda: (
+                min(_epochs_together(a), _epochs_together(b)) >= EPOCHS_TOGETHER
+                and len(_identical_epochs(b, (a,))) >= IDENTICAL_EPOCHS
+            ),
             90,
-            message=f"a and b train {EPOCHS_TOGETHER} swarm epochs together",
+            message=f"a and b train {EPOCHS_TOGETHER} epochs together and average in {IDENTICAL_EPOCHS}",
         )
         released_at = a.max_epoch()
         # c joins late, through the constructor argument, as one comma-separated string
         (root / "c_peers").write_text(",".join(a.status()["maddrs"]))
         wait_until(
-            lambda: len(c.status().get("epochs", [])) >= EPOCHS_AFTER_LATE_PEER,
-            90,
-            message="c trains a few swarm epochs",
+            lambda: (
+                len(c.status().get("epochs", [])) >= EPOCHS_AFTER_LATE_PEER and _identical_epochs(c, (a, b))
+            ),
+            120,
+            message="c trains a few swarm epochs and averages its parameters with a or b",
         )
         (root / "stop").touch()
         for peer in (a, b, c):
@@ -169,12 +198,11 @@ def test_parameters_of_the_two_peers_agree_after_each_averaged_epoch(swarm: Swar
     common = _averaged_epochs(swarm, "ab")[1:]
     downloads = {name: swarm.statuses[name].get("downloaded_epochs") for name in "ab"}
     assert len(common) >= EPOCHS_TOGETHER - 1, (common, downloads)
-    diffs = {e: float((swarm.a.snapshot(e) - swarm.b.snapshot(e)).abs().max()) for e in common}
-    agreeing = [e for e, diff in diffs.items() if diff <= PARAM_ATOL]
     # Peers that train apart never match bit for bit, so epochs of identical parameters show real
-    # averaging. Rounds may fail for a few epochs in a row on a loaded machine (CI saw 4); the swarm
-    # re-unites at the next successful state averaging or download.
-    assert len(agreeing) >= 2, (diffs, downloads)
+    # averaging (of gradients, then of parameters). Rounds may fail for a few epochs in a row on a
+    # loaded machine (CI saw 4); the swarm re-unites at the next successful state averaging.
+    diffs = {e: float((swarm.a.snapshot(e) - swarm.b.snapshot(e)).abs().max()) for e in common}
+    assert len(_identical_epochs(swarm.b, (swarm.a,))) >= IDENTICAL_EPOCHS, (diffs, downloads)
 
 
 @pytest.mark.timeout(300)
@@ -205,15 +233,18 @@ def test_late_peer_starts_at_the_swarm_epoch_with_the_swarm_parameters(swarm: Sw
         (p, e) for p in (swarm.a, swarm.b) for e in (joined - 1, joined, joined + 1) if p.has_snapshot(e)
     ]
     closest = min(float((joined_params - p.snapshot(e)).abs().max()) for p, e in nearby)
-    lr = swarm.statuses["a"]["lr"][str(joined)]
+    # the learning rate the swarm had at that epoch, as a peer that stepped through it recorded it (one
+    # that caught up by download may have skipped it)
+    lr = next(
+        swarm.statuses[name]["lr"][str(joined)] for name in "ab" if str(joined) in swarm.statuses[name]["lr"]
+    )
     assert closest <= 1.5 * lr
     assert float((own_init - swarm.a.snapshot(joined)).abs().max()) > 5 * lr  # another seed: far away
     # its learning-rate schedule is at the swarm's epoch too, not at its own zero
     assert status["joined_lr"] == pytest.approx(lr, rel=1e-6)
-    # and once it has averaged with them, it holds exactly their parameters
-    averaged = _averaged_epochs(swarm, "ac", peers=3)
-    diffs = {e: float((swarm.c.snapshot(e) - swarm.a.snapshot(e)).abs().max()) for e in averaged}
-    assert any(diff <= PARAM_ATOL for diff in diffs.values()), (diffs, status.get("downloaded_epochs"))
+    # and once it has averaged with them, it holds exactly the parameters of a peer of its group (c
+    # with a, or c with b when the third missed the round)
+    assert _identical_epochs(swarm.c, (swarm.a, swarm.b)), (status["epochs"], status.get("downloaded_epochs"))
 
 
 @pytest.mark.timeout(300)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import multiprocessing
+import os
 from collections.abc import Callable
 
+import hivemind.utils.asyncio as hivemind_utils_asyncio
 import pytest
-from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging import averager as averager_module
 
 from worker.strategy.hivemind_fixes import keep_alive_task_factory, keep_averager_tasks_alive, live_task_count
 
@@ -58,11 +61,20 @@ def test_without_the_factory_the_garbage_collector_destroys_it_half_way() -> Non
     assert _run(None) == []
 
 
+def _loop_of_a_forked_averager() -> None:
+    """In a forked process, as an averager does: make its event loop; exit 0 if it keeps its tasks."""
+    loop = averager_module.switch_to_uvloop()
+    os._exit(0 if loop.get_task_factory() is keep_alive_task_factory else 1)
+
+
 @pytest.mark.timeout(30)
-def test_the_averager_patch_is_installed_once() -> None:
+def test_the_averager_patch_is_installed_once_on_the_loop_its_process_makes() -> None:
     keep_averager_tasks_alive()
-    patched = DecentralizedAverager._step
+    patched = averager_module.switch_to_uvloop
     keep_averager_tasks_alive()
-    assert DecentralizedAverager._step is patched
-    assert getattr(patched, "_spotswarm_keeps_tasks_alive", False)
-    assert patched.__name__ == "_step"  # wraps hivemind's own method
+    assert averager_module.switch_to_uvloop is patched
+    assert patched.__wrapped__ is hivemind_utils_asyncio.switch_to_uvloop  # hivemind's own function
+    child = multiprocessing.get_context("fork").Process(target=_loop_of_a_forked_averager)
+    child.start()
+    child.join(20)
+    assert child.exitcode == 0

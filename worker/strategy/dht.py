@@ -17,7 +17,7 @@ import hivemind
 
 from worker.lifeline import exit_with_parent
 from worker.peer_addresses import usable_initial_peers
-from worker.strategy.hivemind_fixes import quiet_dead_sender_errors
+from worker.strategy.hivemind_fixes import quiet_dead_sender_errors, survive_unreadable_requests
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,10 @@ class LifelineDHT(hivemind.DHT):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
 
     def run(self) -> None:
-        """The DHT's process: take the lifeline first, then serve as hivemind does."""
+        """The DHT's process: take the lifeline first, then serve as hivemind does (surviving a request
+        it cannot read)."""
         exit_with_parent(self._owner_pid, exit_code=1)
+        survive_unreadable_requests(self)
         super().run()
 
 

@@ -8,6 +8,8 @@ re-check each against its test (named in its docstring) and delete what upstream
   collector, leaving a peer that never finds a group again.
 - :func:`expose_defaults`: ``hivemind.Optimizer`` without the ``defaults`` every torch optimizer has.
 - :func:`quiet_dead_sender_errors`: the DHT's traceback for a request whose sender already exited.
+- :func:`survive_unreadable_requests`: the DHT process dying when a request's reply pipe cannot be
+  fetched from its sender.
 - :func:`quiet_cancelled_rounds`: asyncio's "never retrieved" record of a round cancelled as it found
   its group.
 - :func:`quiet_abandoned_event_loops`: "Task was destroyed but it is pending!" at exit, from the progress
@@ -39,7 +41,7 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 import hivemind
-from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging import averager as averager_module
 
 from worker.logsetup import install_filter
 
@@ -62,39 +64,41 @@ def keep_alive_task_factory(
 
 
 def keep_averager_tasks_alive() -> None:
-    """Make every averager created from now on keep its tasks referenced until done (idempotent).
+    """Make every averager started from now on keep its tasks referenced until done (idempotent).
 
     Upstream behaviour (hivemind 1.1.12): when a pre-scheduled averaging round is called off (a peer
     that thinks it is alone, e.g. while the swarm forms, or a state round that is not due),
-    ``DecentralizedAverager`` cancels its matchmaking task without awaiting it. asyncio holds tasks by
-    weak reference only, so the garbage collector can destroy that task before its clean-up ran
-    ("Task was destroyed but it is pending!"). The clean-up releases the averager's matchmaking lock;
-    without it every later round of that averager waits on the lock until its timeout, and the peer
-    trains on local gradients alone for the rest of the run ("Averaging step failed: could not find a
-    group", round after round, while its state averager, run by the same peers, still forms groups).
-    ``bench/matchmaking.py`` measures the difference.
+    ``DecentralizedAverager`` cancels its matchmaking without awaiting it. asyncio holds tasks by weak
+    reference only (the averager's request loop drops each ``_step`` task it creates), so the garbage
+    collector can destroy that task before its clean-up ran ("Task was destroyed but it is pending!").
+    The clean-up releases the averager's matchmaking lock; without it every later round of that
+    averager waits on the lock until its timeout ("Another look_for_group is already in progress"),
+    and the peer trains on local gradients alone for the rest of the run ("Averaging step failed:
+    could not find a group", round after round). ``bench/matchmaking.py`` measures the difference.
 
     The remedy is the asyncio documentation's: keep a strong reference to every task until it is done.
-    The averager runs its own event loop in a forked process; its first averaging step installs
-    :func:`keep_alive_task_factory` on that loop. Call this before hivemind starts (forks) its
-    averagers: the averager processes inherit the change.
+    The averager runs its own event loop in a forked process, made by ``switch_to_uvloop``; this wraps
+    that function, as the averager module sees it, so that :func:`keep_alive_task_factory` is the
+    loop's task factory from its first task on. (It was first installed by the averager's first
+    ``_step``, which left that step's own task unprotected: the first peer of a swarm calls off exactly
+    those first rounds, and the swarm tests caught a peer whose averagers never formed a group again.)
+    Call this before hivemind starts (forks) its averagers: the averager processes inherit the change.
 
     Upstream issue: none found for this cause (learning-at-home/hivemind#519 reports the same "could
     not find a group" message, undiagnosed). Test: ``tests/unit/test_swarm_keepalive.py``.
     """
-    original: Callable[..., Any] = DecentralizedAverager._step
+    original: Callable[..., asyncio.AbstractEventLoop] = averager_module.switch_to_uvloop
     if getattr(original, _MARK, False):
         return
 
     @functools.wraps(original)
-    async def step_keeping_tasks(self: DecentralizedAverager, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        if loop.get_task_factory() is None:
-            loop.set_task_factory(keep_alive_task_factory)  # type: ignore[arg-type]
-        return await original(self, **kwargs)
+    def loop_keeping_tasks(*args: Any, **kwargs: Any) -> asyncio.AbstractEventLoop:
+        loop = original(*args, **kwargs)
+        loop.set_task_factory(keep_alive_task_factory)  # type: ignore[arg-type]
+        return loop
 
-    setattr(step_keeping_tasks, _MARK, True)
-    DecentralizedAverager._step = step_keeping_tasks  # type: ignore[method-assign]
+    setattr(loop_keeping_tasks, _MARK, True)
+    averager_module.switch_to_uvloop = loop_keeping_tasks
 
 
 def live_task_count() -> int:
@@ -147,12 +151,51 @@ def _sender(exc: BaseException) -> str:
 
 
 def _raised_in_resource_sharer(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    if cause is not None and _raised_in_resource_sharer(cause):
+        return True  # re-raised by _RequestPipe
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
             return True
         tb = tb.tb_next
     return False
+
+
+class _RequestPipe:
+    """The DHT process's end of hivemind's request pipe; ``recv`` turns ``EOFError`` into
+    ``ConnectionResetError`` (see :func:`survive_unreadable_requests`). Everything else is the pipe's."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+
+    def recv(self) -> Any:
+        try:
+            return self._pipe.recv()
+        except EOFError as exc:
+            raise ConnectionResetError(
+                "the sender of a DHT request hung up before its reply pipe was fetched"
+            ) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
+
+
+def survive_unreadable_requests(dht: Any) -> None:
+    """Call first thing in the DHT's process (``run``), before hivemind's request loop starts.
+
+    Upstream behaviour (hivemind 1.1.12, ``DHT.run``): each request unpickles a pipe end fetched from the
+    sender's ``multiprocessing`` resource sharer. When the sender's sharer hangs up during the handshake
+    (its process exits, or, now and then under load, while it lives), ``recv`` raises ``EOFError``; the
+    loop catches ``OSError``, ``ConnectionError`` and ``RuntimeError`` only, so the DHT process dies with
+    a traceback, and every later DHT call of that peer waits forever (its progress reads and reports, its
+    averagers' matchmaking). As a ``ConnectionResetError`` the loop logs the request as lost (filtered
+    to a debug line by :func:`quiet_dead_sender_errors`) and serves the next one. Only that request's
+    reply is lost; its sender's own timeout covers it.
+
+    Upstream issue: none found in learning-at-home/hivemind. Test: ``tests/unit/test_hivemind_fixes.py``.
+    """
+    dht._inner_pipe = _RequestPipe(dht._inner_pipe)
 
 
 _DEAD_SENDER_FILTER = _DeadSenderFilter()
