@@ -215,9 +215,13 @@ def test_each_peer_counts_what_became_of_its_epochs(swarm: SwarmRun) -> None:
         # the epochs whose parameters agree bit for bit were averaged: at least 2 (the test above)
         assert counts["averaged"] >= 2, counts
         assert counts["group_size_sum"] >= 2 * counts["averaged"], counts  # groups of 2 or 3 peers
-        # one outcome per epoch stepped through (a download may skip several epochs at once)
-        assert counts["averaged"] + local + counts["downloaded"] <= stepped + 1, (counts, stepped)
-        assert counts["averaged"] + local >= stepped - 2 * (counts["downloaded"] + 1) - 1, (counts, stepped)
+        # an outcome per epoch it stepped through itself; a download may skip many at once (a peer
+        # that starts late, or waits out a round, while the others step on)
+        last = status["epochs"][-1]["epoch"]
+        jumps = [(before, after) for before, after in status.get("download_jumps", []) if after <= last]
+        skipped = sum(after - before for before, after in jumps if after > before)
+        assert counts["averaged"] + local == stepped - skipped, (counts, stepped, jumps)
+        assert counts["downloaded"] == sum(1 for before, after in jumps if after > before), (counts, jumps)
 
 
 @pytest.mark.timeout(300)

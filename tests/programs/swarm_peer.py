@@ -90,9 +90,13 @@ class Recorder(Callback):
         download = optimizer.load_state_from_peers
         downloaded: list[int] = self.status.setdefault("downloaded_epochs", [])
 
+        jumps: list[list[int]] = self.status.setdefault("download_jumps", [])
+
         def counted(*args: Any, **kwargs: Any) -> Any:
+            before = optimizer.local_epoch
             result = download(*args, **kwargs)
             downloaded.append(optimizer.local_epoch)
+            jumps.append([before, optimizer.local_epoch])  # the epochs it skipped
             return result
 
         optimizer.load_state_from_peers = counted
