@@ -28,7 +28,8 @@ READ_TIMEOUT_S = 20.0
 def read_latest(dht: hivemind.DHT, key: str) -> Any:
     """``dht.get(key, latest=True)``, asked again when no answer comes within 20 s: under load the DHT
     process can fail to fetch a request's reply pipe from this process (an ``EOFError`` in
-    ``multiprocessing``'s resource sharer, hivemind 1.1.12), and that request is then never answered."""
+    ``multiprocessing``'s resource sharer, hivemind 1.1.12); it then drops that request
+    (``worker/strategy/hivemind_fixes.py``), which is never answered, and serves the next."""
     for attempt in range(1, READ_ATTEMPTS + 1):
         try:
             return dht.get(key, latest=True, return_future=True).result(timeout=READ_TIMEOUT_S)
