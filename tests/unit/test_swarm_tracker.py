@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import hivemind
 import pytest
 from hivemind.optim.progress_tracker import LocalTrainingProgress
-from hivemind.utils import get_dht_time
+from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from tests.support.waiting import wait_until
@@ -20,6 +20,7 @@ from worker.strategy.tracker import (
     OthersEstimate,
     PeerRecord,
     SwarmBatchTracker,
+    carry_missed_records,
     estimate_others,
     peer_records,
 )
@@ -82,6 +83,40 @@ def test_records_leave_out_this_peer_remember_training_rates_and_stop_extrapolat
         PeerRecord(3, 30, 980.0, 0.0, 0.0),
     ]
     assert rates == {b"fresh": 40.0, b"waiting": 30.0, b"silent": 40.0}
+
+
+def _record(time: float | None) -> ValueWithExpiration[object]:
+    """A progress record as a DHT read returns it (``None``: a withdrawn record)."""
+    return ValueWithExpiration(None if time is None else {"epoch": 3, "time": time}, (time or 0.0) + 60)
+
+
+def test_a_fresh_record_one_read_missed_is_carried_for_that_read_only() -> None:
+    last = {b"me": _record(999.0), b"other": _record(998.0)}
+    fetched = {b"me": _record(1000.0)}  # the read missed the other peer's record
+    records, carried = carry_missed_records(last, fetched, frozenset(), 1000.0, stale_after_s=10.0)
+    assert records == {b"me": _record(1000.0), b"other": _record(998.0)}
+    assert carried == {b"other"}
+    # missed again by the next read: now it counts as gone
+    again, carried = carry_missed_records(
+        records, {b"me": _record(1001.0)}, carried, 1001.0, stale_after_s=10.0
+    )
+    assert again == {b"me": _record(1001.0)}
+    assert carried == frozenset()
+
+
+def test_a_withdrawn_a_stale_or_an_unmissed_record_is_not_carried() -> None:
+    last = {b"left": _record(999.0), b"silent": _record(980.0), b"here": _record(999.0)}
+    fetched = {b"left": _record(None), b"here": _record(1000.0)}  # "left" withdrew its record
+    records, carried = carry_missed_records(last, fetched, frozenset(), 1000.0, stale_after_s=10.0)
+    assert records is fetched
+    assert carried == frozenset()
+
+
+def test_a_read_that_found_nothing_keeps_the_fresh_records_of_the_last_one() -> None:
+    last = {b"me": _record(999.0), b"other": _record(999.5)}
+    records, carried = carry_missed_records(last, None, frozenset(), 1000.0, stale_after_s=10.0)
+    assert records == last
+    assert carried == {b"me", b"other"}
 
 
 # ------------------------------------------------------------------------- two real trackers

@@ -21,6 +21,12 @@ until a fetch at least ``min_refresh_period`` into this epoch shows where it is,
 epoch's start at its last rate while training. A later fetch that still shows it in the previous epoch
 means it is not training with this peer (stuck in its round, or downloading state), and it counts 0.
 
+A DHT read now and then misses a record that is there (records live on the peers nearest their key,
+and a read may ask one that has not got it yet): hivemind then counts one peer fewer, and a peer that
+reads itself alone applies its own gradients, skipping the round its partner waits in. A record that
+was in the last fetch, absent (not withdrawn: a leaving peer stores an empty record) from this one, and
+fresh is carried over for that one fetch (:func:`carry_missed_records`).
+
 Two rules keep the extrapolation honest:
 
 - a peer that stops accumulating (its epoch ended and it waits in the averaging round, or it downloads
@@ -132,6 +138,32 @@ def peer_records(
     return records, rates
 
 
+def carry_missed_records(
+    previous: dict[Any, Any],
+    fetched: Any,
+    carried_before: frozenset[Any],
+    now: float,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+) -> tuple[Any, frozenset[Any]]:
+    """The progress records of a fetch, with those of ``previous`` (the last fetch, as returned here) that
+    it missed: absent from ``fetched`` (an empty value is a withdrawn record, not a missed one), reported
+    within ``stale_after_s``, and not carried by the fetch before (``carried_before``), so a record is
+    carried for one fetch at most. Returns the records (``fetched`` itself when nothing is carried) and
+    the keys carried."""
+    records = dict(fetched) if isinstance(fetched, dict) else {}
+    carried = {
+        subkey: entry
+        for subkey, entry in previous.items()
+        if subkey not in records
+        and subkey not in carried_before
+        and isinstance(entry.value, dict)
+        and now - float(entry.value.get("time", float("-inf"))) <= stale_after_s
+    }
+    if not carried:
+        return fetched, frozenset()
+    return {**records, **carried}, frozenset(carried)
+
+
 class SwarmBatchTracker(ProgressTracker):
     """hivemind's ``ProgressTracker``, ending epochs on the swarm's samples estimated at every step (module
     docstring). Takes ``ProgressTracker``'s arguments plus ``stale_after_s`` and ``report_interval_s``."""
@@ -151,6 +183,8 @@ class SwarmBatchTracker(ProgressTracker):
         self._others: tuple[PeerRecord, ...] = ()
         self._training_rates: dict[bytes, float] = {}
         self._fetched_at = float("-inf")
+        self._last_fetch: dict[Any, Any] = {}
+        self._carried: frozenset[Any] = frozenset()
         self._epoch_started_at = get_dht_time()
         self._estimate: tuple[tuple[PeerRecord, ...], tuple[int, float, bool], OthersEstimate] | None = None
         self._accumulating = True
@@ -249,6 +283,10 @@ class SwarmBatchTracker(ProgressTracker):
         return progress
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
+        metadata, self._carried = carry_missed_records(
+            self._last_fetch, metadata, self._carried, get_dht_time(), self.stale_after_s
+        )
+        self._last_fetch = dict(metadata) if isinstance(metadata, dict) else {}
         entries = []
         if isinstance(metadata, dict):
             entries = [
