@@ -283,8 +283,9 @@ class SwarmBatchTracker(ProgressTracker):
         return progress
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
+        now = get_dht_time()
         metadata, self._carried = carry_missed_records(
-            self._last_fetch, metadata, self._carried, get_dht_time(), self.stale_after_s
+            self._last_fetch, metadata, self._carried, now, self.stale_after_s
         )
         self._last_fetch = dict(metadata) if isinstance(metadata, dict) else {}
         entries = []
@@ -292,7 +293,6 @@ class SwarmBatchTracker(ProgressTracker):
             entries = [
                 LocalTrainingProgress.parse_obj(entry.value) for entry in metadata.values() if entry.value
             ]
-        now = get_dht_time()
         records, self._training_rates = peer_records(
             entries, self.dht.peer_id.to_bytes(), now, self._training_rates, self.stale_after_s
         )
