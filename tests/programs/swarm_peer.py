@@ -88,15 +88,12 @@ class Recorder(Callback):
         """
         optimizer = strategy.optimizer
         download = optimizer.load_state_from_peers
-        downloaded: list[int] = self.status.setdefault("downloaded_epochs", [])
-
         jumps: list[list[int]] = self.status.setdefault("download_jumps", [])
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             before = optimizer.local_epoch
             result = download(*args, **kwargs)
-            downloaded.append(optimizer.local_epoch)
-            jumps.append([before, optimizer.local_epoch])  # the epochs it skipped
+            jumps.append([before, optimizer.local_epoch])  # from, to: the epochs it skipped
             return result
 
         optimizer.load_state_from_peers = counted
