@@ -23,6 +23,7 @@ from typing import Any
 import hivemind
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
+from hivemind.utils import get_dht_time
 
 from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
 
@@ -54,7 +55,7 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer, keep_progress: bool = Fals
         optimizer.scheduled_state = None
         leaving.append(optimizer.state_averager)
     if keep_progress:
-        _stop_tracker_keeping_record(optimizer.tracker, optimizer.shutdown_timeout)
+        stop_tracker_keeping_record(optimizer.tracker, optimizer.shutdown_timeout)
     else:
         optimizer.tracker.shutdown(optimizer.shutdown_timeout)  # goodbye to peers; no more progress reports
     deadline = time.monotonic() + (optimizer.matchmaking_time or 0.0) + _LEAVE_GRACE_S
@@ -72,21 +73,35 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer, keep_progress: bool = Fals
     )
 
 
-def _stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
-    """``ProgressTracker.shutdown`` without its last store (the ``None`` that withdraws the record).
+def stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
+    """``ProgressTracker.shutdown`` storing the peer's last progress where it stores the withdrawing ``None``.
 
-    ``hivemind.Optimizer.shutdown`` calls the tracker's ``shutdown`` again (hivemind 1.1.12), which
-    would store that ``None`` after all: this tracker's ``shutdown`` becomes a no-op.
+    hivemind 1.1.12's reporter cancels a store still in flight when it stops, and may stop before it took
+    the last report at all (a run's last step ends an epoch, and the peer leaves at once): the record
+    would show the epoch before. So the last progress is stored here, after the reporter stopped, and
+    waited for. ``hivemind.Optimizer.shutdown`` calls the tracker's ``shutdown`` again, which would
+    store that ``None`` after all: this tracker's ``shutdown`` becomes a no-op.
     """
     tracker.shutdown_triggered.set()
     tracker.should_report_progress.set()
     tracker.global_state_updated.set()
     tracker.shutdown_complete.wait(timeout)
     tracker.shutdown = _tracker_already_stopped
+    stored = tracker.dht.store(
+        tracker.training_progress_key,
+        subkey=tracker._local_public_key,
+        value=tracker.local_progress.dict(),
+        expiration_time=get_dht_time() + tracker.metadata_expiration,
+        return_future=True,
+    )
+    try:
+        stored.result(timeout)
+    except TimeoutError:
+        log.warning("the last progress record was not stored within %s s", timeout)
 
 
 def _tracker_already_stopped(timeout: float | None = None) -> None:
-    """Stands in for the ``shutdown`` of a tracker stopped by :func:`_stop_tracker_keeping_record`."""
+    """Stands in for the ``shutdown`` of a tracker stopped by :func:`stop_tracker_keeping_record`."""
 
 
 def _cancel_if_looking(control: StepControl | None) -> bool:
