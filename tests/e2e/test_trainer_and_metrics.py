@@ -99,10 +99,14 @@ def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_ke
     assert {"val_loss", "val_acc", "lr-Optimizer"} <= set(worker["metrics"])
     assert metric_series(orch)["val_loss"] > 0
 
-    show = cli(orch, "runs", "show", RUN)
+    # the charts come from the progress samples, written by the next heartbeat flush after the report
+    show = wait_until(
+        lambda: "\nval_loss (" in (r := cli(orch, "runs", "show", RUN)).stdout and r,
+        30,
+        message="runs show draws the validation chart beside the loss chart",
+    )
     assert show.exit_code == 0, show.output
     assert "val_loss" in show.stdout and "lr-Optimizer" in show.stdout
-    assert "\nval_loss (" in show.stdout  # the validation chart beside the loss chart
     listed = cli(orch, "workers", "list", RUN)
     assert "val_loss=" in listed.stdout and "lr-Optimizer=" in listed.stdout, listed.stdout
 
