@@ -74,7 +74,7 @@ def final_values(session: Session, run: Run) -> Values:
         query = select(Worker.loss, Worker.metrics).where(
             Worker.run_id == run.id, Worker.last_heartbeat_at >= run.stop_requested_at
         )
-        loss, metrics = mean_values(session.execute(query).tuples())
+        loss, metrics = mean_values((row.loss, row.metrics) for row in session.execute(query))
         if loss is not None or metrics:
             return loss, metrics
     latest = session.execute(
