@@ -193,6 +193,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python -m worker.examples.local_swarm --peers 2 --seconds 60": "trains two real peers for 60 s; tests/integration/test_swarm_training.py trains real peers",
     ".venv/bin/python bench/strategy_overhead.py # CPU, ~15 min on 2 busy cores": "a benchmark of about 15 minutes",
     ".venv/bin/python bench/swarm_batch.py --peers 2,4 --trials 2 --seconds 40 --target-batch-size 4096 --hidden 64 --trackers hivemind,swarm,state10 --trace": "a benchmark of about 15 minutes with real peers; tests/unit/test_swarm_tracker.py checks the tracker it measures",
+    ".venv/bin/python bench/swarm_batch.py --peers 2,4 --trials 2 --seconds 60 --target-batch-size 16384 --hidden 64 --trackers state10 --trace": "a benchmark of about 5 minutes with real peers; tests/unit/test_swarm_tracker.py checks the tracker it measures",
     ".venv/bin/python bench/averaging.py --trials 2 --seconds 60 # admission on and off, side by side": "a benchmark of about 8 minutes with real training workers; tests/e2e/test_averaging_outcomes.py and the completion test in tests/e2e/test_runs_keep_going.py read the same counts",
     ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 3 --target 0.95 [--accelerator cuda]": "a benchmark of many minutes (or a CUDA GPU); tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
     ".venv/bin/python bench/strategy_overhead.py --accelerator cuda --hidden 4096 --depth 4 --batch-size 1024": "needs a CUDA GPU",
