@@ -1,16 +1,24 @@
 """A real DHT peer on 127.0.0.1 keeps serving after a request it cannot read (hivemind 1.1.12's DHT
 process died of the ``EOFError`` that ``multiprocessing`` raises when the sender's resource sharer hangs
-up while the DHT fetches the request's reply pipe)."""
+up while the DHT fetches the request's reply pipe), and an averager's matchmaking call to a DHT that
+never answers ends."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import hivemind
 import pytest
+from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
+from worker.strategy import hivemind_fixes
 from worker.strategy.dht import start_dht
+from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls
 
 pytestmark = pytest.mark.swarm
 
@@ -44,3 +52,24 @@ def test_the_dht_answers_the_next_request_after_one_it_could_not_read(dht: hivem
     found = dht.get("key", latest=False, return_future=True).result(timeout=15)
     assert found is not None and found.value == "value"
     assert dht.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
+    dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an averager's matchmaking awaits its DHT calls while it holds its matchmaking lock: a request the
+    # DHT never answers (lost, as above) must not hold that lock for the rest of the run
+    monkeypatch.setattr(hivemind_fixes, "MATCHMAKING_DHT_TIMEOUT_S", 2.0)  # the bound, shortened
+    bound_matchmaking_dht_calls()
+    keys = GroupKeyManager(dht, prefix="stuck_averager", initial_group_bits="", target_group_size=2)
+    os.kill(dht.pid, signal.SIGSTOP)  # a real DHT process that reads nothing any more
+    try:
+        started = time.monotonic()
+        declared = asyncio.run(keys.declare_averager(keys.current_key, dht.peer_id, get_dht_time() + 30))
+        found = asyncio.run(keys.get_averagers(keys.current_key, only_active=True))
+        took = time.monotonic() - started
+    finally:
+        os.kill(dht.pid, signal.SIGCONT)
+    assert declared is False and found == []
+    assert took < 2 * 2.0 + 5

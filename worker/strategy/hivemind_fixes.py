@@ -6,6 +6,8 @@ re-check each against its test (named in its docstring) and delete what upstream
 
 - :func:`keep_averager_tasks_alive`: averagers' matchmaking tasks destroyed half-way by the garbage
   collector, leaving a peer that never finds a group again.
+- :func:`bound_matchmaking_dht_calls`: an averager's matchmaking waiting forever for a DHT request that
+  is never answered, with the same outcome.
 - :func:`expose_defaults`: ``hivemind.Optimizer`` without the ``defaults`` every torch optimizer has.
 - :func:`quiet_dead_sender_errors`: the DHT's traceback for a request whose sender already exited.
 - :func:`survive_unreadable_requests`: the DHT process dying when a request's reply pipe cannot be
@@ -42,6 +44,7 @@ from typing import Any
 
 import hivemind
 from hivemind.averaging import averager as averager_module
+from hivemind.averaging.key_manager import GroupKeyManager
 
 from worker.logsetup import install_filter
 
@@ -99,6 +102,57 @@ def keep_averager_tasks_alive() -> None:
 
     setattr(loop_keeping_tasks, _MARK, True)
     averager_module.switch_to_uvloop = loop_keeping_tasks
+
+
+#: how long an averager's matchmaking waits for one DHT call (a healthy one takes well under a second)
+MATCHMAKING_DHT_TIMEOUT_S = 10.0
+
+
+def bound_matchmaking_dht_calls() -> None:
+    """Give up an averager's matchmaking DHT call after :data:`MATCHMAKING_DHT_TIMEOUT_S` (idempotent).
+
+    Upstream behaviour (hivemind 1.1.12): ``GroupKeyManager.declare_averager`` and ``get_averagers`` await
+    their DHT request without a timeout, while the averager holds its matchmaking lock (the last
+    ``declare_averager``, which marks the averager as no longer looking, runs in the clean-up that
+    releases it). A request the DHT never answers (dropped as :func:`survive_unreadable_requests`
+    describes, or a DHT that stopped reading) then holds the lock for the rest of the run: every later
+    round logs "Another look_for_group is already in progress", then "could not find a group", and the
+    peer trains alone. Bounded, a lost call counts as a declaration the DHT refused (``False``) or as no
+    averagers found (``[]``), both outcomes hivemind already handles, and the lock is released. Call
+    this before hivemind starts (forks) its averagers: the averager processes inherit the change.
+
+    Upstream issue: none found (learning-at-home/hivemind#519 reports the same "could not find a group"
+    message, undiagnosed). Test: ``tests/unit/test_hivemind_fixes.py``.
+    """
+    if getattr(GroupKeyManager.declare_averager, _MARK, False):
+        return
+    declare, get = GroupKeyManager.declare_averager, GroupKeyManager.get_averagers
+
+    @functools.wraps(declare)
+    async def declare_within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> bool:
+        try:
+            return await asyncio.wait_for(declare(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "averager %s: no DHT answer to its declaration in %.0f s",
+                self.prefix,
+                MATCHMAKING_DHT_TIMEOUT_S,
+            )
+            return False
+
+    @functools.wraps(get)
+    async def get_within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.wait_for(get(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "averager %s: no DHT answer to its search in %.0f s", self.prefix, MATCHMAKING_DHT_TIMEOUT_S
+            )
+            return []
+
+    setattr(declare_within_bound, _MARK, True)
+    GroupKeyManager.declare_averager = declare_within_bound  # type: ignore[method-assign]
+    GroupKeyManager.get_averagers = get_within_bound  # type: ignore[method-assign]
 
 
 def live_task_count() -> int:

@@ -21,7 +21,12 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
 from worker.strategy.checks import warn_if_zero_grad_overridden
-from worker.strategy.hivemind_fixes import expose_defaults, keep_averager_tasks_alive, quiet_cancelled_rounds
+from worker.strategy.hivemind_fixes import (
+    bound_matchmaking_dht_calls,
+    expose_defaults,
+    keep_averager_tasks_alive,
+    quiet_cancelled_rounds,
+)
 from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.tracker import SwarmBatchTracker
 
@@ -34,6 +39,7 @@ def build_hivemind_optimizer(
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
+    bound_matchmaking_dht_calls()
     if not hivemind_creates_optimizer:
         return expose_defaults(Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
