@@ -245,7 +245,8 @@ def survive_unreadable_requests(dht: Any) -> None:
     a traceback, and every later DHT call of that peer waits forever (its progress reads and reports, its
     averagers' matchmaking). As a ``ConnectionResetError`` the loop logs the request as lost (filtered
     to a debug line by :func:`quiet_dead_sender_errors`) and serves the next one. Only that request's
-    reply is lost; its sender's own timeout covers it.
+    reply is lost; its sender's own timeout covers it (an averager's matchmaking had none:
+    :func:`bound_matchmaking_dht_calls`).
 
     Upstream issue: none found in learning-at-home/hivemind. Test: ``tests/unit/test_hivemind_fixes.py``.
     """
