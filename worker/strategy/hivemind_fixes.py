@@ -126,33 +126,26 @@ def bound_matchmaking_dht_calls() -> None:
     """
     if getattr(GroupKeyManager.declare_averager, _MARK, False):
         return
-    declare, get = GroupKeyManager.declare_averager, GroupKeyManager.get_averagers
+    bounded = _within_bound(GroupKeyManager.declare_averager, "declaration", bool)
+    GroupKeyManager.declare_averager = bounded  # type: ignore[method-assign]
+    GroupKeyManager.get_averagers = _within_bound(GroupKeyManager.get_averagers, "search", list)  # type: ignore[method-assign]
 
-    @functools.wraps(declare)
-    async def declare_within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> bool:
+
+def _within_bound(method: Callable[..., Any], what: str, fallback: Callable[[], Any]) -> Callable[..., Any]:
+    """``method`` (an async ``GroupKeyManager`` method) returning ``fallback()`` (``False``, ``[]``) after the bound."""
+
+    @functools.wraps(method)
+    async def within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await asyncio.wait_for(declare(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
+            return await asyncio.wait_for(method(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
         except TimeoutError:
             log.warning(
-                "averager %s: no DHT answer to its declaration in %.0f s",
-                self.prefix,
-                MATCHMAKING_DHT_TIMEOUT_S,
+                "averager %s: no DHT answer to its %s in %.0f s", self.prefix, what, MATCHMAKING_DHT_TIMEOUT_S
             )
-            return False
+            return fallback()
 
-    @functools.wraps(get)
-    async def get_within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await asyncio.wait_for(get(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
-        except TimeoutError:
-            log.warning(
-                "averager %s: no DHT answer to its search in %.0f s", self.prefix, MATCHMAKING_DHT_TIMEOUT_S
-            )
-            return []
-
-    setattr(declare_within_bound, _MARK, True)
-    GroupKeyManager.declare_averager = declare_within_bound  # type: ignore[method-assign]
-    GroupKeyManager.get_averagers = get_within_bound  # type: ignore[method-assign]
+    setattr(within_bound, _MARK, True)
+    return within_bound
 
 
 def live_task_count() -> int:
