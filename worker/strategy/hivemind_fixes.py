@@ -132,7 +132,7 @@ def bound_matchmaking_dht_calls() -> None:
 
 
 def _within_bound(method: Callable[..., Any], what: str, fallback: Callable[[], Any]) -> Callable[..., Any]:
-    """``method`` (an async ``GroupKeyManager`` method) returning ``fallback()`` (``False``, ``[]``) after the bound."""
+    """``method`` (an async ``GroupKeyManager`` method), answering ``fallback()`` after the bound."""
 
     @functools.wraps(method)
     async def within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
