@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import hivemind
 import pytest
@@ -17,7 +16,6 @@ from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
 from worker.strategy import hivemind_fixes
-from worker.strategy.dht import start_dht
 from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls
 
 pytestmark = pytest.mark.swarm
@@ -35,41 +33,32 @@ class UnreadableRequest:
         return (_sender_hung_up, ())
 
 
-@pytest.fixture
-def dht() -> Iterator[hivemind.DHT]:
-    peer = start_dht(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    try:
-        yield peer
-    finally:
-        peer.shutdown()
-
-
 @pytest.mark.timeout(60)
-def test_the_dht_answers_the_next_request_after_one_it_could_not_read(dht: hivemind.DHT) -> None:
-    dht.store("key", "value", expiration_time=get_dht_time() + 60, return_future=True).result(timeout=10)
+def test_the_dht_answers_the_next_request_after_one_it_could_not_read(lone_dht: hivemind.DHT) -> None:
+    lone_dht.store("key", "value", expiration_time=get_dht_time() + 60, return_future=True).result(timeout=10)
     # sent as DHT.get sends its requests, with an argument the DHT process fails to unpickle
-    dht._outer_pipe.send(("_get", [], {"key": "key", "latest": False, "future": UnreadableRequest()}))
-    found = dht.get("key", latest=False, return_future=True).result(timeout=15)
+    lone_dht._outer_pipe.send(("_get", [], {"key": "key", "latest": False, "future": UnreadableRequest()}))
+    found = lone_dht.get("key", latest=False, return_future=True).result(timeout=15)
     assert found is not None and found.value == "value"
-    assert dht.is_alive()
+    assert lone_dht.is_alive()
 
 
 @pytest.mark.timeout(60)
 def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
-    dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch
+    lone_dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an averager's matchmaking awaits its DHT calls while it holds its matchmaking lock: a request the
     # DHT never answers (lost, as above) must not hold that lock for the rest of the run
     monkeypatch.setattr(hivemind_fixes, "MATCHMAKING_DHT_TIMEOUT_S", 2.0)  # the bound, shortened
     bound_matchmaking_dht_calls()
-    keys = GroupKeyManager(dht, prefix="stuck_averager", initial_group_bits="", target_group_size=2)
-    os.kill(dht.pid, signal.SIGSTOP)  # a real DHT process that reads nothing any more
+    keys = GroupKeyManager(lone_dht, prefix="stuck_averager", initial_group_bits="", target_group_size=2)
+    os.kill(lone_dht.pid, signal.SIGSTOP)  # a real DHT process that reads nothing any more
     try:
         started = time.monotonic()
-        declared = asyncio.run(keys.declare_averager(keys.current_key, dht.peer_id, get_dht_time() + 30))
+        declared = asyncio.run(keys.declare_averager(keys.current_key, lone_dht.peer_id, get_dht_time() + 30))
         found = asyncio.run(keys.get_averagers(keys.current_key, only_active=True))
         took = time.monotonic() - started
     finally:
-        os.kill(dht.pid, signal.SIGCONT)
+        os.kill(lone_dht.pid, signal.SIGCONT)
     assert declared is False and found == []
     assert took < 2 * 2.0 + 5
