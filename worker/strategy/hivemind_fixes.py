@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 # -- averagers' tasks kept referenced until done ------------------------------------------------------
 
-_MARK = "_spotswarm_keeps_tasks_alive"
+#: set on our wrappers of hivemind functions, so that installing one twice is a no-op
+_MARK = "_spotswarm_patched"
 _live_tasks: set[asyncio.Future[Any]] = set()
 
 
