@@ -1,22 +1,26 @@
 """A real DHT peer on 127.0.0.1 keeps serving after a request it cannot read (hivemind 1.1.12's DHT
 process died of the ``EOFError`` that ``multiprocessing`` raises when the sender's resource sharer hangs
-up while the DHT fetches the request's reply pipe), and an averager's matchmaking call to a DHT that
-never answers ends."""
+up while the DHT fetches the request's reply pipe), an averager's matchmaking call to a DHT that never
+answers ends, and an averager shut down in the middle of a round ends it instead of dying."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import hivemind
 import pytest
+import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
 from worker.strategy import hivemind_fixes
-from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls
+from worker.strategy.dht import start_dht
+from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls, finalize_running_groups_on_shutdown
 
 pytestmark = pytest.mark.swarm
 
@@ -62,3 +66,50 @@ def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
         os.kill(lone_dht.pid, signal.SIGCONT)
     assert declared is False and found == []
     assert took < 2 * 2.0 + 5
+
+
+def _averager(dht: hivemind.DHT, value: float) -> hivemind.DecentralizedAverager:
+    return hivemind.DecentralizedAverager(
+        [torch.full((1000,), value)],
+        dht,
+        prefix="leaving_mid_round",
+        target_group_size=2,
+        min_matchmaking_time=1.0,
+        request_timeout=1.0,
+        allreduce_timeout=60.0,
+        shutdown_timeout=15.0,
+        start=True,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceback(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the averager dies in its thread: print that as a worker's process would (pytest would keep it)
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    # a worker leaves (its optimizer shuts its averagers down) while one of them averages with a peer:
+    # hivemind's shutdown must end that round, not die on it
+    finalize_running_groups_on_shutdown()
+    first = start_dht(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    second = start_dht(
+        initial_peers=[str(a) for a in first.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"]
+    )
+    leaving = staying = None
+    try:
+        leaving, staying = _averager(first, 1.0), _averager(second, 3.0)
+        with staying.get_tensors():  # the groupmate's half of the round waits for its tensors
+            leaving_step = leaving.step(wait=False, timeout=60)
+            staying.step(wait=False, timeout=60)
+            deadline = time.monotonic() + 30
+            while leaving_step.stage != AveragingStage.RUNNING_ALLREDUCE:
+                assert time.monotonic() < deadline, f"no round began: {leaving_step.stage}"
+                time.sleep(0.05)
+            leaving.shutdown()
+            leaving_errors = capfd.readouterr().err
+        assert "Traceback" not in leaving_errors
+        assert leaving.exitcode == 0
+    finally:
+        for process in (leaving, staying, second, first):
+            if process is not None and process.is_alive():
+                process.shutdown()

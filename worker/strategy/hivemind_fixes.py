@@ -8,6 +8,8 @@ re-check each against its test (named in its docstring) and delete what upstream
   collector, leaving a peer that never finds a group again.
 - :func:`bound_matchmaking_dht_calls`: an averager's matchmaking waiting forever for a DHT request that
   is never answered, with the same outcome.
+- :func:`finalize_running_groups_on_shutdown`: an averager shut down in the middle of a round dying with a
+  traceback, its round left running.
 - :func:`expose_defaults`: ``hivemind.Optimizer`` without the ``defaults`` every torch optimizer has.
 - :func:`quiet_dead_sender_errors`: the DHT's traceback for a request whose sender already exited.
 - :func:`survive_unreadable_requests`: the DHT process dying when a request's reply pipe cannot be
@@ -147,6 +149,39 @@ def _within_bound(method: Callable[..., Any], what: str, fallback: Callable[[], 
 
     setattr(within_bound, _MARK, True)
     return within_bound
+
+
+def finalize_running_groups_on_shutdown() -> None:
+    """Make averagers end the rounds they are in when they shut down, instead of dying (idempotent).
+
+    Upstream behaviour (hivemind 1.1.12, ``DecentralizedAverager._shutdown``): for each group the averager
+    is averaging with, shutdown calls ``finalize`` on what it registered, which is an ``asyncio.Future``
+    of the group's all-reduce runner, not the runner: ``AttributeError``. So a worker that leaves while one
+    of its averagers is in a round (a stop, a spot notice, the run's target reached as its groupmates
+    still average) logs a traceback from the averager's thread, and the round is never ended on its side.
+    Here each runner that exists is finalized as cancelled, as hivemind meant, and a group whose runner
+    was not made yet has its future cancelled, so that a groupmate's request waiting for it ends. Call
+    this before hivemind starts (forks) its averagers: the averager processes inherit the change.
+
+    Upstream issue: none found. Test: ``tests/unit/test_hivemind_fixes.py``.
+    """
+    original = averager_module.DecentralizedAverager._shutdown
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    async def shutdown_ending_rounds(self: Any, _timeout: float | None) -> None:
+        # hivemind's timeout bounded a wait for its finalizers; finalizing is synchronous, none is left
+        if not self.client_mode:
+            await self.remove_p2p_handlers(self._p2p, namespace=self.prefix)
+        for runner in list(self._running_groups.values()):
+            if runner.done() and not runner.cancelled():
+                runner.result().finalize(cancel=True)
+            else:
+                runner.cancel()
+
+    setattr(shutdown_ending_rounds, _MARK, True)
+    averager_module.DecentralizedAverager._shutdown = shutdown_ending_rounds  # type: ignore[method-assign]
 
 
 def live_task_count() -> int:

@@ -24,6 +24,7 @@ from worker.strategy.checks import warn_if_zero_grad_overridden
 from worker.strategy.hivemind_fixes import (
     bound_matchmaking_dht_calls,
     expose_defaults,
+    finalize_running_groups_on_shutdown,
     keep_averager_tasks_alive,
     quiet_cancelled_rounds,
 )
@@ -40,6 +41,7 @@ def build_hivemind_optimizer(
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
     bound_matchmaking_dht_calls()
+    finalize_running_groups_on_shutdown()
     if not hivemind_creates_optimizer:
         return expose_defaults(Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)
