@@ -81,10 +81,16 @@ def test_the_heartbeat_fast_path_answers_as_the_route_does(
     path = f"/api/v1/workers/{worker['worker_id']}/heartbeat"
     auth = {"Authorization": f"Bearer {worker['worker_token']}"}
     body = b'{"samples": 12, "swarm_epoch": 3, "loss": 0.5}'
+    json_type = {"Content-Type": "application/json; charset=utf-8"}
     with httpx.Client(base_url=orch.url, timeout=30) as http:
-        fast = http.post(
-            path, content=body, headers={**auth, "Content-Type": "application/json; charset=utf-8"}
-        )
+        # the answers compared must be to the same state: a worker's first heartbeats may come before the
+        # cache's next refresh counted it as running and saw it elected checkpointer
+        def settled() -> bool:
+            reply = http.post(path, content=body, headers={**auth, **json_type}).json()
+            return reply["num_workers"] == 1 and reply["checkpointer"] is True
+
+        wait_until(settled, 30, message="the worker is counted as running and is the run's checkpointer")
+        fast = http.post(path, content=body, headers={**auth, **json_type})
         # a JSON media type the fast path leaves to the route (FastAPI reads any */*+json as JSON)
         routed = http.post(
             path, content=body, headers={**auth, "Content-Type": "application/vnd.spotswarm+json"}
