@@ -25,6 +25,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.dht_reads import read_latest
 from tests.support.waiting import wait_for_file
 from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
@@ -55,7 +56,7 @@ def authorizer_for(config: dict[str, Any]) -> SwarmAuthorizer | None:
 
 
 def peers_seen(dht: Any, key: str) -> int:
-    found = dht.get(key, latest=True)
+    found = read_latest(dht, key)
     if found is None or not isinstance(found.value, dict):
         return 0
     return sum(1 for item in found.value.values() if isinstance(item.value, dict))

@@ -12,30 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import hivemind
 
+from tests.support.dht_reads import read_latest
 from tests.support.strategy import FAST_SWARM, digits, make_trainer
 from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategy
 
 RUN_ID = "leaving"
-READ_ATTEMPTS = 3
-READ_TIMEOUT_S = 20.0
-
-
-def read_latest(dht: hivemind.DHT, key: str) -> Any:
-    """``dht.get(key, latest=True)``, asked again when no answer comes within 20 s: under load the DHT
-    process can fail to fetch a request's reply pipe from this process (an ``EOFError`` in
-    ``multiprocessing``'s resource sharer, hivemind 1.1.12); it then drops that request
-    (``worker/strategy/hivemind_fixes.py``), which is never answered, and serves the next."""
-    for attempt in range(1, READ_ATTEMPTS + 1):
-        try:
-            return dht.get(key, latest=True, return_future=True).result(timeout=READ_TIMEOUT_S)
-        except TimeoutError:
-            print(f"no answer to read {attempt} within {READ_TIMEOUT_S:.0f} s", file=sys.stderr, flush=True)
-    raise TimeoutError(f"{READ_ATTEMPTS} reads of {key} went unanswered")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator.swarm.dht import parse_progress, progress_key
+from tests.support.dht_reads import read_latest
 from tests.support.monitor_peer import monitor_dht
 
 
@@ -23,7 +24,10 @@ def main() -> None:
     dht = monitor_dht(Path(authority_key), swarm_id, peers)
     print(json.dumps({"started": True}), flush=True)
     while True:
-        found = dht.get(progress_key(swarm_id), latest=True)
+        try:
+            found = read_latest(dht, progress_key(swarm_id), attempts=1)
+        except TimeoutError:
+            continue  # noted on stderr; the next sample asks again
         progress = parse_progress(found.value if found else None, int(target), datetime.now(UTC))
         if progress is not None:
             print(

@@ -42,6 +42,7 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.dht_reads import read_latest
 from tests.support.waiting import wait_for_file
 from worker.admission.access_tokens import to_access_token
 from worker.admission.authorizer import (
@@ -141,7 +142,7 @@ def store_progress(dht: hivemind.DHT, swarm_id: str, admitted: bool) -> bool:
 
 
 def others_seen(dht: hivemind.DHT, swarm_id: str) -> int:
-    found = dht.get(f"{swarm_id}_progress", latest=True)
+    found = read_latest(dht, f"{swarm_id}_progress")
     if found is None or not isinstance(found.value, dict):
         return 0
     own = dht.peer_id.to_bytes()
