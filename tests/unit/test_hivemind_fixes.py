@@ -18,6 +18,7 @@ from hivemind.averaging.control import AveragingStage
 from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
+from tests.support.waiting import wait_until
 from worker.strategy import hivemind_fixes
 from worker.strategy.dht import start_dht
 from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls, finalize_running_groups_on_shutdown
@@ -101,10 +102,12 @@ def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceba
         with staying.get_tensors():  # the groupmate's half of the round waits for its tensors
             leaving_step = leaving.step(wait=False, timeout=60)
             staying.step(wait=False, timeout=60)
-            deadline = time.monotonic() + 30
-            while leaving_step.stage != AveragingStage.RUNNING_ALLREDUCE:
-                assert time.monotonic() < deadline, f"no round began: {leaving_step.stage}"
-                time.sleep(0.05)
+            wait_until(
+                lambda: leaving_step.stage == AveragingStage.RUNNING_ALLREDUCE,
+                30,
+                interval_s=0.05,
+                message="the two averagers begin a round",
+            )
             leaving.shutdown()
             leaving_errors = capfd.readouterr().err
         assert "Traceback" not in leaving_errors
