@@ -158,7 +158,7 @@ async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dic
         parts = [part async for part in await stub.rpc_download_state(averaging_pb2.DownloadRequest())]
         results["download_state"] = f"ok: {len(parts)} parts"
     except Exception as exc:  # noqa: BLE001 - the outcome is the probe's result
-        results["download_state"] = f"error: {exc}"
+        results["download_state"] = f"error: {type(exc).__name__}: {exc}"
     try:
         stub = GradientAverager.get_stub(p2p, worker, namespace=f"{swarm_id}_grad_averager")
         request = averaging_pb2.JoinRequest(
@@ -168,7 +168,7 @@ async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dic
         reply = await asyncio.wait_for(stream.__anext__(), timeout=10)
         results["join_group"] = f"ok: {averaging_pb2.MessageCode.Name(reply.code)}"
     except Exception as exc:  # noqa: BLE001 - the outcome is the probe's result
-        results["join_group"] = f"error: {exc}"
+        results["join_group"] = f"error: {type(exc).__name__}: {exc}"  # the type: a timeout has no text
     return results
 
 
