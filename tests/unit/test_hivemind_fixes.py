@@ -85,20 +85,19 @@ def _averager(dht: hivemind.DHT, value: float) -> hivemind.DecentralizedAverager
 
 @pytest.mark.timeout(90)
 def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceback(
-    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    lone_dht: hivemind.DHT, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the averager dies in its thread: print that as a worker's process would (pytest would keep it)
     monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
     # a worker leaves (its optimizer shuts its averagers down) while one of them averages with a peer:
     # hivemind's shutdown must end that round, not die on it
     finalize_running_groups_on_shutdown()
-    first = start_dht(initial_peers=[], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     second = start_dht(
-        initial_peers=[str(a) for a in first.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"]
+        initial_peers=[str(a) for a in lone_dht.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"]
     )
     leaving = staying = None
     try:
-        leaving, staying = _averager(first, 1.0), _averager(second, 3.0)
+        leaving, staying = _averager(lone_dht, 1.0), _averager(second, 3.0)
         with staying.get_tensors():  # the groupmate's half of the round waits for its tensors
             leaving_step = leaving.step(wait=False, timeout=60)
             staying.step(wait=False, timeout=60)
@@ -113,6 +112,6 @@ def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceba
         assert "Traceback" not in leaving_errors
         assert leaving.exitcode == 0
     finally:
-        for process in (leaving, staying, second, first):
+        for process in (leaving, staying, second):
             if process is not None and process.is_alive():
                 process.shutdown()
