@@ -20,6 +20,7 @@ from typing import Any
 import hivemind
 import pytest
 
+from tests.support.dht_reads import read_latest
 from tests.support.monitor_peer import monitor_dht
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
@@ -67,7 +68,7 @@ def register_by_hand(orch: Orchestrator, join_token: str, swarm_id: str, worker_
 
 def swarm_epochs(reader: hivemind.DHT, swarm_id: str) -> list[int]:
     """Epoch of every training peer publishing progress for ``swarm_id`` (hivemind's ProgressTracker key)."""
-    found = reader.get(f"{swarm_id}_progress", latest=True)
+    found = read_latest(reader, f"{swarm_id}_progress", attempts=1)  # polled: the next poll asks again
     entries = found.value.values() if found is not None and isinstance(found.value, dict) else []
     values = [e.value for e in entries if isinstance(e.value, dict) and not e.value.get("client_mode")]
     return [int(v["epoch"]) for v in values]

@@ -11,6 +11,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from tests.support.dht_reads import read_latest
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -40,7 +41,7 @@ def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchest
     try:
         expiration = get_dht_time() + 60
         assert writer.store("spotswarm-test-key", "hello", expiration)
-        found = wait_until(lambda: reader.get("spotswarm-test-key", latest=True), 30)
+        found = wait_until(lambda: read_latest(reader, "spotswarm-test-key", attempts=1), 30)
         assert found.value == "hello"
     finally:
         writer.shutdown()
@@ -91,7 +92,10 @@ def test_a_worker_drops_unusable_initial_peers_and_joins_through_the_rest(
         other = plain_peer(orch.peers(), client_mode=True)
         try:
             assert dht.store("spotswarm-bad-peers", "joined", get_dht_time() + 60)
-            assert wait_until(lambda: other.get("spotswarm-bad-peers", latest=True), 30).value == "joined"
+            assert (
+                wait_until(lambda: read_latest(other, "spotswarm-bad-peers", attempts=1), 30).value
+                == "joined"
+            )
         finally:
             other.shutdown()
     finally:

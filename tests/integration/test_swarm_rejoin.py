@@ -18,6 +18,7 @@ import hivemind
 import pytest
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.dht_reads import read_latest
 from tests.support.waiting import wait_until
 from worker.agent.rejoin import keep_joined, rejoin
 
@@ -41,7 +42,7 @@ def alone() -> Iterator[list[hivemind.DHT]]:
 
 
 def records(dht: hivemind.DHT) -> set[str]:
-    found = dht.get(KEY, latest=True)
+    found = read_latest(dht, KEY)
     return set(found.value) if found is not None and isinstance(found.value, dict) else set()
 
 
