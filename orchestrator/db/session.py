@@ -113,7 +113,13 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # A read sees one snapshot: PostgreSQL's default (read committed) gives each statement its own, so
+        # a view's two queries could straddle a heartbeat (its samples without its loss). SQLite's deferred
+        # read transaction keeps one snapshot already.
+        readers = self.engine
+        if self.engine.dialect.name == "postgresql":
+            readers = self.engine.execution_options(isolation_level="REPEATABLE READ")
+        self._sessions = sessionmaker(readers, expire_on_commit=False)
         self._write_sessions = sessionmaker(
             self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
         )
@@ -141,7 +147,8 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        """A session for read-only work (a deferred transaction on SQLite), closed at the end."""
+        """A session for read-only work, closed at the end: one snapshot throughout (a deferred transaction
+        on SQLite, repeatable read on PostgreSQL)."""
         with self._sessions() as session:
             yield session
 
