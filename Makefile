@@ -7,10 +7,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
-# `make test` runs the tests in TEST_WORKERS processes (pytest-xdist, a module per process at a time) when
-# it is above 1. One by default: on 2 cores two swarm tests at once can run out of their time bounds.
-TEST_WORKERS ?= 1
-PYTEST_ARGS ?= $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# `make test` runs the tests in two processes (pytest-xdist): one runs the tests marked `swarm` one after
+# the other, the other runs the rest beside it at a lower priority (tests/support/lanes.py says why).
+# TEST_WORKERS=1 runs every test in one process, one at a time.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?= $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # The documentation site: where `make docs-build` writes it (ignored by git), where `make docs` serves it.
 DOCS_SITE ?= site
 DOCS_PORT ?= 8001

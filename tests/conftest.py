@@ -14,8 +14,9 @@ from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFact
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
 
-# Fixtures of tests/support modules, for every test: the moto server standing in for AWS.
-pytest_plugins = ["tests.support.aws"]
+# Plugins of tests/support modules, for every test: the moto server standing in for AWS, the two lanes
+# of a run in two processes.
+pytest_plugins = ["tests.support.aws", "tests.support.lanes"]
 
 _db_counter = itertools.count()
 
