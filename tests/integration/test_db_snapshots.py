@@ -22,6 +22,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain.runs import create_run
 from orchestrator.domain.states import WorkerState
 from orchestrator.domain.views import RunNumbers, run_numbers
+from tests.support.specs import run_spec
 from worker.wire import RunSpec
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
@@ -40,13 +41,7 @@ def database(postgres_url: str) -> Iterator[Database]:
 
 
 def _run_with_a_silent_worker(db: Database) -> tuple[int, int]:
-    spec = RunSpec(
-        name="snapshot",
-        module="worker.examples.digits:DigitsModule",
-        datamodule="worker.examples.digits:DigitsDataModule",
-        target_batch_size=64,
-        batch_size=8,
-    )
+    spec = RunSpec(**run_spec("snapshot"))
     with db.begin() as session:
         run, _ = create_run(session, spec, NOW)
         worker = Worker(
