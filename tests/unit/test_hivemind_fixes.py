@@ -22,6 +22,7 @@ from tests.support.waiting import wait_until
 from worker.strategy import hivemind_fixes
 from worker.strategy.dht import start_dht
 from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls, finalize_running_groups_on_shutdown
+from worker.strategy.keywords import averager_options
 
 pytestmark = pytest.mark.swarm
 
@@ -69,14 +70,14 @@ def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
     assert took < 2 * 2.0 + 5
 
 
-def _averager(dht: hivemind.DHT, value: float) -> hivemind.DecentralizedAverager:
+def _averager(dht: hivemind.DHT, value: float, matchmaking_time: float) -> hivemind.DecentralizedAverager:
     return hivemind.DecentralizedAverager(
         [torch.full((1000,), value)],
         dht,
         prefix="leaving_mid_round",
         target_group_size=2,
-        min_matchmaking_time=1.0,
-        request_timeout=1.0,
+        min_matchmaking_time=matchmaking_time,
+        **averager_options(None, matchmaking_time),  # the request timeout a worker's averagers get
         allreduce_timeout=60.0,
         shutdown_timeout=15.0,
         start=True,
@@ -97,16 +98,22 @@ def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceba
     )
     leaving = staying = None
     try:
-        leaving, staying = _averager(lone_dht, 1.0), _averager(second, 3.0)
+        # the leaving averager leads (hivemind's leader is the peer whose search ends first; the leaving
+        # one searches in 1 s windows, the groupmate in one of 5 s), so it is in the round even where the
+        # groupmate's request times out before the leader's go-ahead reaches it, as under load: the
+        # leader's round then stays open. Led by the groupmate, that race left the groupmate in a round
+        # it could not end (its tensors are held below) and the leaving averager in none.
+        leaving, staying = _averager(lone_dht, 1.0, 1.0), _averager(second, 3.0, 5.0)
         with staying.get_tensors():  # the groupmate's half of the round waits for its tensors
             leaving_step = leaving.step(wait=False, timeout=60)
             staying.step(wait=False, timeout=60)
             wait_until(
                 lambda: leaving_step.stage == AveragingStage.RUNNING_ALLREDUCE,
-                30,
+                45,
                 interval_s=0.05,
-                message="the two averagers begin a round",
+                message="the leaving averager begins a round",
             )
+            assert not leaving_step.done()  # the round waits for the groupmate's tensors
             leaving.shutdown()
             leaving_errors = capfd.readouterr().err
         assert "Traceback" not in leaving_errors
