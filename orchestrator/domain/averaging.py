@@ -12,7 +12,9 @@ samples push it towards the number of workers).
 
 The warning has hysteresis: it is raised (one ``run.averaging`` event) only when the whole window is
 covered, 2+ workers are live and the averaged fraction is below ``averaging_warning_fraction``; it is
-cleared (another event) once a covered window is at or above it, or fewer than 2 workers are live.
+cleared (another event) once a covered window is at or above it, or fewer than 2 workers are live. A
+window counts as covered only from a sample at which 2+ live workers had stepped through an epoch: the
+epochs a first worker trains before its partner's first step are ``alone`` by necessity, not a split.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from orchestrator.domain import events
 from worker.wire import AVERAGING_OUTCOMES, AveragingCounts
 
 EVENT_KIND = "run.averaging"
+#: the key of a sample's counts that holds how many live workers had reported counts (had trained)
+TRAINING_WORKERS = "training_workers"
 LOCAL_OUTCOMES = ("alone", "no_group", "timeout", "failed")
 ADVICE = (
     "its workers are training apart, not as one model. Check that they can reach each other (same "
@@ -37,18 +41,26 @@ ADVICE = (
 )
 
 
-def run_totals(session: Session, run_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-    """Each run's outcome counts summed over its workers (those that reported any)."""
+def run_totals(
+    session: Session, run_ids: Sequence[int], fresh_after: datetime | None = None
+) -> dict[int, dict[str, int]]:
+    """Each run's outcome counts summed over its workers (those that reported any); with ``fresh_after``,
+    also how many of those heartbeated since then (``TRAINING_WORKERS``: live workers that trained)."""
     totals: dict[int, dict[str, int]] = {}
     if not run_ids:
         return totals
-    query = select(Worker.run_id, Worker.averaging).where(Worker.run_id.in_(list(run_ids)))
-    for run_id, counts in session.execute(query):
+    query = select(Worker.run_id, Worker.averaging, Worker.last_heartbeat_at).where(
+        Worker.run_id.in_(list(run_ids))
+    )
+    for run_id, counts, heartbeat_at in session.execute(query):
         if not counts:  # not reported (a JSON null is not SQL NULL: filtered here, not in SQL)
             continue
         total = totals.setdefault(run_id, dict.fromkeys((*AVERAGING_OUTCOMES, "group_size_sum"), 0))
-        for key in total:
+        for key in (*AVERAGING_OUTCOMES, "group_size_sum"):
             total[key] += int(counts.get(key, 0))
+        if fresh_after is not None:
+            live = heartbeat_at is not None and heartbeat_at >= fresh_after
+            total[TRAINING_WORKERS] = total.get(TRAINING_WORKERS, 0) + int(live)
     return totals
 
 
@@ -92,7 +104,8 @@ def judge(
     if not samples:
         return
     newest, oldest = samples[-1], samples[0]
-    covered = oldest.at <= now - timedelta(seconds=window_s)
+    together = int((oldest.averaging or {}).get(TRAINING_WORKERS, 0)) >= 2
+    covered = together and oldest.at <= now - timedelta(seconds=window_s)
     window = summarize(
         newest.averaging or {}, oldest.averaging if len(samples) > 1 else None, window_s, covered
     )

@@ -34,7 +34,7 @@ def write(
     """Add a sample for each run of ``due`` (run id -> swarm id) and return them; workers silent since
     ``fresh_after`` count for neither loss, metrics nor throughput (``views.run_numbers``)."""
     written = []
-    totals = averaging.run_totals(session, list(due))
+    totals = averaging.run_totals(session, list(due), fresh_after)
     for run_id, numbers in views.run_numbers(session, list(due), fresh_after).items():
         progress = swarm.get(due[run_id])
         sample = ProgressSample(

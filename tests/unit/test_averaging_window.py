@@ -1,6 +1,7 @@
 """A run's averaging window and its warning (orchestrator/domain/averaging.py) on a fresh SQLite database: the
 fraction is taken between stored progress samples; the warning needs a whole window below the threshold
-with 2+ live workers, is raised once, and is cleared once (recovery, or fewer than 2 live workers)."""
+with 2+ live workers (counted from when two had trained), is raised once, and is cleared once (recovery,
+or fewer than 2 live workers)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def sample(
     live: int = 2,
     epoch: int = 0,
     samples: int = 0,
+    training: int | None = None,
 ) -> None:
-    """Store a progress sample with the run's cumulative counts, then judge the run at that moment."""
+    """Store a progress sample with the run's cumulative counts (``training``: live workers that had
+    stepped through an epoch, ``live`` unless given), then judge the run at that moment."""
     now = T0 + timedelta(seconds=at_s)
     with db.begin() as session:
         session.add(
@@ -48,7 +51,12 @@ def sample(
                 samples_total=samples,
                 samples_per_s=0.0,
                 live_workers=live,
-                averaging={"averaged": averaged, "alone": alone, "group_size_sum": 2 * averaged},
+                averaging={
+                    "averaged": averaged,
+                    "alone": alone,
+                    "group_size_sum": 2 * averaged,
+                    averaging.TRAINING_WORKERS: live if training is None else training,
+                },
             )
         )
         session.flush()
@@ -88,6 +96,34 @@ def test_the_warning_needs_a_whole_window_then_is_raised_once_and_cleared_once(d
     assert window["warning"] is None and window["averaged_fraction"] > 0.5, window
     assert len(events) == 2 and "averaging recovered" in events[1]
     assert window["mean_group_size"] == 2.0
+
+
+def test_epochs_a_first_worker_trained_before_its_partner_began_raise_no_warning(db: Database) -> None:
+    # both workers registered (live), one trains alone for a while (its epochs are all 'alone') until
+    # the other has imported its code and joins; from then on they average
+    run_id = new_run(db)
+    sample(db, run_id, 0, averaged=0, alone=0, training=0)
+    sample(db, run_id, 20, averaged=0, alone=300, training=1)
+    sample(db, run_id, 40, averaged=2, alone=310, training=2)
+    sample(db, run_id, 70, averaged=20, alone=311, training=2)
+    window, events = state(db, run_id)
+    assert not window["covered"] and window["warning"] is None and events == [], window
+    # a whole window since both trained, mostly averaged: judged, and no warning
+    sample(db, run_id, 101, averaged=60, alone=312, training=2)
+    window, events = state(db, run_id)
+    assert window["covered"] and window["warning"] is None and events == [], window
+    assert window["outcomes"]["alone"] == 2 and window["outcomes"]["averaged"] == 58
+
+
+def test_two_workers_that_never_average_get_the_warning_a_window_after_both_trained(db: Database) -> None:
+    run_id = new_run(db)
+    sample(db, run_id, 0, averaged=0, alone=0, training=1)
+    sample(db, run_id, 10, averaged=0, alone=100, training=2)
+    sample(db, run_id, 65, averaged=0, alone=400, training=2)
+    assert state(db, run_id)[0]["warning"] is None  # 65 s since the first sample, 55 s since both trained
+    sample(db, run_id, 71, averaged=0, alone=450, training=2)
+    window, events = state(db, run_id)
+    assert window["covered"] and window["warning"] and len(events) == 1, window
 
 
 def test_fewer_than_two_live_workers_clear_the_warning(db: Database) -> None:
