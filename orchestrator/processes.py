@@ -22,6 +22,7 @@ from worker.lifeline import (
 )
 
 __all__ = [
+    "COMM_MAX_BYTES",
     "command_name",
     "descendants",
     "exit_with_parent",
@@ -29,6 +30,7 @@ __all__ = [
     "leave_with_children",
     "parent_of",
     "proc_start_ticks",
+    "runs_command",
     "signal_all",
     "stat_fields",
 ]
@@ -51,6 +53,16 @@ def command_name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
+
+
+#: Linux keeps a process's command name (``comm``) to its first 15 bytes (TASK_COMM_LEN 16, with the NUL)
+COMM_MAX_BYTES = 15
+
+
+def runs_command(pid: int, name: str) -> bool:
+    """True if ``pid`` runs the program called ``name``, as Linux keeps that name (its first 15 bytes:
+    ``torch_shm_manager`` reads as ``torch_shm_manag``)."""
+    return command_name(pid) == name.encode()[:COMM_MAX_BYTES].decode(errors="ignore")
 
 
 def has_env(pid: int, name: str) -> bool:

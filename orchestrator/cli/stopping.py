@@ -44,7 +44,7 @@ def own_processes(include_workers: bool) -> list[int]:
     """This server's processes to end (see the module docstring), parents first."""
 
     def left_alone(pid: int) -> bool:
-        if processes.command_name(pid) == TORCH_SHM_MANAGER:
+        if processes.runs_command(pid, TORCH_SHM_MANAGER):
             return True
         return not include_workers and is_local_worker(pid)
 
