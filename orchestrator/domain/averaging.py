@@ -33,6 +33,8 @@ from worker.wire import AVERAGING_OUTCOMES, AveragingCounts
 EVENT_KIND = "run.averaging"
 #: the key of a sample's counts that holds how many live workers had reported counts (had trained)
 TRAINING_WORKERS = "training_workers"
+#: the keys of a worker's counts that a run's totals sum
+SUMMED_COUNTS = (*AVERAGING_OUTCOMES, "group_size_sum")
 LOCAL_OUTCOMES = ("alone", "no_group", "timeout", "failed")
 ADVICE = (
     "its workers are training apart, not as one model. Check that they can reach each other (same "
@@ -55,8 +57,8 @@ def run_totals(
     for run_id, counts, heartbeat_at in session.execute(query):
         if not counts:  # not reported (a JSON null is not SQL NULL: filtered here, not in SQL)
             continue
-        total = totals.setdefault(run_id, dict.fromkeys((*AVERAGING_OUTCOMES, "group_size_sum"), 0))
-        for key in (*AVERAGING_OUTCOMES, "group_size_sum"):
+        total = totals.setdefault(run_id, dict.fromkeys(SUMMED_COUNTS, 0))
+        for key in SUMMED_COUNTS:
             total[key] += int(counts.get(key, 0))
         if fresh_after is not None:
             live = heartbeat_at is not None and heartbeat_at >= fresh_after
