@@ -7,6 +7,11 @@ takes once per flush interval (``heartbeat_flush_interval_s``, 1 s), and then th
 (:meth:`HeartbeatHub.refresh`). A heartbeat's metrics are kept only where their names match the run's
 ``report_metrics``.
 
+A registration writes its worker to the database and then puts it in the cache at once
+(:meth:`HeartbeatHub.note`), so the worker's first heartbeat, sent with its new token, is known. A reload
+that read the database before that commit must not undo it when it installs what it read: entries noted
+after a reload began its read are kept (:class:`CacheRead` carries when the read began).
+
 The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
 worker's own peer are kept (``worker/peer_addresses.py``): its peer id is the one its swarm token was
 issued for; in a run without swarm admission (no token), any one peer's.
@@ -74,6 +79,15 @@ class RunEntry:
     name: str = ""
 
 
+@dataclass
+class CacheRead:
+    """What :meth:`HeartbeatHub.read` took from the database, and the hub's note count when it began."""
+
+    workers: dict[int, WorkerEntry]
+    runs: dict[int, RunEntry]
+    began_at_note: int
+
+
 class HeartbeatHub:
     """In-memory view of live workers and active runs, and the buffer of their latest heartbeats."""
 
@@ -94,6 +108,10 @@ class HeartbeatHub:
         # worker id -> (the addresses and peer id last filtered, what was kept): parsing costs ~0.3 ms an
         # address, and a worker reports the same ones heartbeat after heartbeat
         self._announced: dict[int, tuple[tuple[tuple[str, ...], str | None], list[str]]] = {}
+        # what was written in this process since a reload may have read: worker / run id -> note number
+        self._notes = 0
+        self._worker_noted: dict[int, int] = {}
+        self._run_noted: dict[int, int] = {}
 
     # -- the hot path (memory only) ----------------------------------------------------------------
 
@@ -151,6 +169,8 @@ class HeartbeatHub:
             entry = self._workers.get(worker_id)
             if entry is not None:
                 entry.peer_id = peer_id
+                self._notes += 1
+                self._worker_noted[worker_id] = self._notes
 
     def run_entry(self, run_id: int) -> RunEntry | None:
         with self._lock:
@@ -213,6 +233,8 @@ class HeartbeatHub:
         with self._lock:
             self._workers[entry.worker_id] = entry
             self._runs[run_entry.run_id] = run_entry
+            self._notes += 1
+            self._worker_noted[entry.worker_id] = self._run_noted[run_entry.run_id] = self._notes
 
     def _latest_epoch(self, run_id: int) -> int | None:
         with self._lock:
@@ -221,6 +243,12 @@ class HeartbeatHub:
 
     def refresh(self) -> None:
         """Reload runs and workers from the database (their states may have been changed elsewhere)."""
+        self.install(self.read())
+
+    def read(self) -> CacheRead:
+        """Read the active runs and their unended workers (the first half of :meth:`refresh`)."""
+        with self._lock:
+            began_at_note = self._notes
         with self._db.read() as session:
             active = runs.list_active_runs(session)
             run_entries = _run_entries(session, active, self._settings.swarm_admission)
@@ -233,11 +261,26 @@ class HeartbeatHub:
             worker_entries = {
                 row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7]) for row in rows
             }
+        return CacheRead(worker_entries, run_entries, began_at_note)
+
+    def install(self, read: CacheRead) -> None:
+        """Replace the cache with ``read``, keeping the entries noted since it began (they are newer) and
+        the latest heartbeat times seen here (the database has them a flush later)."""
+        worker_entries, run_entries = dict(read.workers), dict(read.runs)
         with self._lock:
+            for worker_id, noted in self._worker_noted.items():
+                if noted > read.began_at_note and worker_id in self._workers:
+                    worker_entries[worker_id] = self._workers[worker_id]
+            for run_id, noted in self._run_noted.items():
+                if noted > read.began_at_note and run_id in self._runs:
+                    run_entries[run_id] = self._runs[run_id]
+            self._worker_noted = {k: n for k, n in self._worker_noted.items() if n > read.began_at_note}
+            self._run_noted = {k: n for k, n in self._run_noted.items() if n > read.began_at_note}
             for worker_id, entry in worker_entries.items():
                 old = self._workers.get(worker_id)
                 if (
                     old is not None
+                    and old is not entry
                     and old.last_seen
                     and (entry.last_seen is None or old.last_seen > entry.last_seen)
                 ):
