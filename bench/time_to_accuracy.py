@@ -6,11 +6,15 @@ trains the digits example (data shipped with scikit-learn) from the same initial
 swarm's model reaches ``--target`` validation accuracy; the CPU threads are split evenly over the peers.
 
 Each peer is a forked process (its own process group, killed at the end) joined through one bootstrap
-DHT peer, as the orchestrator runs. After each swarm epoch a peer measures its model's accuracy on the
-validation split and writes it, with its samples so far, to a status file. A configuration reaches the
-target when any of its peers does (averaged peers hold the same model); its samples are those of all its
-peers at that moment, its time counts from the first peer's first step. Configurations alternate trial
-by trial, so a machine that gets busier meanwhile hurts all alike; the table shows medians.
+DHT peer, as the orchestrator runs. The bootstrap peer is forked too: this process never starts hivemind
+(whose threads a later fork would copy mid-work), and it waits for every child with a deadline. Each
+peer's output goes to a log file whose end is printed when a configuration misses its target.
+
+After each swarm epoch a peer measures its model's accuracy on the validation split and writes it, with
+its samples so far, to a status file. A configuration reaches the target when any of its peers does
+(averaged peers hold the same model); its samples are those of all its peers at that moment, its time
+counts from the first peer's first step. Configurations alternate trial by trial, so a machine that gets
+busier meanwhile hurts all alike; the table shows medians.
 
 ``python bench/time_to_accuracy.py [--peers 1,2,4] [--trials 3] [--target 0.93] [--accelerator cpu]``
 """
@@ -47,10 +51,7 @@ def run_peer(
     status_path: str, initial_peers: list[str], run_id: str, threads: int, peers: int, args: Any
 ) -> None:
     """One peer (a forked child): trains until the parent kills it, reporting accuracy per swarm epoch."""
-    os.setsid()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    to_log(status_path + ".log")
     import torch
     from lightning.pytorch import Callback, Trainer
 
@@ -115,6 +116,34 @@ def run_peer(
     trainer.fit(DigitsModule(hidden=args.hidden, lr=args.lr), data)
 
 
+def to_log(path: str) -> None:
+    """Start a forked child's own process group, its output going to ``path``."""
+    os.setsid()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+
+
+def run_bootstrap(maddrs_path: str) -> None:
+    """The bootstrap DHT peer (a forked child): writes its addresses to ``maddrs_path``, then waits."""
+    to_log(maddrs_path + ".log")
+    import hivemind
+
+    dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    tmp = maddrs_path + ".tmp"
+    Path(tmp).write_text(json.dumps([str(addr) for addr in dht.get_visible_maddrs()]))
+    os.replace(tmp, maddrs_path)
+    while True:
+        time.sleep(3600)
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
 def read(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))
@@ -123,23 +152,30 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def trial(peers: int, index: int, args: Any, workdir: Path) -> Reached | None:
-    """Train ``peers`` peers until one reaches the target (None: not within ``--timeout-s``)."""
-    import hivemind
-
+    """Train ``peers`` peers until one reaches the target (None: not within ``--timeout-s``, and the end
+    of each child's log is printed)."""
     threads = max(1, (os.cpu_count() or 1) // peers)
-    bootstrap = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    initial = [str(addr) for addr in bootstrap.get_visible_maddrs()]
-    statuses = [workdir / f"p{peers}-t{index}-peer{p}.json" for p in range(peers)]
     context = mp.get_context("fork")  # hivemind cannot be pickled into a spawned process
+    maddrs_path = workdir / f"p{peers}-t{index}-bootstrap.json"
+    bootstrap = context.Process(target=run_bootstrap, args=(str(maddrs_path),))
+    statuses = [workdir / f"p{peers}-t{index}-peer{p}.json" for p in range(peers)]
     run_id = f"tta-{peers}-{index}-{os.getpid()}"
-    procs = [
-        context.Process(target=run_peer, args=(str(s), initial, run_id, threads, peers, args))
-        for s in statuses
-    ]
+    procs: list[Any] = []
+    deadline = time.monotonic() + args.timeout_s
     try:
+        bootstrap.start()
+        while not maddrs_path.exists():
+            if time.monotonic() > deadline or not bootstrap.is_alive():
+                print(f"the bootstrap peer did not start:\n{log_tail(Path(str(maddrs_path) + '.log'))}")
+                return None
+            time.sleep(0.1)
+        initial = json.loads(maddrs_path.read_text())
+        procs = [
+            context.Process(target=run_peer, args=(str(s), initial, run_id, threads, peers, args))
+            for s in statuses
+        ]
         for proc in procs:
             proc.start()
-        deadline = time.monotonic() + args.timeout_s
         while time.monotonic() < deadline:
             seen = [read(s) for s in statuses]
             best = max((s for s in seen if s), key=lambda s: s["accuracy"], default=None)
@@ -147,12 +183,14 @@ def trial(peers: int, index: int, args: Any, workdir: Path) -> Reached | None:
                 started = min(s["started"] for s in seen if s)
                 return Reached(best["at"] - started, sum(s.get("samples", 0) for s in seen))
             if not any(proc.is_alive() for proc in procs):
-                return None
+                break
             time.sleep(0.2)
+        for status in statuses:
+            print(f"{status.name}: last status {read(status) or 'none'}; its log ends:")
+            print(log_tail(Path(str(status) + ".log")))
         return None
     finally:
-        kill_peers(procs)
-        bootstrap.shutdown()
+        kill_peers([*procs, bootstrap])
 
 
 def commit() -> str:
@@ -199,7 +237,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 and 2 peers, 1 trial, target 0.8")
     args = parser.parse_args()
     if args.quick:
-        args.peers, args.trials, args.target, args.timeout_s = "1,2", 1, 0.8, 120.0
+        # a quiet 2-core machine reaches 0.8 about 1 s after the first step, some 15 s after the start
+        args.peers, args.trials, args.target, args.timeout_s = "1,2", 1, 0.8, 100.0
     counts = [int(p) for p in args.peers.split(",")]
     results: dict[int, list[Reached]] = {n: [] for n in counts}
     load_before = os.getloadavg()[0]

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_time_to_accuracy_quick_mode_prints_its_table(processes: ProcessRegistry) -> None:
     bench = processes.start("tta", [sys.executable, str(REPO_ROOT / "bench/time_to_accuracy.py"), "--quick"])
-    wait_until(lambda: bench.popen.poll() is not None, 270, message="the benchmark ends")
+    try:  # its trials give up after 100 s each, so this bound is met unless the script itself hangs
+        wait_until(lambda: bench.popen.poll() is not None, 270, message="the benchmark ends")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; its output so far:\n{bench.log()[-4000:]}") from None
     out = bench.log()
     assert bench.popen.returncode == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]

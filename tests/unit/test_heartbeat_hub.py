@@ -37,7 +37,7 @@ def new_hub(db: Database) -> tuple[HeartbeatHub, int]:
 
 
 def launch_intent(db: Database, run_id: int) -> tuple[int, str, str]:
-    """A launching worker row, as the reconciler writes it before a launch: its id, request id, launch token."""
+    """A launching worker row as the reconciler writes it before a launch: id, request id, launch token."""
     with db.begin() as session:
         run = session.get(Run, run_id)
         assert run is not None
@@ -60,7 +60,7 @@ def test_a_reload_that_read_before_a_registration_keeps_the_registered_worker(db
     worker_id, request_id, launch_token = launch_intent(db, run_id)
     hub.refresh()
     read_before = hub.read()  # the writer thread's reload reads ...
-    registered_id, worker_token = register(db, hub, launch_token, request_id)  # ... a registration commits ...
+    registered_id, worker_token = register(db, hub, launch_token, request_id)  # ... one registers ...
     hub.install(read_before)  # ... and the reload installs what it read
 
     entry = hub.cached(worker_id)
