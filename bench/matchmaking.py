@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers
+from bench.forked_peers import become_peer, kill_peers
 
 AVERAGED_LINE = "Averaged gradients with"
 EPOCH_LINE = "Transitioning to epoch"
@@ -59,9 +58,7 @@ def run_peer(
     log_path: str, initial_peers: list[str], run_id: str, args: argparse.Namespace, keep: bool
 ) -> None:
     """One peer (a forked child): its own process group, stderr to ``log_path``, trains until time is up."""
-    os.setsid()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)
+    become_peer(log_path, stdout=False)
     import torch
     from lightning.pytorch import Trainer
 

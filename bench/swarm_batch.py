@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers
+from bench.forked_peers import become_peer, kill_peers
 
 #: what each variant changes: hivemind's own epoch judgement, or strategy options
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -36,9 +36,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Namespace, tracker: str) -> None:
     """One peer (a forked child, its own process group): trains, then writes its counts to ``out``."""
-    os.setsid()
-    fd = os.open(out + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)
+    become_peer(out + ".log", stdout=False)
     import torch
     from lightning.pytorch import Trainer
 

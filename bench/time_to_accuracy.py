@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.forked_peers import kill_peers
+from bench.forked_peers import become_peer, kill_peers
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,7 +51,7 @@ def run_peer(
     status_path: str, initial_peers: list[str], run_id: str, threads: int, peers: int, args: Any
 ) -> None:
     """One peer (a forked child): trains until the parent kills it, reporting accuracy per swarm epoch."""
-    to_log(status_path + ".log")
+    become_peer(status_path + ".log")
     import torch
     from lightning.pytorch import Callback, Trainer
 
@@ -116,17 +116,9 @@ def run_peer(
     trainer.fit(DigitsModule(hidden=args.hidden, lr=args.lr), data)
 
 
-def to_log(path: str) -> None:
-    """Start a forked child's own process group, its output going to ``path``."""
-    os.setsid()
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-
-
 def run_bootstrap(maddrs_path: str) -> None:
     """The bootstrap DHT peer (a forked child): writes its addresses to ``maddrs_path``, then waits."""
-    to_log(maddrs_path + ".log")
+    become_peer(maddrs_path + ".log")
     import hivemind
 
     dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.strategy import HivemindStrategy
+from worker.strategy.hivemind_fixes import own_mpfuture_locks
 from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOP_GRACE_S = 20.0
@@ -65,8 +66,10 @@ class Reporter(Callback):
 
 
 def run_peer(config: PeerConfig, reports: mp.Queue) -> None:
-    """One peer: its own session (so its group can be signalled), then train until time is up."""
+    """One peer: its own session (so its group can be signalled) and hivemind locks (so a peer killed
+    while holding one cannot block the others), then train until time is up."""
     os.setsid()
+    own_mpfuture_locks()
     logging.basicConfig(
         level=logging.WARNING, format=f"[peer {config.index}] %(name)s %(levelname)s %(message)s"
     )

@@ -6,6 +6,10 @@ re-check each against its test (named in its docstring) and delete what upstream
 
 - :func:`keep_averager_tasks_alive`: averagers' matchmaking tasks destroyed half-way by the garbage
   collector, leaving a peer that never finds a group again.
+- :func:`cancel_rounds_before_signalling`: a cancelled averaging round that goes on, joins a groupmate's
+  round with stale tensors, and holds the averager until the next round times out.
+- :func:`own_mpfuture_locks`: peers forked from one process sharing hivemind's inter-process locks, so one
+  killed while holding a lock blocks all the others.
 - :func:`bound_matchmaking_dht_calls`: an averager's matchmaking waiting forever for a DHT request that
   is never answered, with the same outcome.
 - :func:`finalize_running_groups_on_shutdown`: an averager shut down in the middle of a round dying with a
@@ -46,7 +50,9 @@ from typing import Any
 
 import hivemind
 from hivemind.averaging import averager as averager_module
+from hivemind.averaging.control import StepControl
 from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.utils.mpfuture import MPFuture
 
 from worker.logsetup import install_filter
 
@@ -105,6 +111,71 @@ def keep_averager_tasks_alive() -> None:
 
     setattr(loop_keeping_tasks, _MARK, True)
     averager_module.switch_to_uvloop = loop_keeping_tasks
+
+
+# -- cancelled rounds that go on -----------------------------------------------------------------------
+
+
+def cancel_rounds_before_signalling() -> None:
+    """Make ``StepControl.cancel`` write the cancelled state before it tells the averager (idempotent).
+
+    Upstream behaviour (hivemind 1.1.12): ``StepControl.cancel`` first cancels the round's trigger and
+    sets its cancel future, both of which wake the averager's process, and only then marks the control
+    itself cancelled. The averager, woken, asks ``step.cancelled()``; if the trainer's process has not
+    yet run that last line (a loaded machine deschedules it for a moment), the answer is no, and the
+    averager goes on with the round. Its trigger being cancelled counts as "triggered", so the round
+    joins the first group it finds and averages whatever the averager's buffers hold; the partner
+    averages its gradients with those stale tensors, and this averager's next round waits on the
+    matchmaking lock behind it ("Another look_for_group is already in progress"), then finds no group
+    (the partner moved on) and the trainer waits out ``averaging_timeout`` on it. ``hivemind.Optimizer``
+    cancels a pre-scheduled round each epoch that its tracker counts no other peer, so a swarm's first
+    epochs, where peers see each other a moment apart, hit it: in ``bench/time_to_accuracy.py`` two peers
+    stalled for the 10 s averaging timeout in 2 of 6 trials on a loaded 2-core machine.
+
+    The fix writes the state first: by the time the averager is woken, ``cancelled()`` is true, and it
+    leaves matchmaking as hivemind means it to. Call this before hivemind forks its averagers.
+
+    Upstream issue: none found. Test: ``tests/unit/test_cancelled_rounds.py`` (the race made certain
+    with a delayed state write; without the fix a cancelled round averages with a groupmate).
+    """
+    cancel = StepControl.cancel
+    if getattr(cancel, _MARK, False):
+        return
+
+    @functools.wraps(cancel)
+    def cancel_then_signal(self: StepControl) -> bool:
+        cancelled = MPFuture.cancel(self)  # the state the averager reads, first
+        if self._cancel is not None and not self._cancel.done():
+            self._cancel.set_result(None)
+        if self._trigger is not None:
+            self._trigger.cancel()
+        return cancelled
+
+    setattr(cancel_then_signal, _MARK, True)
+    StepControl.cancel = cancel_then_signal  # type: ignore[method-assign]
+
+
+# -- inter-process locks of forked peers ----------------------------------------------------------------
+
+
+def own_mpfuture_locks() -> None:
+    """Give this process, and the processes it forks from now on, hivemind's inter-process locks of its own.
+
+    Upstream behaviour (hivemind 1.1.12): ``MPFuture`` and ``SharedBytes`` serialise their writes with
+    ``multiprocessing`` locks made when ``hivemind.utils.mpfuture`` is imported, so every process forked
+    from the importing one shares them, whatever its role. A process killed (SIGKILL) while it holds one,
+    which it does for each result it sends, leaves it held for good: every other process of that family
+    then blocks at its next send, and a DHT started by any of them never reports ready. Peers forked from
+    one process (the local-swarm example, the benchmarks) and killed one at a time are such a family; in
+    ``bench/time_to_accuracy.py``, whose parent started a DHT of its own before forking its peers, the
+    next trial's DHT hung after the previous trial's peers were killed (CI: the benchmark never ended).
+
+    Call it first thing in a forked peer, before it uses hivemind: hivemind's own ``reset_backend`` makes
+    fresh locks, which the peer's DHT and averagers (forked from it) then share with it and no one else.
+
+    Upstream issue: none found. Test: ``tests/unit/test_forked_peer_locks.py``.
+    """
+    MPFuture.reset_backend()
 
 
 #: how long an averager's matchmaking waits for one DHT call (a healthy one takes well under a second)

@@ -23,6 +23,7 @@ from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
 from worker.strategy.checks import warn_if_zero_grad_overridden
 from worker.strategy.hivemind_fixes import (
     bound_matchmaking_dht_calls,
+    cancel_rounds_before_signalling,
     expose_defaults,
     finalize_running_groups_on_shutdown,
     keep_averager_tasks_alive,
@@ -40,6 +41,7 @@ def build_hivemind_optimizer(
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
+    cancel_rounds_before_signalling()
     bound_matchmaking_dht_calls()
     finalize_running_groups_on_shutdown()
     if not hivemind_creates_optimizer:

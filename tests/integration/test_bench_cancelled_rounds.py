@@ -1,0 +1,30 @@
+"""bench/cancelled_rounds.py with one round: both cancel orders train two real peers to the target and the
+table prints, with its machine, load and commit, so the script cannot rot between benchmark runs."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.mark.timeout(200)
+def test_cancelled_rounds_bench_prints_both_orders(processes: ProcessRegistry) -> None:
+    bench = processes.start(
+        "cancel", [sys.executable, str(REPO_ROOT / "bench/cancelled_rounds.py"), "--rounds", "1"]
+    )
+    try:  # each trial gives up after 60 s
+        wait_until(lambda: bench.popen.poll() is not None, 180, message="the benchmark ends")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; its output so far:\n{bench.log()[-4000:]}") from None
+    out = bench.log()
+    assert bench.popen.returncode == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["cancel order", "hivemind", "strategy"], out
+    assert all(r.split("|")[2].strip() == "1/1" for r in rows[1:]), out
+    assert "machine:" in out and "load average" in out and "commit" in out
