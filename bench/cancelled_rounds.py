@@ -47,7 +47,9 @@ def main() -> int:
         for index in range(args.rounds):
             for order in ORDERS:
                 optimizer.cancel_rounds_before_signalling = fixed if order == "strategy" else lambda: None
-                result = tta.trial(2, index, settings, Path(tmp))
+                workdir = Path(tmp) / order  # its own status files
+                workdir.mkdir(exist_ok=True)
+                result = tta.trial(2, index, settings, workdir)
                 text = f"{result.seconds:.1f} s, {result.samples} samples" if result else "not reached"
                 print(f"round {index + 1}/{args.rounds}, {order}'s cancel order: {text}", flush=True)
                 reached[order].append(result)
