@@ -6,10 +6,12 @@ answers ends, and an averager shut down in the middle of a round ends it instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
 import time
+from typing import Any
 
 import hivemind
 import pytest
@@ -84,7 +86,35 @@ def _averager(dht: hivemind.DHT, value: float, matchmaking_time: float) -> hivem
     )
 
 
-@pytest.mark.timeout(90)
+#: rounds the test may start before one holds together until its all-reduce (under load a groupmate's
+#: request can time out after the leader formed the group: the leader's all-reduce then fails at once)
+ROUND_ATTEMPTS = 3
+
+
+def _a_round_in_its_all_reduce(
+    leaving: hivemind.DecentralizedAverager, staying: hivemind.DecentralizedAverager
+) -> Any:
+    """Start rounds of both averagers, the groupmate's tensors held so that its half cannot finish, until
+    the leaving averager's round is in its all-reduce; return that round's step (tensors still held)."""
+    for attempt in range(1, ROUND_ATTEMPTS + 1):
+        staying.lock_averaged_tensors.acquire()  # as get_tensors(): the groupmate's half waits for them
+        leaving_step = leaving.step(wait=False, timeout=60)
+        staying_step = staying.step(wait=False, timeout=60)
+        wait_until(
+            lambda: leaving_step.stage == AveragingStage.RUNNING_ALLREDUCE or leaving_step.done(),
+            45,
+            interval_s=0.05,
+            message=f"the leaving averager begins a round (attempt {attempt})",
+        )
+        if not leaving_step.done():
+            return leaving_step
+        staying.lock_averaged_tensors.release()  # let the groupmate's half end, then start again
+        with contextlib.suppress(Exception):
+            staying_step.result(timeout=60)
+    raise AssertionError(f"no round held together until its all-reduce in {ROUND_ATTEMPTS} attempts")
+
+
+@pytest.mark.timeout(240)
 def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceback(
     lone_dht: hivemind.DHT, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,18 +134,13 @@ def test_an_averager_shut_down_in_the_middle_of_a_round_leaves_without_a_traceba
         # leader's round then stays open. Led by the groupmate, that race left the groupmate in a round
         # it could not end (its tensors are held below) and the leaving averager in none.
         leaving, staying = _averager(lone_dht, 1.0, 1.0), _averager(second, 3.0, 5.0)
-        with staying.get_tensors():  # the groupmate's half of the round waits for its tensors
-            leaving_step = leaving.step(wait=False, timeout=60)
-            staying.step(wait=False, timeout=60)
-            wait_until(
-                lambda: leaving_step.stage == AveragingStage.RUNNING_ALLREDUCE,
-                45,
-                interval_s=0.05,
-                message="the leaving averager begins a round",
-            )
+        leaving_step = _a_round_in_its_all_reduce(leaving, staying)
+        try:
             assert not leaving_step.done()  # the round waits for the groupmate's tensors
             leaving.shutdown()
             leaving_errors = capfd.readouterr().err
+        finally:
+            staying.lock_averaged_tensors.release()  # the groupmate's tensors, held by the helper
         assert "Traceback" not in leaving_errors
         assert leaving.exitcode == 0
     finally:
