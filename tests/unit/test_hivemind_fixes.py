@@ -101,7 +101,7 @@ def _a_round_in_its_all_reduce(
         leaving_step = leaving.step(wait=False, timeout=60)
         staying_step = staying.step(wait=False, timeout=60)
         wait_until(
-            lambda: leaving_step.stage == AveragingStage.RUNNING_ALLREDUCE or leaving_step.done(),
+            lambda step=leaving_step: step.stage == AveragingStage.RUNNING_ALLREDUCE or step.done(),
             45,
             interval_s=0.05,
             message=f"the leaving averager begins a round (attempt {attempt})",
