@@ -17,10 +17,11 @@ import hivemind
 import pytest
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.averaging.control import StepControl
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.utils.mpfuture import MPFuture
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.waiting import wait_until
 from worker.strategy.hivemind_fixes import cancel_rounds_before_signalling
 
 A_VALUE, B_VALUE = 1.0, 3.0
@@ -65,7 +66,8 @@ def b_looks_while_a_cancels(
 ) -> tuple[str, float]:
     """A schedules a round and cancels it (with ``cancel``) as B looks for a group: B's outcome and value."""
     control = a.step(scheduled_time=get_dht_time() + 1.0, wait=False, require_trigger=True, timeout=10)
-    time.sleep(0.1)  # A is looking for a group
+    looking = AveragingStage.LOOKING_FOR_GROUP
+    wait_until(lambda: control.stage == looking, 10, interval_s=0.01, message="A looks for a group")
     outcome: list[str] = []
 
     def b_round() -> None:
