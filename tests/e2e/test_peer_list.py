@@ -108,7 +108,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     saved = tmp_path / "peers.json"
     saved.write_text(json.dumps({"initial_peers": saved_peers(loop_data_dir, first)}))
     progress = tmp_path / "hand-progress.json"
-    processes.start(
+    hand = processes.start(
         "hand-worker",
         [
             sys.executable,
@@ -137,11 +137,15 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         )
     finally:
         dht.shutdown()
-    wait_until(
-        lambda: (hand := json.loads(progress.read_text()))["num_peers"] == 3 and hand["epoch"] >= min(epochs),
-        30,
-        message="the hand-started worker counts three peers",
-    )
+    low = min(epochs)
+    try:
+        wait_until(
+            lambda: (seen := json.loads(progress.read_text()))["num_peers"] == 3 and seen["epoch"] >= low,
+            30,
+            message="the hand-started worker counts three peers",
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; the hand-started worker's log ends:\n{hand.log()[-4000:]}") from None
 
     restarted_at = datetime.now(UTC)
     orch = start_loop_orchestrator(
