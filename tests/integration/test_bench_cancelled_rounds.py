@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from tests.support.processes import REPO_ROOT, ProcessRegistry
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -18,11 +17,7 @@ def test_cancelled_rounds_bench_prints_both_orders(processes: ProcessRegistry) -
     bench = processes.start(
         "cancel", [sys.executable, str(REPO_ROOT / "bench/cancelled_rounds.py"), "--rounds", "1"]
     )
-    try:  # each trial gives up after 60 s
-        wait_until(lambda: bench.popen.poll() is not None, 180, message="the benchmark ends")
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}; its output so far:\n{bench.log()[-4000:]}") from None
-    out = bench.log()
+    out = bench.wait_for_exit(180, "the benchmark")  # each trial gives up after 60 s
     assert bench.popen.returncode == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["cancel order", "hivemind", "strategy"], out

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from tests.support.processes import REPO_ROOT, ProcessRegistry
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
 
@@ -17,11 +16,7 @@ pytestmark = pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_time_to_accuracy_quick_mode_prints_its_table(processes: ProcessRegistry) -> None:
     bench = processes.start("tta", [sys.executable, str(REPO_ROOT / "bench/time_to_accuracy.py"), "--quick"])
-    try:  # its trials give up after 100 s each, so this bound is met unless the script itself hangs
-        wait_until(lambda: bench.popen.poll() is not None, 270, message="the benchmark ends")
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}; its output so far:\n{bench.log()[-4000:]}") from None
-    out = bench.log()
+    out = bench.wait_for_exit(270, "the benchmark")  # its trials give up after 100 s each
     assert bench.popen.returncode == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[0].startswith("| peers |") and [r.split("|")[1].strip() for r in rows[1:]] == ["1", "2"], out

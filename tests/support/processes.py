@@ -50,6 +50,14 @@ class ManagedProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def wait_for_exit(self, timeout_s: float, what: str) -> str:
+        """Wait until the process has ended and return its log; fail with the log's end when it has not."""
+        try:
+            wait_until(lambda: self.popen.poll() is not None, timeout_s, message=f"{what} ends")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; its output so far:\n{self.log()[-4000:]}") from None
+        return self.log()
+
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
