@@ -34,10 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="trials per cancel order (they alternate)")
     args = parser.parse_args()
-    settings = argparse.Namespace(
-        target_batch_size=256, batch_size=32, hidden=64, lr=0.01, matchmaking_time=1.0,
-        averaging_timeout=10.0, full_groups=True, accelerator="cpu", timeout_s=60.0, target=0.8,
-    )  # fmt: skip
+    settings = tta.build_parser().parse_args(["--target", "0.8", "--timeout-s", "60"])  # its defaults else
     import worker.strategy.optimizer as optimizer  # the peers are forked: they see what is set here
 
     fixed = optimizer.cancel_rounds_before_signalling

@@ -6,8 +6,9 @@ trains the digits example (data shipped with scikit-learn) from the same initial
 swarm's model reaches ``--target`` validation accuracy; the CPU threads are split evenly over the peers.
 
 Each peer is a forked process (its own process group, killed at the end) joined through one bootstrap
-DHT peer, as the orchestrator runs. The bootstrap peer is forked too: this process never starts hivemind
-(whose threads a later fork would copy mid-work), and it waits for every child with a deadline. Each
+DHT peer, as the orchestrator runs. The bootstrap peer is forked too, and each child takes hivemind's
+inter-process locks of its own, so a peer killed while holding one blocks no other process; this one
+waits for every child with a deadline. Each
 peer's output goes to a log file whose end is printed when a configuration misses its target.
 
 After each swarm epoch a peer measures its model's accuracy on the validation split and writes it, with
@@ -207,7 +208,8 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({model or 'unknown CPU'})"
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options with their defaults (``bench/cancelled_rounds.py`` trains with them too)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peers", default="1,2,4", help="peer counts, comma-separated (the first: base)")
     parser.add_argument("--trials", type=int, default=3, help="trials per configuration (they alternate)")
@@ -227,7 +229,11 @@ def main() -> int:
     parser.add_argument("--accelerator", default="cpu", help="cpu or cuda (one device per peer process)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="give up on a trial after this")
     parser.add_argument("--quick", action="store_true", help="1 and 2 peers, 1 trial, target 0.8")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     if args.quick:
         # a quiet 2-core machine reaches 0.8 about 1 s after the first step, some 15 s after the start
         args.peers, args.trials, args.target, args.timeout_s = "1,2", 1, 0.8, 100.0

@@ -13,11 +13,11 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 
 import hivemind
 from hivemind.utils.mpfuture import MPFuture
 
+from tests.support.waiting import wait_until
 from worker.strategy.hivemind_fixes import own_mpfuture_locks
 
 READY_S = 10.0
@@ -25,7 +25,14 @@ READY_S = 10.0
 
 def holds_the_lock_until_killed() -> None:
     MPFuture._update_lock.acquire()
-    time.sleep(600)
+    signal.pause()  # until killed
+
+
+def held_by_another() -> bool:
+    if MPFuture._update_lock.acquire(block=False):
+        MPFuture._update_lock.release()
+        return False
+    return True
 
 
 def starts_a_dht(own_locks: bool) -> None:
@@ -42,13 +49,7 @@ def main() -> int:
     context = mp.get_context("fork")
     holder = context.Process(target=holds_the_lock_until_killed)
     holder.start()
-    deadline = time.monotonic() + 10
-    while MPFuture._update_lock.acquire(block=False):  # until the holder has it
-        MPFuture._update_lock.release()
-        if time.monotonic() > deadline:
-            print("the holder never took the lock")
-            return 2
-        time.sleep(0.05)
+    wait_until(held_by_another, 10, interval_s=0.05, message="the holder takes the lock")
     os.kill(holder.pid or 0, signal.SIGKILL)
     holder.join()
     peer = context.Process(target=starts_a_dht, args=(own_locks,))
