@@ -104,6 +104,7 @@ def run_peer(
         averaging_timeout=args.averaging_timeout,
         # a full group starts averaging at once instead of waiting out matchmaking_time
         averager_opts={"target_group_size": peers} if args.full_groups else None,
+        **({} if args.next_chunk_timeout is None else {"next_chunk_timeout": args.next_chunk_timeout}),
     )
     trainer = Trainer(
         strategy=strategy,
@@ -209,7 +210,7 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The benchmark's options with their defaults (``bench/cancelled_rounds.py`` trains with them too)."""
+    """The benchmark's options with their defaults (``bench/swarm_start.py`` trains with them too)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peers", default="1,2,4", help="peer counts, comma-separated (the first: base)")
     parser.add_argument("--trials", type=int, default=3, help="trials per configuration (they alternate)")
@@ -225,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="averager_opts target_group_size = peers: a round starts once every peer joined it",
+    )
+    parser.add_argument(
+        "--next-chunk-timeout",
+        type=float,
+        default=None,
+        help="seconds a round waits on a groupmate's tensors (default: the strategy's)",
     )
     parser.add_argument("--accelerator", default="cpu", help="cpu or cuda (one device per peer process)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="give up on a trial after this")

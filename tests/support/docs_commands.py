@@ -149,7 +149,7 @@ RUN_ELSEWHERE = {
     "spotswarm checkpoints download NAME [EPOCH] [-o PATH] # latest by default; SHA-256 verified": "tests/integration/test_cli_workers.py::test_checkpoints_list_and_download_verified",
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",
     ".venv/bin/python bench/time_to_accuracy.py --quick # 1 and 2 peers, one trial, target 0.8: about a minute": "tests/integration/test_bench_time_to_accuracy.py::test_time_to_accuracy_quick_mode_prints_its_table",
-    ".venv/bin/python bench/cancelled_rounds.py --rounds 1 # both cancel orders once: about half a minute": "tests/integration/test_bench_cancelled_rounds.py::test_cancelled_rounds_bench_prints_both_orders",
+    ".venv/bin/python bench/swarm_start.py --rounds 1 # every arm once: about a minute": "tests/integration/test_bench_swarm_start.py::test_swarm_start_bench_prints_every_arm",
     "make docs-build # the site built with --strict into site/, as CI does": "tests/integration/test_docs_site.py::test_make_docs_build_builds_the_site_strictly_with_its_generated_reference",
     "make docs # the documentation site on 127.0.0.1, rebuilt as you edit; prints its URL": "tests/e2e/test_docs_site.py::test_make_docs_serves_the_site_and_the_browser_asks_nothing_of_other_hosts",
 }
@@ -196,7 +196,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/swarm_batch.py --peers 2,4 --trials 2 --seconds 40 --target-batch-size 4096 --hidden 64 --trackers hivemind,swarm,state10 --trace": "a benchmark of about 15 minutes with real peers; tests/unit/test_swarm_tracker.py checks the tracker it measures",
     ".venv/bin/python bench/swarm_batch.py --peers 2,4 --trials 2 --seconds 60 --target-batch-size 16384 --hidden 64 --trackers state10 --trace": "a benchmark of about 5 minutes with real peers; tests/unit/test_swarm_tracker.py checks the tracker it measures",
     ".venv/bin/python bench/averaging.py --trials 2 --seconds 60 # admission on and off, side by side": "a benchmark of about 8 minutes with real training workers; tests/e2e/test_averaging_outcomes.py and the completion test in tests/e2e/test_runs_keep_going.py read the same counts",
-    ".venv/bin/python bench/cancelled_rounds.py --rounds 8": "a benchmark of a few minutes with real peers; tests/integration/test_bench_cancelled_rounds.py runs one round",
+    ".venv/bin/python bench/swarm_start.py --rounds 8": "a benchmark of a few minutes with real peers; tests/integration/test_bench_swarm_start.py runs one round",
     ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 3 --target 0.95 [--accelerator cuda]": "a benchmark of many minutes (or a CUDA GPU); tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
     ".venv/bin/python bench/strategy_overhead.py --accelerator cuda --hidden 4096 --depth 4 --batch-size 1024": "needs a CUDA GPU",
     ".venv/bin/python bench/strategy_overhead.py --short --variants loop sbloop peer1 --rounds 3": "a benchmark of about a minute and a half; its numbers vary with the machine",

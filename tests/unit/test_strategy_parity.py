@@ -169,3 +169,10 @@ def test_both_averagers_wait_on_a_leader_for_less_than_the_matchmaking_time() ->
     for averager in (strategy.optimizer.grad_averager, strategy.optimizer.state_averager):
         kwargs = averager.matchmaking_kwargs
         assert kwargs["request_timeout"] == 0.5 < kwargs["min_matchmaking_time"] == 1.0
+        assert averager.allreduce_kwargs["sender_timeout"] == 1.0  # hivemind's: matchmaking_time
+
+
+def test_a_chunk_timeout_given_to_the_strategy_reaches_the_gradient_rounds() -> None:
+    strategy = make_strategy(target_batch_size=32, next_chunk_timeout=7.0)
+    make_trainer(strategy, max_steps=1).fit(DigitsModule(), digits(batch_size=32))
+    assert strategy.optimizer.grad_averager.allreduce_kwargs["sender_timeout"] == 7.0

@@ -80,6 +80,8 @@ class HivemindStrategy(Strategy):
         averager_opts: keyword arguments for hivemind's averagers. ``request_timeout`` defaults to half of
             ``matchmaking_time`` (at most hivemind's 3 s): hivemind asks for it below the matchmaking time,
             where a follower waiting on an unresponsive leader can otherwise outlast the round.
+            ``next_chunk_timeout`` (an optimizer keyword) is how long a round waits on a late groupmate:
+            hivemind's ``matchmaking_time`` unless given (docs/guides/strategy.md says when to raise it).
         host_maddrs: multiaddrs to listen on (default: every IPv4 interface, a free TCP port).
         initial_peers: multiaddrs (list or comma-separated) of any swarm member; default: the
             ``INITIAL_PEERS`` (or ``PL_INITIAL_PEERS``) environment variable; none starts a new swarm.
