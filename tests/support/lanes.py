@@ -1,6 +1,6 @@
-"""Two lanes for a run in two processes (``make test TEST_WORKERS=2``: pytest-xdist, ``--dist loadgroup``).
+"""Two lanes for a run in two processes (``make test``: pytest-xdist, ``--dist loadgroup``).
 
-About a third of two cores sits idle through a one-process run: tests that wait on timers, and
+About a third of two cores sits idle through a one-process run (``make test TEST_WORKERS=1``): tests that wait on timers, and
 in-process API tests that use one core. The tests marked ``swarm`` (real hivemind peers training) use
 the rest, and two of them at once run out of their time bounds on 2 cores. So the swarm tests form one
 group that a single process runs one after the other, first, while the other process takes the other
