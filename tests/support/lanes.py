@@ -1,10 +1,11 @@
 """Two lanes for a run in two processes (``make test``: pytest-xdist, ``--dist loadgroup``).
 
-About a third of two cores sits idle through a one-process run (``make test TEST_WORKERS=1``): tests that wait on timers, and
-in-process API tests that use one core. The tests marked ``swarm`` (real hivemind peers training) use
-the rest, and two of them at once run out of their time bounds on 2 cores. So the swarm tests form one
-group that a single process runs one after the other, first, while the other process takes the other
-tests in order (a module's tests one after the other, so that its module-scoped fixtures start once).
+About a third of two cores sits idle through a one-process run (``make test TEST_WORKERS=1``): tests
+that wait on timers, and in-process API tests that use one core. The tests marked ``swarm`` (real
+hivemind peers training) use the rest, and two of them at once run out of their time bounds on 2
+cores. So the swarm tests form one group that a single process runs one after the other, first, while
+the other process takes the other tests in order (a module's tests one after the other, so that its
+module-scoped fixtures start once).
 
 A process lowers its priority (``nice``, inherited by the orchestrators and workers its tests start)
 before its first test outside the swarm lane: where both lanes want the cores, the swarm lane gets most
