@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import hivemind
 import pytest
-import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.utils.mpfuture import MPFuture
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.averagers import averager_pair
 from tests.support.waiting import wait_until
 from worker.strategy.hivemind_fixes import cancel_rounds_before_signalling
 
@@ -32,20 +31,10 @@ DESCHEDULED_S = 0.5
 
 @pytest.fixture
 def pair() -> Iterator[tuple[DecentralizedAverager, DecentralizedAverager]]:
-    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    second = hivemind.DHT(
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=[str(addr) for addr in first.get_visible_maddrs()],
-        start=True,
-    )
-    opts: dict[str, Any] = {"prefix": "cancelled", "allreduce_timeout": 2.0, "start": True, **ROUND_OPTS}
-    a = DecentralizedAverager([torch.full((4,), A_VALUE)], first, **opts)
-    b = DecentralizedAverager([torch.full((4,), B_VALUE)], second, **opts)
-    try:
-        yield a, b
-    finally:
-        for peer in (a, b, first, second):
-            peer.shutdown()
+    with averager_pair(
+        (A_VALUE, B_VALUE), 4, prefix="cancelled", allreduce_timeout=2.0, **ROUND_OPTS
+    ) as both:
+        yield both
 
 
 @pytest.fixture

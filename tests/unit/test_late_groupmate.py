@@ -14,13 +14,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import hivemind
 import pytest
-import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.utils.timed_storage import get_dht_time
 
+from tests.support.averagers import averager_pair
 from tests.support.waiting import wait_until
 from worker.strategy.keywords import averager_options
 
@@ -35,28 +34,16 @@ LONGER_CHUNK_TIMEOUT_S = AVERAGING_TIMEOUT_S / 3
 
 
 def averaged_pair(next_chunk_timeout: float) -> Iterator[tuple[DecentralizedAverager, DecentralizedAverager]]:
-    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    second = hivemind.DHT(
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=[str(addr) for addr in first.get_visible_maddrs()],
-        start=True,
-    )
     opts: dict[str, Any] = {
         "prefix": "late",
         "target_group_size": 2,
         "min_matchmaking_time": MATCHMAKING_S,
         "allreduce_timeout": AVERAGING_TIMEOUT_S,
         "next_chunk_timeout": next_chunk_timeout,
-        "start": True,
         **averager_options(None, MATCHMAKING_S),  # the request timeout a worker's averagers get
     }
-    a = DecentralizedAverager([torch.full((64,), A_VALUE)], first, **opts)
-    b = DecentralizedAverager([torch.full((64,), B_VALUE)], second, **opts)
-    try:
-        yield a, b
-    finally:
-        for peer in (a, b, first, second):
-            peer.shutdown()
+    with averager_pair((A_VALUE, B_VALUE), 64, **opts) as pair:
+        yield pair
 
 
 @pytest.fixture
