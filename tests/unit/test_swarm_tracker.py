@@ -1,7 +1,8 @@
 """When a swarm epoch ends (worker/strategy/tracker.py): the swarm's samples estimated at every step.
 
-The pure rules first, then two real trackers on two DHT peers on 127.0.0.1: one sees the other's samples
-between fetches, and a peer that stops accumulating tells the others so.
+The pure rules first, then real trackers on two DHT peers on 127.0.0.1: one sees the other's samples
+between fetches, a peer that stops accumulating tells the others so, and an epoch reached by download
+is the swarm's epoch as the strategy reports it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from collections.abc import Iterator
 
 import hivemind
 import pytest
-from hivemind.optim.progress_tracker import LocalTrainingProgress
+from hivemind.optim.progress_tracker import LocalTrainingProgress, ProgressTracker
 from hivemind.utils import ValueWithExpiration, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from tests.support.waiting import wait_until
+from worker.strategy.metrics import progress_from_tracker
 from worker.strategy.tracker import (
     OthersEstimate,
     PeerRecord,
@@ -224,3 +226,23 @@ def test_epochs_shorter_than_the_refresh_period_do_not_put_the_next_fetch_off(
     finally:
         lone.shutdown()
         newcomer.shutdown()
+
+
+@pytest.mark.parametrize("tracker_class", [SwarmBatchTracker, ProgressTracker])
+def test_an_epoch_reached_by_download_is_the_swarms_epoch_at_once(
+    two_dhts: tuple[hivemind.DHT, hivemind.DHT], tracker_class: type[ProgressTracker]
+) -> None:
+    """hivemind's optimizer sets the downloaded epoch with ``report_local_progress``, which leaves the
+    tracker's global epoch at its last fetch: the swarm's epoch must not read behind the peer's own."""
+    tracker = tracker_class(
+        dht=two_dhts[0], prefix="download_test", target_batch_size=1000, private_key=RSAPrivateKey(),
+        start=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: tracker.fetched_global_progress_this_epoch.is_set(), 30, message="a first fetch")
+        with tracker.pause_updates():  # as hivemind's load_state_from_peers holds it: no fetch in between
+            tracker.report_local_progress(local_epoch=5, samples_accumulated=0)
+            assert tracker.global_progress.epoch == 0  # hivemind's view until its next fetch
+            assert progress_from_tracker(tracker, 0.0).epoch == 5
+    finally:
+        tracker.shutdown()

@@ -46,10 +46,14 @@ class SwarmProgress:
 
 
 def progress_from_tracker(tracker: Any, samples_per_second: float) -> SwarmProgress:
-    """Build a ``SwarmProgress`` from a hivemind ``ProgressTracker`` (its ``global_progress``)."""
+    """Build a ``SwarmProgress`` from a hivemind ``ProgressTracker`` (its ``global_progress``).
+
+    The swarm's epoch is at least this peer's own: hivemind's optimizer sets an epoch it downloaded with
+    ``report_local_progress``, which leaves ``global_progress`` at its last fetch (up to seconds behind).
+    """
     progress = tracker.global_progress  # replaced, never half-written, by the tracker's thread
     return SwarmProgress(
-        epoch=int(progress.epoch),
+        epoch=max(int(progress.epoch), int(tracker.local_progress.epoch)),
         num_peers=int(progress.num_peers),
         samples_accumulated=int(progress.samples_accumulated),
         target_batch_size=int(progress.target_batch_size),
