@@ -22,7 +22,7 @@ import pytest
 #: the xdist group of every ``swarm`` test: one process runs them, one at a time
 SWARM_LANE = "swarm-lane"
 #: the niceness of a process once it runs a test outside the swarm lane (0 is the default priority)
-OTHER_LANE_NICENESS = 5
+OTHER_LANE_NICENESS = 19
 #: xdist (3.8) groups by a suffix it writes into each test's node id, which pytest 9.2 no longer lets it do
 _GROUPING_BROKEN = (
     "pytest-xdist did not group the swarm tests (its node-id suffix is missing: pytest-xdist issue 1386, "
