@@ -1,4 +1,4 @@
-"""Two lanes for a run in two processes (``make test TEST_WORKERS=2``: pytest-xdist, ``--dist loadgroup``).
+"""Two lanes for a run in two processes (``make test``, pytest-xdist with ``--dist loadgroup``).
 
 About a third of two cores sits idle through a one-process run (``make test TEST_WORKERS=1``): tests
 that wait on timers, and in-process API tests that use one core. The tests marked ``swarm`` (real
@@ -7,10 +7,12 @@ cores. So the swarm tests form one group that a single process runs one after th
 the other process takes the other tests in order (a module's tests one after the other, so that its
 module-scoped fixtures start once).
 
-A process lowers its priority (``nice``, inherited by the orchestrators and workers its tests start)
-before its first test outside the swarm lane: where both lanes want the cores, the swarm lane gets most
-of them and keeps its timing, and the other lane fills what the swarm lane leaves idle. A niceness once
-raised stays, which is why the swarm lane must come first in its process. A one-process run is unchanged.
+A process lowers its priority to the lowest (``nice`` 19, inherited by the orchestrators and workers its
+tests start) before its first test outside the swarm lane: where both lanes want the cores, the swarm
+lane gets nearly all of them (the kernel weighs nice 19 at 15 against 1,024 for nice 0; nice 5, tried
+first, left it about three quarters, and swarm tests then failed on timing), and the other lane fills
+what the swarm lane leaves idle. A niceness once raised stays, which is why the swarm lane must come
+first in its process. A one-process run is unchanged.
 """
 
 from __future__ import annotations
