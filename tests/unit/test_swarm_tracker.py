@@ -240,9 +240,11 @@ def test_an_epoch_reached_by_download_is_the_swarms_epoch_at_once(
     )  # fmt: skip
     try:
         wait_until(lambda: tracker.fetched_global_progress_this_epoch.is_set(), 30, message="a first fetch")
+        tracker.report_local_progress(local_epoch=0, samples_accumulated=300)  # samples of epoch 0
         with tracker.pause_updates():  # as hivemind's load_state_from_peers holds it: no fetch in between
-            tracker.report_local_progress(local_epoch=5, samples_accumulated=0)
+            tracker.report_local_progress(local_epoch=5, samples_accumulated=0)  # the download
             assert tracker.global_progress.epoch == 0  # hivemind's view until its next fetch
-            assert progress_from_tracker(tracker, 0.0).epoch == 5
+            progress = progress_from_tracker(tracker, 0.0)
+            assert (progress.epoch, progress.samples_accumulated) == (5, 0)
     finally:
         tracker.shutdown()

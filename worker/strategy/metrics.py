@@ -49,13 +49,18 @@ def progress_from_tracker(tracker: Any, samples_per_second: float) -> SwarmProgr
     """Build a ``SwarmProgress`` from a hivemind ``ProgressTracker`` (its ``global_progress``).
 
     The swarm's epoch is at least this peer's own: hivemind's optimizer sets an epoch it downloaded with
-    ``report_local_progress``, which leaves ``global_progress`` at its last fetch (up to seconds behind).
+    ``report_local_progress``, which leaves ``global_progress`` at its last fetch (up to seconds behind);
+    until the next fetch, the samples known of that epoch are this peer's own.
     """
     progress = tracker.global_progress  # replaced, never half-written, by the tracker's thread
+    local = tracker.local_progress
+    epoch, samples = progress.epoch, progress.samples_accumulated
+    if local.epoch > epoch:
+        epoch, samples = local.epoch, local.samples_accumulated
     return SwarmProgress(
-        epoch=max(int(progress.epoch), int(tracker.local_progress.epoch)),
+        epoch=int(epoch),
         num_peers=int(progress.num_peers),
-        samples_accumulated=int(progress.samples_accumulated),
+        samples_accumulated=int(samples),
         target_batch_size=int(progress.target_batch_size),
         samples_per_second=float(samples_per_second),
     )
