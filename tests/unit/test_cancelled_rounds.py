@@ -23,6 +23,8 @@ from tests.support.averagers import averager_pair
 from tests.support.waiting import wait_until
 from worker.strategy.hivemind_fixes import cancel_rounds_before_signalling
 
+pytestmark = pytest.mark.swarm  # timed rounds: the swarm lane runs them unstarved (tests/support/lanes.py)
+
 A_VALUE, B_VALUE = 1.0, 3.0
 ROUND_OPTS = {"target_group_size": 2, "min_matchmaking_time": 1.0, "request_timeout": 0.5}
 B_TIMEOUT_S = 3.0

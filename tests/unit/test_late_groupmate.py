@@ -23,6 +23,8 @@ from tests.support.averagers import averager_pair
 from tests.support.waiting import wait_until
 from worker.strategy.keywords import averager_options
 
+pytestmark = pytest.mark.swarm  # timed rounds: the swarm lane runs them unstarved (tests/support/lanes.py)
+
 A_VALUE, B_VALUE = 1.0, 3.0
 AVERAGE = (A_VALUE + B_VALUE) / 2
 #: the demo's and the tests' strategy settings
