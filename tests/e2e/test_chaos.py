@@ -84,7 +84,7 @@ def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) ->
         str(orch.data_dir / "swarm_authority.pem"),
     ]
     proc = processes.start("swarm-observer", [*args, *peers])
-    wait_until(lambda: '"epoch"' in proc.log(), 60, message="the observer reads the swarm's epoch")
+    wait_until(lambda: '"epoch"' in proc.log(), BOOT_S, message="the observer reads the swarm's epoch")
     return proc
 
 
@@ -153,14 +153,17 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     )
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "chaos")
+    # both samplers read from the swarm's first epoch: two workers that have not yet seen each other step
+    # alone, an epoch in a fraction of a second, and once ran through 26 of the 30 epochs before an
+    # observer started after them read anything
+    observer = start_observer(processes, orch, "chaos")
+    sampler = ApiSampler("chaos", orch)
+    threading.Thread(target=sampler.run, daemon=True).start()
     wait_until(
         lambda: len(reader.running()) == 2 and reader.epoch() >= 1,
         BOOT_S,
         message=f"2 workers train; {replay}",
     )
-    observer = start_observer(processes, orch, "chaos")
-    sampler = ApiSampler("chaos", orch)
-    threading.Thread(target=sampler.run, daemon=True).start()
 
     time.sleep(rng.uniform(0.0, 3.0))
     orch.kill()
