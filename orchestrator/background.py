@@ -53,7 +53,8 @@ class PeriodicService:
         while not self._stopping.is_set():
             await self._run_once()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._stopping.wait()
 
     async def _run_once(self) -> None:
         try:

@@ -178,7 +178,8 @@ async def try_averaging(dht: hivemind.DHT, swarm_id: str, worker: PeerID) -> dic
             schema_hash=b"probe", expiration=get_dht_time() + 5, group_key=b""
         )
         stream = await stub.rpc_join_group(request)
-        reply = await asyncio.wait_for(stream.__anext__(), timeout=10)
+        async with asyncio.timeout(10):
+            reply = await stream.__anext__()
         results["join_group"] = f"ok: {averaging_pb2.MessageCode.Name(reply.code)}"
     except Exception as exc:  # noqa: BLE001 - the outcome is the probe's result
         results["join_group"] = f"error: {type(exc).__name__}: {exc}"  # the type: a timeout has no text

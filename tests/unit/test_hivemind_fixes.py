@@ -72,6 +72,33 @@ def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
     assert took < 2 * 2.0 + 5
 
 
+@pytest.mark.timeout(30)
+def test_a_matchmaking_call_cancelled_as_its_answer_arrives_stays_cancelled() -> None:
+    # hivemind's search loop asks the DHT for averagers, then waits until the round's deadline; the averager
+    # cancels the loop as soon as a group is assembled. A cancellation that arrives as the DHT answers
+    # must end the loop, or the leader sits out its own round until the deadline (seen: 9 s)
+    async def search(answer: asyncio.Future[list[Any]]) -> None:
+        ask = hivemind_fixes._within_bound(lambda _keys: answer, "search", list)
+        await ask(None)
+        await asyncio.sleep(30)  # the rest of the search, until the round's deadline
+
+    async def cancelled_as_the_answer_arrives() -> tuple[bool, float]:
+        answer: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        loop_task = asyncio.create_task(search(answer))
+        await asyncio.sleep(0)  # the search asks
+        answer.set_result([])  # the DHT answers...
+        await asyncio.sleep(0)
+        loop_task.cancel()  # ...as the group is assembled
+        started = time.monotonic()
+        ended, _ = await asyncio.wait({loop_task}, timeout=5)
+        took = time.monotonic() - started
+        loop_task.cancel()  # a search that went on is stopped here, so the test leaves nothing running
+        return bool(ended) and loop_task.cancelled(), took
+
+    cancelled, took = asyncio.run(cancelled_as_the_answer_arrives())
+    assert cancelled and took < 1.0, f"the search went on after its cancellation ({took:.1f} s later)"
+
+
 def _averager(dht: hivemind.DHT, value: float, matchmaking_time: float) -> hivemind.DecentralizedAverager:
     return hivemind.DecentralizedAverager(
         [torch.full((1000,), value)],

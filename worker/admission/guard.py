@@ -117,8 +117,8 @@ class AdmissionGuard:
     async def _fetch_token(self, p2p: P2P, peer: PeerID) -> tuple[TokenFields | None, str]:
         """The token ``peer`` serves, or None and why not."""
         try:
-            call = p2p.call_protobuf_handler(peer, ADMISSION_HANDLER, AccessToken(), AccessToken)
-            token = await asyncio.wait_for(call, self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                token = await p2p.call_protobuf_handler(peer, ADMISSION_HANDLER, AccessToken(), AccessToken)
         except (TimeoutError, P2PHandlerError, P2PDaemonError, OSError, EOFError, DecodeError) as exc:
             return None, f"it showed no token ({type(exc).__name__})"
         return from_access_token(token), ""

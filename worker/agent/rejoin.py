@@ -69,7 +69,8 @@ async def rejoin(maddrs: Sequence[str], node: Any) -> list[PeerID]:
 
 async def _ping(node: Any, peer: PeerID, addrs: list[Multiaddr]) -> bool:
     try:  # tell the libp2p daemon where the peer is: a worker it never met has no known address
-        await asyncio.wait_for(node.p2p._client.connect(peer, addrs), CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            await node.p2p._client.connect(peer, addrs)
     except (TimeoutError, P2PDaemonError, OSError) as exc:
         logger.debug("could not reach listed peer %s: %r", peer, exc)
         return False

@@ -195,8 +195,16 @@ def bound_matchmaking_dht_calls() -> None:
     averagers found (``[]``), both outcomes hivemind already handles, and the lock is released. Call
     this before hivemind starts (forks) its averagers: the averager processes inherit the change.
 
+    The bound is ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11, ``wait_for`` swallows a
+    cancellation that arrives as the call it waits on completes (it returns the call's result instead).
+    The averager cancels its matchmaking search as soon as a group is assembled; a search task that
+    swallowed that cancellation went on to wait for the round's deadline, and the leader with it, so its
+    groupmate, already in the all-reduce, left it out after ``next_chunk_timeout`` and the leader's
+    trainer waited out ``averaging_timeout`` (``Reducer: received 50.0% of input tensors`` on both sides,
+    one of them seconds later: the swarm stalls the benchmarks and the training tests met).
+
     Upstream issue: none found (learning-at-home/hivemind#519 reports the same "could not find a group"
-    message, undiagnosed). Test: ``tests/unit/test_hivemind_fixes.py``.
+    message, undiagnosed). Tests: ``tests/unit/test_hivemind_fixes.py``.
     """
     if getattr(GroupKeyManager.declare_averager, _MARK, False):
         return
@@ -211,7 +219,8 @@ def _within_bound(method: Callable[..., Any], what: str, fallback: Callable[[], 
     @functools.wraps(method)
     async def within_bound(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await asyncio.wait_for(method(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)
+            async with asyncio.timeout(MATCHMAKING_DHT_TIMEOUT_S):  # a cancellation from outside stays one
+                return await method(self, *args, **kwargs)
         except TimeoutError:
             log.warning(
                 "averager %s: no DHT answer to its %s in %.0f s", self.prefix, what, MATCHMAKING_DHT_TIMEOUT_S

@@ -24,7 +24,8 @@ async def healthz() -> Health:
 async def readyz(db: DatabaseDep, dht_peer: DhtDep) -> JSONResponse:
     detail: dict[str, str] = {}
     try:
-        await asyncio.wait_for(asyncio.to_thread(db.ping), READY_DB_TIMEOUT_S)
+        async with asyncio.timeout(READY_DB_TIMEOUT_S):
+            await asyncio.to_thread(db.ping)
         database = True
     except (TimeoutError, SQLAlchemyError) as exc:
         database = False
