@@ -1,12 +1,15 @@
-"""Averaging rounds that succeed between two peers that start together, with and without the keep-alive
-of ``worker/strategy/hivemind_fixes.py``.
+"""Averaging rounds that succeed between two peers that start together, with the strategy as it ships and
+with one of its matchmaking fixes (``worker/strategy/hivemind_fixes.py``) left out.
 
 While a swarm forms, each new peer briefly thinks it is alone and calls off the averaging rounds it had
 pre-scheduled. hivemind cancels the matchmaking task of such a round without awaiting it; the garbage
 collector can then destroy it half-way, leaving the averager's matchmaking lock held, and that
 averager finds no group again for the rest of the run. ``HivemindStrategy`` keeps those tasks alive.
 This script measures both side by side in one run; the variants alternate trial by trial, so a machine
-that gets busier meanwhile hurts both alike.
+that gets busier meanwhile hurts both alike. ``--left-out bound`` measures another fix the same way: the
+matchmaking DHT calls bounded with ``asyncio.wait_for``, as before commit b6300b0, which swallowed the
+cancellation of a leader's search as its group was assembled (the leader then sat out its own round until
+its deadline, and both peers' trainers waited out the averaging timeout in turn).
 
 Each trial: a bootstrap DHT peer (as the orchestrator runs), then two forked peers that join it at the
 same moment and train the digits example for ``--seconds`` (matchmaking 1 s, averaging timeout 10 s, as
@@ -16,18 +19,20 @@ gradients with N peers" for each epoch on averaged gradients, and "could not fin
 round that formed no group. Epochs a peer trains while it still thinks it is alone (the first second or
 two) count as not averaged in both variants.
 
-``python bench/matchmaking.py --trials 3 --seconds 40``
+``python bench/matchmaking.py --trials 3 --seconds 40 [--left-out keep-alive|bound]``
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.forked_peers import become_peer, kill_peers
@@ -35,7 +40,30 @@ from bench.forked_peers import become_peer, kill_peers
 AVERAGED_LINE = "Averaged gradients with"
 EPOCH_LINE = "Transitioning to epoch"
 NO_GROUP_LINE = "could not find a group"
-VARIANTS = {False: "hivemind as is", True: "with keep-alive"}
+#: per fix that can be left out: how the trials without it and with it are named
+VARIANTS = {
+    "keep-alive": {False: "hivemind as is", True: "with keep-alive"},
+    "bound": {False: "bound by wait_for", True: "bound by timeout"},
+}
+
+
+def bound_by_wait_for() -> None:
+    """The matchmaking DHT calls bounded as the strategy did before b6300b0, in this (forked) peer."""
+    from hivemind.averaging.key_manager import GroupKeyManager
+
+    from worker.strategy.hivemind_fixes import MATCHMAKING_DHT_TIMEOUT_S
+
+    def bounded(method: Any, fallback: Any) -> Any:
+        async def within_bound(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:  # the old bound, on purpose: what this variant measures
+                return await asyncio.wait_for(method(self, *args, **kwargs), MATCHMAKING_DHT_TIMEOUT_S)  # noqa: TID251
+            except TimeoutError:
+                return fallback()
+
+        return within_bound
+
+    GroupKeyManager.declare_averager = bounded(GroupKeyManager.declare_averager, bool)  # type: ignore[method-assign]
+    GroupKeyManager.get_averagers = bounded(GroupKeyManager.get_averagers, list)  # type: ignore[method-assign]
 
 
 @dataclass
@@ -67,8 +95,10 @@ def run_peer(
     from worker.strategy import HivemindStrategy
     from worker.trainer_options import NO_VALIDATION, QUIET
 
-    if not keep:  # the baseline: hivemind's averagers as they are
+    if not keep and args.left_out == "keep-alive":  # the baseline: hivemind's averagers as they are
         worker.strategy.optimizer.keep_averager_tasks_alive = lambda: None  # type: ignore[assignment]
+    if not keep and args.left_out == "bound":  # the baseline: the bound before b6300b0
+        worker.strategy.optimizer.bound_matchmaking_dht_calls = bound_by_wait_for  # type: ignore[assignment]
     torch.set_num_threads(1)
     strategy = HivemindStrategy(
         target_batch_size=args.target_batch_size,
@@ -123,7 +153,9 @@ def main() -> None:
     parser.add_argument("--target-batch-size", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--logs", type=Path, help="keep the peers' logs in this folder")
+    parser.add_argument("--left-out", choices=sorted(VARIANTS), default="keep-alive", help="the fix measured")
     args = parser.parse_args()
+    variants = VARIANTS[args.left_out]
     totals = {False: Outcome(), True: Outcome()}
     with tempfile.TemporaryDirectory(prefix="spotswarm-matchmaking-") as tmp:
         workdir = args.logs or Path(tmp)
@@ -133,7 +165,7 @@ def main() -> None:
                 outcome = trial(args, keep, index, workdir)
                 totals[keep].add(outcome)
                 print(
-                    f"trial {index + 1}/{args.trials}, {VARIANTS[keep]}: {outcome.epochs} peer-epochs, "
+                    f"trial {index + 1}/{args.trials}, {variants[keep]}: {outcome.epochs} peer-epochs, "
                     f"{outcome.averaged} on averaged gradients, {outcome.no_group} rounds without a group",
                     flush=True,
                 )
@@ -142,12 +174,12 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: |")
     for keep, total in totals.items():
         share = f"{total.averaged} ({total.averaged_share:.0%})"
-        print(f"| {VARIANTS[keep]} | {total.epochs} | {share} | {total.no_group} |")
+        print(f"| {variants[keep]} | {total.epochs} | {share} | {total.no_group} |")
     base, fixed = totals[False].averaged_share, totals[True].averaged_share
     if base > 0:
-        print(f"averaged share, with keep-alive / as is: {fixed / base:.1f}x")
+        print(f"averaged share, {variants[True]} / {variants[False]}: {fixed / base:.2f}x")
     else:
-        print(f"averaged share: as is 0%, with keep-alive {fixed:.0%}")
+        print(f"averaged share: {variants[False]} 0%, {variants[True]} {fixed:.0%}")
 
 
 if __name__ == "__main__":
