@@ -25,6 +25,7 @@ from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.runs import digits_run
 from tests.support.waiting import BOOT_S, wait_until
+from worker.agent.state import CHECKPOINTER_TAKEN
 from worker.examples.digits import DigitsDataModule, DigitsModule
 
 pytestmark = [pytest.mark.swarm]
@@ -78,7 +79,10 @@ def start_run(
         if not agent.alive():
             pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
         workers = api.get("/workers")["items"]
-        return bool(workers) and workers[0]["checkpointer"] and workers[0]["swarm_epoch"] >= 2
+        elected = bool(workers) and workers[0]["checkpointer"] and workers[0]["swarm_epoch"] >= 2
+        # the agent itself must know it (its next heartbeat reply tells it): the API shows the election
+        # first, and an agent stopped in between rightly saves nothing
+        return elected and CHECKPOINTER_TAKEN in agent.log()
 
     wait_until(checkpointer_past_epoch_2, BOOT_S + 120, interval_s=1, message="the agent trains")
     assert api.checkpoint_epochs() == [], "no periodic checkpoint at this cadence"

@@ -4,6 +4,7 @@ stop requests, configuration and user-object building."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from worker.agent.checkpoints import Checkpointer, live_peer_epochs, live_record
 from worker.agent.client import OrchestratorClient
 from worker.agent.config import AgentSettings, parse_config
 from worker.agent.metrics import read_loss
-from worker.agent.state import AgentState
+from worker.agent.state import CHECKPOINTER_GIVEN_UP, CHECKPOINTER_TAKEN, AgentState
 from worker.wire import CheckpointRef, DeregisterReason, HeartbeatReply, RunSpec, StopCondition, WorkerAction
 
 SPEC = {
@@ -127,6 +128,14 @@ def test_checkpoints_follow_the_cadence_and_the_role(tmp_path: Path) -> None:
         assert not checkpointer.due(19) and checkpointer.due(20)
     finally:
         checkpointer.close()
+
+
+def test_the_agent_logs_each_change_of_its_checkpointer_role(caplog: pytest.LogCaptureFixture) -> None:
+    state = AgentState(checkpoint_every_epochs=5, latest_checkpoint_epoch=None)
+    caplog.set_level(logging.INFO, logger="worker.agent.state")
+    for checkpointer in (False, True, True, False, False):
+        state.apply_reply(HeartbeatReply(checkpointer=checkpointer, checkpoint_every_epochs=5))
+    assert [r.getMessage() for r in caplog.records] == [CHECKPOINTER_TAKEN, CHECKPOINTER_GIVEN_UP]
 
 
 class SavingTrainer:

@@ -6,12 +6,19 @@ the snapshot and writes what the orchestrator said (stop, checkpointer role). Ev
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
 
 from worker import context
 from worker.wire import AveragingCounts, DeregisterReason, Heartbeat, HeartbeatReply, WorkerAction
+
+logger = logging.getLogger(__name__)
+
+#: logged when the orchestrator's reply gives this worker the checkpointer role, and when it takes it away
+CHECKPOINTER_TAKEN = "this worker is the run's checkpointer now: it saves the run's checkpoints"
+CHECKPOINTER_GIVEN_UP = "this worker is no longer the run's checkpointer"
 
 
 @dataclass(frozen=True)
@@ -91,12 +98,15 @@ class AgentState:
     def apply_reply(self, reply: HeartbeatReply) -> None:
         """Take the checkpointer role and cadence from a reply; a ``stop`` action requests a stop."""
         with self._lock:
+            role_changed = self._checkpointer != reply.checkpointer
             self._checkpointer = reply.checkpointer
             self._checkpoint_every_epochs = max(1, reply.checkpoint_every_epochs)
             if reply.latest_checkpoint_epoch is not None:
                 self._latest_checkpoint_epoch = max(
                     reply.latest_checkpoint_epoch, self._latest_checkpoint_epoch or 0
                 )
+        if role_changed:  # the role decides whether a stop saves a final checkpoint: worth a line
+            logger.info(CHECKPOINTER_TAKEN if reply.checkpointer else CHECKPOINTER_GIVEN_UP)
         context.set_live_count(reply.num_workers)
         if reply.action == WorkerAction.stop:
             self.request_stop(DeregisterReason.stopped, "the orchestrator asked this worker to stop")
