@@ -42,6 +42,11 @@ from worker.wire import CHECKSUM_HEADER
 
 pytestmark = [pytest.mark.swarm]
 TARGET_EPOCHS = 30
+#: the swarm's pace: an epoch takes about as long for a lone worker (its compute: small batches, many steps)
+#: as for a pair (half the compute each, plus the averaging round), so the run outlasts the blows whichever
+#: worker boots first. At the usual digits settings a worker alone ran all 30 epochs in 3 s, before the
+#: second worker joined and before the first blow.
+TARGET_BATCH_SIZE, BATCH_SIZE = 1024, 8
 WORKER_KILLS = 3
 PAUSE_S = (5.0, 10.0)  # between two blows
 
@@ -149,6 +154,8 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     spec = digits_run(
         "chaos",
         stop={"target_epochs": TARGET_EPOCHS},
+        target_batch_size=TARGET_BATCH_SIZE,
+        batch_size=BATCH_SIZE,
         strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0},  # admission on: the default
     )
     admin_post(orch, "/api/v1/runs", spec)
@@ -192,6 +199,7 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     )
     sampler.stop.set()
     assert final["state"] == "completed", (final["state_reason"], replay)
+    assert len(killed) == WORKER_KILLS, f"the run ended after {len(killed)} of {WORKER_KILLS} blows; {replay}"
     assert final["reported"]["swarm_epoch"] >= TARGET_EPOCHS, replay
 
     dht = before_the_end(observed_epochs(observer), TARGET_EPOCHS - 1)
