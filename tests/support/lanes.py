@@ -1,4 +1,5 @@
-"""Two lanes for a run in two processes (``make test TEST_WORKERS=2``: pytest-xdist, ``--dist loadgroup``).
+"""Two lanes for a run in two processes (``make test``, ``TEST_WORKERS=2`` by default: pytest-xdist,
+``--dist loadgroup``).
 
 About a third of two cores sits idle through a one-process run (``make test TEST_WORKERS=1``): tests
 that wait on timers, and in-process API tests that use one core. The tests marked ``swarm`` (real
