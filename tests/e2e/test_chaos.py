@@ -161,8 +161,8 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "chaos")
     # both samplers read from the swarm's first epoch: two workers that have not yet seen each other step
-    # alone, an epoch in a fraction of a second, and once ran through 26 of the 30 epochs before an
-    # observer started after them read anything
+    # alone (at the usual digits settings an epoch in a fraction of a second), and once ran through 26 of
+    # the 30 epochs before an observer started after them read anything
     observer = start_observer(processes, orch, "chaos")
     sampler = ApiSampler("chaos", orch)
     threading.Thread(target=sampler.run, daemon=True).start()
