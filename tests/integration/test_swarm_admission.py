@@ -41,7 +41,6 @@ DIGITS = {
     "strategy_options": {
         "matchmaking_time": 1.0,
         "averaging_timeout": 10.0,
-        "tracker_opts": {"metadata_expiration": 10},
     },
     "min_workers": 0,
     "desired_workers": 2,

@@ -207,7 +207,6 @@ def train_with_strategy(config: dict[str, Any], steps: int) -> dict[str, Any]:
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         matchmaking_time=1.0,
         averaging_timeout=10.0,
-        tracker_opts={"metadata_expiration": 10},
         authorizer=authorizer,
     )
     seen: dict[str, Any] = {}

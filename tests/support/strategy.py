@@ -22,7 +22,6 @@ FAST_SWARM: dict[str, Any] = dict(
     host_maddrs=["/ip4/127.0.0.1/tcp/0"],
     matchmaking_time=1.0,
     averaging_timeout=10.0,
-    tracker_opts={"metadata_expiration": 10.0},
 )
 
 

@@ -29,13 +29,12 @@ from worker.wire import ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 
-HIVEMIND_METADATA_EXPIRATION_S = 60.0  # hivemind's ProgressTracker default
 LIVE_RECORD_SLACK_S = 5.0
 
 
-def live_record_max_age_s(metadata_expiration_s: float | None) -> float:
+def live_record_max_age_s(metadata_expiration_s: float) -> float:
     """Age beyond which a peer's progress record no longer proves that the peer is alive."""
-    return (metadata_expiration_s or HIVEMIND_METADATA_EXPIRATION_S) / 2 + LIVE_RECORD_SLACK_S
+    return metadata_expiration_s / 2 + LIVE_RECORD_SLACK_S
 
 
 class Checkpointer:

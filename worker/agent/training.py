@@ -176,8 +176,10 @@ def _live_peer_epochs(dht: Any, registration: WorkerRegistered, client: Orchestr
         running_workers = None
     if running_workers == []:
         return []
+    from worker.strategy.tracker import METADATA_EXPIRATION_S  # hivemind is loaded by now: the DHT runs
+
     tracker_opts = registration.run.strategy_options.get("tracker_opts") or {}
-    max_age_s = live_record_max_age_s(tracker_opts.get("metadata_expiration"))
+    max_age_s = live_record_max_age_s(tracker_opts.get("metadata_expiration", METADATA_EXPIRATION_S))
     try:
         return read_live_peer_epochs(dht, registration.swarm_id, max_age_s)
     except (TimeoutError, OSError) as exc:

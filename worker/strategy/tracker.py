@@ -60,6 +60,12 @@ from hivemind.utils import get_dht_time
 DEFAULT_STALE_AFTER_S = 10.0
 #: at most this long between two progress records of a peer that accumulates
 DEFAULT_REPORT_INTERVAL_S = 0.2
+#: how long a peer's progress record outlives its last write (hivemind: 60 s). A live peer rewrites it
+#: at least every half of this (a store of a few hundred bytes), so it is never older than
+#: ``DEFAULT_STALE_AFTER_S`` while the peer lives; a peer killed without leaving is forgotten this long
+#: after its last write, and until then its epoch and samples count: a dead peer ahead of the others
+#: makes each of them download state at every step, from peers no further than itself, until it expires
+METADATA_EXPIRATION_S = 10.0
 #: how often a peer that sees no other looks again (hivemind: 3 s, during which a new swarm's first peers
 #: each train alone, every epoch applied locally)
 DEFAULT_ALONE_REFRESH_S = 1.0
@@ -189,6 +195,7 @@ class SwarmBatchTracker(ProgressTracker):
         self._estimate: tuple[tuple[PeerRecord, ...], tuple[int, float, bool], OthersEstimate] | None = None
         self._accumulating = True
         kwargs.setdefault("default_refresh_period", DEFAULT_ALONE_REFRESH_S)
+        kwargs.setdefault("metadata_expiration", METADATA_EXPIRATION_S)
         super().__init__(*args, **kwargs)
 
     # hivemind.Optimizer decides with these two properties only
