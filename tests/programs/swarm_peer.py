@@ -124,6 +124,7 @@ class Recorder(Callback):
             self.status["metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()}
             outcomes = strategy.averaging_outcomes()
             self.status["averaging"] = outcomes.model_dump() if outcomes else None
+            self.status["epochs_caught_up"] = strategy.optimizer.epochs_caught_up
             self.write()
 
     def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:

@@ -8,6 +8,7 @@ parameter groups. Schedulers from ``configure_optimizers`` follow the swarm epoc
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -33,6 +34,9 @@ from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.tracker import SwarmBatchTracker
 
 _SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
+#: what each peer sends its gradient round's groupmates: the epoch it enters after the round
+NEXT_EPOCH_KEY = "next_epoch"
+log = logging.getLogger(__name__)
 
 
 def build_hivemind_optimizer(
@@ -65,14 +69,50 @@ class Optimizer(hivemind.Optimizer):
 
     def __init__(self, *args: Any, averager_opts: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self._gradient_averager_opts = dict(averager_opts or {})
+        #: epochs skipped by taking a groupmate's epoch (see ``_average_gradients_and_load_into_optimizer``)
+        self.epochs_caught_up = 0
         super().__init__(*args, averager_opts=averager_opts, **kwargs)
 
     def _make_gradient_averager(self, factory: Any, **kwargs: Any) -> Any:
         """hivemind 1.1.12 gives ``averager_opts`` to its state averager only, although its docstring says
         both averagers get them (no upstream issue found): the gradient averager gets them too, so a
         ``request_timeout`` below the matchmaking time reaches the averager whose rounds every epoch
-        waits for. ``tests/unit/test_strategy_parity.py`` checks that hivemind's warning is gone."""
-        return super()._make_gradient_averager(factory, **{**self._gradient_averager_opts, **kwargs})
+        waits for. ``tests/unit/test_strategy_parity.py`` checks that hivemind's warning is gone.
+
+        Each gradient round also tells the groupmates the epoch this peer enters after it
+        (:func:`group_next_epoch`)."""
+        averager = super()._make_gradient_averager(factory, **{**self._gradient_averager_opts, **kwargs})
+        schedule_step = averager.schedule_step
+
+        def schedule_step_telling_next_epoch(*args: Any, **step_kwargs: Any) -> Any:
+            if step_kwargs.get("gather") is None:
+                step_kwargs["gather"] = {NEXT_EPOCH_KEY: self.local_epoch + 1}
+            return schedule_step(*args, **step_kwargs)
+
+        averager.schedule_step = schedule_step_telling_next_epoch
+        return averager
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
+        """hivemind 1.1.12 lets a peer one epoch behind the swarm average with it (it does not download
+        the state for one epoch), and both then step: the two stay one epoch apart for as long as they
+        average together, since a round does not compare epochs. Their parameters agree; their epoch
+        numbers do not, so ``average_state_every`` (due when the epoch a peer enters is a multiple) sends
+        one into a state round and the other into the next gradient round, and each waits out
+        ``averaging_timeout`` alone. After a gradient round, a peer one behind a groupmate takes that
+        groupmate's epoch, as hivemind's own catch-up does when it sees the swarm one epoch ahead."""
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        if self.delay_grad_averaging:
+            return  # then this runs in the state averager's thread, beside the epoch's own update
+        ahead = group_next_epoch(maybe_step_control)
+        if ahead is not None and ahead == self.local_epoch + 2:
+            log.info(
+                "a groupmate enters epoch %d: leaving epoch %d for %d, as it does",
+                ahead,
+                self.local_epoch,
+                ahead - 1,
+            )
+            self.state_averager.local_epoch = ahead - 1
+            self.epochs_caught_up += 1
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> SwarmBatchTracker:
         return SwarmBatchTracker(
@@ -84,6 +124,20 @@ class Optimizer(hivemind.Optimizer):
             start=True,
             **kwargs,
         )
+
+
+def group_next_epoch(control: Any) -> int | None:
+    """The highest epoch that the peers of a finished gradient round said they enter after it (None when
+    the round failed or no groupmate said: a peer of another version gathers nothing)."""
+    if control is None or not control.done() or control.cancelled():
+        return None
+    try:
+        gathered = control.result(timeout=0)
+    except BaseException:  # noqa: BLE001 - a failed round: hivemind has already logged why
+        return None
+    said = [value.get(NEXT_EPOCH_KEY) for value in (gathered or {}).values() if isinstance(value, dict)]
+    epochs = [epoch for epoch in said if isinstance(epoch, int)]
+    return max(epochs) if epochs else None
 
 
 def follow_swarm_epochs(
