@@ -5,6 +5,8 @@
 - :class:`CrashingDigitsModule` raises the same error once it has trained ``crash_after_batches`` batches
   for at least ``crash_after_s`` seconds (long enough for a heartbeat to report its samples).
 - :class:`NoAveragingDigitsModule` blocks its worker's gradient averager: the worker trains alone.
+- :class:`ApartDigitsModule` has its workers look for gradient groupmates under keys of their own: each
+  round waits out ``averaging_timeout`` without a group.
 """
 
 from __future__ import annotations
@@ -74,3 +76,15 @@ class NoAveragingDigitsModule(DigitsModule):
         averager = self.trainer.strategy.optimizer.grad_averager  # type: ignore[attr-defined]
         averager.schedule_step = lambda **kwargs: None  # no pre-scheduled round
         averager.step = _refuse_round
+
+
+class ApartDigitsModule(DigitsModule):
+    """Digits whose workers never meet in a gradient round: each looks for groupmates under the group
+    bits of its slot's parity (hivemind's key is ``<prefix>.0b<bits>``), so two workers of a run both
+    count each other and both wait out ``averaging_timeout`` in every round."""
+
+    def on_train_start(self) -> None:
+        ctx = current_worker()
+        assert ctx is not None, "the agent publishes the worker context before training starts"
+        averager = self.trainer.strategy.optimizer.grad_averager  # type: ignore[attr-defined]
+        averager.set_group_bits(str(ctx.worker_index % 2))

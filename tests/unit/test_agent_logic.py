@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -199,6 +201,27 @@ def test_the_first_stop_reason_wins_but_a_spot_notice_overrides() -> None:
     other.apply_reply(HeartbeatReply(action=WorkerAction.stop))
     assert other.stop_requested.is_set() and other.stop is not None
     assert other.stop.reason == DeregisterReason.stopped
+
+
+def test_stop_listeners_run_once_in_a_thread_of_their_own() -> None:
+    state = AgentState(checkpoint_every_epochs=5)
+    calls: list[str] = []
+    done = threading.Event()
+
+    def listener() -> None:
+        calls.append(threading.current_thread().name)
+        done.set()
+
+    state.on_stop(listener)
+    assert calls == []
+    state.request_stop(DeregisterReason.stopped, "SIGTERM")  # as a signal handler would
+    state.request_stop(DeregisterReason.interrupted, "spot", within_s=30.0)
+    assert done.wait(5.0)
+    late = threading.Event()
+    state.on_stop(late.set)  # registered after the stop: called at once
+    assert late.wait(5.0)
+    time.sleep(0.1)
+    assert calls == ["stop-listener"], calls
 
 
 def test_small_readers() -> None:

@@ -64,6 +64,8 @@ class AgentCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         strategy: Any = trainer.strategy
+        # a worker told to leave waits in no averaging round: its peers may be leaving too
+        self._state.on_stop(strategy.leave_averaging)
         self._rate_origin = (self._clock(), int(strategy.local_samples))
         self._state.update_progress(phase="training", visible_maddrs=tuple(strategy.visible_maddrs()))
         self._snapshot(trainer)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from worker import context
@@ -19,6 +20,10 @@ logger = logging.getLogger(__name__)
 #: logged when the orchestrator's reply gives this worker the checkpointer role, and when it takes it away
 CHECKPOINTER_TAKEN = "this worker is the run's checkpointer now: it saves the run's checkpoints"
 CHECKPOINTER_GIVEN_UP = "this worker is no longer the run's checkpointer"
+
+
+def _call_in_own_thread(listener: Callable[[], None]) -> None:
+    threading.Thread(target=listener, name="stop-listener", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class AgentState:
         self._progress = Progress()
         self._stop: StopRequest | None = None
         self.stop_requested = threading.Event()
+        self._stop_listeners: list[Callable[[], None]] = []
         self._checkpointer = False
         self._checkpoint_every_epochs = checkpoint_every_epochs
         self._latest_checkpoint_epoch = latest_checkpoint_epoch
@@ -152,8 +158,21 @@ class AgentState:
                 self._stop = StopRequest(reason, message, min(deadline, keep_deadline))
             elif self._stop is not None and deadline < self._stop.deadline:
                 self._stop = replace(self._stop, deadline=deadline)
+            listeners = list(self._stop_listeners) if first else []
         self.stop_requested.set()
+        for listener in listeners:
+            _call_in_own_thread(listener)
         return first
+
+    def on_stop(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` at the first stop request (at once if one came), in a thread of its own: a
+        stop is often requested from a signal handler, which must not wait on locks the interrupted
+        code may hold."""
+        with self._lock:
+            if self._stop is None:
+                self._stop_listeners.append(listener)
+                return
+        _call_in_own_thread(listener)
 
     @property
     def stop(self) -> StopRequest | None:

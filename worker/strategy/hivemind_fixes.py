@@ -46,7 +46,7 @@ import gc
 import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import InvalidStateError
-from typing import Any
+from typing import Any, TypeVar
 
 import hivemind
 from hivemind.averaging import averager as averager_module
@@ -57,6 +57,7 @@ from hivemind.utils.mpfuture import MPFuture
 from worker.logsetup import install_filter
 
 log = logging.getLogger(__name__)
+OptimizerT = TypeVar("OptimizerT", bound=hivemind.Optimizer)
 
 # -- averagers' tasks kept referenced until done ------------------------------------------------------
 
@@ -272,7 +273,7 @@ def live_task_count() -> int:
 # -- the optimizer's missing ``defaults`` --------------------------------------------------------------
 
 
-def expose_defaults(optimizer: hivemind.Optimizer) -> hivemind.Optimizer:
+def expose_defaults(optimizer: OptimizerT) -> OptimizerT:
     """Give ``optimizer`` the ``defaults`` of the torch optimizer it drives, as every torch optimizer has.
 
     Upstream behaviour (hivemind 1.1.12): ``hivemind.Optimizer`` subclasses ``torch.optim.Optimizer``

@@ -16,6 +16,7 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities.types import LRSchedulerConfig
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def build_hivemind_optimizer(
     torch_optimizer: torch.optim.Optimizer, *, hivemind_creates_optimizer: bool, **hivemind_kwargs: Any
-) -> hivemind.Optimizer:
+) -> Optimizer:
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
     quiet_cancelled_rounds()  # before hivemind forks its averagers
     keep_averager_tasks_alive()
@@ -71,6 +72,7 @@ class Optimizer(hivemind.Optimizer):
         self._gradient_averager_opts = dict(averager_opts or {})
         #: epochs skipped by taking a groupmate's epoch (see ``_average_gradients_and_load_into_optimizer``)
         self.epochs_caught_up = 0
+        self._leaving = False
         super().__init__(*args, averager_opts=averager_opts, **kwargs)
 
     def _make_gradient_averager(self, factory: Any, **kwargs: Any) -> Any:
@@ -113,6 +115,26 @@ class Optimizer(hivemind.Optimizer):
             )
             self.state_averager.local_epoch = ahead - 1
             self.epochs_caught_up += 1
+
+    def leave_rounds(self) -> None:
+        """This peer is leaving (called from any thread): it schedules and starts no more averaging
+        rounds, and a round its trainer already waits in stops looking for a group now, where it would
+        wait up to ``averaging_timeout`` for peers that may be leaving too; its own gradients then apply.
+        A round already averaging runs to its end, so a groupmate that stays loses nothing."""
+        self._leaving = True
+        for control in (self.scheduled_grads, self.scheduled_state):
+            waited_in = control is not None and not control.done() and control.triggered
+            if waited_in and control.stage == AveragingStage.LOOKING_FOR_GROUP:
+                control.cancel()
+        self.tracker.count_alone()
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        if not self._leaving:
+            super()._maybe_schedule_gradient_averaging()
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        if not self._leaving:
+            super()._maybe_schedule_state_averaging()
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> SwarmBatchTracker:
         return SwarmBatchTracker(

@@ -40,6 +40,7 @@ from worker.strategy.metrics import (
     progress_from_tracker,
 )
 from worker.strategy.optimizer import (
+    Optimizer,
     SwarmLightningOptimizer,
     ZeroGradSwitch,
     build_hivemind_optimizer,
@@ -176,7 +177,7 @@ class HivemindStrategy(Strategy):
         # Set when the run reached its target: teardown leaves this peer's last progress record in the
         # DHT until it expires, so the orchestrator reads the final epoch (worker/strategy/shutdown.py).
         self.keep_progress_record = False
-        self._optimizer: hivemind.Optimizer | None = None
+        self._optimizer: Optimizer | None = None
         self._outcomes: OutcomeRecorder | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
@@ -214,6 +215,14 @@ class HivemindStrategy(Strategy):
         if self._optimizer is None:
             return 1
         return int(self._optimizer.tracker.global_progress.num_peers)
+
+    def leave_averaging(self) -> None:
+        """Average no more: for a peer about to leave (a stop, a spot notice), called from any thread.
+        A round this peer waits in stops looking for a group at once, instead of waiting up to
+        ``averaging_timeout`` for peers that may be leaving too; later steps apply its own gradients
+        (``worker/strategy/optimizer.py``). Does nothing before ``setup``."""
+        if self._optimizer is not None:
+            self._optimizer.leave_rounds()
 
     def averaging_outcomes(self) -> AveragingCounts | None:
         """Outcomes of the swarm epochs this peer stepped through in this fit

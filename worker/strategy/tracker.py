@@ -44,6 +44,7 @@ others extrapolate between reports with the rate each report carries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -175,6 +176,7 @@ class SwarmBatchTracker(ProgressTracker):
     docstring). Takes ``ProgressTracker``'s arguments plus ``stale_after_s`` and ``report_interval_s``."""
 
     local_progress: LocalTrainingProgress  # hivemind's, annotated
+    global_progress: GlobalTrainingProgress  # hivemind's, annotated
 
     def __init__(
         self,
@@ -194,6 +196,7 @@ class SwarmBatchTracker(ProgressTracker):
         self._epoch_started_at = get_dht_time()
         self._estimate: tuple[tuple[PeerRecord, ...], tuple[int, float, bool], OthersEstimate] | None = None
         self._accumulating = True
+        self._counting_alone = False
         kwargs.setdefault("default_refresh_period", DEFAULT_ALONE_REFRESH_S)
         kwargs.setdefault("metadata_expiration", METADATA_EXPIRATION_S)
         super().__init__(*args, **kwargs)
@@ -289,6 +292,14 @@ class SwarmBatchTracker(ProgressTracker):
             progress.samples_per_second = 0.0
         return progress
 
+    def count_alone(self) -> None:
+        """From now on the swarm counts as this peer alone: hivemind then starts no averaging round and
+        applies this peer's own gradients. For a peer that leaves, whose peers may be gone already."""
+        self._counting_alone = True
+        # not under hivemind's lock: a peer holds it for the whole of each averaging round, and a fetch
+        # that assigns after this one parses with the flag above
+        self.global_progress = dataclasses.replace(self.global_progress, num_peers=1)
+
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         now = get_dht_time()
         metadata, self._carried = carry_missed_records(
@@ -311,4 +322,6 @@ class SwarmBatchTracker(ProgressTracker):
             progress.next_fetch_time = now + min(
                 max(self._seconds_left(now) / 2, self.min_refresh_period), self.max_refresh_period
             )
+        if self._counting_alone:
+            progress.num_peers = 1
         return progress

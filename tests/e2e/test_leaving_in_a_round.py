@@ -1,0 +1,53 @@
+"""A worker told to leave while it waits in an averaging round leaves at once, not at the round's end.
+
+Real `spotswarm serve` with the reconcile loop and two local workers whose gradient rounds never find a
+group (``tests/e2e/lifecycle_models.py``: each looks under a key of its own), so both sit in a round for
+``averaging_timeout`` after every epoch, as peers do whose groupmates are leaving or gone. A stop then
+cancels the round each waits in (``HivemindStrategy.leave_averaging``); before, each worker left only
+when its round timed out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
+
+pytestmark = pytest.mark.swarm
+MODELS = "tests.e2e.lifecycle_models"
+AVERAGING_TIMEOUT_S = 60.0
+#: heartbeat (1 s), the cancelled round's end, a final checkpoint, leaving the swarm: seconds, on a busy
+#: machine too. Without the cancellation the agent's own bound ends it: 15 s after the stop request it
+#: leaves whatever its trainer does (``worker/agent/agent.py``)
+LEFT_WITHIN_S = 10.0
+IN_A_ROUND_AFTER_S = 3.0
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_ends_the_rounds_its_workers_wait_in(processes: ProcessRegistry, loop_data_dir: Path) -> None:
+    orch = start_loop_orchestrator(processes, loop_data_dir)
+    options = {"matchmaking_time": 1.0, "averaging_timeout": AVERAGING_TIMEOUT_S}
+    spec = digits_run("apart", module=f"{MODELS}:ApartDigitsModule", strategy_options=options)
+    spec["datamodule"] = f"{MODELS}:DigitsDataModule"
+    admin_post(orch, "/api/v1/runs", spec)
+    reader = RunReader(orch, "apart")
+
+    wait_until(
+        lambda: [w["phase"] for w in reader.running()] == ["training", "training"],
+        BOOT_S,
+        message="two workers train",
+    )
+    # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S
+    time.sleep(IN_A_ROUND_AFTER_S)
+    stopped_at = time.monotonic()
+    admin_post(orch, "/api/v1/runs/apart/stop")
+    wait_until(lambda: reader.run()["state"] == "stopped", AVERAGING_TIMEOUT_S + 30, message="the run stops")
+    took_s = time.monotonic() - stopped_at
+    assert took_s < LEFT_WITHIN_S, f"the workers left {took_s:.0f} s after the stop"
+    workers = reader.workers()
+    assert len(workers) == 2 and all(w["state"] == "exited" for w in workers), workers
