@@ -4,8 +4,9 @@ than ``next_chunk_timeout`` is left out of the round; a longer ``next_chunk_time
 Two real averagers on 127.0.0.1 (A holds ones, B threes) form a group for a pre-scheduled round, as
 ``hivemind.Optimizer``'s peers do, and each enters the all-reduce when its trainer allows it. B's trainer
 comes ``LATE_S`` after A's, as on a busy machine. With the chunk timeout ``hivemind.Optimizer`` picks
-(the matchmaking window, 1 s in the demo) A leaves B out and A does not hold the average; with a third of
-the averaging timeout (what ``bench/swarm_start.py``'s third arm passes) both hold it.
+(the matchmaking window, 1 s in the demo) A leaves B out and A does not hold the average; with half the
+averaging timeout both hold it. Each side has 2 s of margin: with 1 s (B 2 s late, a 3.3 s chunk timeout)
+a run of the whole suite on a loaded machine once saw A wait for B past hivemind's 1 s.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ AVERAGE = (A_VALUE + B_VALUE) / 2
 #: the demo's and the tests' strategy settings
 MATCHMAKING_S, AVERAGING_TIMEOUT_S = 1.0, 10.0
 #: how much later B's trainer allows its all-reduce than A's
-LATE_S = 2.0
+LATE_S = 3.0
 #: a chunk timeout longer than B is late, within the round's bound
-LONGER_CHUNK_TIMEOUT_S = AVERAGING_TIMEOUT_S / 3
+LONGER_CHUNK_TIMEOUT_S = AVERAGING_TIMEOUT_S / 2
 
 
 def averaged_pair(next_chunk_timeout: float) -> Iterator[tuple[DecentralizedAverager, DecentralizedAverager]]:
