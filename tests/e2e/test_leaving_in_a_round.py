@@ -25,7 +25,6 @@ AVERAGING_TIMEOUT_S = 60.0
 #: machine too. Without the cancellation the agent's own bound ends it: 15 s after the stop request it
 #: leaves whatever its trainer does (``worker/agent/agent.py``)
 LEFT_WITHIN_S = 10.0
-IN_A_ROUND_AFTER_S = 3.0
 
 
 @pytest.mark.timeout(300)
@@ -42,8 +41,18 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(processes: ProcessRegistry, 
         BOOT_S,
         message="two workers train",
     )
-    # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S
-    time.sleep(IN_A_ROUND_AFTER_S)
+    # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S,
+    # its progress record (as the orchestrator reads the DHT) at its epoch's samples and a rate of 0
+    wait_until(
+        lambda: (
+            (swarm := reader.run()["swarm"]) is not None
+            and swarm["num_peers"] == 2
+            and swarm["samples_accumulated"] > 0
+            and swarm["samples_per_s"] == 0.0
+        ),
+        30,
+        message="both workers wait in their averaging rounds",
+    )
     stopped_at = time.monotonic()
     admin_post(orch, "/api/v1/runs/apart/stop")
     wait_until(lambda: reader.run()["state"] == "stopped", AVERAGING_TIMEOUT_S + 30, message="the run stops")

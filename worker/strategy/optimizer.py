@@ -16,7 +16,6 @@ from typing import Any
 
 import hivemind
 import torch
-from hivemind.averaging.control import AveragingStage
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities.types import LRSchedulerConfig
@@ -32,6 +31,7 @@ from worker.strategy.hivemind_fixes import (
     quiet_cancelled_rounds,
 )
 from worker.strategy.schedulers import SwarmEpochScheduler
+from worker.strategy.shutdown import cancel_if_looking
 from worker.strategy.tracker import SwarmBatchTracker
 
 _SCHEDULER_STATE_KEY = HIVEMIND_SCHEDULER_KEY
@@ -123,9 +123,10 @@ class Optimizer(hivemind.Optimizer):
         A round already averaging runs to its end, so a groupmate that stays loses nothing."""
         self._leaving = True
         for control in (self.scheduled_grads, self.scheduled_state):
-            waited_in = control is not None and not control.done() and control.triggered
-            if waited_in and control.stage == AveragingStage.LOOKING_FOR_GROUP:
-                control.cancel()
+            # only a round the trainer waits in (triggered): one it has not reached yet, hivemind itself
+            # cancels and replaces by this peer's own gradients once the tracker counts it alone
+            if control is not None and not control.done() and control.triggered:
+                cancel_if_looking(control)
         self.tracker.count_alone()
 
     def _maybe_schedule_gradient_averaging(self) -> None:

@@ -48,10 +48,10 @@ def shutdown_optimizer(optimizer: hivemind.Optimizer, keep_progress: bool = Fals
     """
     started_at = time.monotonic()
     leaving = []
-    if _cancel_if_looking(optimizer.scheduled_grads):
+    if cancel_if_looking(optimizer.scheduled_grads):
         optimizer.scheduled_grads = None  # handled: hivemind's shutdown must not cancel it a second time
         leaving.append(optimizer.grad_averager)
-    if _cancel_if_looking(optimizer.scheduled_state):
+    if cancel_if_looking(optimizer.scheduled_state):
         optimizer.scheduled_state = None
         leaving.append(optimizer.state_averager)
     if keep_progress:
@@ -104,7 +104,7 @@ def _tracker_already_stopped(timeout: float | None = None) -> None:
     """Stands in for the ``shutdown`` of a tracker stopped by :func:`stop_tracker_keeping_record`."""
 
 
-def _cancel_if_looking(control: StepControl | None) -> bool:
+def cancel_if_looking(control: StepControl | None) -> bool:
     """Cancel a pre-scheduled round still looking for its group; True if it was cancelled."""
     if control is None or control.done() or control.stage != AveragingStage.LOOKING_FOR_GROUP:
         return False
