@@ -44,10 +44,9 @@ others extrapolate between reports with the rate each report carries.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hivemind.optim.progress_tracker import (
@@ -298,7 +297,7 @@ class SwarmBatchTracker(ProgressTracker):
         self._counting_alone = True
         # not under hivemind's lock: a peer holds it for the whole of each averaging round, and a fetch
         # that assigns after this one parses with the flag above
-        self.global_progress = dataclasses.replace(self.global_progress, num_peers=1)
+        self.global_progress = replace(self.global_progress, num_peers=1)
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         now = get_dht_time()
