@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.agent.config import EXIT_CONFIG, EXIT_FAILED
+from worker.agent.config import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 
 FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine
 
@@ -84,3 +85,16 @@ def test_unreachable_orchestrator_without_cache_exits_retryable(
     agent = start_agent(processes, tmp_path, "agent", nowhere, "ssj_x", SPOTSWARM_REGISTER_TIMEOUT_S="1")
     assert wait_exit(agent, 45) == EXIT_FAILED
     assert "stayed unreachable" in agent.log()
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_told_to_stop_while_the_orchestrator_is_unreachable_leaves_without_waiting_for_it(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    agent = start_agent(processes, tmp_path, "agent", nowhere, "ssj_x", SPOTSWARM_REGISTER_TIMEOUT_S="120")
+    wait_until(lambda: "will retry registering" in agent.log(), FAST_EXIT_S, message="retrying")
+    agent.signal_group(signal.SIGTERM)
+    # one call's retries (backoff up to 4 s each) at most, well within the 15 s stop grace of the watchdog
+    assert wait_exit(agent, 12) == EXIT_OK
+    assert "told to stop while the orchestrator" in agent.log()

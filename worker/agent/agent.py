@@ -102,7 +102,9 @@ class Agent:
         self._install_signal_handlers()
         threading.Thread(target=self._watchdog, name="spotswarm-watchdog", daemon=True).start()
         try:
-            boot = register(self.client, self.config, sleep=self._pause)
+            boot = register(
+                self.client, self.config, sleep=self._pause, stopping=lambda: self.state.stop is not None
+            )
         except RunNotAccepting as exc:
             logger.warning("not joining: %s", exc)
             return self._done(EXIT_OK)

@@ -118,8 +118,10 @@ def register(
     config: AgentSettings,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Boot:
-    """Register with the orchestrator, retrying for ``config.register_timeout_s`` while it is unreachable.
+    """Register with the orchestrator, retrying for ``config.register_timeout_s`` while it is unreachable
+    (and not ``stopping``: a worker told to leave before its first registration leaves at once).
 
     A launch token works until the worker has used the worker token its registration returned: a
     restarted agent whose launch token is refused registers again with the worker token it cached.
@@ -147,6 +149,10 @@ def register(
         except (NotFound, Rejected) as exc:
             raise PermanentError(f"the orchestrator refused the registration ({exc})") from exc
         except Unreachable as exc:
+            if stopping():
+                raise OrchestratorUnavailable(
+                    f"told to stop while the orchestrator at {config.url} was unreachable ({exc})"
+                ) from exc
             if clock() >= deadline:
                 return _boot_from_cache(config, exc)
             logger.warning("orchestrator unreachable, will retry registering: %s", exc)
