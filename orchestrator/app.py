@@ -145,7 +145,10 @@ def build_launchers(settings: Settings) -> dict[str, Launcher]:
     """The launchers this orchestrator offers, by name."""
     launchers: dict[str, Launcher] = {
         "local": LocalLauncher(
-            settings.data_dir, grace_s=settings.reconciler.retire_grace_s, pass_env=settings.worker_env
+            settings.data_dir,
+            grace_s=settings.reconciler.retire_grace_s,
+            pass_env=settings.worker_env,
+            preload=settings.local_preload,
         ),
     }
     if settings.ec2.launch_template:

@@ -83,8 +83,9 @@ def leave_with_children(exit_code: int) -> None:
     os._exit(exit_code)
 
 
-def exit_with_parent(parent_pid: int, exit_code: int = 0) -> threading.Thread:
-    """Watch ``parent_pid`` from a daemon thread; when it exits, :func:`leave_with_children`.
+def exit_with_parent(parent_pid: int, exit_code: int = 0, *, keep_children: bool = False) -> threading.Thread:
+    """Watch ``parent_pid`` from a daemon thread; when it exits, :func:`leave_with_children` (or, with
+    ``keep_children``, exit alone: for a process whose children are meant to outlive it).
 
     For a child that must not outlive its parent even when the parent is killed with SIGKILL. It waits on
     a pidfd (Linux 5.3+: wakes as the parent exits; elsewhere it checks every half second), so unlike the
@@ -102,6 +103,8 @@ def exit_with_parent(parent_pid: int, exit_code: int = 0) -> threading.Thread:
         else:
             if os.getppid() == parent_pid:  # the pidfd is of our parent, not of a process that reused its PID
                 select.select([pidfd], [], [])
+        if keep_children:
+            os._exit(exit_code)
         leave_with_children(exit_code)
 
     thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)

@@ -1,7 +1,8 @@
 """Launcher backends: how the reconcile loop starts and stops workers on some kind of machine.
 
 - ``base.py``: the ``Launcher`` protocol and its data (requests, instances, failures).
-- ``local.py``: workers as subprocesses of this machine; ``local_files.py``: its state files and logs.
+- ``local.py``: workers as subprocesses of this machine; ``local_files.py``: its state files and logs;
+  ``forkserver.py`` and ``forkserver_main.py``: the process it forks preloaded workers from.
 - ``ec2/``: workers on EC2 spot instances.
 - ``childenv.py``: the environment of processes that run user code (local workers, the import probe).
 - ``worker_logs.py``: where a worker's log is and how its tail is read.

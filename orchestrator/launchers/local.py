@@ -5,7 +5,8 @@ Layout under ``data_dir``::
     workers/<request_id>.log          the worker's stdout and stderr
     workers/<request_id>/             the worker's directory (SPOTSWARM_WORKER_DIR unless the env sets one)
     launcher-local/<request_id>.json  pid, start time, run name, terminate/report flags
-    launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor shell
+    launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor
+    launcher-local/forkserver.log     the fork server's output (:mod:`orchestrator.launchers.forkserver`)
 
 The state files make the launcher survive an orchestrator restart (even ``kill -9``): a new instance on the
 same ``data_dir`` adopts the workers that still run (a PID counts only if its start time matches, so a
@@ -33,6 +34,7 @@ from orchestrator import files
 from orchestrator.launchers import local_files as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.launchers.childenv import child_env
+from orchestrator.launchers.forkserver import ForkServer, ForkServerError
 from orchestrator.processes import proc_start_ticks
 
 logger = logging.getLogger(__name__)
@@ -43,14 +45,21 @@ REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 LAUNCH_MARKER_ENV = "SPOTSWARM_LOCAL_LAUNCH"
 
 
+#: the worker agent's module, run by the same Python interpreter as the orchestrator
+WORKER_MODULE = "worker.agent"
+
+
 def default_worker_command() -> list[str]:
     """The worker agent, run by the same Python interpreter as the orchestrator."""
-    return [sys.executable, "-m", "worker.agent"]
+    return [sys.executable, "-m", WORKER_MODULE]
+
+
+_NOT_PERSISTED = frozenset({"popen", "forked_by"})
 
 
 @dataclass
 class _Record:
-    """What the launcher knows of one request; everything but ``popen`` is persisted."""
+    """What the launcher knows of one request; everything but ``popen`` and ``forked_by`` is persisted."""
 
     request_id: str
     run_name: str
@@ -63,13 +72,15 @@ class _Record:
     terminate_requested_at: float | None = None
     reported: bool = False
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    #: the fork server that forked it (it reports the exit), while that one runs; not persisted
+    forked_by: int | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_PERSISTED}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> _Record:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "popen"}
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in _NOT_PERSISTED}
         return cls(**known)
 
     @property
@@ -88,6 +99,10 @@ class LocalLauncher:
     over an allow-list of this process's (:mod:`orchestrator.launchers.childenv`, plus the names in
     ``pass_env``), never the whole: the server's may hold the admin token, the database password and cloud
     keys.
+
+    With ``preload`` (the default) and the default command, workers are forked from a process that has
+    already imported Lightning, torch and hivemind (:mod:`orchestrator.launchers.forkserver`): same
+    processes, environment, marker and exit file as a plain start, about 5 s of CPU less per worker.
     """
 
     name = "local"
@@ -102,6 +117,7 @@ class LocalLauncher:
         keep_gone_s: float = 24 * 3600.0,
         clock: Callable[[], float] = time.time,
         pass_env: Sequence[str] = (),
+        preload: bool = True,
     ) -> None:
         self._command = list(command) if command else default_worker_command()
         self._pass_env = tuple(pass_env)
@@ -117,6 +133,14 @@ class LocalLauncher:
         self._records: dict[str, _Record] = {}
         self._failures: list[LaunchFailure] = []
         self._escalations: dict[str, threading.Timer] = {}
+        self._forkserver: ForkServer | None = None
+        if preload and not command:
+            self._forkserver = ForkServer(
+                child_env(os.environ, self._pass_env),
+                self._cwd,
+                self._state_dir / "forkserver.log",
+                on_exit=self._forked_exit,
+            )
         self._adopt_existing()
 
     # -- the Launcher interface ------------------------------------------------------------------
@@ -130,6 +154,8 @@ class LocalLauncher:
         self.validate_options(request.options)
         if not REQUEST_ID_PATTERN.match(request.request_id):
             raise LauncherConfigError(f"request id {request.request_id!r} is not [A-Za-z0-9_.-]{{1,64}}")
+        if self._forkserver is not None:
+            self._forkserver.warm_up()  # the first launch waits for its imports, without holding our lock
         with self._lock:
             record = self._records.get(request.request_id) or self._load(request.request_id)
             if record is not None:
@@ -193,7 +219,9 @@ class LocalLauncher:
             return failures
 
     def close(self) -> None:
-        """Nothing to release: workers keep running, pending SIGKILL timers still fire (daemon threads)."""
+        """Stop the fork server; workers keep running, pending SIGKILL timers still fire (daemon threads)."""
+        if self._forkserver is not None:
+            self._forkserver.close()
         logger.debug("local launcher closed; %d worker(s) keep running", len(self._records))
 
     # -- spawning and watching -------------------------------------------------------------------
@@ -204,6 +232,8 @@ class LocalLauncher:
         env = child_env(os.environ, self._pass_env)
         env.update({"SPOTSWARM_WORKER_DIR": str(worker_dir), **request_env})
         env.update({"PYTHONUNBUFFERED": "1", LAUNCH_MARKER_ENV: record.request_id})
+        if self._forkserver is not None and self._forkserver.fits(env) and self._fork(record, env):
+            return
         args = ["sh", "-c", proc.SUPERVISOR_SCRIPT, "spotswarm-supervisor", str(self._exit_path(record))]
         try:
             with os.fdopen(
@@ -240,6 +270,44 @@ class LocalLauncher:
             target=self._reap, args=(record, popen), name=f"reap-{record.request_id}", daemon=True
         ).start()
 
+    def _fork(self, record: _Record, env: dict[str, str]) -> bool:
+        """Start the worker from the fork server; False (after a warning) where it cannot."""
+        assert self._forkserver is not None
+        try:
+            pid = self._forkserver.start_worker(
+                {
+                    "request_id": record.request_id,
+                    "env": env,
+                    "cwd": str(self._cwd),
+                    "log_path": record.log_path,
+                    "exit_path": str(self._exit_path(record)),
+                    "module": WORKER_MODULE,
+                    "argv": self._command[3:],
+                    "marker": f"{LAUNCH_MARKER_ENV}={record.request_id}",
+                }
+            )
+        except ForkServerError as exc:
+            logger.warning("worker %s: %s; starting it in a fresh interpreter", record.request_id, exc)
+            return False
+        record.pid, record.start_ticks = pid, proc_start_ticks(pid, include_zombies=True)
+        record.forked_by = self._forkserver.pid
+        self._persist(record)
+        logger.info(
+            "worker %s (run %s): started preloaded, pid %s, log %s",
+            record.request_id,
+            record.run_name,
+            pid,
+            record.log_path,
+        )
+        return True
+
+    def _forked_exit(self, pid: int, code: int) -> None:
+        """The fork server saw the supervisor ``pid`` exit with ``code``."""
+        with self._lock:
+            for record in self._records.values():
+                if record.pid == pid and record.popen is None and record.gone_at is None:
+                    self._mark_gone(record, code)
+
     def _reap(self, record: _Record, popen: subprocess.Popen[bytes]) -> None:
         """Wait for our own child (so it never lingers as a zombie) and record how it ended."""
         code = popen.wait()
@@ -261,10 +329,13 @@ class LocalLauncher:
             proc.signal_group(record.pid or 0, signal.SIGKILL)
 
     def _refresh(self) -> None:
-        """Notice adopted workers (not our children, so no reaper thread) that have exited."""
+        """Notice adopted workers (neither our children nor the fork server's) that have exited."""
+        forkserver = self._forkserver.pid if self._forkserver is not None else None
         for record in self._records.values():
             if record.popen is not None or not record.alive or record.pid is None:
                 continue
+            if record.forked_by is not None and record.forked_by == forkserver:
+                continue  # the fork server reports its exit, with the code a killed supervisor cannot write
             if proc_start_ticks(record.pid) != record.start_ticks:
                 self._mark_gone(record, proc.read_exit_file(self._exit_path(record)))
 

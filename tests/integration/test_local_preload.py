@@ -1,0 +1,152 @@
+"""Local workers forked from the launcher's fork server (the default): the real worker agent, started
+the way a plain launch starts it, seen from ``/proc`` as the launcher, the server's stop and the tests
+see plain workers. The agent is pointed at a closed port, so it keeps retrying its registration (a live
+worker) until it is told to stop, or exits at once without a join token."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launchers.base import LaunchRequest
+from orchestrator.launchers.local import LAUNCH_MARKER_ENV, LocalLauncher
+from orchestrator.launchers.local_files import processes_with_marker
+from orchestrator.processes import stat_fields
+from tests.support.processes import command_line
+from tests.support.waiting import wait_until
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def registering(request_id: str) -> LaunchRequest:
+    """A worker that retries its registration for a minute (nothing listens on its orchestrator URL)."""
+    env = {
+        "SPOTSWARM_URL": f"http://127.0.0.1:{closed_port()}",
+        "SPOTSWARM_JOIN_TOKEN": "ssj_none",
+        "SPOTSWARM_REQUEST_ID": request_id,
+        "SPOTSWARM_REGISTER_TIMEOUT_S": "60",
+    }
+    return LaunchRequest(request_id=request_id, run_name="demo", env=env)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def environ_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def instance_of(launcher: LocalLauncher, request_id: str):
+    return next(i for i in launcher.describe() if i.request_id == request_id)
+
+
+#: between SIGTERM and SIGKILL: an agent told to stop while it retries its registration leaves once
+#: its current call's retries are spent (about 7 s)
+GRACE_S = 15.0
+
+
+@pytest.fixture
+def launcher(tmp_path: Path):
+    launcher = LocalLauncher(tmp_path / "data", grace_s=GRACE_S)
+    try:
+        yield launcher
+    finally:
+        for instance in launcher.describe():
+            if instance.alive:
+                os.killpg(int(instance.handle), signal.SIGKILL)
+        launcher.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_like_a_plain_one(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    handle = launcher.launch(registering("req-a"))
+    supervisor = int(handle)
+    worker = wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")[0]
+    fields = stat_fields(supervisor)  # it leads its process group and its session
+    assert fields is not None and (int(fields[2]), int(fields[3])) == (supervisor, supervisor)
+    marker = f"{LAUNCH_MARKER_ENV}=req-a".encode()
+    assert marker in environ_of(supervisor) and marker in environ_of(worker)
+    assert sorted(processes_with_marker(LAUNCH_MARKER_ENV, "req-a")) == sorted(
+        [(supervisor, supervisor), (worker, supervisor)]
+    )
+    assert command_line(worker) == f"{sys.executable} -m worker.agent"
+    assert command_line(supervisor) == "spotswarm-supervisor req-a"
+    log = tmp_path / "data" / "workers" / "req-a.log"
+    wait_until(lambda: "will retry registering" in log.read_text(), 30, message=log.name)
+
+    launcher.terminate("req-a")  # SIGTERM to the group: the agent leaves, the supervisor records how
+    gone = wait_until(lambda: (i := instance_of(launcher, "req-a")) and not i.alive and i, GRACE_S - 1)
+    exit_file = tmp_path / "data" / "launcher-local" / "req-a.exit"
+    assert gone.details["exit_code"] == int(exit_file.read_text()) == 0
+    assert launcher.poll_errors() == []  # asked for, so no failure
+    assert processes_with_marker(LAUNCH_MARKER_ENV, "req-a") == []
+
+
+@pytest.mark.timeout(90)
+def test_a_preloaded_worker_killed_with_its_group_is_a_retryable_failure(launcher: LocalLauncher) -> None:
+    supervisor = int(launcher.launch(registering("req-k")))
+    wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")
+    os.killpg(supervisor, signal.SIGKILL)
+    failures = wait_until(launcher.poll_errors, 10, message="the kill is reported")
+    assert [(f.request_id, f.retryable) for f in failures] == [("req-k", True)]
+    assert "was killed by SIGKILL" in failures[0].reason
+
+
+@pytest.mark.timeout(90)
+def test_a_preloaded_worker_without_a_join_token_fails_for_good_with_its_log(launcher: LocalLauncher) -> None:
+    request = registering("req-u")
+    del request.env["SPOTSWARM_JOIN_TOKEN"]
+    launcher.launch(request)
+    failures = wait_until(launcher.poll_errors, 30, message="the usage error is reported")
+    assert [(f.request_id, f.retryable) for f in failures] == [("req-u", False)]
+    assert "exited with code 2" in failures[0].reason and "--join-token" in failures[0].reason
+
+
+@pytest.mark.timeout(120)
+def test_preloaded_workers_outlive_their_launcher_and_a_new_one_adopts_them(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = LocalLauncher(data, grace_s=GRACE_S)
+    supervisor = int(first.launch(registering("req-o")))
+    worker = wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")[0]
+    first.close()  # the fork server ends with its launcher (and with its server)
+    try:
+        assert stat_fields(supervisor) is not None and stat_fields(worker) is not None
+        second = LocalLauncher(data, grace_s=GRACE_S)
+        adopted = instance_of(second, "req-o")
+        assert adopted.alive and adopted.handle == str(supervisor)
+        second.terminate("req-o")
+        gone = wait_until(lambda: (i := instance_of(second, "req-o")) and not i.alive and i, GRACE_S - 1)
+        assert gone.details["exit_code"] == 0  # from the exit file its supervisor wrote
+        second.close()
+    finally:
+        if stat_fields(supervisor) is not None:
+            os.killpg(supervisor, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_whose_environment_differs_from_the_fork_servers_starts_in_a_fresh_interpreter(
+    launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher.launch(registering("req-p"))  # starts the fork server with the environment of now
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read when torch loads: a preloaded worker cannot take it
+    supervisor = int(launcher.launch(registering("req-f")))
+    assert command_line(supervisor).startswith("sh -c")  # the supervisor shell of a plain start
+    worker = wait_until(lambda: children_of(supervisor), 10, message="the shell started the worker")[0]
+    assert b"OMP_NUM_THREADS=3" in environ_of(worker)
