@@ -191,6 +191,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/fuzz_api.py --url $URL --admin-token $TOKEN [--public-reads]": "a benchmark of minutes; tests/api/test_fuzz.py runs the same fuzzer in miniature",
     ".venv/bin/python bench/api_load.py --workers 1000,10000 [--db postgres] [--duration-s 60]": "a benchmark of minutes; tests/integration/test_api_load_smoke.py runs bench/api_load.py with 50 workers",
     ".venv/bin/python bench/recovery.py --heartbeat-timeout-s 10 --rounds 2": "a benchmark of minutes with real training workers",
+    ".venv/bin/python bench/worker_start.py --rounds 4": "a benchmark of minutes with two orchestrators and real training workers; tests/integration/test_local_preload.py tests the preloaded start it measures",
     ".venv/bin/python -m worker.examples.local_swarm --peers 2 --seconds 60": "trains two real peers for 60 s; tests/integration/test_swarm_training.py trains real peers",
     ".venv/bin/python bench/strategy_overhead.py # CPU, ~15 min on 2 busy cores": "a benchmark of about 15 minutes",
     ".venv/bin/python bench/swarm_batch.py --peers 2,4 --trials 2 --seconds 40 --target-batch-size 4096 --hidden 64 --trackers hivemind,swarm,state10 --trace": "a benchmark of about 15 minutes with real peers; tests/unit/test_swarm_tracker.py checks the tracker it measures",
