@@ -26,6 +26,7 @@ it. The worker's command line is rewritten the same way to read as a plain worke
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -183,10 +184,15 @@ def _start(request: dict[str, Any], protocol_fd: int) -> tuple[Job | None, dict[
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        os.close(protocol_fd)
-        return _supervise(job, ready_fd), {}
+    if pid == 0:  # the supervisor: it returns only in the worker it forks, never into this loop
+        try:
+            os.close(read_fd)
+            os.close(protocol_fd)
+            return _supervise(job, ready_fd), {}
+        except BaseException as exc:  # noqa: BLE001 - a supervisor that fails must never serve requests
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, f"{type(exc).__name__}: {exc}".encode())
+            os._exit(1)
     os.close(ready_fd)
     try:
         readable, _, _ = select.select([read_fd], [], [], SUPERVISOR_READY_S)

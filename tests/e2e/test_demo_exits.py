@@ -49,20 +49,22 @@ def start_demo(processes: ProcessRegistry, data_dir: Path, marker: str) -> tuple
     return demo, f"http://127.0.0.1:{port}"
 
 
-def running_workers(demo: ManagedProcess, url: str) -> int:
+def training_workers(demo: ManagedProcess, url: str) -> int:
+    """Workers that contributed samples: past their start (registered, in the swarm), so a stop finds
+    them training, not joining the swarm while the demo's own DHT peer goes."""
     if not demo.alive():
         pytest.fail(f"the demo exited with {demo.popen.returncode}:\n{demo.log()[-3000:]}")
-    run = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}", timeout=10).raise_for_status().json()
-    return int(run["workers"]["running"])
+    workers = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/workers", timeout=10).raise_for_status().json()
+    return sum(1 for w in workers["items"] if w["state"] == "running" and w["samples"] > 0)
 
 
 def demo_with_a_worker(
     processes: ProcessRegistry, data_dir: Path, marker: str
 ) -> tuple[ManagedProcess, dict[int, int]]:
-    """A demo whose worker runs, and its family (see the module docstring) taken then."""
+    """A demo whose worker trains, and its family (see the module docstring) taken then."""
     demo, url = start_demo(processes, data_dir, marker)
     wait_until(
-        lambda: running_workers(demo, url) >= 1, DEMO_BOOT_S, interval_s=1, message="a demo worker runs"
+        lambda: training_workers(demo, url) >= 1, DEMO_BOOT_S, interval_s=1, message="a demo worker trains"
     )
     family = process_family(demo.pid)
     assert [line for line in map(command_line, family) if "worker.agent" in line], family
