@@ -216,8 +216,8 @@ class Settings(BaseSettings):
     local_preload: bool = Field(
         default=True,
         description="Fork local workers from a process that has imported Lightning, torch and hivemind "
-        "(started at the first local launch), so each starts in about a second instead of spending "
-        "about 5 s of CPU on those imports; false starts each worker in a fresh interpreter.",
+        "(started at the first local launch), so each skips the about 5 s of CPU those imports take; "
+        "false starts each worker in a fresh interpreter.",
     )
     check_imports: bool = Field(
         default=True,

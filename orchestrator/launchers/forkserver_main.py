@@ -2,7 +2,7 @@
 
 A worker started in a fresh interpreter spends about 5 s of CPU importing Lightning, torch and hivemind
 before it does anything (more on a busy machine). This process imports them once and forks every worker
-from itself, so a worker starts training in about a second. :class:`~orchestrator.launchers.forkserver.
+from itself (``bench/worker_start.py``: launch to first sample in about half the time). :class:`~orchestrator.launchers.forkserver.
 ForkServer` drives it; the local launcher falls back to a fresh interpreter whenever it cannot be used.
 
 Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true}``; for each

@@ -60,9 +60,10 @@ def instance_of(launcher: LocalLauncher, request_id: str):
 GRACE_S = 15.0
 
 
-@pytest.fixture
-def launcher(tmp_path: Path):
-    launcher = LocalLauncher(tmp_path / "data", grace_s=GRACE_S)
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory):
+    """One launcher (and fork server) for the tests that launch with distinct request ids."""
+    launcher = LocalLauncher(tmp_path_factory.mktemp("preload") / "data", grace_s=GRACE_S)
     try:
         yield launcher
     finally:
@@ -74,7 +75,7 @@ def launcher(tmp_path: Path):
 
 @pytest.mark.timeout(90)
 def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_like_a_plain_one(
-    launcher: LocalLauncher, tmp_path: Path
+    launcher: LocalLauncher,
 ) -> None:
     handle = launcher.launch(registering("req-a"))
     supervisor = int(handle)
@@ -88,14 +89,14 @@ def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_lik
     )
     assert command_line(worker) == f"{sys.executable} -m worker.agent"
     assert command_line(supervisor) == "spotswarm-supervisor req-a"
-    log = tmp_path / "data" / "workers" / "req-a.log"
+    log = Path(instance_of(launcher, "req-a").details["log_path"])
     wait_until(lambda: "will retry registering" in log.read_text(), 30, message=log.name)
 
     launcher.terminate("req-a")  # SIGTERM to the group: the agent leaves, the supervisor records how
     gone = wait_until(lambda: (i := instance_of(launcher, "req-a")) and not i.alive and i, GRACE_S - 1)
-    exit_file = tmp_path / "data" / "launcher-local" / "req-a.exit"
+    exit_file = log.parent.parent / "launcher-local" / "req-a.exit"
     assert gone.details["exit_code"] == int(exit_file.read_text()) == 0
-    assert launcher.poll_errors() == []  # asked for, so no failure
+    assert [f for f in launcher.poll_errors() if f.request_id == "req-a"] == []  # asked for: no failure
     assert processes_with_marker(LAUNCH_MARKER_ENV, "req-a") == []
 
 
@@ -104,7 +105,7 @@ def test_a_preloaded_worker_killed_with_its_group_is_a_retryable_failure(launche
     supervisor = int(launcher.launch(registering("req-k")))
     wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")
     os.killpg(supervisor, signal.SIGKILL)
-    failures = wait_until(launcher.poll_errors, 10, message="the kill is reported")
+    failures = wait_until(lambda: [f for f in launcher.poll_errors() if f.request_id == "req-k"], 10)
     assert [(f.request_id, f.retryable) for f in failures] == [("req-k", True)]
     assert "was killed by SIGKILL" in failures[0].reason
 
@@ -114,7 +115,7 @@ def test_a_preloaded_worker_without_a_join_token_fails_for_good_with_its_log(lau
     request = registering("req-u")
     del request.env["SPOTSWARM_JOIN_TOKEN"]
     launcher.launch(request)
-    failures = wait_until(launcher.poll_errors, 30, message="the usage error is reported")
+    failures = wait_until(lambda: [f for f in launcher.poll_errors() if f.request_id == "req-u"], 30)
     assert [(f.request_id, f.retryable) for f in failures] == [("req-u", False)]
     assert "exited with code 2" in failures[0].reason and "--join-token" in failures[0].reason
 
@@ -144,7 +145,7 @@ def test_preloaded_workers_outlive_their_launcher_and_a_new_one_adopts_them(tmp_
 def test_a_worker_whose_environment_differs_from_the_fork_servers_starts_in_a_fresh_interpreter(
     launcher: LocalLauncher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    launcher.launch(registering("req-p"))  # starts the fork server with the environment of now
+    launcher.launch(registering("req-p"))  # the fork server runs with the environment it started with
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read when torch loads: a preloaded worker cannot take it
     supervisor = int(launcher.launch(registering("req-f")))
     assert command_line(supervisor).startswith("sh -c")  # the supervisor shell of a plain start
