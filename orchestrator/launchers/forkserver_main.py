@@ -1,9 +1,10 @@
 """The local launcher's fork server: ``python -m orchestrator.launchers.forkserver_main <server pid>``.
 
 A worker started in a fresh interpreter spends about 5 s of CPU importing Lightning, torch and hivemind
-before it does anything (more on a busy machine). This process imports them once and forks every worker
-from itself (``bench/worker_start.py``: launch to first sample in about half the time). :class:`~orchestrator.launchers.forkserver.
-ForkServer` drives it; the local launcher falls back to a fresh interpreter whenever it cannot be used.
+before its first step (more on a busy machine). This process imports them once and forks every worker
+from itself (``bench/worker_start.py``: launch to first sample in about half the time).
+:class:`~orchestrator.launchers.forkserver.ForkServer` drives it; the local launcher falls back to a fresh
+interpreter whenever it cannot be used.
 
 Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true}``; for each
 request on stdin (``{"request_id", "env", "cwd", "log_path", "exit_path", "module", "argv"}``) it answers
