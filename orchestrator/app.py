@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,6 +53,8 @@ from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker, RuntimeLimits
 from orchestrator.launchers.base import Launcher
+from orchestrator.launchers.childenv import child_env
+from orchestrator.launchers.forkserver import ForkServer
 from orchestrator.launchers.local import LocalLauncher
 from orchestrator.metrics.middleware import RequestMetricsMiddleware
 from orchestrator.metrics.service import ServiceMetrics
@@ -93,9 +96,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        chosen = launchers if launchers is not None else build_launchers(settings)
+        # one process with Lightning imported, for the import check and the local launcher's workers
+        forkserver = ForkServer(child_env(os.environ, settings.worker_env), Path.cwd())
+        chosen = launchers if launchers is not None else build_launchers(settings, forkserver)
         counted = metrics.count_launches(chosen)
-        ctx = _build_context(settings, counted, store, dht_factory or start_dht, clock)
+        ctx = _build_context(settings, counted, store, dht_factory or start_dht, clock, forkserver)
         app.state.ctx = ctx
         services, reconcilers = _services(ctx)
         started = await _start(services)
@@ -141,14 +146,15 @@ def create_app(
 # -- production defaults --------------------------------------------------------------------------------
 
 
-def build_launchers(settings: Settings) -> dict[str, Launcher]:
-    """The launchers this orchestrator offers, by name."""
+def build_launchers(settings: Settings, forkserver: ForkServer | None = None) -> dict[str, Launcher]:
+    """The launchers this orchestrator offers, by name (the local one forks from ``forkserver``)."""
     launchers: dict[str, Launcher] = {
         "local": LocalLauncher(
             settings.data_dir,
             grace_s=settings.reconciler.retire_grace_s,
             pass_env=settings.worker_env,
             preload=settings.local_preload,
+            forkserver=forkserver,
         ),
     }
     if settings.ec2.launch_template:
@@ -217,6 +223,7 @@ def _build_context(
     store: CheckpointStore | None,
     dht_factory: DhtFactory,
     clock: Clock,
+    forkserver: ForkServer,
 ) -> AppContext:
     """The running parts: admin token, DHT peer, database (migrated), hub, import probe, store."""
     _private_data_dir(settings.data_dir)
@@ -250,7 +257,7 @@ def _build_context(
     imports = None
     if settings.check_imports:
         limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
-        imports = ImportChecker(settings.import_timeout_s, settings.worker_env, limits)
+        imports = ImportChecker(settings.import_timeout_s, settings.worker_env, limits, forkserver)
         imports.warm_up()
     return AppContext(
         settings=settings,

@@ -4,27 +4,24 @@
 them; its trainer callbacks and loggers import and take theirs; its ``strategy_options`` are keywords
 of the strategy.
 
-:class:`ImportChecker` keeps one probe process (``orchestrator.importcheck.probe``) that has Lightning
-imported already and forks a child per check, so a check takes a fraction of a second after the first
-(which waits for the probe's own start-up, a few seconds). A run with a code package (``workdir``) is
-checked against that package, with its requirements installed, as a worker prepares them
-(:mod:`worker.runtime.env`), in the checker's own temporary cache; a run without one against the
-server's interpreter and working directory (first on the probe's ``PYTHONPATH``), which is what a local
-worker imports. Importing a module runs its code: the probe and the installer get only the allow-listed
-environment of :mod:`orchestrator.launchers.childenv` (not the admin token, the database URL or cloud keys)
-plus the run's own variables, and work in that temporary directory, not the data dir. They still run as the
-server's user.
+:class:`ImportChecker` runs each check (:func:`orchestrator.importcheck.probe.check_in_child`) in the
+server's fork server (:class:`~orchestrator.launchers.forkserver.ForkServer`, shared with the local
+launcher), which has Lightning imported already and forks a child per check, so a check takes a
+fraction of a second after the first (which waits for the fork server's own start-up, a few seconds).
+A run with a code package (``workdir``) is checked against that package, with its requirements
+installed, as a worker prepares them (:mod:`worker.runtime.env`), in the checker's own temporary cache;
+a run without one against the server's interpreter and working directory (first on the fork server's
+import path), which is what a local worker imports. Importing a module runs its code: the checks and
+the installer get only the allow-listed environment of :mod:`orchestrator.launchers.childenv` (not the
+admin token, the database URL or cloud keys) plus the run's own variables, and work in that temporary
+directory, not the data dir. They still run as the server's user.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import selectors
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,49 +29,48 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from orchestrator.errors import InvalidRequest, Unavailable
 from orchestrator.launchers.childenv import child_env
+from orchestrator.launchers.forkserver import ForkServer, ForkServerError
 from worker.runtime.env import InstallFailed, Runtime, find_installer, prepare_runtime, redact
 from worker.runtime.package import UnsafePackage
 from worker.wire import RunSpec
 
 logger = logging.getLogger(__name__)
 
-PROBE_EXIT_WAIT_S = 3.0  # a probe told to stop has this long before it is killed
+#: what the fork server runs for a check
+CHECK_FUNCTION = "orchestrator.importcheck.probe:check_in_child"
 
 
 class ImportChecker:
-    """Checks import paths in an isolated probe process. Thread-safe; one check at a time."""
+    """Checks import paths in children of the fork server. Thread-safe; one check at a time.
+
+    ``forkserver`` is the server's (shared with the local launcher); without one the checker starts
+    its own, with the allow-listed environment (``pass_env`` added).
+    """
 
     def __init__(
         self,
         timeout_s: float = 60.0,
         pass_env: Sequence[str] = (),
         runtime: RuntimeLimits | None = None,
+        forkserver: ForkServer | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self._pass_env = tuple(pass_env)
         self._runtime = runtime or RuntimeLimits()
-        self._lock = threading.Lock()  # one check (or the warm-up) at a time
-        self._spawn_lock = threading.Lock()  # guards _proc, _workdir, _closed: no probe after close()
+        self._forkserver = forkserver or ForkServer(child_env(os.environ, self._pass_env), Path.cwd())
+        self._lock = threading.Lock()  # one check at a time
         self._temp_lock = threading.Lock()  # one temporary directory, made on first use
-        self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
-        self._closed = False
 
     def warm_up(self) -> None:
-        """Start the probe in the background so the first check does not wait for Lightning's import."""
-        threading.Thread(target=self._warm, name="import-probe-start", daemon=True).start()
-
-    def _warm(self) -> None:
-        try:
-            with self._lock:
-                self._ensure_probe(time.monotonic() + self.timeout_s)
-        except Unavailable as exc:
-            if not self._closed:  # closing the checker during its warm-up ends the warm-up too
-                logger.warning("import probe did not start: %s", exc)
+        """Start the fork server in the background so the first check does not wait for its imports."""
+        threading.Thread(
+            target=self._forkserver.warm_up, args=(self.timeout_s,), name="forkserver-start", daemon=True
+        ).start()
 
     def check_spec(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None = None) -> None:
         """Raise :class:`InvalidRequest` naming the field that fails: the package (``fetch_package(dest)``
@@ -126,50 +122,19 @@ class ImportChecker:
         importing from ``where`` (the run's ``package_dir``, ``site_dir`` and ``env``) when given."""
         with self._lock:
             deadline = time.monotonic() + self.timeout_s
-            proc = self._ensure_probe(deadline)
-            assert proc.stdin is not None and proc.stdout is not None
             request = {
                 **(where or {}),
                 "checks": checks,
                 "timeout_s": max(1.0, deadline - time.monotonic() - 1),
+                "cwd": self._temp_dir(),
             }
             try:
-                proc.stdin.write((json.dumps(request) + "\n").encode())
-                proc.stdin.flush()
-                reply = _read_line(proc.stdout, deadline)
-            except (OSError, ValueError, TimeoutError) as exc:  # ValueError: closed by close()
-                self._kill()
+                reply = self._forkserver.call(CHECK_FUNCTION, request, deadline)
+            except ForkServerError as exc:
                 raise Unavailable(f"import check failed: {exc}") from exc
             if reply.get("ok"):
                 return None
             return str(reply.get("field") or ""), str(reply.get("error") or "import check failed")
-
-    def _ensure_probe(self, deadline: float) -> subprocess.Popen[bytes]:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        with self._spawn_lock:
-            if self._closed:
-                raise Unavailable("the import checker is closed (the server is stopping)")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.importcheck.probe", str(os.getpid())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=self._probe_env(),
-                cwd=self._temp_dir(),
-                start_new_session=True,  # a Ctrl-C in the server's terminal is for the server, not the probe
-            )
-            self._proc = proc
-        assert proc.stdout is not None
-        try:
-            hello = _read_line(proc.stdout, deadline)
-        except (OSError, TimeoutError) as exc:
-            self._kill()
-            raise Unavailable(f"the import probe did not start: {exc}") from exc
-        if not hello.get("ready"):
-            self._kill()
-            raise Unavailable(f"the import probe said {hello!r}")
-        logger.info("import probe ready (pid %d)", proc.pid)
-        return proc
 
     def _temp_dir(self) -> str:
         """The probe's own directory: its working directory and the cache of runs' packages and
@@ -185,24 +150,13 @@ class ImportChecker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH")) if p)
         return env
 
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-            self._proc = None
-
     def close(self) -> None:
-        """Stop the probe within seconds (closing its stdin ends it; killed if it lingers).
-
-        Does not wait for a check or the warm-up in progress (they hold the lock for up to
-        ``timeout_s``): their reads fail once the probe is gone. A server killed outright leaves no
-        probe either: it exits with its parent.
-        """
-        with self._spawn_lock:
-            self._closed = True
-            proc, workdir = self._proc, self._workdir
-        if proc is not None:
-            _stop(proc)
+        """Stop the fork server and remove the temporary directory; does not wait for a check in
+        progress (it holds the lock for up to ``timeout_s``), which fails once the fork server is gone.
+        A server killed outright leaves no fork server either: it exits with its parent."""
+        self._forkserver.close()
+        with self._temp_lock:
+            workdir, self._workdir = self._workdir, None
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -253,28 +207,3 @@ def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
     keys = list(spec.strategy_options)
     checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys})
     return checks
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the probe: closing its stdin ends its loop; killed if it lingers."""
-    if proc.stdin is not None:
-        # OSError: a check is writing to it right now; the kill below ends both
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    try:
-        proc.wait(timeout=PROBE_EXIT_WAIT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=PROBE_EXIT_WAIT_S)
-
-
-def _read_line(stream: IO[bytes], deadline: float) -> dict[str, Any]:
-    """One JSON line from the probe before ``deadline`` (monotonic); raises TimeoutError or OSError."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(stream, selectors.EVENT_READ)
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("no answer from the import probe in time")
-    line = stream.readline()
-    if not line:
-        raise OSError("the import probe exited")
-    return dict(json.loads(line))

@@ -1,22 +1,18 @@
-"""The import probe: ``python -m orchestrator.importcheck.probe``, driven by
-:mod:`orchestrator.importcheck.checker`.
+"""The import checks, run in the server's fork server (:mod:`orchestrator.launchers.forkserver_main`),
+which has Lightning and hivemind imported already; driven by :mod:`orchestrator.importcheck.checker`.
 
-It imports Lightning once, then answers one JSON request per stdin line
-(``{"checks": [check, ...], "timeout_s": float}``, optionally with the run's ``package_dir``,
-``site_dir`` and ``env``) with one JSON line (``{"ok": bool, "error": str, "field": str}``: the first
-check that failed). A check is ``{"field": "module", "kind": "module" | "datamodule", "path":
-"pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, and that its constructor takes the
-arguments as the agent passes them; a failure there names ``module_args`` or ``datamodule_args``),
-``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a trainer callback or
-logger: the class and that its arguments bind) or
-``{"field": "strategy_options", "kind": "strategy_options", "keys": [...]}`` (keywords
-``HivemindStrategy`` takes). Each request is handled in a forked child, so a user's module is imported
-fresh, and whatever it does at import time (print, exit, crash, hang) cannot touch the server: the
-child's stdout goes to stderr, and a child that outlives ``timeout_s`` is killed. The child works in
-the run's package directory when it has one.
-
-The probe ends with the server: at end of file on stdin, and as soon as the server (whose PID is the
-first argument) exits, even killed with SIGKILL while the probe still imports Lightning.
+:func:`check_in_child` takes one request (``{"checks": [check, ...], "timeout_s": float, "cwd": str}``,
+optionally with the run's ``package_dir``, ``site_dir`` and ``env``) and returns ``{"ok": bool, "error":
+str, "field": str}``: the first check that failed. A check is ``{"field": "module", "kind": "module" |
+"datamodule", "path": "pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, and that its
+constructor takes the arguments as the agent passes them; a failure there names ``module_args`` or
+``datamodule_args``), ``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a
+trainer callback or logger: the class and that its arguments bind) or ``{"field": "strategy_options",
+"kind": "strategy_options", "keys": [...]}`` (keywords ``HivemindStrategy`` takes). Each request is
+handled in a forked child, so a user's module is imported fresh, and whatever it does at import time
+(print, exit, crash, hang) cannot touch the server or the fork server: the child's stdout goes to
+stderr, and a child that outlives ``timeout_s`` is killed. The child works in ``cwd`` (the checker's
+temporary directory), or in the run's package directory when it has one.
 """
 
 from __future__ import annotations
@@ -27,11 +23,9 @@ import json
 import os
 import select
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.processes import exit_with_parent
 from worker.agent.boot import call_arguments
 from worker.runtime.env import activate
 
@@ -109,13 +103,17 @@ def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "error": "", "field": ""}
 
 
-def _in_child(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def check_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """The first failure of ``request``'s checks (see the module docstring), found in a forked child."""
+    timeout_s = float(request.get("timeout_s", 30))
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: import, report, leave without running any cleanup of the parent's
         os.close(read_fd)
         os.dup2(2, 1)
         try:
+            if request.get("cwd"):
+                os.chdir(request["cwd"])
             reply = _first_failure(request)
         except BaseException as exc:  # noqa: BLE001 - reported as the failure of this request
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "field": ""}
@@ -137,24 +135,3 @@ def _in_child(request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     if not chunks:
         return {"ok": False, "error": f"checking {what} ended the process (status {status})", "field": ""}
     return dict(json.loads(b"".join(chunks)))
-
-
-def main() -> None:
-    exit_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything printed by Lightning or user code goes to stderr, not into the protocol
-    import lightning.pytorch  # noqa: F401 - imported once here, inherited by every child
-
-    from worker.strategy.options import strategy_keywords
-
-    strategy_keywords()  # imports hivemind and the strategy once, for every child
-
-    protocol.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        request = json.loads(line)
-        reply = _in_child(request, float(request.get("timeout_s", 30)))
-        protocol.write(json.dumps(reply) + "\n")
-
-
-if __name__ == "__main__":
-    main()

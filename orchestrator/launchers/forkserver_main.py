@@ -6,12 +6,19 @@ from itself (``bench/worker_start.py``: launch to first sample in about half the
 :class:`~orchestrator.launchers.forkserver.ForkServer` drives it; the local launcher falls back to a fresh
 interpreter whenever it cannot be used.
 
-Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true}``; for each
-request on stdin (``{"request_id", "env", "cwd", "log_path", "exit_path", "module", "argv"}``) it answers
-``{"pid": N}`` (the worker's supervisor, the leader of its process group) or ``{"error": "..."}``; and
-when a supervisor it started exits, ``{"exit": N, "code": C}`` (``subprocess.Popen``'s convention: a
-negative code is the signal that killed it). It ends at end of file on stdin or when the server exits,
-leaving its workers running: they outlive the server, as workers started the plain way do.
+Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true, "pid": N}``;
+then it answers each request on stdin, one at a time:
+
+- a worker (``{"request_id", "env", "cwd", "log_path", "exit_path", "module", "argv", "marker"}``):
+  ``{"pid": N}`` (the worker's supervisor, the leader of its process group) or ``{"error": "..."}``;
+- a call (``{"call": "module:function", "argument": {...}}``): ``{"result": function(argument)}``, a
+  JSON object, or ``{"error": "..."}``. The import check runs this way
+  (:func:`orchestrator.importcheck.probe.check_in_child`, which forks a child per check); named by
+  path, so that this module imports nothing of the server's upper layers.
+
+When a supervisor it started exits it writes ``{"exit": N, "code": C}`` (``subprocess.Popen``'s
+convention: a negative code is the signal that killed it). It ends at end of file on stdin or when the
+server exits, leaving its workers running: they outlive the server, as workers started the plain way do.
 
 A worker is the same pair of processes as one the launcher starts the plain way (its supervisor shell):
 a supervisor, leader of a new session and process group, that ignores SIGTERM, SIGINT and SIGHUP until
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import runpy
@@ -45,7 +53,7 @@ from worker.lifeline import exit_with_parent, stat_fields
 SLOT_ENV = "SPOTSWARM_LAUNCH_SLOT"
 #: the placeholder's value: room for ``SPOTSWARM_LOCAL_LAUNCH=`` and a request id of 64 characters
 SLOT_VALUE = "." * 96
-#: what is imported before the first fork: what a worker imports before it trains
+#: what is imported before the first fork: what a worker imports before it trains, and the import check
 PRELOAD = (
     "lightning.pytorch",
     "hivemind",
@@ -59,6 +67,7 @@ PRELOAD = (
     "worker.admission.authorizer",
     "worker.strategy",
     "worker.strategy.dht",
+    "worker.strategy.options",
 )
 #: how long a supervisor may take to report that its worker is forked
 SUPERVISOR_READY_S = 10.0
@@ -221,6 +230,16 @@ def _reap(protocol_fd: int) -> None:
         _send(protocol_fd, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
+def _call(request: dict[str, Any]) -> dict[str, Any]:
+    """Run the function a call request names; its result, or the error it raised."""
+    module_name, _, name = str(request["call"]).partition(":")
+    function = getattr(importlib.import_module(module_name), name)
+    try:
+        return {"result": dict(function(request.get("argument") or {}))}
+    except Exception as exc:  # noqa: BLE001 - reported to the caller, which decides
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def serve(protocol_fd: int) -> Job | None:
     """Answer requests until end of file (None); in a forked worker, return its job."""
     pending = b""
@@ -236,8 +255,9 @@ def serve(protocol_fd: int) -> Job | None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             try:
-                job, reply = _start(json.loads(line), protocol_fd)
-            except (ValueError, KeyError, TypeError, OSError) as exc:
+                request = json.loads(line)
+                job, reply = (None, _call(request)) if "call" in request else _start(request, protocol_fd)
+            except (ValueError, KeyError, TypeError, OSError, ImportError, AttributeError) as exc:
                 job, reply = None, {"error": f"{type(exc).__name__}: {exc}"}
             if job is not None:
                 return job
@@ -248,11 +268,12 @@ def main() -> None:
     exit_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid(), keep_children=True)
     protocol_fd = os.dup(1)
     os.dup2(2, 1)  # anything printed while importing goes to stderr, not into the protocol
-    import importlib
-
     for name in PRELOAD:
         importlib.import_module(name)
-    _send(protocol_fd, {"ready": True})
+    from worker.strategy.options import strategy_keywords
+
+    strategy_keywords()  # hivemind's keywords, read once here for every check
+    _send(protocol_fd, {"ready": True, "pid": os.getpid()})
     job = serve(protocol_fd)
     if job is None:
         return

@@ -6,7 +6,6 @@ Layout under ``data_dir``::
     workers/<request_id>/             the worker's directory (SPOTSWARM_WORKER_DIR unless the env sets one)
     launcher-local/<request_id>.json  pid, start time, run name, terminate/report flags
     launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor
-    launcher-local/forkserver.log     the fork server's output (:mod:`orchestrator.launchers.forkserver`)
 
 The state files make the launcher survive an orchestrator restart (even ``kill -9``): a new instance on the
 same ``data_dir`` adopts the workers that still run (a PID counts only if its start time matches, so a
@@ -101,8 +100,9 @@ class LocalLauncher:
     keys.
 
     With ``preload`` (the default) and the default command, workers are forked from a process that has
-    already imported Lightning, torch and hivemind (:mod:`orchestrator.launchers.forkserver`): same
-    processes, environment, marker and exit file as a plain start, about 5 s of CPU less per worker.
+    already imported Lightning, torch and hivemind (``forkserver``, the server's, or one of its own:
+    :mod:`orchestrator.launchers.forkserver`): same processes, environment, marker and exit file as a
+    plain start, about 5 s of CPU less per worker.
     """
 
     name = "local"
@@ -118,6 +118,7 @@ class LocalLauncher:
         clock: Callable[[], float] = time.time,
         pass_env: Sequence[str] = (),
         preload: bool = True,
+        forkserver: ForkServer | None = None,
     ) -> None:
         self._command = list(command) if command else default_worker_command()
         self._pass_env = tuple(pass_env)
@@ -135,12 +136,8 @@ class LocalLauncher:
         self._escalations: dict[str, threading.Timer] = {}
         self._forkserver: ForkServer | None = None
         if preload and not command:
-            self._forkserver = ForkServer(
-                child_env(os.environ, self._pass_env),
-                self._cwd,
-                self._state_dir / "forkserver.log",
-                on_exit=self._forked_exit,
-            )
+            self._forkserver = forkserver or ForkServer(child_env(os.environ, self._pass_env), self._cwd)
+            self._forkserver.watch_exits(self._forked_exit)
         self._adopt_existing()
 
     # -- the Launcher interface ------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """`spotswarm serve` stops within its stop grace and leaves no process of its own behind.
 
 Each test starts the real command (SQLite, the default configuration but for fast ticks), waits until the
-forked DHT peer, its p2pd and the import probe run, takes a snapshot of the server's family (its
-descendants and its process group, each PID with its start time), stops it the way users do, and then
-asserts that no process of that snapshot runs any more and that no process adopted by init (parent PID 1)
-carries this test's environment marker.
+forked DHT peer, its p2pd and the fork server (which runs the import check) run, takes a snapshot of the
+server's family (its descendants and its process group, each PID with its start time), stops it the way
+users do, and then asserts that no process of that snapshot runs any more and that no process adopted by
+init (parent PID 1) carries this test's environment marker.
 """
 
 from __future__ import annotations
@@ -38,21 +38,22 @@ STALE_PEER_SCRIPT = REPO_ROOT / "tests" / "programs" / "stale_dht_peer.py"
 
 
 def start(processes: ProcessRegistry, data_dir: Path, marker: str, **kwargs: object) -> Orchestrator:
-    env = {MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER}  # the import probe gets the marker too
+    env = {MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER}  # the fork server gets the marker too
     return start_orchestrator(processes, data_dir, extra_env=env, **kwargs)  # type: ignore[arg-type]
 
 
 def full_family(orch: Orchestrator) -> dict[int, int]:
-    """The server's family once its DHT peer, the peer's p2pd and the import probe all run."""
+    """The server's family once its DHT peer, the peer's p2pd and the fork server (the import check's)
+    all run."""
 
     def complete() -> dict[int, int] | None:
         family = process_family(orch.proc.pid)
         names = " ".join(command_line(pid) for pid in family)
-        has_probe = "orchestrator.importcheck.probe" in names
+        has_probe = "orchestrator.launchers.forkserver_main" in names
         has_dht = sum("spotswarm serve" in command_line(pid) for pid in family) >= 2  # server + its fork
         return family if has_probe and has_dht and "p2pd" in names else None
 
-    return wait_until(complete, 120, message="the DHT peer, p2pd and the import probe run")
+    return wait_until(complete, 120, message="the DHT peer, p2pd and the fork server run")
 
 
 def dht_pid(orch: Orchestrator) -> int:
