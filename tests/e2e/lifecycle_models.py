@@ -43,7 +43,10 @@ class SeededDigitsModule(DigitsModule):
                 "labels": batch[1].tolist(),
                 "features_sum": float(batch[0].sum()),
             }
-            (self.record_dir / f"{ctx.worker_id}.json").write_text(json.dumps(record))
+            # whole or not at all: the test reads a record as soon as it is there
+            path = self.record_dir / f"{ctx.worker_id}.json"
+            path.with_suffix(".tmp").write_text(json.dumps(record))
+            path.with_suffix(".tmp").replace(path)
         return super().training_step(batch, batch_idx)
 
 
