@@ -86,10 +86,12 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     reader = RunReader(orch, RUN)
 
     def training_with_addresses() -> list[dict[str, Any]] | None:
-        """Both workers running, the swarm past epoch 0, and each worker's addresses reported (a worker
+        """Both workers running and training (samples reported: past joining the swarm, which a worker
+        does after its DHT is up), the swarm past epoch 0, and each worker's addresses reported (a worker
         sends them with a heartbeat once its DHT is up, which can come after its registration)."""
         running = reader.running()
-        ready = len(running) == 2 and all(w["peer_maddrs"] for w in running) and reader.epoch() >= 1
+        training = all(w["peer_maddrs"] and w["samples"] > 0 for w in running)
+        ready = len(running) == 2 and training and reader.epoch() >= 1
         return running if ready else None
 
     running = wait_until(
