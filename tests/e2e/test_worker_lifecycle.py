@@ -72,7 +72,8 @@ def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
     assert "workers failed with the same error after training" in run["state_reason"], run["state_reason"]
     assert "the model diverged in a buggy layer" in run["state_reason"]
     failed = [w for w in reader.workers() if w["state"] == "failed"]
-    assert len(failed) >= 2 and all(w["samples"] > 0 for w in failed), failed
+    # the budget's two crashed after training; a replacement may crash too before its first report
+    assert len([w for w in failed if w["samples"] > 0]) >= 2, failed
     events = [e for e in reader.events() if e["kind"] == "worker.state" and "-> failed" in e["message"]]
     assert len(events) == len(failed) and all("the model diverged" in e["message"] for e in events), events
     launched = len(reader.workers())

@@ -87,7 +87,8 @@ def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_lik
     assert sorted(processes_with_marker(LAUNCH_MARKER_ENV, "req-a")) == sorted(
         [(supervisor, supervisor), (worker, supervisor)]
     )
-    assert command_line(worker) == f"{sys.executable} -m worker.agent"
+    plain = f"{sys.executable} -m worker.agent"  # the worker rewrites its command line as it starts
+    wait_until(lambda: command_line(worker) == plain, 10, message=f"{command_line(worker)!r} reads {plain!r}")
     assert command_line(supervisor) == "spotswarm-supervisor req-a"
     log = Path(instance_of(launcher, "req-a").details["log_path"])
     wait_until(lambda: "will retry registering" in log.read_text(), 30, message=log.name)
