@@ -16,7 +16,7 @@ import pytest
 from orchestrator.launchers.base import LaunchRequest
 from orchestrator.launchers.local import LAUNCH_MARKER_ENV, LocalLauncher
 from orchestrator.launchers.local_files import processes_with_marker
-from orchestrator.processes import stat_fields
+from orchestrator.processes import descendants, stat_fields
 from tests.support.processes import command_line
 from tests.support.waiting import wait_until
 
@@ -36,15 +36,6 @@ def registering(request_id: str) -> LaunchRequest:
         "SPOTSWARM_REGISTER_TIMEOUT_S": "60",
     }
     return LaunchRequest(request_id=request_id, run_name="demo", env=env)
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        fields = stat_fields(int(entry)) if entry.isdigit() else None
-        if fields is not None and fields[0] not in ("Z", "X") and int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def environ_of(pid: int) -> list[bytes]:
@@ -79,7 +70,7 @@ def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_lik
 ) -> None:
     handle = launcher.launch(registering("req-a"))
     supervisor = int(handle)
-    worker = wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")[0]
+    worker = wait_until(lambda: descendants(supervisor), 10, message="the supervisor forked the worker")[0]
     fields = stat_fields(supervisor)  # it leads its process group and its session
     assert fields is not None and (int(fields[2]), int(fields[3])) == (supervisor, supervisor)
     marker = f"{LAUNCH_MARKER_ENV}=req-a".encode()
@@ -104,7 +95,7 @@ def test_a_preloaded_worker_is_a_supervisor_and_the_agent_marked_and_stopped_lik
 @pytest.mark.timeout(90)
 def test_a_preloaded_worker_killed_with_its_group_is_a_retryable_failure(launcher: LocalLauncher) -> None:
     supervisor = int(launcher.launch(registering("req-k")))
-    wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")
+    wait_until(lambda: descendants(supervisor), 10, message="the supervisor forked the worker")
     os.killpg(supervisor, signal.SIGKILL)
     failures = wait_until(lambda: [f for f in launcher.poll_errors() if f.request_id == "req-k"], 10)
     assert [(f.request_id, f.retryable) for f in failures] == [("req-k", True)]
@@ -126,7 +117,7 @@ def test_preloaded_workers_outlive_their_launcher_and_a_new_one_adopts_them(tmp_
     data = tmp_path / "data"
     first = LocalLauncher(data, grace_s=GRACE_S)
     supervisor = int(first.launch(registering("req-o")))
-    worker = wait_until(lambda: children_of(supervisor), 10, message="the supervisor forked the worker")[0]
+    worker = wait_until(lambda: descendants(supervisor), 10, message="the supervisor forked the worker")[0]
     first.close()  # the fork server ends with its launcher (and with its server)
     try:
         assert stat_fields(supervisor) is not None and stat_fields(worker) is not None
@@ -150,5 +141,5 @@ def test_a_worker_whose_environment_differs_from_the_fork_servers_starts_in_a_fr
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read when torch loads: a preloaded worker cannot take it
     supervisor = int(launcher.launch(registering("req-f")))
     assert command_line(supervisor).startswith("sh -c")  # the supervisor shell of a plain start
-    worker = wait_until(lambda: children_of(supervisor), 10, message="the shell started the worker")[0]
+    worker = wait_until(lambda: descendants(supervisor), 10, message="the shell started the worker")[0]
     assert b"OMP_NUM_THREADS=3" in environ_of(worker)
