@@ -9,7 +9,7 @@ interpreter whenever it cannot be used.
 Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true, "pid": N}``;
 then it answers each request on stdin, one at a time:
 
-- a worker (``{"request_id", "env", "cwd", "log_path", "exit_path", "module", "argv", "marker"}``):
+- a worker (``{"request_id", "env", "cwd", "log_path", "exit_path", "module", "marker"}``):
   ``{"pid": N}`` (the worker's supervisor, the leader of its process group) or ``{"error": "..."}``;
 - a call (``{"call": "module:function", "argument": {...}}``): ``{"result": function(argument)}``, a
   JSON object, or ``{"error": "..."}``. The import check runs this way
@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import files
 from worker.lifeline import exit_with_parent, stat_fields
 
 #: the placeholder variable a supervisor turns into its request's marker (name and value rewritten)
@@ -86,7 +87,6 @@ class Job:
     log_path: str
     exit_path: str
     module: str
-    argv: list[str]
     marker: str
 
     @classmethod
@@ -98,7 +98,6 @@ class Job:
             log_path=str(request["log_path"]),
             exit_path=str(request["exit_path"]),
             module=str(request["module"]),
-            argv=[str(a) for a in request.get("argv", [])],
             marker=str(request["marker"]),
         )
 
@@ -159,10 +158,7 @@ def _supervise(job: Job, ready_fd: int) -> Job:
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     code = 128 - code if code < 0 else code  # as a shell reports a worker killed by a signal
-    tmp = f"{job.exit_path}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write(f"{code}\n")
-    os.replace(tmp, job.exit_path)
+    files.write_atomic(Path(job.exit_path), f"{code}\n")
     os._exit(code)
 
 
@@ -176,9 +172,9 @@ def _become_worker(job: Job) -> None:
     os.environ.update(job.env)
     os.chdir(job.cwd)
     sys.path[0] = job.cwd  # where ``python -m`` puts the working directory
-    sys.argv = [job.module, *job.argv]
+    sys.argv = [job.module]
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the interpreter's stdin, open for the process's life
-    command = [sys.executable, "-m", job.module, *job.argv]
+    command = [sys.executable, "-m", job.module]
     _rewrite_block(_ARG_START, _ARG_END, None, "\0".join(command).encode())
     import numpy
     import torch

@@ -279,7 +279,6 @@ class LocalLauncher:
                     "log_path": record.log_path,
                     "exit_path": str(self._exit_path(record)),
                     "module": WORKER_MODULE,
-                    "argv": self._command[3:],
                     "marker": f"{LAUNCH_MARKER_ENV}={record.request_id}",
                 }
             )
