@@ -24,7 +24,8 @@ A worker is the same pair of processes as one the launcher starts the plain way 
 a supervisor, leader of a new session and process group, that ignores SIGTERM, SIGINT and SIGHUP until
 its worker has exited, writes the worker's exit code to the exit file (128+N for a signal N) and exits
 with it; and the worker under it, which runs ``module`` as ``__main__`` with the request's environment
-and working directory and the default signal dispositions. The launcher and the server's stop find a
+and working directory, the default signal dispositions and hivemind's inter-process locks of its own
+(:func:`~worker.strategy.hivemind_fixes.own_mpfuture_locks`). The launcher and the server's stop find a
 worker's processes by the marker in their environment as the kernel shows it (``/proc/<pid>/environ``,
 the environment a process was exec'd with, which a forked child shares with its parent): this process
 is exec'd with a placeholder variable (:data:`SLOT_ENV`) that each supervisor overwrites in place with
@@ -163,8 +164,13 @@ def _supervise(job: Job, ready_fd: int) -> Job:
 
 
 def _become_worker(job: Job) -> None:
-    """In the worker: the request's environment, directory and arguments, fresh random seeds and the
-    signal dispositions of a new interpreter."""
+    """In the worker: the request's environment, directory and arguments, fresh random seeds, the
+    signal dispositions of a new interpreter, and hivemind's inter-process locks of its own (made when
+    this process imported hivemind, they would be shared by every worker forked here: one killed while
+    it holds one would block the DHT start of every later one)."""
+    from worker.strategy.hivemind_fixes import own_mpfuture_locks  # preloaded here; not by the launcher
+
+    own_mpfuture_locks()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -5,6 +5,7 @@ worker) until it is told to stop, or exits at once without a join token."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.launchers.base import LaunchRequest
+from orchestrator.launchers.forkserver import ForkServer
 from orchestrator.launchers.local import LAUNCH_MARKER_ENV, LocalLauncher
 from orchestrator.launchers.local_files import processes_with_marker
 from orchestrator.processes import descendants, stat_fields
-from tests.support.processes import command_line
+from tests.support.processes import REPO_ROOT, command_line
 from tests.support.waiting import wait_until
 
 
@@ -143,3 +145,45 @@ def test_a_worker_whose_environment_differs_from_the_fork_servers_starts_in_a_fr
     assert command_line(supervisor).startswith("sh -c")  # the supervisor shell of a plain start
     worker = wait_until(lambda: descendants(supervisor), 10, message="the shell started the worker")[0]
     assert b"OMP_NUM_THREADS=3" in environ_of(worker)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_holding_hiveminds_lock_leaves_the_next_preloaded_workers_dht_free(
+    tmp_path: Path,
+) -> None:
+    """hivemind's inter-process locks are made when the fork server imports hivemind; each forked worker
+    needs its own, or one killed while it holds one (hivemind takes one for every future it creates)
+    blocks the DHT start of every worker forked after it."""
+    forkserver = ForkServer(dict(os.environ), REPO_ROOT, log_path=tmp_path / "forkserver.log")
+    exits: dict[int, int] = {}
+    forkserver.watch_exits(exits.__setitem__)
+
+    def start(role: str) -> tuple[int, Path]:
+        log = tmp_path / f"{role}.log"
+        request = {
+            "request_id": role,
+            "env": {**os.environ, "PRELOADED_ROLE": role},
+            "cwd": str(REPO_ROOT),
+            "log_path": str(log),
+            "exit_path": str(tmp_path / f"{role}.exit"),
+            "module": "tests.programs.preloaded_lock_holder",
+            "marker": f"{LAUNCH_MARKER_ENV}={role}",
+        }
+        return forkserver.start_worker(request), log
+
+    started: list[int] = []
+    try:
+        holder, holder_log = start("hold")
+        started.append(holder)
+        wait_until(lambda: "holding" in holder_log.read_text(), 30, message="the worker holds the lock")
+        os.killpg(holder, signal.SIGKILL)
+        wait_until(lambda: holder in exits, 10, message="the fork server reports the killed worker")
+        peer, peer_log = start("dht")
+        started.append(peer)
+        wait_until(lambda: peer in exits, 45, message="the next worker's DHT starts and it exits")
+        assert (exits[peer], peer_log.read_text().splitlines()[-1]) == (0, "dht ready")
+    finally:
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        forkserver.close()

@@ -44,6 +44,7 @@ import asyncio
 import functools
 import gc
 import logging
+import multiprocessing as mp
 from collections.abc import Callable, Coroutine
 from concurrent.futures import InvalidStateError
 from typing import Any, TypeVar
@@ -52,6 +53,7 @@ import hivemind
 from hivemind.averaging import averager as averager_module
 from hivemind.averaging.control import StepControl
 from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.utils import asyncio as hivemind_asyncio
 from hivemind.utils.mpfuture import MPFuture
 
 from worker.logsetup import install_filter
@@ -162,21 +164,27 @@ def cancel_rounds_before_signalling() -> None:
 def own_mpfuture_locks() -> None:
     """Give this process, and the processes it forks from now on, hivemind's inter-process locks of its own.
 
-    Upstream behaviour (hivemind 1.1.12): ``MPFuture`` and ``SharedBytes`` serialise their writes with
-    ``multiprocessing`` locks made when ``hivemind.utils.mpfuture`` is imported, so every process forked
-    from the importing one shares them, whatever its role. A process killed (SIGKILL) while it holds one,
-    which it does for each result it sends, leaves it held for good: every other process of that family
-    then blocks at its next send, and a DHT started by any of them never reports ready. Peers forked from
-    one process (the local-swarm example, the benchmarks) and killed one at a time are such a family; in
-    ``bench/time_to_accuracy.py``, whose parent started a DHT of its own before forking its peers, the
-    next trial's DHT hung after the previous trial's peers were killed (CI: the benchmark never ended).
+    Upstream behaviour (hivemind 1.1.12): ``MPFuture`` and ``SharedBytes`` serialise their writes, and
+    ``hivemind.utils.asyncio`` the start of a process's executor, with ``multiprocessing`` locks made when
+    hivemind is imported, so every process forked from the importing one shares them, whatever its role.
+    A process killed (SIGKILL) while it holds one, which it does for each future it creates and each
+    result it sends, leaves it held for good: every other process of that family then blocks at its next
+    future, and a DHT started by any of them never reports ready. Peers forked from one process (the
+    local-swarm example, the benchmarks, the local launcher's fork server) and killed one at a time are
+    such a family: in ``bench/time_to_accuracy.py``, whose parent started a DHT of its own before forking
+    its peers, the next trial's DHT hung after the previous trial's peers were killed (CI: the benchmark
+    never ended); a local worker forked after one was killed with ``kill -9`` stood still at its DHT's
+    start (CI: a run's replacement never trained).
 
     Call it first thing in a forked peer, before it uses hivemind: hivemind's own ``reset_backend`` makes
-    fresh locks, which the peer's DHT and averagers (forked from it) then share with it and no one else.
+    fresh locks for futures, this the executor's, which the peer's DHT and averagers (forked from it)
+    then share with it and no one else.
 
-    Upstream issue: none found. Test: ``tests/unit/test_forked_peer_locks.py``.
+    Upstream issue: none found. Tests: ``tests/unit/test_forked_peer_locks.py``,
+    ``tests/integration/test_local_preload.py``.
     """
     MPFuture.reset_backend()
+    hivemind_asyncio._AsyncContextWrapper.EXECUTOR_LOCK = mp.Lock()
 
 
 #: how long an averager's matchmaking waits for one DHT call (a healthy one takes well under a second)
