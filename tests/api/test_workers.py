@@ -238,9 +238,15 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
 ) -> None:
     name, join = create(orch, report_metrics=["train_loss", "val_*"])
     first, second = register(orch, join), register(orch, join)
-    # what the run did not ask for is dropped: names become label values of /metrics
-    heartbeat(orch, first, loss=1.0, metrics={"val_loss": 0.75, "train_loss": 1.0, "secret_thing": 9.0})
-    heartbeat(orch, second, loss=3.0, metrics={"val_loss": 0.25, "val_acc": 0.5})
+
+    def report() -> None:
+        """Both workers' reports; sent again before each step that needs them fresh (this module's
+        heartbeat timeout is 4 s, and the waits below can take longer on a busy machine)."""
+        # what the run did not ask for is dropped: names become label values of /metrics
+        heartbeat(orch, first, loss=1.0, metrics={"val_loss": 0.75, "train_loss": 1.0, "secret_thing": 9.0})
+        heartbeat(orch, second, loss=3.0, metrics={"val_loss": 0.25, "val_acc": 0.5})
+
+    report()
 
     def shown() -> dict[str, Any] | None:
         run = get_run(orch, name)
@@ -261,9 +267,11 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
         second["worker_id"]: {"val_acc": 0.5, "val_loss": 0.25},
     }
     assert sampled[-1]["metrics"] == {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 0.5}
+    report()
     series = metric_series(orch)
     assert series[(name, "val_loss")] == 0.5 and (name, "secret_thing") not in series
 
+    report()
     with orch.admin() as http:
         assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
     for worker, val_loss in ((first, 0.5), (second, 0.3)):  # the final reports, as agents leave
