@@ -200,6 +200,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/averaging.py --trials 2 --seconds 60 # admission on and off, side by side": "a benchmark of about 8 minutes with real training workers; tests/e2e/test_averaging_outcomes.py and the completion test in tests/e2e/test_runs_keep_going.py read the same counts",
     ".venv/bin/python bench/swarm_start.py --rounds 8": "a benchmark of a few minutes with real peers; tests/integration/test_bench_swarm_start.py runs one round",
     ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 3 --target 0.95 [--accelerator cuda]": "a benchmark of many minutes (or a CUDA GPU); tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
+    ".venv/bin/python bench/time_to_accuracy.py --peers 1,2,4 --trials 2 --target 0.95": "a benchmark of minutes with 4 peers, run on a 16-core machine; tests/integration/test_bench_time_to_accuracy.py runs its quick mode",
     ".venv/bin/python bench/strategy_overhead.py --accelerator cuda --hidden 4096 --depth 4 --batch-size 1024": "needs a CUDA GPU",
     ".venv/bin/python bench/strategy_overhead.py --short --variants loop sbloop peer1 --rounds 3": "a benchmark of about a minute and a half; its numbers vary with the machine",
     ".venv/bin/python -m pytest tests/unit/test_strategy_*.py tests/integration/test_swarm_training.py": "runs tests (make test runs these and every other)",
