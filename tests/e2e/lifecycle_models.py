@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch import Tensor
 
 from worker.context import current_worker
 from worker.examples.digits import DigitsDataModule, DigitsModule
+from worker.files import write_json
 
 __all__ = ["CrashingDigitsModule", "DigitsDataModule", "SeededDigitsModule"]
 
@@ -44,9 +44,7 @@ class SeededDigitsModule(DigitsModule):
                 "features_sum": float(batch[0].sum()),
             }
             # whole or not at all: the test reads a record as soon as it is there
-            path = self.record_dir / f"{ctx.worker_id}.json"
-            path.with_suffix(".tmp").write_text(json.dumps(record))
-            path.with_suffix(".tmp").replace(path)
+            write_json(self.record_dir / f"{ctx.worker_id}.json", record)
         return super().training_step(batch, batch_idx)
 
 
