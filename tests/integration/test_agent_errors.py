@@ -45,7 +45,7 @@ def start_agent(
 
 def wait_exit(proc: Any, timeout_s: float) -> int:
     began = time.monotonic()
-    wait_until(lambda: not proc.alive(), timeout_s, message=f"agent exits\n{proc.log()[-3000:]}")
+    wait_until(lambda: not proc.alive(), timeout_s, message=lambda: f"agent exits\n{proc.log()[-3000:]}")
     assert time.monotonic() - began < timeout_s
     return int(proc.popen.returncode)
 

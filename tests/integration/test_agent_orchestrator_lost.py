@@ -37,7 +37,9 @@ def test_agent_leaves_when_the_orchestrator_is_gone_for_good(
     orch.kill()
     killed_at = time.monotonic()
 
-    wait_until(lambda: not agent.alive(), LEAVE_BOUND_S, message=f"the agent leaves\n{agent.log()[-3000:]}")
+    wait_until(
+        lambda: not agent.alive(), LEAVE_BOUND_S, message=lambda: f"the agent leaves\n{agent.log()[-3000:]}"
+    )
     waited_s = time.monotonic() - killed_at
     assert agent.popen.returncode == EXIT_ORCHESTRATOR_LOST, agent.log()[-3000:]
     assert (

@@ -71,7 +71,7 @@ def alive(*agents: ManagedProcess) -> None:
 
 
 def exit_code(agent: ManagedProcess, timeout_s: float) -> int:
-    wait_until(lambda: not agent.alive(), timeout_s, message=f"agent exits\n{agent.log()[-3000:]}")
+    wait_until(lambda: not agent.alive(), timeout_s, message=lambda: f"agent exits\n{agent.log()[-3000:]}")
     return int(agent.popen.returncode)
 
 

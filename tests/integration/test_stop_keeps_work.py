@@ -90,7 +90,7 @@ def start_run(
 
 
 def exit_code(agent: ManagedProcess, timeout_s: float) -> int:
-    wait_until(lambda: not agent.alive(), timeout_s, message=f"agent exits\n{agent.log()[-3000:]}")
+    wait_until(lambda: not agent.alive(), timeout_s, message=lambda: f"agent exits\n{agent.log()[-3000:]}")
     return int(agent.popen.returncode)
 
 
@@ -159,7 +159,7 @@ def test_a_stop_while_the_orchestrator_is_out_of_reach_uploads_the_final_checkpo
         wait_until(
             lambda: "retrying the upload" in agent.log() or not agent.alive(),
             60,
-            message=f"the agent retries its final upload\n{agent.log()[-3000:]}",
+            message=lambda: f"the agent retries its final upload\n{agent.log()[-3000:]}",
         )
         proxy = FailoverProxy(port, [orch.port])
         assert exit_code(agent, STOP_GRACE_S + 30) == 0

@@ -127,7 +127,10 @@ def test_only_admitted_peers_join_the_runs_swarm(
     (tmp_path / "probe.tmp").write_text(json.dumps(config))
     (tmp_path / "probe.tmp").replace(config_path)
     wait_until(
-        lambda: not probe.alive(), 210, interval_s=0.5, message=f"the probe ends\n{probe.log()[-3000:]}"
+        lambda: not probe.alive(),
+        210,
+        interval_s=0.5,
+        message=lambda: f"the probe ends\n{probe.log()[-3000:]}",
     )
     assert probe.popen.returncode == 0, probe.log()[-3000:]
     results = json.loads(out_path.read_text())

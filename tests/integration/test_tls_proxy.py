@@ -31,7 +31,7 @@ import yaml
 from orchestrator.config import Settings
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.terraform import (
     NGINX_TEMPLATE,
@@ -96,6 +96,53 @@ def render_nginx(workdir: Path, **ports_and_paths: Any) -> Path:
     return conf
 
 
+NGINX_START_ATTEMPTS = 3
+
+
+def proxies_or_exited(nginx: ManagedProcess, worker_port: int) -> bool:
+    """Whether nginx has exited or answers ``/readyz`` from the orchestrator behind it."""
+    if not nginx.alive():
+        return True
+    return httpx.get(f"http://127.0.0.1:{worker_port}/readyz", timeout=5).status_code == 200
+
+
+def start_nginx(
+    processes: ProcessRegistry, root: Path, *, upstream_port: int
+) -> tuple[ManagedProcess, Path, int, int]:
+    """Start nginx on free ports and wait until it proxies ``/readyz``; return it, its configuration
+    and its HTTPS and worker ports.
+
+    A port found free can be taken before nginx binds it (a busy machine's outgoing connections draw
+    from the same range): nginx then exits with "Address already in use", and we try new ports.
+    """
+    for attempt in range(1, NGINX_START_ATTEMPTS + 1):
+        https_port, worker_port = free_port(), free_port()
+        conf = render_nginx(
+            root,
+            run_dir=str(root / "run"),
+            https_port=https_port,
+            worker_port=worker_port,
+            http_port=free_port(),
+            upstream_port=upstream_port,
+            tls_dir=str(root / "tls"),
+            acme_dir=str(root / "acme"),
+        )
+        nginx = processes.start(
+            f"nginx-{attempt}", [nginx_binary(), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
+        )
+
+        wait_until(
+            lambda n=nginx, port=worker_port: proxies_or_exited(n, port),
+            30,
+            message=lambda n=nginx: f"nginx up:\n{n.log()[-2000:]}",
+        )
+        if nginx.alive():
+            return nginx, conf, https_port, worker_port
+        if "Address already in use" not in nginx.log():
+            pytest.fail(f"nginx exited at start:\n{nginx.log()[-2000:]}")
+    pytest.fail(f"nginx found its ports taken {NGINX_START_ATTEMPTS} times:\n{nginx.log()[-2000:]}")
+
+
 @pytest.fixture(scope="module")
 def front_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
     root = tmp_path_factory.mktemp("tls-proxy")
@@ -115,24 +162,9 @@ def front_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
             extra_env={**NO_RECONCILE, "SPOTSWARM_TLS_PROXY": "true", "SPOTSWARM_CHECK_IMPORTS": "false"},
             command_prefix=["prlimit", f"--nofile={ORCHESTRATOR_FILES}:{ORCHESTRATOR_FILES}", "--"],
         )
-        https_port, worker_port = free_port(), free_port()
         (root / "run").mkdir()
-        conf = render_nginx(
-            root,
-            run_dir=str(root / "run"),
-            https_port=https_port,
-            worker_port=worker_port,
-            http_port=free_port(),
-            upstream_port=orch.port,
-            tls_dir=str(root / "tls"),
-            acme_dir=str(root / "acme"),
-        )
-        nginx = processes.start(
-            "nginx", [nginx_binary(), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
-        )
+        _nginx, conf, https_port, worker_port = start_nginx(processes, root, upstream_port=orch.port)
         worker_url = f"http://127.0.0.1:{worker_port}"
-        wait_until(lambda: httpx.get(f"{worker_url}/readyz", timeout=5).status_code == 200, 30,
-                   message=f"nginx up:\n{nginx.log()[-2000:]}")  # fmt: skip
         yield FrontDoor(
             orch,
             f"https://127.0.0.1:{https_port}",

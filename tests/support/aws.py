@@ -61,7 +61,9 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: proc.alive() and _answers(url), timeout_s=30, message=f"moto server\n{proc.log()}")
+        wait_until(
+            lambda: proc.alive() and _answers(url), timeout_s=30, message=lambda: f"moto server\n{proc.log()}"
+        )
         yield url
     finally:
         proc.kill()

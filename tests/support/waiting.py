@@ -15,10 +15,16 @@ T = TypeVar("T")
 BOOT_S = 180.0
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.2, message: str = "") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = 0.2,
+    message: str | Callable[[], str] = "",
+) -> T:
     """Poll ``predicate`` until it returns something truthy and return that; fail after ``timeout_s``.
 
-    Exceptions raised by the predicate count as "not yet" and the last one is shown on time-out.
+    Exceptions raised by the predicate count as "not yet" and the last one is shown on time-out. A
+    callable ``message`` is called only then, so that it can show a process's log as it is at the end.
     """
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
@@ -31,7 +37,8 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float =
             last_error = exc
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error else ""
-            raise TimeoutError(f"condition not met within {timeout_s:.0f} s: {message}{detail}")
+            said = message() if callable(message) else message
+            raise TimeoutError(f"condition not met within {timeout_s:.0f} s: {said}{detail}")
         time.sleep(interval_s)
 
 
