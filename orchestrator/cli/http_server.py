@@ -6,15 +6,21 @@
 - **Open files.** Each connection is a file descriptor; many half-open connections (a slow client, or a
   deliberate one) can use up the soft limit, which is often far below the hard one. The soft limit is
   raised to the hard one at start, so exhausting it takes far more than a few thousand sockets.
+- **Ports in use.** The HTTP port is bound only after the app (DHT peer, fork server) has started, and a
+  DHT port in use fails inside the app's start-up, where it prints a traceback. Both are tried first, so
+  a port taken by another program is one line naming it and the setting to change.
 - **uvicorn's own bounds** (``limit_concurrency``, ``timeout_keep_alive``) come from settings. None of
   this replaces a proxy with per-client limits and header timeouts in front of a public address.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import logging
 import resource
+import socket
 from typing import Any
 
 from orchestrator.config import Settings
@@ -66,3 +72,43 @@ def uvicorn_limits(settings: Settings) -> dict[str, Any]:
         "limit_concurrency": settings.http_limit_concurrency,
         "timeout_keep_alive": settings.http_keepalive_timeout_s,
     }
+
+
+def _tcp_listen_address(maddr: str) -> tuple[str, int] | None:
+    """``(host, port)`` of an ``/ip4/<host>/tcp/<port>`` or ``/ip6/...`` multiaddr; None for others."""
+    parts = maddr.strip("/").split("/")
+    pairs = dict(zip(parts[0::2], parts[1::2], strict=False))
+    host = pairs.get("ip4") or pairs.get("ip6")
+    port = pairs.get("tcp", "")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def _in_use(host: str, port: int) -> bool:
+    """Whether binding ``host:port`` fails with "address in use" (as the servers bind: SO_REUSEADDR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def taken_port_problem(settings: Settings) -> str | None:
+    """A one-line message when the HTTP port or a port the DHT peer listens on is in use, else None.
+
+    Checked just before start-up: a program that takes the port in between still fails the start, with
+    the longer message of the part that binds it."""
+    wanted = [(settings.host, settings.port, "--port (SPOTSWARM_PORT)")]
+    for maddr in settings.dht.resolved_host_maddrs():
+        address = _tcp_listen_address(maddr)
+        if address is not None and address[1] != 0:
+            wanted.append((*address, "--dht-port (SPOTSWARM_DHT_PORT) or --dht-host-maddrs"))
+    for host, port, setting in wanted:
+        with contextlib.suppress(OSError):  # an address this machine lacks: left to the part that binds it
+            if _in_use(host, port):
+                return (
+                    f"{host}:{port} is in use by another program: stop it or choose another port: {setting}"
+                )
+    return None

@@ -133,7 +133,12 @@ def serve(**options: Any) -> None:
 
     from orchestrator.app import create_app
     from orchestrator.cli.command import EXIT_INTERRUPTED
-    from orchestrator.cli.http_server import raise_open_files_limit, uvicorn_limits, warn_if_plain_http
+    from orchestrator.cli.http_server import (
+        raise_open_files_limit,
+        taken_port_problem,
+        uvicorn_limits,
+        warn_if_plain_http,
+    )
     from orchestrator.cli.stopping import StoppingServer
 
     settings = build_settings(options)
@@ -142,6 +147,8 @@ def serve(**options: Any) -> None:
     announce_admin_token(settings)
     stop_stale_dht_peer(settings)  # the app checks too, but a failing lifespan prints a traceback
     check_swarm_authority(settings)
+    if problem := taken_port_problem(settings):
+        raise click.ClickException(problem)
     warn_if_plain_http(settings)
     raise_open_files_limit()
     app = create_app(settings)

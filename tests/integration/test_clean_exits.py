@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -146,3 +147,26 @@ def test_a_second_server_on_a_data_dir_in_use_refuses_to_start(
     message = f"Error: the DHT peer (pid {dht_pid(first)}) of another orchestrator (pid {first.proc.pid})"
     assert message in second.log() and "Traceback" not in second.log(), second.log()[-2000:]
     assert first.peers()  # the first one and its DHT peer are untouched
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("taken", ["SPOTSWARM_PORT", "SPOTSWARM_DHT_PORT"])
+def test_a_server_whose_port_is_taken_refuses_to_start_with_one_line(
+    processes: ProcessRegistry, tmp_path: Path, taken: str
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports = {"SPOTSWARM_PORT": str(free_port()), "SPOTSWARM_DHT_PORT": str(free_port()), taken: str(port)}
+        env = {
+            "SPOTSWARM_DATA_DIR": str(tmp_path / "orch"),
+            "SPOTSWARM_HOST": "127.0.0.1",
+            "SPOTSWARM_DHT_HOST_MADDRS": f"/ip4/127.0.0.1/tcp/{ports['SPOTSWARM_DHT_PORT']}",
+            **ports,
+        }
+        server = processes.start("server", [str(VENV_BIN / "spotswarm"), "serve"], env=env)
+        log = server.wait_for_exit(60, "the server")
+    assert server.popen.returncode == 1, log[-2000:]
+    assert f"Error: 127.0.0.1:{port} " in log and "in use" in log, log[-2000:]
+    assert "Traceback" not in log, log[-2000:]

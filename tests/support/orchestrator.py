@@ -154,9 +154,54 @@ def start_orchestrator(
     Without ``admin_token`` the server generates one into ``data_dir/admin_token`` (and keeps it across
     restarts on the same data dir); it is read from there. ``command_prefix`` runs the server under a
     program that execs it (e.g. ``prlimit --nofile=...``), so the process is still the server's.
+
+    Ports it chooses itself (neither ``port`` nor ``dht_port`` given) can be taken by another process
+    before the server binds them (a busy machine's outgoing connections draw from the same range): the
+    server then exits at once, and it is started again on new ones.
     """
-    port = port or free_port()
-    dht_port = dht_port or free_port()
+    chosen_here = port is None and dht_port is None
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        server_port, server_dht_port = port or free_port(), dht_port or free_port()
+        try:
+            return _start_once(
+                processes,
+                data_dir,
+                db_url,
+                extra_env,
+                admin_token=admin_token,
+                port=server_port,
+                dht_port=server_dht_port,
+                name=name if attempt == 1 else f"{name}-ports-{attempt}",
+                ready_timeout_s=ready_timeout_s,
+                command_prefix=command_prefix,
+            )
+        except PortTaken:
+            if not chosen_here or attempt == PORT_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+#: tries of :func:`start_orchestrator` with new ports when one it chose was taken before the server bound it
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """The server exited at start because a port it was given was in use."""
+
+
+def _start_once(
+    processes: ProcessRegistry,
+    data_dir: Path,
+    db_url: str | None,
+    extra_env: Mapping[str, str] | None,
+    *,
+    admin_token: str | None,
+    port: int,
+    dht_port: int,
+    name: str,
+    ready_timeout_s: float,
+    command_prefix: Sequence[str],
+) -> Orchestrator:
     env = {
         **TEST_ENV,
         "SPOTSWARM_HOST": "127.0.0.1",
@@ -180,7 +225,11 @@ def start_orchestrator(
         raise TimeoutError(f"{exc}\n--- orchestrator log ---\n{proc.log()[-4000:]}") from exc
     if not proc.alive():  # at once, not at the deadline
         proc.popen.wait(timeout=10)
-        raise RuntimeError(f"orchestrator exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
+        proc.kill()  # its whole group, a DHT peer it started included
+        log = proc.log()
+        taken = "is in use by another program" in log or "address already in use" in log.lower()
+        error = PortTaken if taken else RuntimeError
+        raise error(f"orchestrator exited with {proc.popen.returncode}:\n{log[-4000:]}")
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
 
