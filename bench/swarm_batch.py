@@ -25,11 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.forked_peers import become_peer, kill_peers
 
 #: what each variant changes: hivemind's own epoch judgement, or strategy options
+#: (the state round every epoch, as hivemind does, where the strategy's default is every 10th)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "hivemind": {"hivemind_tracker": True},
-    "swarm": {},
+    "hivemind": {"hivemind_tracker": True, "options": {"average_state_every": 1}},
+    "swarm": {"options": {"average_state_every": 1}},
     "state10": {"options": {"average_state_every": 10}},
-    "rt": {"options": {"averager_opts": {"request_timeout": 0.5}}},
+    "rt": {"options": {"average_state_every": 1, "averager_opts": {"request_timeout": 0.5}}},
     "state10rt": {"options": {"average_state_every": 10, "averager_opts": {"request_timeout": 0.5}}},
 }
 

@@ -135,13 +135,22 @@ def test_the_agent_starts_its_dht_with_the_runs_dht_keywords(tmp_path: Path) -> 
     options = {"use_relay": False, "identity_path": "/k", "matchmaking_time": 1.0, "swarm_admission": True}
     split = split_strategy_options(options, config)
     assert split.dht == {"use_relay": False, "identity_path": "/k"}
-    assert split.strategy == {"matchmaking_time": 1.0, "average_state_every": 10}  # the run default
+    assert split.strategy == {"matchmaking_time": 1.0}
 
 
-def test_a_runs_own_strategy_options_win_over_the_run_defaults(tmp_path: Path) -> None:
+def test_a_worker_started_by_hand_averages_its_state_in_the_same_epochs_as_the_runs_workers(
+    tmp_path: Path,
+) -> None:
+    # A peer that averages its state where the others do not waits out averaging_timeout alone (a
+    # hand-started HivemindStrategy once did so in 9 epochs of 10 beside a run's workers): the agent
+    # adds nothing of its own, so both get the strategy's default.
     config = parse_config(["--url", "http://x", "--join-token", "t", "--worker-dir", str(tmp_path)])
-    split = split_strategy_options({"average_state_every": 1}, config)
-    assert split.strategy == {"average_state_every": 1}
+    by_agent = HivemindStrategy(target_batch_size=64, **split_strategy_options({}, config).strategy)
+    by_hand = HivemindStrategy(target_batch_size=64)
+    every = "average_state_every"
+    assert by_agent._hivemind_kwargs[every] == by_hand._hivemind_kwargs[every] == 10
+    own = split_strategy_options({"average_state_every": 1}, config).strategy
+    assert HivemindStrategy(target_batch_size=64, **own)._hivemind_kwargs[every] == 1
 
 
 def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_construction() -> None:

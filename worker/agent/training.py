@@ -28,14 +28,6 @@ from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admissio
 
 logger = logging.getLogger(__name__)
 
-#: What a run's workers give ``HivemindStrategy`` unless the run's ``strategy_options`` say otherwise
-#: (the strategy's own defaults are lightning-hivemind's, kept for drop-in use). hivemind averages the
-#: whole training state (parameters and optimizer statistics) in a second round after every gradient
-#: round by default; peers that apply the same averaged gradients stay equal without it, so the state
-#: round only mends peers that drifted (a round they missed). Every 10th epoch: about half the time per
-#: epoch on short epochs, and far fewer rounds that find no group (bench/swarm_batch.py).
-RUN_STRATEGY_DEFAULTS: dict[str, Any] = {"average_state_every": 10}
-
 # The strategy's own DHT keywords. They, and every other keyword hivemind's DHT takes
 # (worker/strategy/keywords.py), configure the DHT, which the agent starts: they go to start_dht instead.
 DHT_OPTION_NAMES = ("host_maddrs", "announce_maddrs", "identity_path", "client_mode")
@@ -54,7 +46,7 @@ def split_strategy_options(options: Mapping[str, Any], config: AgentSettings) ->
     dht_names = {*DHT_OPTION_NAMES, *dht_keywords()}
     dht = {k: v for k, v in options.items() if k in dht_names}
     not_strategy = {*dht_names, "initial_peers", SWARM_ADMISSION_OPTION}  # the agent handles these
-    strategy = {**RUN_STRATEGY_DEFAULTS, **{k: v for k, v in options.items() if k not in not_strategy}}
+    strategy = {k: v for k, v in options.items() if k not in not_strategy}
     if config.host_maddrs:
         dht["host_maddrs"] = config.host_maddrs
     if config.announce_maddrs:

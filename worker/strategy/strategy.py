@@ -58,6 +58,14 @@ __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", 
 
 log = logging.getLogger(__name__)
 
+#: How often (in swarm epochs) peers average their whole training state, where hivemind does it after
+#: every gradient round. Peers that apply the same averaged gradients stay equal without it: the state
+#: round only mends peers that drifted (a round they missed). Every 10th epoch gave about half the time
+#: per epoch on short epochs and far fewer rounds that find no group (bench/swarm_batch.py). It is the
+#: strategy's default, not only the agent's: a peer that averages its state in an epoch where the others
+#: do not waits out ``averaging_timeout`` alone, so a worker started by hand into a run must agree.
+AVERAGE_STATE_EVERY = 10
+
 
 class HivemindStrategy(Strategy):
     """Collaborative training over hivemind: one peer per process, one device per peer.
@@ -91,6 +99,9 @@ class HivemindStrategy(Strategy):
         dht: an already running ``hivemind.DHT`` to use (this strategy will not shut it down).
         announce_maddrs: multiaddrs to announce to other peers (public address behind NAT).
         tracker_opts: options of hivemind's ``ProgressTracker`` (e.g. ``metadata_expiration``).
+        average_state_every: average the whole training state (parameters, optimizer statistics) in a
+            second round every this many epochs (hivemind's own default is 1; see
+            :data:`AVERAGE_STATE_EVERY`). Every peer of a swarm must use the same value.
         authorizer: a ``worker.admission.authorizer.SwarmAuthorizer`` holding this peer's token from the
             orchestrator: join a swarm with admission (docs/concepts/swarm-admission.md); the DHT then uses
             the authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
@@ -130,6 +141,7 @@ class HivemindStrategy(Strategy):
         announce_maddrs: list[str] | None = None,
         tracker_opts: dict[str, Any] | None = None,
         authorizer: PeerAuthorizer | None = None,
+        average_state_every: int = AVERAGE_STATE_EVERY,
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -157,6 +169,7 @@ class HivemindStrategy(Strategy):
             averaging_timeout=averaging_timeout,
             verbose=verbose,
             averager_opts=averager_options(averager_opts, matchmaking_time),
+            average_state_every=average_state_every,
             **routed.optimizer,
         )
         # hivemind can only offload or delay an optimizer it builds itself
