@@ -81,8 +81,13 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
         reader = RunReader(leader, "ha")
         spec = digits_run("ha", desired_workers=1, strategy_options={"matchmaking_time": 1.0})
         admin_post(leader, "/api/v1/runs", spec)
-        wait_until(lambda: len(reader.running()) == 1, BOOT_S, message="the leader's worker registered")
-        worker = reader.running()[0]
+        # training, not only registered: past joining the swarm through the leader's DHT peer (a worker
+        # still starting when the leader dies joins through the new leader's: test_dht_bootstrap_retry)
+        worker = wait_until(
+            lambda: next((w for w in reader.running() if w["samples"] > 0), None),
+            BOOT_S,
+            message="the leader's worker trains",
+        )
         assert launches(leader.data_dir) == [worker["request_id"]] and launches(standby.data_dir) == []
 
         leader.kill()

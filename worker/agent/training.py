@@ -230,6 +230,8 @@ def build_trainer(
 
 
 DHT_START_ATTEMPTS = 3
+#: what hivemind (no initial peer answered a ping) and p2pd (none took the connection) say of a bootstrap
+BOOTSTRAP_FAILURES = ("bootstrap failed", "failed to connect to bootstrap peers")
 DHT_RETRY_PAUSE_S = 3.0
 
 
@@ -249,14 +251,19 @@ def start_swarm_dht_retrying(
 ) -> Any:
     """:func:`start_swarm_dht`, tried again (with freshly fetched peers) when no initial peer answered.
 
-    A busy or restarting orchestrator DHT can miss the bootstrap pings; a retry here is far cheaper than
-    a new worker. Other failures, and the last bootstrap failure, are raised.
+    A busy or restarting orchestrator DHT can miss the bootstrap pings (hivemind: "bootstrap failed"),
+    and one that is gone refuses the connection (``p2pd``: "failed to connect to bootstrap peers"), as
+    when the leader of two orchestrators dies while a worker it launched starts: the fresh peers are
+    then the new leader's. A retry here is far cheaper than a new worker. Other failures, and the last
+    bootstrap failure, are raised.
     """
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+
     for attempt in range(1, DHT_START_ATTEMPTS + 1):
         try:
             return start_swarm_dht(initial_peers, dht_options, authorizer)
-        except RuntimeError as exc:
-            if attempt == DHT_START_ATTEMPTS or "bootstrap failed" not in str(exc):
+        except (RuntimeError, P2PDaemonError) as exc:
+            if attempt == DHT_START_ATTEMPTS or not any(s in str(exc) for s in BOOTSTRAP_FAILURES):
                 raise
             logger.warning("joining the swarm failed (%s); trying again in %.0f s", exc, DHT_RETRY_PAUSE_S)
         sleep(DHT_RETRY_PAUSE_S)
