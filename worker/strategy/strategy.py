@@ -99,12 +99,12 @@ class HivemindStrategy(Strategy):
         dht: an already running ``hivemind.DHT`` to use (this strategy will not shut it down).
         announce_maddrs: multiaddrs to announce to other peers (public address behind NAT).
         tracker_opts: options of hivemind's ``ProgressTracker`` (e.g. ``metadata_expiration``).
-        average_state_every: average the whole training state (parameters, optimizer statistics) in a
-            second round every this many epochs (hivemind's own default is 1; see
-            :data:`AVERAGE_STATE_EVERY`). Every peer of a swarm must use the same value.
         authorizer: a ``worker.admission.authorizer.SwarmAuthorizer`` holding this peer's token from the
             orchestrator: join a swarm with admission (docs/concepts/swarm-admission.md); the DHT then uses
             the authorizer's identity. With ``dht=...``, start that DHT with the authorizer instead.
+        average_state_every: average the whole training state (parameters, optimizer statistics) in a
+            second round every this many epochs (hivemind's own default is 1; see
+            :data:`AVERAGE_STATE_EVERY`). Every peer of a swarm must use the same value.
         **optimizer_kwargs: each goes to the hivemind class that takes it (worker/strategy/keywords.py):
             ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
             ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
