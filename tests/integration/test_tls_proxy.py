@@ -30,7 +30,7 @@ import yaml
 
 from orchestrator.config import Settings
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.ports import free_port
+from tests.support.ports import PORT_ATTEMPTS, free_port, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.terraform import (
@@ -96,9 +96,6 @@ def render_nginx(workdir: Path, **ports_and_paths: Any) -> Path:
     return conf
 
 
-NGINX_START_ATTEMPTS = 3
-
-
 def proxies_or_exited(nginx: ManagedProcess, worker_port: int) -> bool:
     """Whether nginx has exited or answers ``/readyz`` from the orchestrator behind it."""
     if not nginx.alive():
@@ -106,16 +103,11 @@ def proxies_or_exited(nginx: ManagedProcess, worker_port: int) -> bool:
     return httpx.get(f"http://127.0.0.1:{worker_port}/readyz", timeout=5).status_code == 200
 
 
-def start_nginx(
-    processes: ProcessRegistry, root: Path, *, upstream_port: int
-) -> tuple[ManagedProcess, Path, int, int]:
-    """Start nginx on free ports and wait until it proxies ``/readyz``; return it, its configuration
-    and its HTTPS and worker ports.
-
-    A port found free can be taken before nginx binds it (a busy machine's outgoing connections draw
-    from the same range): nginx then exits with "Address already in use", and we try new ports.
+def start_nginx(processes: ProcessRegistry, root: Path, *, upstream_port: int) -> tuple[Path, int, int]:
+    """Start nginx on free ports and wait until it proxies ``/readyz``; return its configuration and its
+    HTTPS and worker ports. Started again on new ports when one was taken (:mod:`tests.support.ports`).
     """
-    for attempt in range(1, NGINX_START_ATTEMPTS + 1):
+    for attempt in range(1, PORT_ATTEMPTS + 1):
         https_port, worker_port = free_port(), free_port()
         conf = render_nginx(
             root,
@@ -137,10 +129,10 @@ def start_nginx(
             message=lambda n=nginx: f"nginx up:\n{n.log()[-2000:]}",
         )
         if nginx.alive():
-            return nginx, conf, https_port, worker_port
-        if "Address already in use" not in nginx.log():
+            return conf, https_port, worker_port
+        if not port_was_taken(nginx.log()):
             pytest.fail(f"nginx exited at start:\n{nginx.log()[-2000:]}")
-    pytest.fail(f"nginx found its ports taken {NGINX_START_ATTEMPTS} times:\n{nginx.log()[-2000:]}")
+    pytest.fail(f"nginx found its ports taken {PORT_ATTEMPTS} times:\n{nginx.log()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +155,7 @@ def front_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
             command_prefix=["prlimit", f"--nofile={ORCHESTRATOR_FILES}:{ORCHESTRATOR_FILES}", "--"],
         )
         (root / "run").mkdir()
-        _nginx, conf, https_port, worker_port = start_nginx(processes, root, upstream_port=orch.port)
+        conf, https_port, worker_port = start_nginx(processes, root, upstream_port=orch.port)
         worker_url = f"http://127.0.0.1:{worker_port}"
         yield FrontDoor(
             orch,

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from orchestrator.db.session import Database
-from tests.support.ports import free_port
+from tests.support.ports import PORT_ATTEMPTS, free_port, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.waiting import wait_until
 
@@ -155,9 +155,8 @@ def start_orchestrator(
     restarts on the same data dir); it is read from there. ``command_prefix`` runs the server under a
     program that execs it (e.g. ``prlimit --nofile=...``), so the process is still the server's.
 
-    Ports it chooses itself (neither ``port`` nor ``dht_port`` given) can be taken by another process
-    before the server binds them (a busy machine's outgoing connections draw from the same range): the
-    server then exits at once, and it is started again on new ones.
+    When it chose the ports itself (neither ``port`` nor ``dht_port`` given) and one was taken before
+    the server bound it, the server is started again on new ones (:mod:`tests.support.ports`).
     """
     chosen_here = port is None and dht_port is None
     for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -179,10 +178,6 @@ def start_orchestrator(
             if not chosen_here or attempt == PORT_ATTEMPTS:
                 raise
     raise AssertionError("unreachable")
-
-
-#: tries of :func:`start_orchestrator` with new ports when one it chose was taken before the server bound it
-PORT_ATTEMPTS = 3
 
 
 class PortTaken(RuntimeError):
@@ -227,8 +222,7 @@ def _start_once(
         proc.popen.wait(timeout=10)
         proc.kill()  # its whole group, a DHT peer it started included
         log = proc.log()
-        taken = "is in use by another program" in log or "address already in use" in log.lower()
-        error = PortTaken if taken else RuntimeError
+        error = PortTaken if port_was_taken(log) else RuntimeError
         raise error(f"orchestrator exited with {proc.popen.returncode}:\n{log[-4000:]}")
     token = admin_token or (data_dir / "admin_token").read_text().strip()
     return Orchestrator(url, token, proc, data_dir, port, dht_port, db_url)
