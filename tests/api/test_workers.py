@@ -267,8 +267,15 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
         second["worker_id"]: {"val_acc": 0.5, "val_loss": 0.25},
     }
     assert sampled[-1]["metrics"] == {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 0.5}
-    report()
-    series = metric_series(orch)
+
+    def scraped() -> dict[tuple[str, str], float] | None:
+        """/metrics reads the database, which has a heartbeat a flush after the API took it: report and
+        scrape until a scrape shows both workers fresh (a slow wait above may have let them go stale)."""
+        report()
+        series = metric_series(orch)
+        return series if (name, "val_loss") in series else None
+
+    series = wait_until(scraped, 10, interval_s=0.5)
     assert series[(name, "val_loss")] == 0.5 and (name, "secret_thing") not in series
 
     report()
