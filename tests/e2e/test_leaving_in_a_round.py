@@ -42,7 +42,8 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(processes: ProcessRegistry, 
         message="two workers train",
     )
     # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S,
-    # its progress record (as the orchestrator reads the DHT) at its epoch's samples and a rate of 0
+    # its progress record (as the orchestrator reads the DHT) at its epoch's samples and a rate of 0 (the
+    # wait is the rounds' length: a worker that reaches its first round late still waits in it then)
     wait_until(
         lambda: (
             (swarm := reader.run()["swarm"]) is not None
@@ -50,8 +51,11 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(processes: ProcessRegistry, 
             and swarm["samples_accumulated"] > 0
             and swarm["samples_per_s"] == 0.0
         ),
-        30,
-        message="both workers wait in their averaging rounds",
+        60,
+        message=lambda: (
+            f"both workers wait in their averaging rounds: the swarm as read {reader.run()['swarm']}\n"
+            + "\n".join(f"worker {w['id']}:\n{reader.worker_log(w['id'])[-2000:]}" for w in reader.workers())
+        ),
     )
     stopped_at = time.monotonic()
     admin_post(orch, "/api/v1/runs/apart/stop")
