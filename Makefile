@@ -1,7 +1,8 @@
 # The two set-up commands of the README: `make demo` (the main job) and `make test` (all tests, with the
 # system tools they drive: chromium and nginx); `make docs` serves the documentation site, `make
 # docs-build` builds it the way CI does.
-# Each builds .venv on first use: torch==2.13.0 first (a CPU build here), then the project and its extras.
+# Each builds .venv on first use: torch==2.13.0 first (a CPU build here), then the project and its extras,
+# constraints.txt pinning torch so that nothing replaces it.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -19,30 +20,48 @@ DOCS_PORT ?= 8001
 # CONTRIBUTING.md instead of in every CI log.
 DOCS_ENV := NO_MKDOCS_2_WARNING=1
 
-.PHONY: demo test lint docs docs-build venv browser nginx clean bench fuzz
+.PHONY: demo test lint docs docs-build venv test-tools browser nginx clean bench fuzz
 
 venv: $(STAMP)
 
+# pip fetches torch (from where pip is configured to find it) and uv installs it and then the rest: uv
+# downloads and installs in parallel (a cold build of .venv: about 35 s against pip's 100 s), and
+# --compile-bytecode writes the .pyc files pip would have, which processes cannot write themselves where
+# PYTHONDONTWRITEBYTECODE is set (each would compile torch again at every start).
+UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[all]'
+	$(PY) -m pip install -q uv
+	rm -rf $(VENV)/torch-wheel
+	$(PY) -m pip download -q --no-deps --dest $(VENV)/torch-wheel torch==2.13.0
+	$(UV_INSTALL) $(VENV)/torch-wheel/torch-*.whl
+	rm -rf $(VENV)/torch-wheel
+	$(UV_INSTALL) -c constraints.txt -e '.[all]'
 	touch $(STAMP)
 
-# Debian's chromium for the status-page browser tests (Playwright drives it; no browser download).
-browser:
-	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium >/dev/null)
+# The Debian packages the tests drive, installed when missing, in one apt-get for both: chromium for the
+# status-page browser tests (Playwright drives it; no browser download) and nginx for the TLS proxy
+# tests, which run their own nginx process on the deployment's configuration (deploy/nginx/nginx.conf;
+# the package's own service is not needed). `make browser` and `make nginx` install one of them.
+HAS_CHROMIUM := command -v chromium >/dev/null
+HAS_NGINX := test -x /usr/sbin/nginx || command -v nginx >/dev/null
+APT_INSTALL = apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q
 
-# Debian's nginx for the TLS proxy tests, which run their own nginx process on the deployment's
-# configuration (deploy/nginx/nginx.conf); the package's own service is not needed.
+test-tools:
+	@missing=""; $(HAS_CHROMIUM) || missing="chromium"; $(HAS_NGINX) || missing="$$missing nginx"; \
+	if [ -n "$$missing" ]; then $(APT_INSTALL) $$missing >/dev/null; fi
+
+browser:
+	@$(HAS_CHROMIUM) || ($(APT_INSTALL) chromium >/dev/null)
+
 nginx:
-	@test -x /usr/sbin/nginx || command -v nginx >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null)
+	@$(HAS_NGINX) || ($(APT_INSTALL) nginx >/dev/null)
 
 demo: venv
 	$(VENV)/bin/spotswarm demo
 
-test: venv browser nginx
+test: venv test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # What CI checks before the docs and the tests: ruff's rules and formatting, mypy, and the import
