@@ -82,11 +82,7 @@ def stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
     waited for. ``hivemind.Optimizer.shutdown`` calls the tracker's ``shutdown`` again, which would
     store that ``None`` after all: this tracker's ``shutdown`` becomes a no-op.
     """
-    tracker.shutdown_triggered.set()
-    tracker.should_report_progress.set()
-    tracker.global_state_updated.set()
-    tracker.shutdown_complete.wait(timeout)
-    tracker.shutdown = _tracker_already_stopped
+    _stop_tracker_thread(tracker, timeout)
     stored = tracker.dht.store(
         tracker.training_progress_key,
         subkey=tracker._local_public_key,
@@ -100,8 +96,31 @@ def stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
         log.warning("the last progress record was not stored within %s s", timeout)
 
 
+def stop_orphaned_optimizer(optimizer: hivemind.Optimizer) -> None:
+    """Stop the progress tracker of an optimizer whose averagers are gone, with nothing sent to the DHT.
+
+    A SIGTERM to a worker's whole process group ends hivemind's forked processes (DHT, averagers) at
+    once, so there is nobody left to say goodbye through. The tracker is a thread of this process and
+    would run on: interpreter shutdown then waits forever for the executor thread it left waiting on its
+    shutdown event (and logs "cannot schedule new futures after shutdown" from the thread itself).
+    """
+    _stop_tracker_thread(optimizer.tracker, optimizer.shutdown_timeout)
+    optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
+    quiet_abandoned_event_loops()
+
+
+def _stop_tracker_thread(tracker: Any, timeout: float | None) -> None:
+    """End the tracker's reporting and fetching (and the executor waits they leave), then make its own
+    ``shutdown``, which hivemind calls again and which would store a goodbye, a no-op."""
+    tracker.shutdown_triggered.set()
+    tracker.should_report_progress.set()
+    tracker.global_state_updated.set()
+    tracker.shutdown_complete.wait(timeout)
+    tracker.shutdown = _tracker_already_stopped
+
+
 def _tracker_already_stopped(timeout: float | None = None) -> None:
-    """Stands in for the ``shutdown`` of a tracker stopped by :func:`stop_tracker_keeping_record`."""
+    """Stands in for the ``shutdown`` of a tracker stopped here (:func:`_stop_tracker_thread`)."""
 
 
 def cancel_if_looking(control: StepControl | None) -> bool:

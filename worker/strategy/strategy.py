@@ -51,7 +51,7 @@ from worker.strategy.optimizer import (
 from worker.strategy.outcomes import OutcomeRecorder, count_outcomes
 from worker.strategy.precision import HivemindMixedPrecision
 from worker.strategy.schedulers import SwarmEpochScheduler
-from worker.strategy.shutdown import shutdown_optimizer
+from worker.strategy.shutdown import shutdown_optimizer, stop_orphaned_optimizer
 from worker.wire import AveragingCounts
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
@@ -496,6 +496,8 @@ class HivemindStrategy(Strategy):
             self._rate_reader = None
             if self._optimizer.is_alive():
                 shutdown_optimizer(self._optimizer, keep_progress=self.keep_progress_record)
+            else:  # its averagers were ended by a signal (a SIGTERM to the whole process group)
+                stop_orphaned_optimizer(self._optimizer)
         super().teardown()
         if self._owns_dht and self._dht is not None:
             self._dht.shutdown()
