@@ -89,3 +89,18 @@ class ApartDigitsModule(DigitsModule):
         assert ctx is not None, "the agent publishes the worker context before training starts"
         averager = self.trainer.strategy.optimizer.grad_averager  # type: ignore[attr-defined]
         averager.set_group_bits(str(ctx.worker_index % 2))
+
+
+class ApartStateDigitsModule(DigitsModule):
+    """Digits whose workers never meet in a state round (run with ``average_state_every=1``): gradient
+    rounds are refused (local gradients, at once) and each state averager looks for groupmates under the
+    group bits of its slot's parity, so both workers wait out ``averaging_timeout`` in a state round
+    after every epoch, a round hivemind starts itself rather than ahead of time."""
+
+    def on_train_start(self) -> None:
+        ctx = current_worker()
+        assert ctx is not None, "the agent publishes the worker context before training starts"
+        optimizer = self.trainer.strategy.optimizer  # type: ignore[attr-defined]
+        optimizer.grad_averager.schedule_step = lambda **kwargs: None  # no pre-scheduled gradient round
+        optimizer.grad_averager.step = _refuse_round
+        optimizer.state_averager.set_group_bits(str(ctx.worker_index % 2))

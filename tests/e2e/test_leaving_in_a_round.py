@@ -1,8 +1,9 @@
 """A worker told to leave while it waits in an averaging round leaves at once, not at the round's end.
 
-Real `spotswarm serve` with the reconcile loop and two local workers whose gradient rounds never find a
-group (``tests/e2e/lifecycle_models.py``: each looks under a key of its own), so both sit in a round for
-``averaging_timeout`` after every epoch, as peers do whose groupmates are leaving or gone. A stop then
+Real `spotswarm serve` with the reconcile loop and two local workers whose gradient rounds (or, in the
+second case, state rounds) never find a group (``tests/e2e/lifecycle_models.py``: each looks under a key
+of its own), so both sit in a round for ``averaging_timeout`` after every epoch, as peers do whose
+groupmates are leaving or gone. A stop then
 cancels the round each waits in (``HivemindStrategy.leave_averaging``); before, each worker left only
 when its round timed out.
 """
@@ -27,11 +28,24 @@ AVERAGING_TIMEOUT_S = 60.0
 LEFT_WITHIN_S = 10.0
 
 
+#: the rounds the workers wait in: the model that keeps them apart there, and its strategy options
+ROUNDS = {
+    # rounds hivemind schedules ahead of each epoch's end
+    "gradient": ("ApartDigitsModule", {}),
+    # a round hivemind starts itself at the epoch's start (``worker/strategy/optimizer.py StateAverager``)
+    "state": ("ApartStateDigitsModule", {"average_state_every": 1}),
+}
+
+
 @pytest.mark.timeout(300)
-def test_a_stop_ends_the_rounds_its_workers_wait_in(processes: ProcessRegistry, loop_data_dir: Path) -> None:
+@pytest.mark.parametrize("rounds", list(ROUNDS))
+def test_a_stop_ends_the_rounds_its_workers_wait_in(
+    processes: ProcessRegistry, loop_data_dir: Path, rounds: str
+) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir)
-    options = {"matchmaking_time": 1.0, "averaging_timeout": AVERAGING_TIMEOUT_S}
-    spec = digits_run("apart", module=f"{MODELS}:ApartDigitsModule", strategy_options=options)
+    model, extra_options = ROUNDS[rounds]
+    options = {"matchmaking_time": 1.0, "averaging_timeout": AVERAGING_TIMEOUT_S, **extra_options}
+    spec = digits_run("apart", module=f"{MODELS}:{model}", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "apart")

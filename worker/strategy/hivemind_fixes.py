@@ -25,7 +25,9 @@ re-check each against its test (named in its docstring) and delete what upstream
 - :func:`quiet_refusal_tracebacks`: a traceback per call refused by the averaging guard.
 
 Not here, because they override hivemind's own classes: ``Optimizer._make_gradient_averager``
-(``optimizer.py``: hivemind gives ``averager_opts`` to the state averager only), and
+(``optimizer.py``: hivemind gives ``averager_opts`` to the state averager only), ``StateAverager``
+(``optimizer.py``: a state round hivemind starts itself is held nowhere a leaving peer could cancel it),
+and
 ``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
 ``hivemind.Optimizer.__del__`` it would inherit (collecting a discarded wrapper shut down the shared
 averagers; hivemind 1.1.12, no upstream issue found). It subclasses Lightning's wrapper, and this module
