@@ -1,9 +1,12 @@
-"""A worker agent killed with SIGKILL on its PID alone leaves nothing behind.
+"""A worker agent killed with SIGKILL leaves nothing behind, and a SIGTERM to its whole process group is
+an orderly leave.
 
-A real orchestrator and a real agent training the digits example (not in a process group that anyone
-kills: only the agent's PID gets SIGKILL, as a user's ``kill -9 <pid>`` does). Its forked hivemind
-processes hold a lifeline (``worker/lifeline.py``): the DHT takes its ``p2pd`` with it as soon as the agent
-is gone, and no process of the agent's family (descendants and process group) is left.
+A real orchestrator and a real agent training the digits example, in a process group of its own. Killed
+on its PID alone (a user's ``kill -9 <pid>``): its forked hivemind processes hold a lifeline
+(``worker/lifeline.py``), and the DHT takes its ``p2pd`` with it as soon as the agent is gone. Killed
+with its group: ``p2pd``, in a session of its own, ends with the DHT (the kernel's parent-death signal).
+Either way no process of the agent's family (descendants and process group) is left. Sent SIGTERM with
+its group (systemd's default stop): hivemind's processes let it pass, so the agent leaves in order.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 
 from tests.support.agent import start_training_agent
 from tests.support.processes import ProcessRegistry, alive_of, process_family
-from tests.support.waiting import wait_until
+from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
 GONE_WITHIN_S = 5.0
@@ -37,4 +40,59 @@ def test_agent_killed_by_pid_takes_its_dht_and_p2pd_with_it(
         GONE_WITHIN_S,
         interval_s=0.1,
         message=f"the agent's processes end; still running: {alive_of(family)}",
+    )
+
+
+@pytest.mark.timeout(300)
+def test_agent_killed_with_its_group_takes_its_p2pd_with_it(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    _, agent = start_training_agent(processes, tmp_path, "lifeline-group")
+    family = process_family(agent.pid)
+    assert "p2pd" in " ".join(alive_of(family).values())
+
+    os.killpg(agent.pid, signal.SIGKILL)
+    wait_until(
+        lambda: not alive_of(family),
+        GONE_WITHIN_S,
+        interval_s=0.1,
+        message=f"the agent's processes end; still running: {alive_of(family)}",
+    )
+
+
+#: from a SIGTERM to the agent's group to its exit: its final checkpoint, a last heartbeat, a goodbye
+LEFT_WITHIN_S = 10.0
+
+
+@pytest.mark.timeout(300)
+def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
+    processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    orch, agent = start_training_agent(processes, tmp_path, "group-sigterm")
+
+    def swarm_epoch() -> int:
+        with orch.client() as http:
+            workers = http.get("/api/v1/runs/group-sigterm/workers").raise_for_status().json()["items"]
+        return int(workers[0]["swarm_epoch"])
+
+    # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
+    wait_until(lambda: swarm_epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")
+    family = process_family(agent.pid)
+    os.killpg(agent.pid, signal.SIGTERM)
+    wait_until(
+        lambda: not agent.alive(),
+        LEFT_WITHIN_S,
+        interval_s=0.1,
+        message=lambda: f"the agent leaves\n{agent.log()[-3000:]}",
+    )
+    log = agent.log()
+    assert agent.popen.returncode == 0, log[-3000:]
+    after = log[log.index("Received SIGTERM") :]  # Lightning's line, as the agent's handler runs
+    # its hivemind processes outlived the signal: the strategy's teardown said goodbye through them,
+    # and the agent, the run's checkpointer, uploaded its final checkpoint
+    assert "ended by a signal" not in after and "still running" not in after, after
+    assert "uploaded checkpoint" in after and "deregistered: stopped (received SIGTERM)" in after, after
+    assert "Traceback" not in log, after
+    wait_until(
+        lambda: not alive_of(family), GONE_WITHIN_S, message=lambda: f"still running: {alive_of(family)}"
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -85,7 +86,6 @@ class Agent:
         self.config = config
         self.state = AgentState(checkpoint_every_epochs=5)
         self.client = OrchestratorClient(config.url)
-        self._pid = os.getpid()
         self._leave_lock = threading.Lock()
         self._left = False
         self._finished = threading.Event()
@@ -319,15 +319,9 @@ class Agent:
     def _install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        # Processes hivemind forks (DHT, averagers) get the default SIGTERM back: a SIGTERM to the
-        # whole group ends them at once (their p2pd dies with it anyway), so nothing waits on them later.
-        os.register_at_fork(after_in_child=_default_sigterm)
+        os.register_at_fork(after_in_child=_let_stop_signals_pass)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked child that runs Lightning's handler chain: die
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
         if signum == signal.SIGINT and self.state.stop is not None:
             raise KeyboardInterrupt
         self.state.request_stop(DeregisterReason.stopped, f"received {signal.Signals(signum).name}")
@@ -374,8 +368,29 @@ class Agent:
             os._exit(self._exit_code)
 
 
-def _default_sigterm() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _let_stop_signals_pass() -> None:
+    """In every process this one forks (hivemind's DHT and averagers, DataLoader workers), SIGTERM and
+    SIGINT do nothing: sent to the worker's whole process group (systemd's default stop, ``kill --
+    -PGID``, a terminal's Ctrl-C), they are the agent's to act on, and it stops its children in order as
+    it leaves. They used to end hivemind's processes at once, and a training step that then waited on
+    one of them never returned: the agent left at its watchdog, without its final checkpoint. A handler
+    rather than ``SIG_IGN``, which would pass to the programs they start: ``p2pd`` must still stop at
+    hivemind's SIGTERM (and runs in a session of its own, out of reach of the group's:
+    ``worker/strategy/hivemind_fixes.py p2pd_in_own_session``)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _pass)
+
+
+def _pass(signum: int, frame: FrameType | None) -> None:
+    """The stop signals in a forked child: for its parent (:func:`_let_stop_signals_pass`)."""
+
+
+def stop_leftover_children() -> None:
+    """SIGKILL what an orderly leave did not stop of this process's ``multiprocessing`` children: they
+    let SIGTERM pass (:func:`_let_stop_signals_pass`), so the exit handler of ``multiprocessing``, which
+    terminates and then joins them, would wait on them for good."""
+    for child in multiprocessing.active_children():
+        child.kill()
 
 
 def _exit_guard(exit_code: int, timeout_s: float) -> None:
@@ -401,5 +416,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # hivemind forks its DHT and averagers: none may outlive an agent killed with SIGKILL
     lifeline.forked_children_exit_with_parent()
     exit_code = Agent(config).run()
+    stop_leftover_children()
     _exit_guard(exit_code, EXIT_GUARD_S)
     return exit_code

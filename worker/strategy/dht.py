@@ -17,7 +17,11 @@ import hivemind
 
 from worker.lifeline import exit_with_parent
 from worker.peer_addresses import usable_initial_peers
-from worker.strategy.hivemind_fixes import quiet_dead_sender_errors, survive_unreadable_requests
+from worker.strategy.hivemind_fixes import (
+    p2pd_in_own_session,
+    quiet_dead_sender_errors,
+    survive_unreadable_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +113,10 @@ class LifelineDHT(hivemind.DHT):  # type: ignore[misc]
 
     def run(self) -> None:
         """The DHT's process: take the lifeline first, then serve as hivemind does (surviving a request
-        it cannot read)."""
+        it cannot read, its ``p2pd`` out of the worker's process group)."""
         exit_with_parent(self._owner_pid, exit_code=1)
         survive_unreadable_requests(self)
+        p2pd_in_own_session()
         super().run()
 
 

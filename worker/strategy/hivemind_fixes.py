@@ -23,6 +23,8 @@ re-check each against its test (named in its docstring) and delete what upstream
 - :func:`quiet_abandoned_event_loops`: "Task was destroyed but it is pending!" at exit, from the progress
   tracker's stopped event loop.
 - :func:`quiet_refusal_tracebacks`: a traceback per call refused by the averaging guard.
+- :func:`p2pd_in_own_session`: ``p2pd`` ended by a SIGTERM meant for the worker (sent to its whole
+  process group), under the peer's orderly leave.
 
 Not here, because they override hivemind's own classes: ``Optimizer._make_gradient_averager``
 (``optimizer.py``: hivemind gives ``averager_opts`` to the state averager only), ``StateAverager``
@@ -43,10 +45,13 @@ another one.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import gc
 import logging
 import multiprocessing as mp
+import os
+import signal
 from collections.abc import Callable, Coroutine
 from concurrent.futures import InvalidStateError
 from typing import Any, TypeVar
@@ -483,3 +488,45 @@ def quiet_refusal_tracebacks(refusal: type[BaseException]) -> None:
         if isinstance(existing, _RefusalFilter) and refusal in existing.refusals:
             return
     p2p_logger.addFilter(_RefusalFilter((refusal,)))
+
+
+# -- p2pd out of the worker's process group ------------------------------------------------------------
+
+#: prctl(2) option: the signal a process gets when the thread that forked it exits
+_PR_SET_PDEATHSIG = 1
+
+
+def p2pd_in_own_session() -> None:
+    """Start the ``p2pd`` of this process (a DHT's) in a session of its own, ended with this process.
+
+    Upstream behaviour (hivemind 1.1.12): ``P2P.create`` starts ``p2pd`` in the DHT process's process
+    group. hivemind's processes ignore SIGINT, and ``p2pd`` inherits that, so a terminal's Ctrl-C spares
+    them; SIGTERM ``p2pd`` cannot ignore, since hivemind's own shutdown stops it with SIGTERM. So a
+    SIGTERM to a worker's whole process group (systemd's default stop, ``kill -- -PGID``) ended ``p2pd``
+    at once, with hivemind's other processes, and the worker's orderly leave (final checkpoint, goodbye
+    to its peers) then failed on them, or a training step waited forever on one of them until the
+    watchdog (``docs/operations/runbooks.md``). In a session of its own, ``p2pd`` gets only hivemind's
+    SIGTERM, and the kernel's parent-death signal (SIGKILL) ends it with this process however that ends,
+    as the group's SIGKILL did before. The worker agent has its forked processes let such signals pass
+    (``worker/agent/agent.py``).
+
+    Call it in the DHT's process before it starts ``p2pd``, on the thread that starts it (the death
+    signal follows that thread): ``LifelineDHT.run``. Upstream issue: none found. Tests:
+    ``tests/integration/test_agent_lifeline.py``.
+    """
+    subprocess_module = asyncio.subprocess
+    spawn = subprocess_module.create_subprocess_exec
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # in the child, between fork and exec
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent was already gone before the line above
+            os._exit(1)
+
+    def spawn_p2pd_apart(program: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.path.basename(str(program)) == "p2pd":
+            kwargs.setdefault("start_new_session", True)
+            kwargs.setdefault("preexec_fn", die_with_parent)
+        return spawn(program, *args, **kwargs)
+
+    subprocess_module.create_subprocess_exec = spawn_p2pd_apart  # type: ignore[assignment]

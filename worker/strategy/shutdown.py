@@ -99,11 +99,13 @@ def stop_tracker_keeping_record(tracker: Any, timeout: float | None) -> None:
 def stop_orphaned_optimizer(optimizer: hivemind.Optimizer) -> None:
     """Stop the progress tracker of an optimizer whose averagers are gone, with nothing sent to the DHT.
 
-    A SIGTERM to a worker's whole process group ends hivemind's forked processes (DHT, averagers) at
-    once, so there is nobody left to say goodbye through. The tracker is a thread of this process and
+    A signal that ends hivemind's forked processes (DHT, averagers) at once leaves nobody to say
+    goodbye through (the worker agent has them let SIGTERM and SIGINT pass, a process that runs the
+    strategy on its own may not). The tracker is a thread of this process and
     would run on: interpreter shutdown then waits forever for the executor thread it left waiting on its
     shutdown event (and logs "cannot schedule new futures after shutdown" from the thread itself).
     """
+    log.warning("hivemind's processes were ended by a signal: leaving the swarm without a goodbye")
     _stop_tracker_thread(optimizer.tracker, optimizer.shutdown_timeout)
     optimizer.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
     quiet_abandoned_event_loops()
