@@ -127,10 +127,12 @@ def verify_checkpoints(orch: Orchestrator, name: str) -> list[dict[str, Any]]:
 
 
 def whole_swarm(reader: RunReader) -> tuple[str, list[dict[str, Any]]] | None:
-    """The run's state and running workers, once the run has ended or 2 workers report the swarm's epoch
-    (give or take one), i.e. both hold the swarm's state."""
+    """The run's state and running workers, once the run has ended or 2 workers report the swarm's epoch,
+    i.e. both hold the swarm's state. Not one epoch behind: a replacement starts from the run's last
+    checkpoint, which may be just that, before it has the swarm's state (seen once: the only worker that
+    had it was killed then, and the swarm went on from the checkpoint, its epoch going back 7 -> 4)."""
     state, epoch, running = reader.run()["state"], reader.epoch(), reader.running()
-    synced = [w for w in running if (w["swarm_epoch"] or 0) >= epoch - 1]
+    synced = [w for w in running if (w["swarm_epoch"] or 0) >= epoch]
     return (state, running) if state != "running" or len(synced) >= 2 else None
 
 

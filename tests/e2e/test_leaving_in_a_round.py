@@ -30,8 +30,10 @@ LEFT_WITHIN_S = 10.0
 
 #: the rounds the workers wait in: the model that keeps them apart there, and its strategy options
 ROUNDS = {
-    # rounds hivemind schedules ahead of each epoch's end
-    "gradient": ("ApartDigitsModule", {}),
+    # rounds hivemind schedules ahead of each epoch's end; no state round, whose averagers are not kept
+    # apart: two that met in one would average, and a round already averaging runs to its end, so the
+    # one whose groupmate left first waited there (seen once, 16 s)
+    "gradient": ("ApartDigitsModule", {"average_state_every": 1_000}),
     # a round hivemind starts itself at the epoch's start (``worker/strategy/optimizer.py StateAverager``)
     "state": ("ApartStateDigitsModule", {"average_state_every": 1}),
 }

@@ -44,35 +44,3 @@ def test_a_peer_leaving_a_run_at_its_target_keeps_its_last_progress_record(
 @pytest.mark.timeout(180)
 def test_a_peer_leaving_otherwise_withdraws_its_progress_record(processes: ProcessRegistry) -> None:
     assert entries_after_fit(processes, "withdraw") == [None]
-
-
-#: from the peer's report to its exit: the interpreter's shutdown only (a hang waits forever)
-EXIT_AFTER_REPORT_S = 10.0
-
-
-@pytest.mark.timeout(180)
-def test_a_peer_whose_hivemind_processes_a_signal_ended_stops_its_tracker_and_exits(
-    processes: ProcessRegistry,
-) -> None:
-    """A SIGTERM to a worker's whole process group ends hivemind's forked processes at once; the
-    strategy's teardown then has no averager to shut down, but must still stop the progress tracker,
-    a thread of the worker's own: left running, it crashed at interpreter shutdown ("cannot schedule new
-    futures after shutdown") and that shutdown then waited forever on the executor thread it left (the
-    agent's exit guard ended such workers 10 s late)."""
-    peer = processes.start(
-        "orphaned", [str(VENV_BIN / "python"), "-m", "tests.programs.orphaned_peer", str(EXIT_AFTER_REPORT_S)]
-    )
-
-    def reports() -> list[str]:
-        return [line for line in peer.log().splitlines() if line.startswith('{"tracker_alive"')]
-
-    [line] = wait_until(reports, RUN_S, message=lambda: f"the peer reports\n{peer.log()[-3000:]}")
-    report = json.loads(line)
-    assert report["tracker_alive"] is False, report
-    wait_until(
-        lambda: not peer.alive(),
-        EXIT_AFTER_REPORT_S,
-        interval_s=0.2,
-        message=lambda: f"the peer exits after its report\n{peer.log()[-3000:]}",
-    )
-    assert peer.popen.returncode == 0 and "Exception in thread" not in peer.log(), peer.log()[-3000:]

@@ -29,8 +29,7 @@ re-check each against its test (named in its docstring) and delete what upstream
 Not here, because they override hivemind's own classes: ``Optimizer._make_gradient_averager``
 (``optimizer.py``: hivemind gives ``averager_opts`` to the state averager only), ``StateAverager``
 (``optimizer.py``: a state round hivemind starts itself is held nowhere a leaving peer could cancel it),
-and
-``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
+and ``SwarmLightningOptimizer`` (``optimizer.py``), Lightning's optimizer wrapper without the
 ``hivemind.Optimizer.__del__`` it would inherit (collecting a discarded wrapper shut down the shared
 averagers; hivemind 1.1.12, no upstream issue found). It subclasses Lightning's wrapper, and this module
 must load without Lightning: plain DHT peers (``dht.py``) and the admission guard import it. The orderly
@@ -505,10 +504,10 @@ def p2pd_in_own_session() -> None:
     SIGTERM to a worker's whole process group (systemd's default stop, ``kill -- -PGID``) ended ``p2pd``
     at once, with hivemind's other processes, and the worker's orderly leave (final checkpoint, goodbye
     to its peers) then failed on them, or a training step waited forever on one of them until the
-    watchdog (``docs/operations/runbooks.md``). In a session of its own, ``p2pd`` gets only hivemind's
-    SIGTERM, and the kernel's parent-death signal (SIGKILL) ends it with this process however that ends,
-    as the group's SIGKILL did before. The worker agent has its forked processes let such signals pass
-    (``worker/agent/agent.py``).
+    watchdog ended the worker (``docs/concepts/workers.md``). In a session of its own, ``p2pd`` gets only
+    hivemind's SIGTERM, and the kernel's parent-death signal (SIGKILL) ends it with this process however
+    that ends, as the group's SIGKILL did before. The worker agent has its forked processes let such
+    signals pass (``worker/agent/agent.py``).
 
     Call it in the DHT's process before it starts ``p2pd``, on the thread that starts it (the death
     signal follows that thread): ``LifelineDHT.run``. Upstream issue: none found. Tests:
@@ -517,9 +516,10 @@ def p2pd_in_own_session() -> None:
     subprocess_module = asyncio.subprocess
     spawn = subprocess_module.create_subprocess_exec
     parent = os.getpid()
+    libc = ctypes.CDLL(None)  # loaded here, not in the child between fork and exec
 
     def die_with_parent() -> None:  # in the child, between fork and exec
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent was already gone before the line above
             os._exit(1)
 

@@ -100,10 +100,13 @@ def stop_orphaned_optimizer(optimizer: hivemind.Optimizer) -> None:
     """Stop the progress tracker of an optimizer whose averagers are gone, with nothing sent to the DHT.
 
     A signal that ends hivemind's forked processes (DHT, averagers) at once leaves nobody to say
-    goodbye through (the worker agent has them let SIGTERM and SIGINT pass, a process that runs the
-    strategy on its own may not). The tracker is a thread of this process and
-    would run on: interpreter shutdown then waits forever for the executor thread it left waiting on its
-    shutdown event (and logs "cannot schedule new futures after shutdown" from the thread itself).
+    goodbye through (the worker agent has them let SIGTERM and SIGINT pass; a process that runs the
+    strategy on its own may not). The tracker is a thread of this process and would run on: interpreter
+    shutdown then waits forever for the executor thread it left waiting on its shutdown event (and logs
+    "cannot schedule new futures after shutdown" from the thread itself). A process that died holding
+    one of hivemind's inter-process locks can still block the tracker (``hivemind_fixes.own_mpfuture_locks``
+    says which), which is why a test cannot show this on demand; reproduced by hand: a lone peer whose
+    forked processes all got SIGTERM mid-fit then waited forever at exit.
     """
     log.warning("hivemind's processes were ended by a signal: leaving the swarm without a goodbye")
     _stop_tracker_thread(optimizer.tracker, optimizer.shutdown_timeout)
