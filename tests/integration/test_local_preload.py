@@ -142,7 +142,10 @@ def test_a_worker_whose_environment_differs_from_the_fork_servers_starts_in_a_fr
     launcher.launch(registering("req-p"))  # the fork server runs with the environment it started with
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # read when torch loads: a preloaded worker cannot take it
     supervisor = int(launcher.launch(registering("req-f")))
-    assert command_line(supervisor).startswith("sh -c")  # the supervisor shell of a plain start
+    # the supervisor shell of a plain start; its arguments show a moment after its exec has let Popen
+    # return (read at once on a busy machine, they were still empty)
+    shell = wait_until(lambda: command_line(supervisor), 10, message="the supervisor's command line")
+    assert shell.startswith("sh -c"), shell
     worker = wait_until(lambda: descendants(supervisor), 10, message="the shell started the worker")[0]
     assert b"OMP_NUM_THREADS=3" in environ_of(worker)
 
