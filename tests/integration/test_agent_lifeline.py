@@ -25,33 +25,21 @@ pytestmark = [pytest.mark.swarm]
 GONE_WITHIN_S = 5.0
 
 
+#: how a SIGKILL reaches the agent: a user's ``kill -9 <pid>``, or its whole process group (a launcher's)
+KILLS = {"pid": os.kill, "group": os.killpg}
+
+
 @pytest.mark.timeout(300)
-def test_agent_killed_by_pid_takes_its_dht_and_p2pd_with_it(
-    processes: ProcessRegistry, tmp_path: Path
+@pytest.mark.parametrize("target", list(KILLS))
+def test_agent_killed_takes_its_dht_and_p2pd_with_it(
+    processes: ProcessRegistry, tmp_path: Path, target: str
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, "lifeline")
+    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}")
     family = process_family(agent.pid)
     names = " ".join(alive_of(family).values())
     assert "p2pd" in names, names  # the agent's peer runs: the test sees what it kills
 
-    os.kill(agent.pid, signal.SIGKILL)
-    wait_until(
-        lambda: not alive_of(family),
-        GONE_WITHIN_S,
-        interval_s=0.1,
-        message=f"the agent's processes end; still running: {alive_of(family)}",
-    )
-
-
-@pytest.mark.timeout(300)
-def test_agent_killed_with_its_group_takes_its_p2pd_with_it(
-    processes: ProcessRegistry, tmp_path: Path
-) -> None:
-    _, agent = start_training_agent(processes, tmp_path, "lifeline-group")
-    family = process_family(agent.pid)
-    assert "p2pd" in " ".join(alive_of(family).values())
-
-    os.killpg(agent.pid, signal.SIGKILL)
+    KILLS[target](agent.pid, signal.SIGKILL)
     wait_until(
         lambda: not alive_of(family),
         GONE_WITHIN_S,
