@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.agent import start_training_agent
 from tests.support.processes import ProcessRegistry, alive_of, process_family
+from tests.support.runs import RunReader
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -57,14 +58,9 @@ def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
     processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     orch, agent = start_training_agent(processes, tmp_path, "group-sigterm")
-
-    def swarm_epoch() -> int:
-        with orch.client() as http:
-            workers = http.get("/api/v1/runs/group-sigterm/workers").raise_for_status().json()["items"]
-        return int(workers[0]["swarm_epoch"])
-
+    reader = RunReader(orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
-    wait_until(lambda: swarm_epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")
+    wait_until(lambda: reader.epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")
     family = process_family(agent.pid)
     os.killpg(agent.pid, signal.SIGTERM)
     wait_until(

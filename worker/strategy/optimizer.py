@@ -132,8 +132,7 @@ class Optimizer(hivemind.Optimizer):
         wait up to ``averaging_timeout`` for peers that may be leaving too; its own gradients then apply.
         A round already averaging runs to its end, so a groupmate that stays loses nothing."""
         self._leaving = True
-        state_round = getattr(self.state_averager, "last_round", None)
-        for control in (self.scheduled_grads, self.scheduled_state, state_round):
+        for control in (self.scheduled_grads, self.scheduled_state, self.state_averager.last_round):
             # only a round the trainer waits in (triggered): one it has not reached yet, hivemind itself
             # cancels and replaces by this peer's own gradients once the tracker counts it alone
             if control is not None and not control.done() and control.triggered:

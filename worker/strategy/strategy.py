@@ -496,7 +496,7 @@ class HivemindStrategy(Strategy):
             self._rate_reader = None
             if self._optimizer.is_alive():
                 shutdown_optimizer(self._optimizer, keep_progress=self.keep_progress_record)
-            else:  # its averagers were ended by a signal (a SIGTERM to the whole process group)
+            else:  # a signal ended its averagers (the agent's let SIGTERM and SIGINT pass; others may not)
                 stop_orphaned_optimizer(self._optimizer)
         super().teardown()
         if self._owns_dht and self._dht is not None:
