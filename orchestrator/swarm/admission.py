@@ -20,6 +20,7 @@ registration), not only every ``dht_refresh_interval_s``. The design and threat 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -62,7 +63,7 @@ def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
     Raises ``OSError`` when the file cannot be read or written and ``ValueError`` when it is no RSA key.
     """
     if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = _parsed_private_key(path.read_bytes())
         if not isinstance(key, rsa.RSAPrivateKey):
             raise ValueError(f"{path} does not hold an RSA private key")
         return key
@@ -75,6 +76,14 @@ def load_or_create_key(path: Path) -> rsa.RSAPrivateKey:
         return load_or_create_key(path)
     logger.info("swarm admission: new signing key in %s", path)
     return key
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_private_key(pem: bytes) -> Any:
+    """The key in ``pem``, parsed once per process for the same bytes: parsing checks the RSA key (about
+    50 ms of CPU), which an app built again in one process (a reload, the in-process API tests) would
+    otherwise pay at each start for the same file. Keys are immutable objects, safe to share."""
+    return serialization.load_pem_private_key(pem, password=None)
 
 
 class SwarmAuthority:
