@@ -7,10 +7,17 @@ PostgreSQL as well with ``pytestmark = pytest.mark.parametrize("backend", BOTH_B
 and checks run specs' imports with ``IMPORT_CHECKS = True``: one import probe (a process with Lightning
 imported, seconds to start) then serves every app of the session, put in place of each app's own
 (``app.dependency_overrides``), so a test pays only for its checks.
+
+Each app starts on a data dir as a restart finds it (:func:`~tests.support.inprocess.seed_data_dir`): a
+database already at the newest migration (SQLite: a copy of a file migrated once; PostgreSQL: a copy of a
+template database migrated once) and a swarm authority key made once. A first start's migrations and
+key are the subprocess tests' part (tests/integration/test_db_migrations.py, every ``spotswarm serve``);
+here they cost a third of each test's time and test no route.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +25,21 @@ import pytest
 
 from orchestrator.api.deps import get_imports
 from orchestrator.importcheck.checker import ImportChecker, RuntimeLimits
-from tests.support.inprocess import InProcessOrchestrator, inprocess_orchestrator, settings_from_env
+from tests.support.inprocess import (
+    InProcessOrchestrator,
+    SeedFiles,
+    inprocess_orchestrator,
+    migrated_database,
+    seed_data_dir,
+    settings_from_env,
+)
 from tests.support.orchestrator import HAND_ONLY, TEST_ENV
+from tests.support.postgres import PostgresCluster
 
 BOTH_BACKENDS = ["sqlite", "postgres"]
+#: the PostgreSQL database every test's database copies
+TEMPLATE_DB = "api_template"
+_api_databases = itertools.count()
 
 
 @pytest.fixture
@@ -30,10 +48,28 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sqlite"))
 
 
+@pytest.fixture(scope="session")
+def seed_files(tmp_path_factory: pytest.TempPathFactory) -> SeedFiles:
+    """The SQLite database and the swarm authority key every test's data dir starts with."""
+    return SeedFiles.create(tmp_path_factory.mktemp("api-seed"))
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_cluster: PostgresCluster) -> str:
+    """The name of a PostgreSQL database at the newest migration, for each test to copy."""
+    migrated_database(postgres_cluster.create_database(TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
 @pytest.fixture
 def db_url(request: pytest.FixtureRequest, backend: str) -> str | None:
-    """A fresh database on the throwaway PostgreSQL cluster, or None (SQLite in the data dir)."""
-    return str(request.getfixturevalue("postgres_url")) if backend == "postgres" else None
+    """A fresh database at the newest migration on the throwaway PostgreSQL cluster, or None (SQLite in
+    the data dir)."""
+    if backend != "postgres":
+        return None
+    cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+    template = request.getfixturevalue("postgres_template")
+    return cluster.create_database(f"api{next(_api_databases)}", template=template)
 
 
 @pytest.fixture(scope="session")
@@ -51,16 +87,18 @@ def import_checker() -> Iterator[ImportChecker]:
 
 @pytest.fixture
 def orch(
-    request: pytest.FixtureRequest, tmp_path: Path, db_url: str | None
+    request: pytest.FixtureRequest, tmp_path: Path, db_url: str | None, seed_files: SeedFiles
 ) -> Iterator[InProcessOrchestrator]:
-    """The test's own app, with the module's ``ORCHESTRATOR_ENV``; stopped when the test ends."""
+    """The test's own app, with the module's ``ORCHESTRATOR_ENV``, on a seeded data dir; stopped when
+    the test ends."""
     env = {**getattr(request.module, "ORCHESTRATOR_ENV", HAND_ONLY)}
     checker = (
         request.getfixturevalue("import_checker") if getattr(request.module, "IMPORT_CHECKS", False) else None
     )
     if checker is not None:
         env["SPOTSWARM_CHECK_IMPORTS"] = "false"  # the app's own probe; the shared one answers instead
-    with inprocess_orchestrator(tmp_path / "data", db_url, env) as app:
+    data_dir = seed_data_dir(tmp_path / "data", seed_files, sqlite=db_url is None)
+    with inprocess_orchestrator(data_dir, db_url, env) as app:
         if checker is not None:
             app.app.dependency_overrides[get_imports] = lambda: checker
         yield app

@@ -19,6 +19,7 @@ read off the loop, one chunk at a time, as a socket would deliver it. Settings c
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -36,10 +37,14 @@ import hivemind.utils.multiaddr  # noqa: F401  (loaded once, here)
 import httpx
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from asgi_lifespan import LifespanManager
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 
 from orchestrator.app import create_app
 from orchestrator.config import ENV_PREFIX, Settings
+from orchestrator.db.session import Database
 from tests.support.null_dht import null_dht
 from tests.support.orchestrator import TEST_ENV, ApiServer
 
@@ -120,6 +125,58 @@ class InProcessOrchestrator(ApiServer):
 
     def database_url(self) -> str:
         return self.settings.resolved_database_url()
+
+
+def migrated_database(url: str) -> str:
+    """Bring the database at ``url`` to the newest migration, close every connection, return ``url``."""
+    database = Database(url)
+    try:
+        database.upgrade()
+    finally:
+        database.close()
+    return url
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    """What a data dir holds once an orchestrator has run on it, made once: a SQLite database at the
+    newest migration and a swarm authority key (PEM)."""
+
+    sqlite_db: Path
+    authority_key_pem: bytes
+
+    @classmethod
+    def create(cls, root: Path) -> SeedFiles:
+        sqlite_db = _default_files(root)[0]
+        migrated_database(f"sqlite:///{sqlite_db}")
+        if sqlite_db.with_name(sqlite_db.name + "-wal").exists():
+            raise RuntimeError(f"{sqlite_db} kept its write-ahead log after its last connection closed")
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return cls(sqlite_db, pem)
+
+
+def seed_data_dir(data_dir: Path, seed: SeedFiles, *, sqlite: bool) -> Path:
+    """``data_dir`` as a restart finds it: the seed's authority key and, with ``sqlite``, its database.
+    Start-up then migrates nothing and makes no key (what a first start does is the subprocess tests'
+    part). Returns ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    sqlite_db, key_path = _default_files(data_dir)
+    key_path.write_bytes(seed.authority_key_pem)
+    key_path.chmod(0o600)
+    if sqlite:
+        shutil.copyfile(seed.sqlite_db, sqlite_db)
+    return data_dir
+
+
+def _default_files(data_dir: Path) -> tuple[Path, Path]:
+    """Where an orchestrator on ``data_dir`` keeps its SQLite database and its swarm authority key."""
+    settings = settings_from_env({"SPOTSWARM_DATA_DIR": str(data_dir)})
+    database = make_url(settings.resolved_database_url()).database
+    assert database, settings.resolved_database_url()
+    return Path(database), settings.swarm_authority_key_path()
 
 
 @asynccontextmanager

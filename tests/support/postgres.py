@@ -79,8 +79,9 @@ class PostgresCluster:
         """Start a server stopped by :meth:`stop_server` on the same port and data."""
         self._pg_ctl_start()
 
-    def create_database(self, name: str) -> str:
-        """Create database ``name`` and return its SQLAlchemy URL (psycopg 3 driver)."""
+    def create_database(self, name: str, template: str | None = None) -> str:
+        """Create database ``name`` (a copy of database ``template`` if given: nobody may be connected
+        to that one) and return its SQLAlchemy URL (psycopg 3 driver)."""
         self._run(
             str(PG_BIN.parent / "bin" / "createdb"),
             "-h",
@@ -89,6 +90,7 @@ class PostgresCluster:
             str(self.port),
             "-U",
             "postgres",
+            *(("--template", template) if template else ()),
             name,
         )
         return self.url(name)
