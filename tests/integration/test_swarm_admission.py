@@ -32,7 +32,7 @@ from worker.admission.tokens import (
 
 pytestmark = [pytest.mark.swarm]
 INTRUDERS = ("none", "forged", "expired", "other_run")
-TOKEN_TTL_S = 90  # long enough for a killed agent to restart on its cached token, short enough to renew
+TOKEN_TTL_S = 60  # long enough for a killed agent to restart on its cached token, short enough to renew
 DIGITS = {
     "module": "worker.examples.digits:DigitsModule",
     "datamodule": "worker.examples.digits:DigitsDataModule",
@@ -70,6 +70,9 @@ def start_agent(
         "SPOTSWARM_METADATA_URL": "off",
         "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": "20",
+        # the peer list cached every few seconds, not every minute: the restart below waits for one that
+        # holds the other agent's address
+        "SPOTSWARM_PEERS_REFRESH_S": "3",
         **(extra_env or {}),
     }
     return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
@@ -166,8 +169,8 @@ def test_only_admitted_peers_join_the_runs_swarm(
     assert swarm["num_peers"] >= 3 and swarm["epoch"] < 1000, swarm  # two agents + the admitted probe
     assert all(w["swarm_epoch"] < 1000 for w in run_view(orch, "adm-swarm", "/workers")["items"])
     assert all(agent.alive() for agent in agents)
-    # tokens live 90 s and are renewed at half-life: the agents train on by renewing theirs (first token +
-    # renewals); on a quiet machine the steps above take less than the half-life, so wait for it
+    # tokens live TOKEN_TTL_S and are renewed at half-life: the agents train on by renewing theirs (first
+    # token + renewals); on a quiet machine the steps above take less than the half-life, so wait for it
     wait_until(
         lambda: all(agent.log().count("swarm token for") >= 2 for agent in agents),
         TOKEN_TTL_S,
@@ -202,7 +205,7 @@ def restart_on_cached_token(
         message="both agents renewed their tokens",
     )
     # and once the second agent cached a peer besides the orchestrator's (its peer list is refreshed every
-    # --peers-refresh-s, 60 s): the orchestrator's DHT is killed too
+    # --peers-refresh-s): the orchestrator's DHT is killed too
     orchestrator_peers = set(orch.peers())
     wait_until(
         lambda: (
