@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: an orchestrator with the reconcile loop whose workers never leak."""
+"""Fixtures of the end-to-end tests: an orchestrator with the reconcile loop whose workers never leak, of
+the test's own (``loop_data_dir``) or shared (``loop_orch``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import kill_local_workers
+from tests.support.runs import kill_local_workers, run_names, start_loop_orchestrator, stop_runs
 
 
 @pytest.fixture
@@ -23,3 +25,33 @@ def loop_data_dir(tmp_path: Path, processes: ProcessRegistry) -> Iterator[Path]:
     finally:
         processes.kill_all()
         kill_local_workers(data_dir)
+
+
+@pytest.fixture(scope="session")
+def shared_loop_orchestrator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    """One `spotswarm serve` with the reconcile loop at the default test settings, started at its first
+    use and killed (with every local worker it started) at the end of the session."""
+    root = tmp_path_factory.mktemp("shared-loop")
+    registry = ProcessRegistry(root)
+    data_dir = root / "orch"
+    try:
+        yield start_loop_orchestrator(registry, data_dir)
+    finally:
+        registry.kill_all()
+        kill_local_workers(data_dir)
+
+
+@pytest.fixture
+def loop_orch(shared_loop_orchestrator: Orchestrator) -> Iterator[Orchestrator]:
+    """The shared orchestrator with the reconcile loop, for a test that needs no setting of its own and
+    does not stop or restart the orchestrator: each test saves a server start (seconds of CPU). The runs
+    a test made are stopped when it ends and their workers killed, so the next test shares nothing
+    live; run names must differ between tests (a stopped run keeps its name)."""
+    orch = shared_loop_orchestrator
+    before = run_names(orch)
+    try:
+        yield orch
+    finally:
+        made = run_names(orch) - before
+        stop_runs(orch, made)
+        kill_local_workers(orch.data_dir, made)

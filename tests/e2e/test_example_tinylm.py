@@ -16,8 +16,9 @@ import pytest
 
 from tests.e2e.test_workdir_run import READY_RE
 from tests.support.cli import cli
-from tests.support.processes import REPO_ROOT, ProcessRegistry
-from tests.support.runs import RunReader, digits_run, start_loop_orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.processes import REPO_ROOT
+from tests.support.runs import RunReader, digits_run
 from tests.support.waiting import wait_until
 from tests.support.wheels import build_wheel
 from worker.examples import tinylm
@@ -55,10 +56,10 @@ def swarm_options() -> list[str]:
 
 @pytest.mark.timeout(300)
 def test_the_language_model_example_trains_from_a_user_project_with_its_perplexity_in_the_api(
-    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+    loop_orch: Orchestrator, tmp_path: Path
 ) -> None:
     project = lm_project(tmp_path / "my-lm")
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+    orch = loop_orch
     args = documented("spotswarm runs create --name my-lm --workdir .")
     args[args.index("--workdir") + 1] = str(project)
     args += ["--requirements-file", "requirements.txt"]

@@ -11,12 +11,11 @@ when its round timed out.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.orchestrator import Orchestrator
+from tests.support.runs import RunReader, admin_post, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = pytest.mark.swarm
@@ -41,16 +40,14 @@ ROUNDS = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("rounds", list(ROUNDS))
-def test_a_stop_ends_the_rounds_its_workers_wait_in(
-    processes: ProcessRegistry, loop_data_dir: Path, rounds: str
-) -> None:
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+def test_a_stop_ends_the_rounds_its_workers_wait_in(loop_orch: Orchestrator, rounds: str) -> None:
+    orch, name = loop_orch, f"apart-{rounds}"
     model, extra_options = ROUNDS[rounds]
     options = {"matchmaking_time": 1.0, "averaging_timeout": AVERAGING_TIMEOUT_S, **extra_options}
-    spec = digits_run("apart", module=f"{MODELS}:{model}", strategy_options=options)
+    spec = digits_run(name, module=f"{MODELS}:{model}", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
     admin_post(orch, "/api/v1/runs", spec)
-    reader = RunReader(orch, "apart")
+    reader = RunReader(orch, name)
 
     wait_until(
         lambda: [w["phase"] for w in reader.running()] == ["training", "training"],
@@ -74,7 +71,7 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(
         ),
     )
     stopped_at = time.monotonic()
-    admin_post(orch, "/api/v1/runs/apart/stop")
+    admin_post(orch, f"/api/v1/runs/{name}/stop")
     wait_until(lambda: reader.run()["state"] == "stopped", AVERAGING_TIMEOUT_S + 30, message="the run stops")
     took_s = time.monotonic() - stopped_at
     assert took_s < LEFT_WITHIN_S, f"the workers left {took_s:.0f} s after the stop"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
@@ -25,10 +26,8 @@ def _first_loss(reader: RunReader) -> float:
 
 
 @pytest.mark.timeout(300)
-def test_run_of_two_workers_completes_with_falling_loss(
-    processes: ProcessRegistry, loop_data_dir: Path
-) -> None:
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+def test_run_of_two_workers_completes_with_falling_loss(loop_orch: Orchestrator) -> None:
+    orch = loop_orch
     # a target batch big enough that the two workers find each other before the run ends: on a quiet
     # machine 10 epochs of 128 samples took 1.5 s, and each worker trained alone
     admin_post(orch, "/api/v1/runs", digits_run("done", stop={"target_epochs": 10}, target_batch_size=1024))
@@ -59,8 +58,8 @@ def test_run_of_two_workers_completes_with_falling_loss(
 
 
 @pytest.mark.timeout(600)
-def test_run_survives_churn_and_scaling(processes: ProcessRegistry, loop_data_dir: Path) -> None:
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+def test_run_survives_churn_and_scaling(loop_orch: Orchestrator) -> None:
+    orch = loop_orch
     admin_post(orch, "/api/v1/runs", digits_run("churn"))
     reader = RunReader(orch, "churn")
     wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 2, BOOT_S, message="2 workers train")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
@@ -21,9 +22,9 @@ MODELS = "tests.e2e.lifecycle_models"
 
 @pytest.mark.timeout(360)
 def test_workers_of_a_module_seeded_by_the_user_draw_different_batches_and_know_their_slot(
-    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+    loop_orch: Orchestrator, tmp_path: Path
 ) -> None:
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+    orch = loop_orch
     records = tmp_path / "first-batches"
     records.mkdir()
     spec = digits_run(
@@ -83,11 +84,9 @@ def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
 
 
 @pytest.mark.timeout(300)
-def test_a_run_with_a_sample_target_completes_at_the_first_epoch_past_it(
-    processes: ProcessRegistry, loop_data_dir: Path
-) -> None:
+def test_a_run_with_a_sample_target_completes_at_the_first_epoch_past_it(loop_orch: Orchestrator) -> None:
     # 3 epochs of 128 samples are 384: one short of the target, so the run ends at epoch 4 (512 samples)
-    orch = start_loop_orchestrator(processes, loop_data_dir)
+    orch = loop_orch
     admin_post(
         orch, "/api/v1/runs", digits_run("by-samples", desired_workers=1, stop={"target_samples": 385})
     )

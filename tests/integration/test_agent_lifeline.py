@@ -1,7 +1,8 @@
 """A worker agent killed with SIGKILL leaves nothing behind, and a SIGTERM to its whole process group is
 an orderly leave.
 
-A real orchestrator and a real agent training the digits example, in a process group of its own. Killed
+A real orchestrator (one for the module's tests, each with a run of its own) and a real agent training
+the digits example, in a process group of its own. Killed
 on its PID alone (a user's ``kill -9 <pid>``): its forked hivemind processes hold a lifeline
 (``worker/lifeline.py``), and the DHT takes its ``p2pd`` with it as soon as the agent is gone. Killed
 with its group: ``p2pd``, in a session of its own, ends with the DHT (the kernel's parent-death signal).
@@ -17,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent import start_training_agent
+from tests.support.agent import AGENT_TEST_ENV, start_training_agent
+from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry, alive_of, process_family
 from tests.support.runs import RunReader
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
+ORCHESTRATOR_ENV = AGENT_TEST_ENV  # one orchestrator (the ``orch`` fixture) for the module's tests
 GONE_WITHIN_S = 5.0
 
 
@@ -33,9 +36,9 @@ KILLS = {"pid": os.kill, "group": os.killpg}
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", list(KILLS))
 def test_agent_killed_takes_its_dht_and_p2pd_with_it(
-    processes: ProcessRegistry, tmp_path: Path, target: str
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, target: str
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}")
+    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}", orch=orch)
     family = process_family(agent.pid)
     names = " ".join(alive_of(family).values())
     assert "p2pd" in names, names  # the agent's peer runs: the test sees what it kills
@@ -55,9 +58,9 @@ LEFT_WITHIN_S = 10.0
 
 @pytest.mark.timeout(300)
 def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
-    processes: ProcessRegistry, tmp_path: Path
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    orch, agent = start_training_agent(processes, tmp_path, "group-sigterm")
+    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=orch)
     reader = RunReader(orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
     wait_until(lambda: reader.epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")

@@ -13,15 +13,22 @@ from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchest
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.waiting import BOOT_S, wait_until
 
+#: the orchestrator an agent test starts from: no reconcile loop, no import probe
+AGENT_TEST_ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
+
 
 def start_training_agent(
-    processes: ProcessRegistry, tmp_path: Path, run_name: str, agent_env: Mapping[str, str] | None = None
+    processes: ProcessRegistry,
+    tmp_path: Path,
+    run_name: str,
+    agent_env: Mapping[str, str] | None = None,
+    orch: Orchestrator | None = None,
 ) -> tuple[Orchestrator, ManagedProcess]:
-    """Start an orchestrator (no reconcile loop), create the demo run ``run_name``, start one agent with
-    the join token (plus ``agent_env``) in its own process group, and wait until it trains."""
-    orch = start_orchestrator(
-        processes, tmp_path / "orch", extra_env={**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
-    )
+    """Start an orchestrator (:data:`AGENT_TEST_ENV`) unless ``orch`` is given (one with those settings,
+    shared by a module's tests), create the demo run ``run_name``, start one agent with the join token
+    (plus ``agent_env``) in its own process group, and wait until it trains."""
+    if orch is None:
+        orch = start_orchestrator(processes, tmp_path / "orch", extra_env=AGENT_TEST_ENV)
     spec = {**demo_spec(workers=1), "name": run_name}
     with orch.admin() as http:
         token = http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json()["join_token"]

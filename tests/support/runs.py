@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,20 @@ def admin_post(orch: Orchestrator, path: str, body: dict[str, Any] | None = None
     return response
 
 
+def run_names(orch: Orchestrator) -> set[str]:
+    """The names of every run on ``orch``."""
+    with orch.client(timeout_s=15) as http:
+        items = http.get("/api/v1/runs", params={"limit": 500}).raise_for_status().json()["items"]
+    return {str(run["name"]) for run in items}
+
+
+def stop_runs(orch: Orchestrator, names: Iterable[str]) -> None:
+    """Stop each of ``names`` that is still active (a stop of an ended run is refused; that is fine)."""
+    with orch.admin() as http:
+        for name in names:
+            http.post(f"/api/v1/runs/{name}/stop", json={}, timeout=60)
+
+
 def kill_worker(worker: dict[str, Any]) -> None:
     """``kill -9`` a local worker's whole process group (its handle is the group leader's PID)."""
     pid = int(worker["launcher_handle"])
@@ -101,8 +116,9 @@ def kill_worker(worker: dict[str, Any]) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def kill_local_workers(data_dir: Path) -> None:
-    """Kill (by PID, group-wise) every worker the local launcher started under ``data_dir``.
+def kill_local_workers(data_dir: Path, runs: Container[str] | None = None) -> None:
+    """Kill (by PID, group-wise) every worker the local launcher started under ``data_dir`` (only those
+    of ``runs``, if given, and not yet seen gone).
 
     Workers run in their own sessions so that they outlive an orchestrator restart; a test therefore
     kills them itself, from the launcher's state files, when it ends.
@@ -111,8 +127,11 @@ def kill_local_workers(data_dir: Path) -> None:
 
     for state in (data_dir / "launcher-local").glob("*.json"):
         try:
-            pid = json.loads(state.read_text()).get("pid")
+            record = json.loads(state.read_text())
         except (OSError, ValueError):
+            continue
+        pid = record.get("pid")
+        if runs is not None and (record.get("run_name") not in runs or record.get("gone_at") is not None):
             continue
         if pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
