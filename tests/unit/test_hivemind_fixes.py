@@ -1,12 +1,14 @@
 """A real DHT peer on 127.0.0.1 keeps serving after a request it cannot read (hivemind 1.1.12's DHT
 process died of the ``EOFError`` that ``multiprocessing`` raises when the sender's resource sharer hangs
 up while the DHT fetches the request's reply pipe), an averager's matchmaking call to a DHT that never
-answers ends, and an averager shut down in the middle of a round ends it instead of dying."""
+answers ends, an averager looking for a group reads the DHT at a paced rate, and an averager shut down in
+the middle of a round ends it instead of dying."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import signal
 import threading
@@ -97,6 +99,56 @@ def test_a_matchmaking_call_cancelled_as_its_answer_arrives_stays_cancelled() ->
 
     cancelled, took = asyncio.run(cancelled_as_the_answer_arrives())
     assert cancelled and took < 1.0, f"the search went on after its cancellation ({took:.1f} s later)"
+
+
+#: how long the averager below looks for a group no other averager joins
+LOOKING_S = 3.0
+
+
+def _group_reads_while_looking(dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch, paced: bool) -> int:
+    """How many times an averager alone in its swarm reads its group key while it looks for a group for
+    :data:`LOOKING_S` (counted in hivemind's own ``get_averagers``, under any pacing)."""
+    reads = multiprocessing.get_context("fork").Value("i", 0)  # the averager is a forked process
+    unpaced = GroupKeyManager.get_averagers
+    while getattr(unpaced, hivemind_fixes._PACED, False):  # this process may have paced it already
+        unpaced = unpaced.__wrapped__
+
+    async def counted(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
+        with reads.get_lock():
+            reads.value += 1
+        return await unpaced(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupKeyManager, "get_averagers", counted)  # restored when the test ends
+    if paced:
+        hivemind_fixes.pace_group_lookups()
+    averager = hivemind.DecentralizedAverager(
+        [torch.zeros(10)],
+        dht,
+        prefix=f"looking_alone_{paced}",
+        target_group_size=2,
+        min_matchmaking_time=LOOKING_S,
+        **averager_options(None, LOOKING_S),
+        start=True,
+    )
+    try:
+        with contextlib.suppress(Exception):  # no group forms: hivemind reports it its own way
+            averager.step(timeout=LOOKING_S, allow_retries=False)
+    finally:
+        averager.shutdown()
+    return int(reads.value)
+
+
+@pytest.mark.timeout(90)
+def test_an_averager_looking_for_a_group_reads_its_group_key_at_a_paced_rate(
+    lone_dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # at most one read per interval, with room for a search that ends a little after LOOKING_S
+    bound = 1.5 * LOOKING_S / hivemind_fixes.MIN_GROUP_LOOKUP_INTERVAL_S
+    # hivemind as shipped reads again as soon as it has no leader to try: here 2,251 reads in 3 s
+    unpaced = _group_reads_while_looking(lone_dht, monkeypatch, paced=False)
+    assert unpaced > 3 * bound, unpaced
+    paced = _group_reads_while_looking(lone_dht, monkeypatch, paced=True)  # here 57
+    assert 1 <= paced <= bound, (paced, unpaced)
 
 
 def _averager(dht: hivemind.DHT, value: float, matchmaking_time: float) -> hivemind.DecentralizedAverager:

@@ -31,6 +31,7 @@ from worker.strategy.hivemind_fixes import (
     expose_defaults,
     finalize_running_groups_on_shutdown,
     keep_averager_tasks_alive,
+    pace_group_lookups,
     quiet_cancelled_rounds,
 )
 from worker.strategy.schedulers import SwarmEpochScheduler
@@ -51,6 +52,7 @@ def build_hivemind_optimizer(
     keep_averager_tasks_alive()
     cancel_rounds_before_signalling()
     bound_matchmaking_dht_calls()
+    pace_group_lookups()
     finalize_running_groups_on_shutdown()
     if not hivemind_creates_optimizer:
         return expose_defaults(Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
