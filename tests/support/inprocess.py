@@ -37,14 +37,13 @@ import hivemind.utils.multiaddr  # noqa: F401  (loaded once, here)
 import httpx
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from asgi_lifespan import LifespanManager
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 
 from orchestrator.app import create_app
 from orchestrator.config import ENV_PREFIX, Settings
 from orchestrator.db.session import Database
+from orchestrator.swarm.admission import load_or_create_key
 from tests.support.null_dht import null_dht
 from tests.support.orchestrator import TEST_ENV, ApiServer
 
@@ -139,23 +138,20 @@ def migrated_database(url: str) -> str:
 
 @dataclass(frozen=True)
 class SeedFiles:
-    """What a data dir holds once an orchestrator has run on it, made once: a SQLite database at the
-    newest migration and a swarm authority key (PEM)."""
+    """What a data dir holds once an orchestrator has run on it, made once in ``root`` as the server
+    makes them: a SQLite database at the newest migration and a swarm authority key."""
 
     sqlite_db: Path
-    authority_key_pem: bytes
+    authority_key: Path
 
     @classmethod
     def create(cls, root: Path) -> SeedFiles:
-        sqlite_db = _default_files(root)[0]
+        sqlite_db, authority_key = _default_files(root)
         migrated_database(f"sqlite:///{sqlite_db}")
         if sqlite_db.with_name(sqlite_db.name + "-wal").exists():
             raise RuntimeError(f"{sqlite_db} kept its write-ahead log after its last connection closed")
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        return cls(sqlite_db, pem)
+        load_or_create_key(authority_key)
+        return cls(sqlite_db, authority_key)
 
 
 def seed_data_dir(data_dir: Path, seed: SeedFiles, *, sqlite: bool) -> Path:
@@ -164,8 +160,7 @@ def seed_data_dir(data_dir: Path, seed: SeedFiles, *, sqlite: bool) -> Path:
     part). Returns ``data_dir``."""
     data_dir.mkdir(parents=True, exist_ok=True)
     sqlite_db, key_path = _default_files(data_dir)
-    key_path.write_bytes(seed.authority_key_pem)
-    key_path.chmod(0o600)
+    shutil.copy(seed.authority_key, key_path)  # with its mode (0600)
     if sqlite:
         shutil.copyfile(seed.sqlite_db, sqlite_db)
     return data_dir

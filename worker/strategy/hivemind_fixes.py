@@ -266,8 +266,8 @@ def pace_group_lookups() -> None:
     and checked when the swarm admits by token. Measured with two local peers training the digits
     example (``python -m worker.examples.local_swarm``, 30 s): about 15,500 reads, some 260 a second per
     peer, and the DHT processes and ``p2pd`` daemons that serve them were most of the swarm's CPU beside
-    training. Paced, a leader declared meanwhile is seen at most this much later: a tenth of the 1 s
-    ``matchmaking_time`` of the tests, a fiftieth of the strategy's default. Call this before hivemind
+    training. Paced, a leader declared meanwhile is seen at most this much later: a twentieth of the 1 s
+    ``matchmaking_time`` of the tests, a hundredth of the strategy's default. Call this before hivemind
     starts (forks) its averagers.
 
     Upstream issue: none found. Tests: ``tests/unit/test_hivemind_fixes.py``.
