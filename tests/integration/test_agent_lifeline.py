@@ -78,7 +78,7 @@ def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
     # its hivemind processes outlived the signal: the strategy's teardown said goodbye through them,
     # and the agent, the run's checkpointer, uploaded its final checkpoint
     assert "ended by a signal" not in after and "still running" not in after, after
-    assert "uploaded checkpoint" in after and "deregistered: stopped (received SIGTERM)" in after, after
+    assert "uploaded checkpoint" in after and "deregistered: stopped (received SIGTERM)" in after, log[-6000:]
     assert "Traceback" not in log, after
     wait_until(
         lambda: not alive_of(family), GONE_WITHIN_S, message=lambda: f"still running: {alive_of(family)}"

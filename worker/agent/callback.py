@@ -3,7 +3,8 @@
 Before the first batch it seeds this worker's sampling apart from the others' (:mod:`worker.context`).
 Between batches (the only safe point) it publishes a progress snapshot for the heartbeat thread, saves
 the checkpointer's checkpoints, notices the run's stop condition, and ends training when a stop was
-requested (after a final checkpoint when this worker is the checkpointer and time allows).
+requested (after a final checkpoint when this worker is the checkpointer and time allows), also when
+Lightning's own SIGTERM check ends training first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from worker.agent.checkpoints import Checkpointer
 from worker.agent.metrics import ReportingLogger, read_loss, reported_metrics
@@ -82,15 +84,30 @@ class AgentCallback(Callback):
             trainer.strategy.keep_progress_record = True  # type: ignore[attr-defined]
             stop = self._state.stop
         if stop is not None:
-            if (
-                self._checkpointer.needs_final(local_epoch)
-                and stop.deadline - self._clock() > FINAL_CHECKPOINT_MIN_S
-            ):
-                self._checkpointer.save(trainer, local_epoch)
+            self._save_final_if_owed(trainer)
             self._snapshot(trainer)
             trainer.should_stop = True
             return
         if self._checkpointer.due(local_epoch):
+            self._checkpointer.save(trainer, local_epoch)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """A SIGTERM that lands after :meth:`on_train_batch_end` read the stop request ends training
+        with Lightning's ``SIGTERMException`` at its next check, between batches, before the hook sees
+        the stop: the final checkpoint is owed all the same (the trainer is not torn down yet)."""
+        if isinstance(exception, SIGTERMException) and self._state.stop is not None:
+            self._save_final_if_owed(trainer)
+
+    def _save_final_if_owed(self, trainer: Trainer) -> None:
+        """Save the final checkpoint when this worker checkpoints, its state is newer than the stored
+        one, and the stop's deadline leaves time to upload it."""
+        stop = self._state.stop
+        local_epoch = self._local_epoch(trainer)
+        if (
+            stop is not None
+            and self._checkpointer.needs_final(local_epoch)
+            and stop.deadline - self._clock() > FINAL_CHECKPOINT_MIN_S
+        ):
             self._checkpointer.save(trainer, local_epoch)
 
     @staticmethod
