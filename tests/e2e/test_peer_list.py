@@ -84,6 +84,22 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     created = admin_post(orch, "/api/v1/runs", spec).json()
     swarm_id = created["swarm_id"]
     reader = RunReader(orch, RUN)
+    # the worker a user starts by hand later: it imports now, and trains once its peer list appears
+    saved, progress = tmp_path / "peers.json", tmp_path / "hand-progress.json"
+    hand_worker = tmp_path / "hand-worker"
+    hand = processes.start(
+        "hand-worker",
+        [
+            sys.executable,
+            "-m",
+            "tests.programs.peer_list_worker",
+            str(saved),
+            swarm_id,
+            str(TARGET_BATCH_SIZE),
+            str(progress),
+            str(hand_worker / "worker.json"),
+        ],
+    )
 
     def training_with_addresses() -> list[dict[str, Any]] | None:
         """Both workers running and training (samples reported: past joining the swarm, which a worker
@@ -105,24 +121,10 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
         message="the first worker's saved list names the second worker",
     )
 
-    hand_worker = register_by_hand(orch, created["join_token"], swarm_id, tmp_path / "hand-worker")
+    register_by_hand(orch, created["join_token"], swarm_id, hand_worker)
     orch.kill()  # kill -9: nobody answers the API or the orchestrator's DHT address any more
-    saved = tmp_path / "peers.json"
-    saved.write_text(json.dumps({"initial_peers": saved_peers(loop_data_dir, first)}))
-    progress = tmp_path / "hand-progress.json"
-    hand = processes.start(
-        "hand-worker",
-        [
-            sys.executable,
-            "-m",
-            "tests.programs.peer_list_worker",
-            str(saved),
-            swarm_id,
-            str(TARGET_BATCH_SIZE),
-            str(progress),
-            str(hand_worker),
-        ],
-    )
+    (tmp_path / "peers.tmp").write_text(json.dumps({"initial_peers": saved_peers(loop_data_dir, first)}))
+    (tmp_path / "peers.tmp").replace(saved)  # the hand-started worker, imported by now, goes on
 
     workers_only = [m for m in json.loads(saved.read_text())["initial_peers"] if peer_id(m) in second_ids]
     dht = monitor_dht(loop_data_dir / "swarm_authority.pem", swarm_id, workers_only)

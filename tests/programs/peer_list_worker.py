@@ -8,7 +8,8 @@
 ``worker_dir`` with its identity (``worker/swarm_token_cache.py``): the swarm admits the peer on that
 token, and it asks the orchestrator for a new one once it is back. Trains the digits example in the
 swarm ``SWARM_ID`` until killed and rewrites ``PROGRESS_JSON`` with ``{"epoch": ..., "num_peers": ...}``
-as this peer sees the swarm, about once a second.
+as this peer sees the swarm, about once a second. Started before its peer list exists, it imports
+first and then waits for ``PEERS_JSON`` (written atomically) for up to ``PEERS_WAIT_S``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, Trainer
 
+from tests.support.waiting import wait_for_file
 from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path, load_token
@@ -29,6 +31,8 @@ from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.logsetup import configure_logging
 from worker.strategy import HivemindStrategy
 from worker.trainer_options import NO_VALIDATION, QUIET
+
+PEERS_WAIT_S = 300.0
 
 
 class WriteProgress(Callback):
@@ -64,7 +68,7 @@ def main(
     peers_json: str, swarm_id: str, target_batch_size: str, progress_json: str, worker_json: str
 ) -> None:
     configure_logging("INFO")
-    peers = json.loads(Path(peers_json).read_text())["initial_peers"]
+    peers = json.loads(wait_for_file(Path(peers_json), PEERS_WAIT_S).read_text())["initial_peers"]
     strategy = HivemindStrategy(
         authorizer=cached_authorizer(worker_json, swarm_id),
         target_batch_size=int(target_batch_size),

@@ -23,7 +23,7 @@ from worker.examples.digits import DigitsModule
 from worker.trainer_options import TrainerPluginError, build_plugins, plugin_class_problem
 from worker.wire_trainer import TrainerPlugin
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)  # a lone peer: it runs in the other lane (tests/support/lanes.py)
 
 
 class ScheduledDigits(DigitsModule):

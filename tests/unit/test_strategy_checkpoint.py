@@ -15,7 +15,7 @@ from tests.support.strategy import digits, flat_params, make_strategy, make_trai
 from worker.agent import training
 from worker.examples.digits import DigitsModule
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)  # a lone peer: it runs in the other lane (tests/support/lanes.py)
 
 
 class ScheduledDigits(DigitsModule):

@@ -18,7 +18,7 @@ from tests.support.strategy import SGDDigits, digits, fixed_loader, flat_params,
 from worker.examples.digits import DigitsModule
 from worker.strategy.precision import HivemindMixedPrecision
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)  # a lone peer: it runs in the other lane (tests/support/lanes.py)
 
 INIT_SCALE = 2.0**16
 

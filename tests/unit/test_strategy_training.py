@@ -15,7 +15,7 @@ from worker.examples.digits import DigitsModule
 from worker.strategy import HivemindStrategyError, SwarmNotStartedError
 from worker.strategy.dht import start_dht
 
-pytestmark = [pytest.mark.swarm, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)  # a lone peer: it runs in the other lane (tests/support/lanes.py)
 
 
 def test_a_lone_peer_trains_with_hivemind_optimizer_and_logs_swarm_metrics(
