@@ -64,7 +64,7 @@ demo: venv
 test: venv test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# What CI checks before the docs and the tests: ruff's rules and formatting, mypy, and the import
+# What CI checks beside the tests: ruff's rules and formatting, mypy, and the import
 # contracts of pyproject.toml ([tool.importlinter]).
 LINT_PATHS := orchestrator worker tests bench docs/hooks
 
