@@ -95,7 +95,7 @@ class AgentCallback(Callback):
         """A SIGTERM that lands after :meth:`on_train_batch_end` read the stop request ends training
         with Lightning's ``SIGTERMException`` at its next check, between batches, before the hook sees
         the stop: the final checkpoint is owed all the same (the trainer is not torn down yet)."""
-        if isinstance(exception, SIGTERMException) and self._state.stop is not None:
+        if isinstance(exception, SIGTERMException):
             self._save_final_if_owed(trainer)
 
     def _save_final_if_owed(self, trainer: Trainer) -> None:
