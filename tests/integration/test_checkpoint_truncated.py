@@ -9,6 +9,7 @@ import hashlib
 import os
 import socket
 
+import httpx
 import pytest
 
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
@@ -25,12 +26,31 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def upload(orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str) -> int:
+def upload_response(
+    orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str
+) -> httpx.Response:
     with orch.client(token, timeout_s=60) as http:
         headers = {CHECKSUM_HEADER: checksum}
-        return http.put(
-            f"/api/v1/workers/{worker_id}/checkpoints/{epoch}", content=data, headers=headers
-        ).status_code
+        return http.put(f"/api/v1/workers/{worker_id}/checkpoints/{epoch}", content=data, headers=headers)
+
+
+def upload(orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str) -> int:
+    return upload_response(orch, token, worker_id, epoch, data, checksum).status_code
+
+
+def upload_once_the_slot_is_free(
+    orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str
+) -> int:
+    """The status of an upload made once the server has seen an earlier upload hang up: until then it
+    still holds that upload's slot, and answers 409 ("one at a time"), as it must."""
+
+    def answered() -> int | None:
+        response = upload_response(orch, token, worker_id, epoch, data, checksum)
+        if response.status_code == 409 and "already uploading" in response.text:
+            return None
+        return response.status_code
+
+    return wait_until(answered, 30, interval_s=0.2, message="the hung-up upload's slot is released")
 
 
 def send_truncated(
@@ -58,7 +78,8 @@ def test_truncated_uploads_store_nothing(orch: Orchestrator) -> None:
     assert upload(orch, token, worker_id, 1, good, sha(good)) == 201
     blob = os.urandom(2 << 20)
     send_truncated(orch, worker_id, token, 2, len(blob), blob[: len(blob) // 3])
-    assert upload(orch, token, worker_id, 2, blob[: len(blob) // 2], sha(blob)) == 400  # a cut file
+    # a cut file, sent once the server has seen the hang-up
+    assert upload_once_the_slot_is_free(orch, token, worker_id, 2, blob[: len(blob) // 2], sha(blob)) == 400
     # over the good one: bytes that do not match their checksum are refused before the epoch is looked at
     assert upload(orch, token, worker_id, 1, good[:1000], sha(good)) == 400
     tmp = orch.data_dir / "tmp"
