@@ -39,8 +39,10 @@ STALE_PEER_SCRIPT = REPO_ROOT / "tests" / "programs" / "stale_dht_peer.py"
 
 
 def start(processes: ProcessRegistry, data_dir: Path, marker: str, **kwargs: object) -> Orchestrator:
+    """A server exec'd as users start it (not forked preloaded): these tests are about its process, the
+    signal dispositions it inherits and the environment marker ``/proc`` shows for it and its children."""
     env = {MARKER: marker, "SPOTSWARM_WORKER_ENV": MARKER}  # the fork server gets the marker too
-    return start_orchestrator(processes, data_dir, extra_env=env, **kwargs)  # type: ignore[arg-type]
+    return start_orchestrator(processes, data_dir, extra_env=env, preloaded=False, **kwargs)  # type: ignore[arg-type]
 
 
 def full_family(orch: Orchestrator) -> dict[int, int]:

@@ -148,8 +148,13 @@ def start_orchestrator(
     name: str = "orchestrator",
     ready_timeout_s: float = 150.0,
     command_prefix: Sequence[str] = (),
+    preloaded: bool = True,
 ) -> Orchestrator:
     """Start `spotswarm serve` and wait until it is ready; raises TimeoutError with its log otherwise.
+
+    With ``preloaded`` (the default, unless there is a ``command_prefix``) the server is forked with its
+    imports done (:mod:`tests.support.preloaded`: seconds of CPU less per start); without, it is exec'd
+    as a user starts it, as the tests of the server's process itself need it (its signals, its exit).
 
     Without ``admin_token`` the server generates one into ``data_dir/admin_token`` (and keeps it across
     restarts on the same data dir); it is read from there. ``command_prefix`` runs the server under a
@@ -173,6 +178,7 @@ def start_orchestrator(
                 name=name if attempt == 1 else f"{name}-ports-{attempt}",
                 ready_timeout_s=ready_timeout_s,
                 command_prefix=command_prefix,
+                preloaded=preloaded and not command_prefix,
             )
         except PortTaken:
             if not chosen_here or attempt == PORT_ATTEMPTS:
@@ -196,6 +202,7 @@ def _start_once(
     name: str,
     ready_timeout_s: float,
     command_prefix: Sequence[str],
+    preloaded: bool,
 ) -> Orchestrator:
     env = {
         **TEST_ENV,
@@ -208,7 +215,9 @@ def _start_once(
         **({"SPOTSWARM_ADMIN_TOKEN": admin_token} if admin_token else {}),
         **(extra_env or {}),
     }
-    proc = processes.start(name, [*command_prefix, str(VENV_BIN / "spotswarm"), "serve"], env=env)
+    proc = processes.start(
+        name, [*command_prefix, str(VENV_BIN / "spotswarm"), "serve"], env=env, preloaded=preloaded
+    )
     url = f"http://127.0.0.1:{port}"
 
     def ready_or_gone() -> bool:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pytest
 
+from tests.support.preloaded import ForkedChild
+from tests.support.preloaded import spawn as preloaded_spawn
 from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,18 +32,24 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        *,
+        preloaded: bool = False,
     ) -> None:
         self.log_path = log_path
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
-        self.popen = subprocess.Popen(
-            list(args),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=str(cwd or REPO_ROOT),
-            start_new_session=True,
-        )
+        self.popen: subprocess.Popen[bytes] | ForkedChild
+        if preloaded:  # `spotswarm` forked with its imports done: tests/support/preloaded.py
+            self.popen = preloaded_spawn(args, full_env, cwd or REPO_ROOT, log_path)
+        else:
+            self.popen = subprocess.Popen(
+                list(args),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=str(cwd or REPO_ROOT),
+                start_new_session=True,
+            )
         self.pid = self.popen.pid
 
     def alive(self) -> bool:
@@ -86,8 +94,12 @@ class ProcessRegistry:
         self.tmp_path = tmp_path
         self.processes: list[ManagedProcess] = []
 
-    def start(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> ManagedProcess:
-        proc = ManagedProcess(args, self.tmp_path / f"{name}.log", env=env)
+    def start(
+        self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None, *, preloaded: bool = False
+    ) -> ManagedProcess:
+        """Start ``args`` (with ``preloaded``: ``spotswarm`` and its arguments, forked with its imports
+        done) in a process group of its own, its output in ``<name>.log``."""
+        proc = ManagedProcess(args, self.tmp_path / f"{name}.log", env=env, preloaded=preloaded)
         self.processes.append(proc)
         return proc
 

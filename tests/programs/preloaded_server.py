@@ -1,0 +1,163 @@
+"""A process that has imported what ``spotswarm serve`` imports and forks one server per request:
+``python -m tests.programs.preloaded_server`` (driven by :mod:`tests.support.preloaded`).
+
+A server started from a fresh interpreter spends about 3 of its 5 CPU-seconds to ready importing
+(hivemind brings torch and scipy); the suite starts dozens. Forked from here, a server skips those
+imports and runs the same code from the CLI's entry point on: its own session and process group, ports,
+data dir, DHT process and fork server, as ``spotswarm serve`` has them. The local launcher's fork server
+(``orchestrator/launchers/forkserver_main.py``) does the same for workers; this is its counterpart for
+the tests' servers.
+
+Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true}``; it answers
+each request ``{"argv", "env", "cwd", "log_path"}`` with ``{"pid": N}`` or ``{"error": "..."}``, and
+writes ``{"exit": N, "code": C}`` when a child exits (``subprocess.Popen``'s convention: a negative code is
+the signal that killed it). It ends at end of file on stdin (its test process has ended).
+
+A child is what ``spotswarm <argv>`` is once its imports are done: the leader of a new session, stdin
+from ``/dev/null``, stdout and stderr appended to ``log_path``, the request's environment, working
+directory and arguments, Python's default signal handlers, fresh random seeds and hivemind's
+inter-process locks of its own; it leaves through the interpreter's normal exit (atexit handlers, threads
+joined). What differs from an exec'd server: ``/proc`` shows this process's command line and environment
+for it, and it inherits no signal disposition from the test. Tests about those (a server's exit and
+its signals: tests/integration/test_clean_exits.py) start servers the plain way.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+from typing import Any
+
+#: what is imported before the first fork: what ``spotswarm serve`` imports before it answers
+PRELOAD = (
+    "hivemind",
+    "hivemind.dht.crypto",
+    "uvicorn",
+    "alembic.command",
+    "orchestrator.cli",
+    "orchestrator.app",
+    "orchestrator.cli.http_server",
+    "orchestrator.cli.stopping",
+    "orchestrator.db.session",
+    "orchestrator.domain.deployment_facts",
+    "orchestrator.swarm.admission",
+    "orchestrator.swarm.dht_process",
+    "orchestrator.swarm.peer_authorizer",
+    "orchestrator.storage.local",
+    "worker.admission.authorizer",
+    "worker.admission.guard",
+    "worker.admission.tokens",
+    "worker.logsetup",
+    "worker.strategy.dht",
+    "sqlalchemy.dialects.sqlite.pysqlite",
+    "uvicorn.loops.uvloop",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "cid",
+    "multibase",
+    "netaddr",
+)
+
+
+def _send(protocol_fd: int, message: dict[str, Any]) -> None:
+    os.write(protocol_fd, (json.dumps(message) + "\n").encode())
+
+
+def _reap(protocol_fd: int) -> None:
+    """Report every child that has exited."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(protocol_fd, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _become(request: dict[str, Any], closing: list[int]) -> None:
+    """In the child: everything a fresh ``spotswarm`` process would have, but for its imports."""
+    from worker.strategy.hivemind_fixes import own_mpfuture_locks
+
+    os.setsid()
+    for fd in closing:
+        os.close(fd)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    log_fd = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.close(null_fd)
+    own_mpfuture_locks()
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(sys.argv[0])  # where a console script's interpreter puts it
+    import numpy
+    import torch
+
+    torch.seed()  # a fresh interpreter draws its seeds; forked ones would share this process's
+    numpy.random.seed()
+
+
+def serve(protocol_fd: int) -> dict[str, Any] | None:
+    """Answer requests until end of file (None); in a forked child, return its request."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below as a child exits
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0, wake_read], [], [], 1.0)
+        if wake_read in readable:
+            os.read(wake_read, 4096)
+        _reap(protocol_fd)
+        if 0 not in readable:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return None
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _become(request, [protocol_fd, wake_read, wake_write])
+                except BaseException:  # noqa: BLE001 - a child that cannot become a server must never serve requests
+                    traceback.print_exc()
+                    os._exit(70)
+                return request
+            _send(protocol_fd, {"pid": pid})
+
+
+def main() -> None:
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)  # anything printed while importing goes to stderr, not into the protocol
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _send(protocol_fd, {"ready": True})
+    request = serve(protocol_fd)
+    if request is None:
+        return
+    from orchestrator.cli import main as spotswarm
+
+    spotswarm()  # click ends the process with the command's exit code
+
+
+if __name__ == "__main__":
+    main()
