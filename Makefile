@@ -61,7 +61,10 @@ nginx:
 demo: venv
 	$(VENV)/bin/spotswarm demo
 
+# The tests start hundreds of Python processes that import our packages: their .pyc files are written
+# first, which the processes cannot do themselves where PYTHONDONTWRITEBYTECODE is set.
 test: venv test-tools
+	$(PY) -m compileall -q orchestrator worker tests bench >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # What CI checks beside the tests: ruff's rules and formatting, mypy, and the import

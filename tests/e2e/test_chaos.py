@@ -91,7 +91,7 @@ def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) ->
         str(run["spec"]["target_batch_size"]),
         str(orch.data_dir / "swarm_authority.pem"),
     ]
-    proc = processes.start("swarm-observer", [*args, *peers])
+    proc = processes.start("swarm-observer", [*args, *peers], preloaded=True)
     wait_until(lambda: '"epoch"' in proc.log(), BOOT_S, message="the observer reads the swarm's epoch")
     return proc
 

@@ -99,6 +99,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
             str(progress),
             str(hand_worker / "worker.json"),
         ],
+        preloaded=True,
     )
 
     def training_with_addresses() -> list[dict[str, Any]] | None:

@@ -40,7 +40,7 @@ def start_agent(
         "SPOTSWARM_METADATA_URL": "off",
         **env,
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env)
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env, preloaded=True)
 
 
 def wait_exit(proc: Any, timeout_s: float) -> int:

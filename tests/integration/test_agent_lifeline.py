@@ -8,6 +8,7 @@ on its PID alone (a user's ``kill -9 <pid>``): its forked hivemind processes hol
 with its group: ``p2pd``, in a session of its own, ends with the DHT (the kernel's parent-death signal).
 Either way no process of the agent's family (descendants and process group) is left. Sent SIGTERM with
 its group (systemd's default stop): hivemind's processes let it pass, so the agent leaves in order.
+The agents are exec'd as users start them (not forked preloaded): these tests are about their processes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ KILLS = {"pid": os.kill, "group": os.killpg}
 def test_agent_killed_takes_its_dht_and_p2pd_with_it(
     orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, target: str
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}", orch=orch)
+    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}", orch=orch, preloaded=False)
     family = process_family(agent.pid)
     names = " ".join(alive_of(family).values())
     assert "p2pd" in names, names  # the agent's peer runs: the test sees what it kills
@@ -60,7 +61,7 @@ LEFT_WITHIN_S = 10.0
 def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
     orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=orch)
+    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=orch, preloaded=False)
     reader = RunReader(orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
     wait_until(lambda: reader.epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")

@@ -48,7 +48,7 @@ def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orc
         "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": "20",
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
 
 
 class Api(RunReader):

@@ -53,7 +53,7 @@ def _start_peer(processes: ProcessRegistry, root: Path, name: str) -> tuple[Mana
         *("--target-batch-size", "32", "--batch-size", "32", "--max-seconds", "120"),
     ]
     env = {"INITIAL_PEERS": "", "PL_INITIAL_PEERS": ""}
-    return processes.start(name, args, env=env), status
+    return processes.start(name, args, env=env, preloaded=True), status
 
 
 def _status(path: Path) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def start_run(
         "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": str(STOP_GRACE_S),
     }
-    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env)
+    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
     api = Api(orch)
 
     def checkpointer_past_epoch_2() -> bool:

@@ -75,7 +75,7 @@ def start_agent(
         "SPOTSWARM_PEERS_REFRESH_S": "3",
         **(extra_env or {}),
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env)
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
 
 
 def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
@@ -95,6 +95,7 @@ def test_only_admitted_peers_join_the_runs_swarm(
     probe = processes.start(  # imports now, runs once the config file appears
         "probe",
         [str(VENV_BIN / "python"), "-m", "tests.programs.swarm_probe", str(config_path), str(out_path)],
+        preloaded=True,
     )
 
     def trained_together() -> Any:

@@ -57,7 +57,10 @@ def start_peers(processes: ProcessRegistry, tmp: Path, count: int) -> list[tuple
     for i in range(1, count + 1):
         args = [sys.executable, "-m", "tests.programs.joining_peer", str(tmp / f"peer-{i}.json")]
         started.append(
-            (processes.start(f"peer-{i}", [*args, str(tmp / f"peer-{i}-out.json")]), tmp / f"peer-{i}.json")
+            (
+                processes.start(f"peer-{i}", [*args, str(tmp / f"peer-{i}-out.json")], preloaded=True),
+                tmp / f"peer-{i}.json",
+            )
         )
     wait_until(lambda: all("ready" in proc.log() for proc, _ in started), JOIN_S, message="peers imported")
     return started

@@ -82,7 +82,7 @@ def _start(registry: ProcessRegistry, root: Path, name: str, extra: list[str]) -
         *extra,
     ]
     env = {"INITIAL_PEERS": "", "PL_INITIAL_PEERS": ""}  # nothing inherited from the test's environment
-    return Peer(name, registry.start(name, args, env=env), status, snapshots)
+    return Peer(name, registry.start(name, args, env=env, preloaded=True), status, snapshots)
 
 
 def _together_epochs(status: dict[str, Any]) -> set[int]:

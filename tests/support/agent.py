@@ -23,10 +23,14 @@ def start_training_agent(
     run_name: str,
     agent_env: Mapping[str, str] | None = None,
     orch: Orchestrator | None = None,
+    *,
+    preloaded: bool = True,
 ) -> tuple[Orchestrator, ManagedProcess]:
     """Start an orchestrator (:data:`AGENT_TEST_ENV`) unless ``orch`` is given (one with those settings,
     shared by a module's tests), create the demo run ``run_name``, start one agent with the join token
-    (plus ``agent_env``) in its own process group, and wait until it trains."""
+    (plus ``agent_env``) in its own process group, and wait until it trains. With ``preloaded`` the
+    agent is forked with its imports done (:mod:`tests.support.preloaded`); without, exec'd as users
+    start it."""
     if orch is None:
         orch = start_orchestrator(processes, tmp_path / "orch", extra_env=AGENT_TEST_ENV)
     spec = {**demo_spec(workers=1), "name": run_name}
@@ -40,7 +44,7 @@ def start_training_agent(
         "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         **(agent_env or {}),
     }
-    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env)
+    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=preloaded)
 
     def trains() -> bool:
         if not agent.alive():

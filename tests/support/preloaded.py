@@ -1,5 +1,6 @@
-"""``spotswarm`` servers forked from a process that already imported them
-(``tests/programs/preloaded_server.py``), one such process per test process, started at its first use.
+"""Processes forked from one that already imported what they import (``tests/programs/preloaded.py``):
+``spotswarm`` (a server), ``spotswarm-worker`` and ``python -m <test program>``. One preloaded process of
+each kind per test process, started at its first use.
 
 :func:`spawn` returns a :class:`ForkedChild`, which a :class:`~tests.support.processes.ManagedProcess`
 holds as it holds a ``subprocess.Popen``: ``pid``, ``poll()``, ``wait(timeout)``, ``returncode``. The
@@ -44,6 +45,10 @@ class ForkedChild:
     def poll(self) -> int | None:
         return self.returncode
 
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # as Popen: never a signal to a PID that may have been reused
+            os.kill(self.pid, sig)
+
     def wait(self, timeout: float | None = None) -> int:
         code = self._spawner.wait_for_exit(self.pid, timeout)
         if code is None:
@@ -54,10 +59,10 @@ class ForkedChild:
 class _Spawner:
     """The preloaded process of this test process and what it reported."""
 
-    def __init__(self) -> None:
-        self._log: IO[bytes] = tempfile.NamedTemporaryFile(prefix="preloaded-server-", suffix=".log")  # noqa: SIM115
+    def __init__(self, kind: str) -> None:
+        self._log: IO[bytes] = tempfile.NamedTemporaryFile(prefix=f"preloaded-{kind}-", suffix=".log")  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.programs.preloaded_server"],
+            [sys.executable, "-m", "tests.programs.preloaded", kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -92,8 +97,11 @@ class _Spawner:
     def _output(self) -> str:
         return Path(self._log.name).read_text(errors="replace")[-4000:]
 
-    def spawn(self, args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ForkedChild:
-        request = {"argv": list(args), "env": dict(env), "cwd": str(cwd), "log_path": str(log_path)}
+    def spawn(
+        self, target: dict[str, str], args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path
+    ) -> ForkedChild:
+        argv = list(args[2:]) if "module" in target else list(args)  # ``python -m M``: M's arguments
+        request = {**target, "argv": argv, "env": dict(env), "cwd": str(cwd), "log_path": str(log_path)}
         with self._request_lock:
             with self._changed:
                 if not self._changed.wait_for(lambda: self._ready or self._ended, READY_TIMEOUT_S):
@@ -124,16 +132,33 @@ class _Spawner:
             return self._exits.get(pid)
 
 
-_spawner: _Spawner | None = None
-_spawner_lock = threading.Lock()
+#: the preloaded processes, by kind
+_spawners: dict[str, _Spawner] = {}
+_spawners_lock = threading.Lock()
+
+
+def plan(args: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """The kind of preloaded process that can run ``args`` and what its child runs; ValueError for a
+    command it cannot."""
+    program = Path(args[0]).name if args else ""
+    if program == "spotswarm":
+        return "server", {"main": "orchestrator.cli:main"}
+    if program == "spotswarm-worker":
+        return "worker", {"main": "worker.agent:main"}
+    if (
+        program.startswith("python")
+        and len(args) > 2
+        and args[1] == "-m"
+        and args[2].startswith("tests.programs.")
+    ):
+        return "worker", {"module": args[2]}
+    raise ValueError(f"no preloaded process runs {list(args)}")
 
 
 def spawn(args: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> ForkedChild:
-    """Fork ``spotswarm`` (``args``: its console script's path, then its arguments) with exactly ``env``
-    as its environment, in ``cwd``, its output appended to ``log_path``."""
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None:
-            _spawner = _Spawner()
-        spawner = _spawner
-    return spawner.spawn(args, env, cwd, log_path)
+    """Fork ``args`` (see :func:`plan`) with exactly ``env`` as its environment, in ``cwd``, its output
+    appended to ``log_path``."""
+    kind, target = plan(args)
+    with _spawners_lock:
+        spawner = _spawners.get(kind) or _spawners.setdefault(kind, _Spawner(kind))
+    return spawner.spawn(target, args, env, cwd, log_path)

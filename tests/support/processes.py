@@ -39,7 +39,7 @@ class ManagedProcess:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
         self.popen: subprocess.Popen[bytes] | ForkedChild
-        if preloaded:  # `spotswarm` forked with its imports done: tests/support/preloaded.py
+        if preloaded:  # forked with its imports done: tests/support/preloaded.py
             self.popen = preloaded_spawn(args, full_env, cwd or REPO_ROOT, log_path)
         else:
             self.popen = subprocess.Popen(
@@ -97,8 +97,9 @@ class ProcessRegistry:
     def start(
         self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None, *, preloaded: bool = False
     ) -> ManagedProcess:
-        """Start ``args`` (with ``preloaded``: ``spotswarm`` and its arguments, forked with its imports
-        done) in a process group of its own, its output in ``<name>.log``."""
+        """Start ``args`` in a process group of its own, its output in ``<name>.log``. With ``preloaded``
+        (``spotswarm``, ``spotswarm-worker`` or ``python -m tests.programs...``), forked with its imports
+        done: :mod:`tests.support.preloaded`."""
         proc = ManagedProcess(args, self.tmp_path / f"{name}.log", env=env, preloaded=preloaded)
         self.processes.append(proc)
         return proc

@@ -1,25 +1,28 @@
-"""A process that has imported what ``spotswarm serve`` imports and forks one server per request:
-``python -m tests.programs.preloaded_server`` (driven by :mod:`tests.support.preloaded`).
+"""A process that has imported what ``spotswarm serve`` (``server``) or a worker (``worker``) imports,
+and forks one process per request: ``python -m tests.programs.preloaded server|worker`` (driven by
+:mod:`tests.support.preloaded`).
 
 A server started from a fresh interpreter spends about 3 of its 5 CPU-seconds to ready importing
-(hivemind brings torch and scipy); the suite starts dozens. Forked from here, a server skips those
-imports and runs the same code from the CLI's entry point on: its own session and process group, ports,
-data dir, DHT process and fork server, as ``spotswarm serve`` has them. The local launcher's fork server
-(``orchestrator/launchers/forkserver_main.py``) does the same for workers; this is its counterpart for
-the tests' servers.
+(hivemind brings torch and scipy), a worker more (Lightning as well); the suite starts dozens of each.
+Forked from here, they skip those imports and run the same code from their entry point on: the CLI's
+``main`` (``spotswarm``), the agent's (``spotswarm-worker``) or a test program's module run as
+``__main__`` (``python -m tests.programs...``). The local launcher's fork server
+(``orchestrator/launchers/forkserver_main.py``) does the same for the workers it starts; this is its
+counterpart for the processes the tests start.
 
 Protocol, one JSON object per line: once its imports are done it writes ``{"ready": true}``; it answers
-each request ``{"argv", "env", "cwd", "log_path"}`` with ``{"pid": N}`` or ``{"error": "..."}``, and
-writes ``{"exit": N, "code": C}`` when a child exits (``subprocess.Popen``'s convention: a negative code is
-the signal that killed it). It ends at end of file on stdin (its test process has ended).
+each request ``{"main": "module:function" or "module": "name", "argv", "env", "cwd", "log_path"}``
+with ``{"pid": N}``, and writes ``{"exit": N, "code": C}`` when a child exits (``subprocess.Popen``'s
+convention: a negative code is the signal that killed it). It ends at end of file on stdin (its test
+process has ended).
 
-A child is what ``spotswarm <argv>`` is once its imports are done: the leader of a new session, stdin
-from ``/dev/null``, stdout and stderr appended to ``log_path``, the request's environment, working
+A child is what the command is once its imports are done: the leader of a new session, stdin from
+``/dev/null``, stdout and stderr appended to ``log_path``, the request's environment, working
 directory and arguments, Python's default signal handlers, fresh random seeds and hivemind's
 inter-process locks of its own; it leaves through the interpreter's normal exit (atexit handlers, threads
-joined). What differs from an exec'd server: ``/proc`` shows this process's command line and environment
-for it, and it inherits no signal disposition from the test. Tests about those (a server's exit and
-its signals: tests/integration/test_clean_exits.py) start servers the plain way.
+joined). What differs from an exec'd process: ``/proc`` shows this process's command line and
+environment for it, and it inherits no signal disposition from the test. Tests about those (a server's
+exit and its signals: tests/integration/test_clean_exits.py) start their processes the plain way.
 """
 
 from __future__ import annotations
@@ -27,41 +30,48 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import sys
 import traceback
 from typing import Any
 
-#: what is imported before the first fork: what ``spotswarm serve`` imports before it answers
-PRELOAD = (
-    "hivemind",
-    "hivemind.dht.crypto",
-    "uvicorn",
-    "alembic.command",
-    "orchestrator.cli",
-    "orchestrator.app",
-    "orchestrator.cli.http_server",
-    "orchestrator.cli.stopping",
-    "orchestrator.db.session",
-    "orchestrator.domain.deployment_facts",
-    "orchestrator.swarm.admission",
-    "orchestrator.swarm.dht_process",
-    "orchestrator.swarm.peer_authorizer",
-    "orchestrator.storage.local",
-    "worker.admission.authorizer",
-    "worker.admission.guard",
-    "worker.admission.tokens",
-    "worker.logsetup",
-    "worker.strategy.dht",
-    "sqlalchemy.dialects.sqlite.pysqlite",
-    "uvicorn.loops.uvloop",
-    "uvicorn.protocols.http.httptools_impl",
-    "uvicorn.protocols.websockets.websockets_sansio_impl",
-    "cid",
-    "multibase",
-    "netaddr",
-)
+from orchestrator.launchers.forkserver_main import PRELOAD as WORKER_PRELOAD
+
+#: what each kind imports before its first fork: what ``spotswarm serve`` imports before it answers,
+#: and what a worker imports before it trains (the local launcher's fork server's list)
+PRELOAD = {
+    "server": (
+        "hivemind",
+        "hivemind.dht.crypto",
+        "uvicorn",
+        "alembic.command",
+        "orchestrator.cli",
+        "orchestrator.app",
+        "orchestrator.cli.http_server",
+        "orchestrator.cli.stopping",
+        "orchestrator.db.session",
+        "orchestrator.domain.deployment_facts",
+        "orchestrator.swarm.admission",
+        "orchestrator.swarm.dht_process",
+        "orchestrator.swarm.peer_authorizer",
+        "orchestrator.storage.local",
+        "worker.admission.authorizer",
+        "worker.admission.guard",
+        "worker.admission.tokens",
+        "worker.logsetup",
+        "worker.strategy.dht",
+        "sqlalchemy.dialects.sqlite.pysqlite",
+        "uvicorn.loops.uvloop",
+        "uvicorn.protocols.http.httptools_impl",
+        "uvicorn.protocols.websockets.websockets_sansio_impl",
+        "cid",
+        "multibase",
+        "netaddr",
+    ),
+    "worker": WORKER_PRELOAD,
+}
 
 
 def _send(protocol_fd: int, message: dict[str, Any]) -> None:
@@ -81,7 +91,7 @@ def _reap(protocol_fd: int) -> None:
 
 
 def _become(request: dict[str, Any], closing: list[int]) -> None:
-    """In the child: everything a fresh ``spotswarm`` process would have, but for its imports."""
+    """In the child: everything the command exec'd would have, but for its imports."""
     from worker.strategy.hivemind_fixes import own_mpfuture_locks
 
     os.setsid()
@@ -103,7 +113,6 @@ def _become(request: dict[str, Any], closing: list[int]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(sys.argv[0])  # where a console script's interpreter puts it
     import numpy
     import torch
 
@@ -138,7 +147,7 @@ def serve(protocol_fd: int) -> dict[str, Any] | None:
             if pid == 0:
                 try:
                     _become(request, [protocol_fd, wake_read, wake_write])
-                except BaseException:  # noqa: BLE001 - a child that cannot become a server must never serve requests
+                except BaseException:  # noqa: BLE001 - a child that cannot become its command must not serve
                     traceback.print_exc()
                     os._exit(70)
                 return request
@@ -148,15 +157,19 @@ def serve(protocol_fd: int) -> dict[str, Any] | None:
 def main() -> None:
     protocol_fd = os.dup(1)
     os.dup2(2, 1)  # anything printed while importing goes to stderr, not into the protocol
-    for name in PRELOAD:
+    for name in PRELOAD[sys.argv[1]]:
         importlib.import_module(name)
     _send(protocol_fd, {"ready": True})
     request = serve(protocol_fd)
     if request is None:
         return
-    from orchestrator.cli import main as spotswarm
-
-    spotswarm()  # click ends the process with the command's exit code
+    if "module" in request:  # ``python -m <module>``: the working directory first on the import path
+        sys.path[0] = request["cwd"]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        return
+    module, _, function = request["main"].partition(":")
+    sys.path[0] = os.path.dirname(sys.argv[0])  # a console script's: the directory it is in
+    sys.exit(getattr(importlib.import_module(module), function)())
 
 
 if __name__ == "__main__":
