@@ -40,7 +40,8 @@ def start_agent(
         "SPOTSWARM_METADATA_URL": "off",
         **env,
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env, preloaded=True)
+    # exec'd, not preloaded: these agents end before they import Lightning, torch and hivemind
+    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env)
 
 
 def wait_exit(proc: Any, timeout_s: float) -> int:

@@ -143,7 +143,8 @@ def test_a_second_server_on_a_data_dir_in_use_refuses_to_start(
     marker = uuid.uuid4().hex
     first = start(processes, tmp_path / "orch", marker)
     env = {"SPOTSWARM_DATA_DIR": str(first.data_dir), "SPOTSWARM_PORT": str(free_port()), MARKER: marker}
-    second = processes.start("second", [str(VENV_BIN / "spotswarm"), "serve"], env=env)
+    # only its refusal is checked (its line, its exit code): forked preloaded
+    second = processes.start("second", [str(VENV_BIN / "spotswarm"), "serve"], env=env, preloaded=True)
     wait_until(lambda: not second.alive(), 60, message="the second server exits")
     assert second.popen.returncode == 1
     message = f"Error: the DHT peer (pid {dht_pid(first)}) of another orchestrator (pid {first.proc.pid})"
@@ -167,7 +168,7 @@ def test_a_server_whose_port_is_taken_refuses_to_start_with_one_line(
             "SPOTSWARM_DHT_HOST_MADDRS": f"/ip4/127.0.0.1/tcp/{ports['SPOTSWARM_DHT_PORT']}",
             **ports,
         }
-        server = processes.start("server", [str(VENV_BIN / "spotswarm"), "serve"], env=env)
+        server = processes.start("server", [str(VENV_BIN / "spotswarm"), "serve"], env=env, preloaded=True)
         log = server.wait_for_exit(60, "the server")
     assert server.popen.returncode == 1, log[-2000:]
     assert f"Error: 127.0.0.1:{port} " in log and "in use" in log, log[-2000:]

@@ -1,6 +1,8 @@
 """What the tests share, one module per job (the fixtures live in ``tests/conftest.py``).
 
 - ``processes.py``: subprocesses in their own process group, always killed; what outlives a stop.
+- ``preloaded.py``: those processes forked from one that already imported them (``spotswarm``,
+  ``spotswarm-worker``, the test programs), seconds of CPU less per start.
 - ``waiting.py``: ``wait_until`` (a condition with a deadline), ``wait_for_file``, ``BOOT_S``.
 - ``ports.py``: free TCP ports.
 - ``orchestrator.py``: ``spotswarm serve`` as a subprocess, ``ApiServer`` (what both kinds of

@@ -27,7 +27,6 @@ def entries_after_fit(processes: ProcessRegistry, mode: str) -> list[Any]:
     peer = processes.start(
         f"leaving-{mode}",
         [str(VENV_BIN / "python"), "-m", "tests.programs.leaving_peer", mode, str(STEPS)],
-        preloaded=True,
     )
     wait_until(lambda: not peer.alive(), RUN_S, interval_s=0.2, message=f"the {mode} peer ends")
     assert peer.popen.returncode == 0, peer.log()[-3000:]
