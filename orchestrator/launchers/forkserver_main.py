@@ -140,13 +140,7 @@ def _supervise(job: Job, ready_fd: int) -> Job:
         os.write(ready_fd, b"the environment marker could not be written")
         os._exit(1)
     _rewrite_block(_ARG_START, _ARG_END, None, b"spotswarm-supervisor\0" + job.request_id.encode())
-    log_fd = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null_fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    os.close(null_fd)
+    redirect_output(job.log_path)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the supervisor shell's trap
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -216,12 +210,24 @@ def _start(request: dict[str, Any], protocol_fd: int) -> tuple[Job | None, dict[
     return None, {"pid": pid}
 
 
-def _send(protocol_fd: int, message: dict[str, Any]) -> None:
+def redirect_output(log_path: str) -> None:
+    """Stdin from ``/dev/null``, stdout and stderr appended to ``log_path``, as a shell's redirections."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    os.close(null_fd)
+
+
+def send(protocol_fd: int, message: dict[str, Any]) -> None:
+    """Write one message of the protocol: a JSON object on a line."""
     os.write(protocol_fd, (json.dumps(message) + "\n").encode())
 
 
-def _reap(protocol_fd: int) -> None:
-    """Report every supervisor that has exited."""
+def report_exits(protocol_fd: int) -> None:
+    """Report every child (here, a supervisor) that has exited."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -229,7 +235,7 @@ def _reap(protocol_fd: int) -> None:
             return
         if pid == 0:
             return
-        _send(protocol_fd, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        send(protocol_fd, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _call(request: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +253,7 @@ def serve(protocol_fd: int) -> Job | None:
     pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], 0.2)
-        _reap(protocol_fd)
+        report_exits(protocol_fd)
         if not readable:
             continue
         chunk = os.read(0, 65536)
@@ -263,7 +269,7 @@ def serve(protocol_fd: int) -> Job | None:
                 job, reply = None, {"error": f"{type(exc).__name__}: {exc}"}
             if job is not None:
                 return job
-            _send(protocol_fd, reply)
+            send(protocol_fd, reply)
 
 
 def main() -> None:
@@ -275,7 +281,7 @@ def main() -> None:
     from worker.strategy.options import strategy_keywords
 
     strategy_keywords()  # hivemind's keywords, read once here for every check
-    _send(protocol_fd, {"ready": True, "pid": os.getpid()})
+    send(protocol_fd, {"ready": True, "pid": os.getpid()})
     job = serve(protocol_fd)
     if job is None:
         return

@@ -38,6 +38,7 @@ import traceback
 from typing import Any
 
 from orchestrator.launchers.forkserver_main import PRELOAD as WORKER_PRELOAD
+from orchestrator.launchers.forkserver_main import redirect_output, report_exits, send
 
 #: what each kind imports before its first fork: what ``spotswarm serve`` imports before it answers,
 #: and what a worker imports before it trains (the local launcher's fork server's list)
@@ -74,22 +75,6 @@ PRELOAD = {
 }
 
 
-def _send(protocol_fd: int, message: dict[str, Any]) -> None:
-    os.write(protocol_fd, (json.dumps(message) + "\n").encode())
-
-
-def _reap(protocol_fd: int) -> None:
-    """Report every child that has exited."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(protocol_fd, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-
-
 def _become(request: dict[str, Any], closing: list[int]) -> None:
     """In the child: everything the command exec'd would have, but for its imports."""
     from worker.strategy.hivemind_fixes import own_mpfuture_locks
@@ -101,13 +86,7 @@ def _become(request: dict[str, Any], closing: list[int]) -> None:
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    log_fd = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null_fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    os.close(null_fd)
+    redirect_output(request["log_path"])
     own_mpfuture_locks()
     os.environ.clear()
     os.environ.update(request["env"])
@@ -131,7 +110,7 @@ def serve(protocol_fd: int) -> dict[str, Any] | None:
         readable, _, _ = select.select([0, wake_read], [], [], 1.0)
         if wake_read in readable:
             os.read(wake_read, 4096)
-        _reap(protocol_fd)
+        report_exits(protocol_fd)
         if 0 not in readable:
             continue
         chunk = os.read(0, 65536)
@@ -151,7 +130,7 @@ def serve(protocol_fd: int) -> dict[str, Any] | None:
                     traceback.print_exc()
                     os._exit(70)
                 return request
-            _send(protocol_fd, {"pid": pid})
+            send(protocol_fd, {"pid": pid})
 
 
 def main() -> None:
@@ -159,7 +138,7 @@ def main() -> None:
     os.dup2(2, 1)  # anything printed while importing goes to stderr, not into the protocol
     for name in PRELOAD[sys.argv[1]]:
         importlib.import_module(name)
-    _send(protocol_fd, {"ready": True})
+    send(protocol_fd, {"ready": True})
     request = serve(protocol_fd)
     if request is None:
         return
