@@ -31,7 +31,7 @@ class PreloadedError(RuntimeError):
 
 
 class ForkedChild:
-    """A server forked by the preloaded process, with the part of ``subprocess.Popen`` the tests use."""
+    """A process forked by a preloaded process, with the part of ``subprocess.Popen`` the tests use."""
 
     def __init__(self, spawner: _Spawner, pid: int, args: Sequence[str]) -> None:
         self._spawner = spawner
@@ -57,9 +57,10 @@ class ForkedChild:
 
 
 class _Spawner:
-    """The preloaded process of this test process and what it reported."""
+    """A preloaded process of this test process (one ``kind``) and what it reported."""
 
     def __init__(self, kind: str) -> None:
+        self._kind = kind
         self._log: IO[bytes] = tempfile.NamedTemporaryFile(prefix=f"preloaded-{kind}-", suffix=".log")  # noqa: SIM115
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.programs.preloaded", kind],
@@ -76,7 +77,7 @@ class _Spawner:
         self._exits: dict[int, int] = {}
         self._ended = False
         self._request_lock = threading.Lock()
-        threading.Thread(target=self._read, name="preloaded-server-reader", daemon=True).start()
+        threading.Thread(target=self._read, name=f"preloaded-{kind}-reader", daemon=True).start()
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -105,20 +106,24 @@ class _Spawner:
         with self._request_lock:
             with self._changed:
                 if not self._changed.wait_for(lambda: self._ready or self._ended, READY_TIMEOUT_S):
-                    raise PreloadedError(f"the preloaded server process is not ready:\n{self._output()}")
+                    raise PreloadedError(
+                        f"the preloaded {self._kind} process is not ready:\n{self._output()}"
+                    )
             assert self._proc.stdin is not None
             try:
                 self._proc.stdin.write((json.dumps(request) + "\n").encode())
                 self._proc.stdin.flush()
             except OSError as exc:
                 raise PreloadedError(
-                    f"the preloaded server process is gone: {exc}\n{self._output()}"
+                    f"the preloaded {self._kind} process is gone: {exc}\n{self._output()}"
                 ) from exc
             with self._changed:
                 if not self._changed.wait_for(lambda: self._replies or self._ended, FORK_TIMEOUT_S):
-                    raise PreloadedError(f"the preloaded server process did not fork:\n{self._output()}")
+                    raise PreloadedError(
+                        f"the preloaded {self._kind} process did not fork:\n{self._output()}"
+                    )
                 if not self._replies:
-                    raise PreloadedError(f"the preloaded server process ended:\n{self._output()}")
+                    raise PreloadedError(f"the preloaded {self._kind} process ended:\n{self._output()}")
                 reply = self._replies.pop(0)
         return ForkedChild(self, int(reply["pid"]), args)  # type: ignore[call-overload]
 
