@@ -44,6 +44,7 @@ import runpy
 import select
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,8 +249,9 @@ def _call(request: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def serve(protocol_fd: int) -> Job | None:
-    """Answer requests until end of file (None); in a forked worker, return its job."""
+def request_lines(protocol_fd: int) -> Iterator[bytes]:
+    """Each request line read from stdin until end of file, every exited child reported while it waits
+    (at least every 0.2 s)."""
     pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], 0.2)
@@ -258,18 +260,25 @@ def serve(protocol_fd: int) -> Job | None:
             continue
         chunk = os.read(0, 65536)
         if not chunk:
-            return None
+            return
         pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            try:
-                request = json.loads(line)
-                job, reply = (None, _call(request)) if "call" in request else _start(request, protocol_fd)
-            except (ValueError, KeyError, TypeError, OSError, ImportError, AttributeError) as exc:
-                job, reply = None, {"error": f"{type(exc).__name__}: {exc}"}
-            if job is not None:
-                return job
-            send(protocol_fd, reply)
+            yield line
+
+
+def serve(protocol_fd: int) -> Job | None:
+    """Answer requests until end of file (None); in a forked worker, return its job."""
+    for line in request_lines(protocol_fd):
+        try:
+            request = json.loads(line)
+            job, reply = (None, _call(request)) if "call" in request else _start(request, protocol_fd)
+        except (ValueError, KeyError, TypeError, OSError, ImportError, AttributeError) as exc:
+            job, reply = None, {"error": f"{type(exc).__name__}: {exc}"}
+        if job is not None:
+            return job
+        send(protocol_fd, reply)
+    return None
 
 
 def main() -> None:

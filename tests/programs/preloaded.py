@@ -31,14 +31,13 @@ import importlib
 import json
 import os
 import runpy
-import select
 import signal
 import sys
 import traceback
 from typing import Any
 
 from orchestrator.launchers.forkserver_main import PRELOAD as WORKER_PRELOAD
-from orchestrator.launchers.forkserver_main import redirect_output, report_exits, send
+from orchestrator.launchers.forkserver_main import redirect_output, request_lines, send
 
 #: what each kind imports before its first fork: what ``spotswarm serve`` imports before it answers,
 #: and what a worker imports before it trains (the local launcher's fork server's list)
@@ -75,15 +74,13 @@ PRELOAD = {
 }
 
 
-def _become(request: dict[str, Any], closing: list[int]) -> None:
+def _become(request: dict[str, Any], protocol_fd: int) -> None:
     """In the child: everything the command exec'd would have, but for its imports."""
     from worker.strategy.hivemind_fixes import own_mpfuture_locks
 
     os.setsid()
-    for fd in closing:
-        os.close(fd)
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+    os.close(protocol_fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     redirect_output(request["log_path"])
@@ -101,36 +98,20 @@ def _become(request: dict[str, Any], closing: list[int]) -> None:
 
 def serve(protocol_fd: int) -> dict[str, Any] | None:
     """Answer requests until end of file (None); in a forked child, return its request."""
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below as a child exits
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0, wake_read], [], [], 1.0)
-        if wake_read in readable:
-            os.read(wake_read, 4096)
-        report_exits(protocol_fd)
-        if 0 not in readable:
-            continue
-        chunk = os.read(0, 65536)
-        if not chunk:
-            return None
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            request = json.loads(line)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _become(request, [protocol_fd, wake_read, wake_write])
-                except BaseException:  # noqa: BLE001 - a child that cannot become its command must not serve
-                    traceback.print_exc()
-                    os._exit(70)
-                return request
-            send(protocol_fd, {"pid": pid})
+    for line in request_lines(protocol_fd):
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _become(request, protocol_fd)
+            except BaseException:  # noqa: BLE001 - a child that cannot become its command must not serve
+                traceback.print_exc()
+                os._exit(70)
+            return request
+        send(protocol_fd, {"pid": pid})
+    return None
 
 
 def main() -> None:
