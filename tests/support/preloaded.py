@@ -46,7 +46,7 @@ class ForkedChild:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:  # as Popen: never a signal to a PID that may have been reused
+        if self.returncode is None:  # as Popen: no signal once its exit is known (its PID may be reused)
             os.kill(self.pid, sig)
 
     def wait(self, timeout: float | None = None) -> int:
