@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli.packaging import pack
+from tests.support.archives import path_max_escape
 from tests.support.aws import FakeAws
 from tests.support.cli import cli
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
@@ -122,7 +123,8 @@ def test_a_package_uploads_once_and_only_the_runs_workers_download_it(
 
 
 @pytest.mark.timeout(120)
-def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator) -> None:
+def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator, tmp_path: Path) -> None:
+    escape = path_max_escape(tmp_path).read_bytes()  # CVE-2025-4517: tarfile's filter lets it through
     evil = io.BytesIO()
     with tarfile.open(fileobj=evil, mode="w:gz") as archive:
         info = tarfile.TarInfo("../outside.py")
@@ -135,6 +137,7 @@ def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator) ->
         unsafe = http.put(f"/api/v1/packages/{evil_sha}", content=evil.getvalue())
         too_big = http.put(f"/api/v1/packages/{hashlib.sha256(big).hexdigest()}", content=big)
         missing = http.post("/api/v1/runs", json=spec(workdir="f" * 64))
+        escaping = http.put(f"/api/v1/packages/{hashlib.sha256(escape).hexdigest()}", content=escape)
     with orch.client() as http:
         anonymous = http.put(f"/api/v1/packages/{evil_sha}", content=evil.getvalue())
     assert mismatch.status_code == 400 and "sha256" in mismatch.text
@@ -142,6 +145,7 @@ def test_uploads_that_are_not_what_they_claim_are_refused(orch: Orchestrator) ->
     assert too_big.status_code == 413
     assert missing.status_code == 422 and "no package" in missing.text and "--workdir" in missing.text
     assert anonymous.status_code == 401
+    assert escaping.status_code == 422 and "below the link" in escaping.text
 
 
 @pytest.mark.timeout(240)

@@ -17,6 +17,7 @@
   of ``/metrics``.
 - ``cli.py``: the ``spotswarm`` CLI in-process, and workers joined by hand through the agent's client.
 - ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers.
+- ``archives.py``: hand-made tar archives, the crafted code packages among them.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
   ``terraform.py``, ``wheels.py``, ``docs_commands.py``, ``fuzz.py``, ``strategy.py``,
   ``monitor_peer.py``: the other systems and harnesses tests drive.

@@ -3,7 +3,6 @@ and what a worker accepts and extracts (orchestrator/cli/packaging.py, worker/ru
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.packaging import PackagingError, collect, pack
+from tests.support.archives import member, path_max_escape, tar_with
 from worker.runtime.package import (
     UnsafePackage,
     ensure_package,
@@ -106,22 +106,6 @@ def test_links_inside_the_tree_travel_and_links_leaving_it_are_refused(tmp_path:
         pack(root, mkdir(tmp_path / "out2"), LIMIT)
 
 
-def tar_with(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
-    path = tmp_path / "evil.tar.gz"
-    with tarfile.open(path, "w:gz") as archive:
-        for info, data in members:
-            archive.addfile(info, io.BytesIO(data) if data else None)
-    return path
-
-
-def member(name: str, data: bytes = b"", **fields: object) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    for key, value in fields.items():
-        setattr(info, key, value)
-    return info, data
-
-
 @pytest.mark.parametrize(
     ("entry", "reason"),
     [
@@ -178,3 +162,57 @@ def test_the_cache_keeps_only_packages_whose_bytes_match_their_digest(tmp_path: 
 def mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def test_links_nested_past_path_max_cannot_write_outside_the_extraction_directory(tmp_path: Path) -> None:
+    archive = path_max_escape(tmp_path)
+    with pytest.raises(UnsafePackage, match="below the link"):
+        inspect_archive(archive, LIMIT)
+    with pytest.raises(UnsafePackage):
+        extract(archive, tmp_path / "dest", LIMIT)
+    assert not (tmp_path / "PWNED-outside-dest.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.tar.gz"]
+
+
+@pytest.mark.parametrize(
+    ("entries", "reason"),
+    [
+        (
+            [
+                member("l2", type=tarfile.SYMTYPE, linkname="sub"),
+                member("sub/l3", type=tarfile.SYMTYPE, linkname="../l2/.."),
+            ],
+            "goes through the link 'l2'",
+        ),
+        ([member("up", type=tarfile.SYMTYPE, linkname="sub"), member("up", b"x")], "appears twice"),
+        (
+            [member("later/x.py", b"x"), member("later", type=tarfile.SYMTYPE, linkname="sub")],
+            "below the link",
+        ),
+    ],
+)
+def test_entries_whose_place_a_link_decides_are_refused(
+    tmp_path: Path, entries: list[tuple[tarfile.TarInfo, bytes]], reason: str
+) -> None:
+    archive = tar_with(tmp_path, member("sub/ok.py", b"1"), *entries)
+    with pytest.raises(UnsafePackage, match=reason):
+        extract(archive, tmp_path / "dest", LIMIT)
+    assert not (tmp_path / "dest").exists()
+
+
+def test_links_up_and_across_the_tree_extract_as_links_with_the_packers_modes(tmp_path: Path) -> None:
+    root = write(tmp_path / "p", {"mypkg/model.py": "X = 1\n", "tools/run.sh": "echo\n"})
+    (root / "tools" / "run.sh").chmod(0o700)
+    (root / "tools" / "model.py").symlink_to(Path("..") / "mypkg" / "model.py")
+    (root / "pkg").symlink_to("mypkg")
+    dest = tmp_path / "extracted"
+    extract(pack(root, mkdir(tmp_path / "out"), LIMIT).archive, dest, LIMIT)
+    assert (dest / "tools" / "model.py").read_text() == (dest / "pkg" / "model.py").read_text() == "X = 1\n"
+    assert os.readlink(dest / "tools" / "model.py") == "../mypkg/model.py"
+    assert (
+        (dest / "tools" / "run.sh").stat().st_mode & 0o777,
+        (dest / "mypkg" / "model.py").stat().st_mode & 0o777,
+    ) == (
+        0o755,
+        0o644,
+    )

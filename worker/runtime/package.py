@@ -6,8 +6,10 @@ records (``RunSpec.workdir``). The format is fixed so that the same tree gives t
 sorted by path, regular files and symlinks only, mtimes :data:`FIXED_MTIME`, owner 0, modes 0644 or 0755.
 
 Everything here refuses what could escape the extraction directory or fill a disk (absolute paths,
-``..``, links that leave the tree, devices, more than ``max_unpacked_bytes``) with :class:`UnsafePackage`,
-and extraction itself uses tarfile's ``data`` filter as a second line. The cache
+``..``, links that leave the tree, entries below a link or links through a link, devices, more than
+``max_unpacked_bytes``) with :class:`UnsafePackage`, without trusting tarfile's ``data`` filter (which
+Pythons without the CVE-2025-4517 fix let a crafted archive through); extraction itself goes entry by
+entry into a new directory, links last, as a second line. The cache
 (``<cache_dir>/packages/<digest>/``) is shared by the processes of a machine: one extracts while the others
 wait on a lock, and a directory counts only once its ``.ready`` marker exists, so a crash half-way leaves
 nothing that is used.
@@ -18,9 +20,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import os
 import posixpath
 import re
 import shutil
+import stat
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -67,19 +71,57 @@ def _check_member(member: tarfile.TarInfo) -> None:
     if member.issym():
         target = member.linkname
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-        if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+        if not target or target.startswith("/") or resolved == ".." or resolved.startswith("../"):
             raise UnsafePackage(f"entry {name!r}: the link to {target!r} leaves the package")
     elif not (member.isfile() or member.isdir()):
         raise UnsafePackage(f"entry {name!r}: only files, directories and links inside the package")
 
 
+def _check_tree(links: dict[str, str], names: dict[str, None]) -> None:
+    """Refuse what makes a lexical check of each entry meaningless (CVE-2025-4517: tarfile's filter
+    trusts ``os.path.realpath``, which stops resolving past PATH_MAX): an entry below a link entry (it
+    would be written wherever the link points), and a link whose target walks through another link (its
+    lexical resolution is then not where it points). ``links`` maps link entries to their targets."""
+    for name in names:
+        parent = name.rpartition("/")[0]
+        while parent:
+            if parent in links:
+                raise UnsafePackage(f"entry {name!r} is below the link {parent!r}")
+            parent = parent.rpartition("/")[0]
+    for name, target in links.items():
+        walked = name.rpartition("/")[0].split("/") if "/" in name else []
+        steps = target.split("/")
+        for index, step in enumerate(steps[:-1]):
+            if step == "..":
+                walked = walked[:-1]
+            elif step not in ("", "."):
+                walked.append(step)
+                if "/".join(walked) in links:
+                    raise UnsafePackage(
+                        f"entry {name!r}: the link to {target!r} goes through the link "
+                        f"{'/'.join(walked)!r} (step {index + 1})"
+                    )
+
+
 def inspect_archive(path: Path, max_unpacked_bytes: int) -> PackageInfo:
-    """Check every entry of the package at ``path`` without extracting; raises :class:`UnsafePackage`."""
+    """Check every entry of the package at ``path`` without extracting; raises :class:`UnsafePackage`.
+
+    Each entry alone (a relative name, a file, directory or link whose target stays inside), then the
+    entries together (no name twice, nothing below a link, no link through a link), so that the tree
+    extracted is the tree these names describe, whatever the Python's tarfile does with links.
+    """
     files = unpacked = 0
+    links: dict[str, str] = {}
+    names: dict[str, None] = {}  # in the archive's order, so that the first offender is named
     try:
         with tarfile.open(path, "r:gz") as archive:
             for member in archive:
                 _check_member(member)
+                if member.name in names:
+                    raise UnsafePackage(f"entry {member.name!r} appears twice")
+                names[member.name] = None
+                if member.issym():
+                    links[member.name] = member.linkname
                 files += 1
                 unpacked += member.size if member.isfile() else 0
                 if files > MAX_MEMBERS:
@@ -88,19 +130,62 @@ def inspect_archive(path: Path, max_unpacked_bytes: int) -> PackageInfo:
                     raise UnsafePackage(f"unpacks to more than {max_unpacked_bytes} bytes")
     except (tarfile.TarError, EOFError, OSError, zlib.error, gzip.BadGzipFile) as exc:
         raise UnsafePackage(f"not a gzip-compressed tar archive: {exc}") from exc
+    _check_tree(links, names)
     return PackageInfo(files, unpacked)
 
 
 def extract(path: Path, dest: Path, max_unpacked_bytes: int) -> PackageInfo:
-    """Extract the package at ``path`` into the new directory ``dest``; raises :class:`UnsafePackage`."""
+    """Extract the package at ``path`` into the new directory ``dest``; raises :class:`UnsafePackage`.
+
+    Entry by entry, not with ``extractall``: directories, then files created with ``O_EXCL |
+    O_NOFOLLOW`` (never opened through a link), then the links, last, so that no write can pass
+    through a link even if a check above were wrong. Modes are 0755 or 0644, as the packer writes them.
+    """
     info = inspect_archive(path, max_unpacked_bytes)
     dest.mkdir(parents=True)
+    links: list[tarfile.TarInfo] = []
     try:
         with tarfile.open(path, "r:gz") as archive:
-            archive.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError) as exc:
+            for member in archive:
+                if member.issym():
+                    links.append(member)
+                elif member.isdir():
+                    _make_dirs(dest, member.name)
+                else:
+                    _write_file(archive, member, dest)
+        for link in links:
+            _make_dirs(dest, posixpath.dirname(link.name))
+            os.symlink(link.linkname, dest.joinpath(*link.name.split("/")))
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise UnsafePackage(f"cannot extract: {exc}") from exc
     return info
+
+
+def _make_dirs(dest: Path, name: str) -> None:
+    """Create the directory ``name`` and its parents below ``dest``, each refused if it is not a plain
+    directory (no link can exist yet: links come last)."""
+    current = dest
+    for part in name.split("/") if name else []:
+        current = current / part
+        try:
+            current.mkdir(mode=0o755)
+        except FileExistsError:
+            if not stat.S_ISDIR(current.lstat().st_mode):
+                raise UnsafePackage(f"entry {name!r}: {part!r} is not a directory") from None
+
+
+def _write_file(archive: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+    """Write the file entry ``member`` as a new file (refused if anything is there already)."""
+    _make_dirs(dest, posixpath.dirname(member.name))
+    source = archive.extractfile(member)
+    if source is None:
+        raise UnsafePackage(f"entry {member.name!r}: no data")
+    mode = 0o755 if member.mode & 0o111 else 0o644
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_BINARY", 0)
+    descriptor = os.open(dest.joinpath(*member.name.split("/")), flags, mode)
+    with source, os.fdopen(descriptor, "wb") as out:
+        os.fchmod(out.fileno(), mode)  # whatever the umask took away
+        shutil.copyfileobj(source, out, 1 << 20)
 
 
 def ensure_package(
