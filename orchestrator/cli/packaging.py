@@ -7,6 +7,12 @@ with ``!``), over built-in defaults (``.git/``, ``.venv/``, ``__pycache__/``, ``
 directory is not entered. Links stay links when they point inside the directory, and are refused
 otherwise; anything but files, directories and links is refused.
 
+Secrets stay out unless asked for (``include_secrets``): an orchestrator's data dir (a directory holding
+one of :data:`DATA_DIR_MARKERS`: its admin token, swarm authority key, DHT identity, database, workers'
+keys) is left out whole, and so is every file whose name looks like a key, a token, an environment
+file or our database (:func:`secret_reason`), because a ``--workdir`` one directory too high would
+otherwise ship them to every worker. What was left out is returned with the reason, for the CLI to say.
+
 The archive is deterministic (see :mod:`worker.runtime.package`: sorted entries, fixed times, owners and
 modes, no name or time in the gzip header), so the same tree gives the same SHA-256 and is uploaded
 once. A tree bigger than the cap is refused with its biggest files named: it usually holds data or an
@@ -15,8 +21,10 @@ environment that should be ignored.
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import os
+import re
 import stat
 import tarfile
 from collections.abc import Sequence
@@ -30,6 +38,38 @@ from worker.runtime.package import FIXED_MTIME, sha256_of
 IGNORE_FILE = ".spotswarmignore"
 DEFAULT_IGNORES = (".git/", ".venv/", "__pycache__/", "*.py[cod]", ".DS_Store")
 BIGGEST_SHOWN = 5
+#: files only an orchestrator's data dir holds (``orchestrator/config.py``): a directory with one of them is
+#: a data dir, left out whole
+DATA_DIR_MARKERS = ("admin_token", "swarm_authority.pem", "dht_identity.key", "dht.pid")
+#: names of keys, credentials, environment files and our databases (a worker's registration holds its
+#: run's secret values), matched case-insensitively against a file's name
+SECRET_NAMES = (
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    ".env",
+    ".env.*",
+    "*.env",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    ".netrc",
+    ".pypirc",
+    ".git-credentials",
+    "credentials",
+    "credentials.json",
+    "registration.json",
+    "spotswarm.db",
+    "spotswarm.db-*",
+)
+#: "token" in a name, except a tokenizer's files (``tokenizer.json``, ``special_tokens_map.json``) and code
+TOKEN_RE = re.compile(r"token(?!i[sz]|s)", re.IGNORECASE)
+CODE_SUFFIXES = (".py", ".pyi", ".ipynb")
+#: templates that hold no values (``.env.example``)
+TEMPLATE_SUFFIXES = (".example", ".sample", ".template", ".dist")
 
 
 class PackagingError(ValueError):
@@ -47,6 +87,22 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A file or directory kept out of the package because it looks secret, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a directory's package holds, and what was kept out of it as secret."""
+
+    entries: list[Entry]
+    left_out: list[LeftOut]
+
+
+@dataclass(frozen=True)
 class Package:
     """A packed project: the archive written, its SHA-256 and what it holds."""
 
@@ -55,6 +111,27 @@ class Package:
     size_bytes: int
     files: int
     unpacked_bytes: int
+    entries: list[Entry]
+    left_out: list[LeftOut]
+
+
+def data_dir_marker(directory: Path) -> str | None:
+    """The marker file that makes ``directory`` an orchestrator's data dir, or None."""
+    return next((name for name in DATA_DIR_MARKERS if (directory / name).is_file()), None)
+
+
+def secret_reason(name: str) -> str | None:
+    """Why a file named ``name`` looks like a secret (a key, token, credential, environment file or our
+    database), or None."""
+    lowered = name.lower()
+    if lowered.endswith(TEMPLATE_SUFFIXES):
+        return None
+    pattern = next((p for p in SECRET_NAMES if fnmatch.fnmatchcase(lowered, p)), None)
+    if pattern is not None:
+        return f"matches {pattern}"
+    if TOKEN_RE.search(name) and not lowered.endswith(CODE_SUFFIXES):
+        return "its name says token"
+    return None
 
 
 class _Rules:
@@ -96,22 +173,31 @@ def _root_rules(root: Path) -> _Rules:
     return _Rules(layers)
 
 
-def collect(root: Path) -> list[Entry]:
-    """The entries of the package of ``root``, sorted by name; raises :class:`PackagingError`."""
+def collect(root: Path, include_secrets: bool = False) -> Contents:
+    """The entries of the package of ``root``, sorted by name, and what was left out as secret (nothing
+    with ``include_secrets``); raises :class:`PackagingError`."""
     root = root.resolve()
     if not root.is_dir():
         raise PackagingError(f"workdir {root} is not a directory")
     entries: list[Entry] = []
+    left_out: list[LeftOut] = []
     pending = [("", root, _root_rules(root))]
     while pending:
         rel_dir, directory, rules = pending.pop()
+        marker = None if include_secrets else data_dir_marker(directory)
+        if marker is not None:
+            left_out.append(LeftOut(f"{rel_dir or '.'}/", f"an orchestrator's data dir (it holds {marker})"))
+            continue
         rules = rules.nested(rel_dir, directory)
         for child in sorted(directory.iterdir()):
             rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
             mode = child.lstat().st_mode
             if rules.ignored(rel, stat.S_ISDIR(mode)):
                 continue
-            if stat.S_ISLNK(mode):
+            reason = None if include_secrets or stat.S_ISDIR(mode) else secret_reason(child.name)
+            if reason is not None:
+                left_out.append(LeftOut(rel, f"looks like a secret ({reason})"))
+            elif stat.S_ISLNK(mode):
                 entries.append(_link(root, rel, child))
             elif stat.S_ISDIR(mode):
                 pending.append((rel, child, rules))
@@ -119,7 +205,7 @@ def collect(root: Path) -> list[Entry]:
                 entries.append(Entry(rel, child, child.lstat().st_size))
             else:
                 raise PackagingError(f"{rel} is not a file, directory or link: add it to {IGNORE_FILE}")
-    return sorted(entries, key=lambda e: e.name)
+    return Contents(sorted(entries, key=lambda e: e.name), sorted(left_out, key=lambda e: e.name))
 
 
 def _link(root: Path, rel: str, path: Path) -> Entry:
@@ -133,10 +219,11 @@ def _link(root: Path, rel: str, path: Path) -> Entry:
     return Entry(rel, path, 0, link=os.path.relpath(target, path.parent))
 
 
-def pack(root: Path, dest_dir: Path, max_unpacked_bytes: int) -> Package:
-    """Write the package of ``root`` into ``dest_dir``; raises :class:`PackagingError` (too big, a link
-    leaving the tree, an unreadable file)."""
-    entries = collect(root)
+def pack(root: Path, dest_dir: Path, max_unpacked_bytes: int, include_secrets: bool = False) -> Package:
+    """Write the package of ``root`` into ``dest_dir``, secrets left out unless ``include_secrets``;
+    raises :class:`PackagingError` (too big, a link leaving the tree, an unreadable file)."""
+    contents = collect(root, include_secrets)
+    entries = contents.entries
     total = sum(e.size for e in entries)
     if total > max_unpacked_bytes:
         biggest = sorted(entries, key=lambda e: e.size, reverse=True)[:BIGGEST_SHOWN]
@@ -157,7 +244,8 @@ def pack(root: Path, dest_dir: Path, max_unpacked_bytes: int) -> Package:
                 _add(tar, entry)
     except OSError as exc:
         raise PackagingError(f"cannot pack {root}: {exc}") from exc
-    return Package(archive, sha256_of(archive), archive.stat().st_size, len(entries), total)
+    size = archive.stat().st_size
+    return Package(archive, sha256_of(archive), size, len(entries), total, entries, contents.left_out)
 
 
 def _add(tar: tarfile.TarFile, entry: Entry) -> None:

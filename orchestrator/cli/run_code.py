@@ -1,5 +1,11 @@
 """The run's code and environment in ``spotswarm runs create``: ``--workdir`` (packed and uploaded once),
-``--requirement``/``--requirements-file``, ``--env`` and ``--secret-env``.
+``--requirement``/``--requirements-file`` (else the workdir's own ``requirements.txt``), ``--env`` and
+``--secret-env``; and ``--dry-run``, which lists what would be packed and creates nothing.
+
+The spec's fields are checked here, with the same model the orchestrator parses, before anything is packed
+or uploaded: a spec the server would refuse for a missing name or module costs no upload. Files that look
+like secrets are left out (:mod:`orchestrator.cli.packaging`) and named, and every create says what it
+packed.
 
 ``workdir`` in a spec file is a directory (relative to the file) or, as ``runs show --json`` prints it, the
 SHA-256 of a package the orchestrator has. Secret values never come back from the API: a spec read back
@@ -9,21 +15,29 @@ names its secrets with null values, and ``--secret-env NAME`` (the value from yo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import click
+from pydantic import ValidationError
 
-from orchestrator.cli.client import ApiClient, CliError
-from orchestrator.cli.packaging import PackagingError, pack
+from orchestrator.cli.client import ApiClient, CliError, _validation_errors
+from orchestrator.cli.output import fmt_bytes
+from orchestrator.cli.packaging import Package, PackagingError, pack
+from worker.wire import RunSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 USAGE = 2
+DEFAULT_REQUIREMENTS = "requirements.txt"
+TOP_LEVEL_SHOWN = 8
+#: stands in for the package's digest while the spec is checked before packing
+PLACEHOLDER_DIGEST = "0" * 64
 
 
 def code_options(func: F) -> F:
@@ -56,6 +70,25 @@ _OPTIONS = [
         "'einops>=0.7' (repeatable).",
     ),
     click.option("--requirements-file", metavar="PATH", help="A requirements file inside --workdir."),
+    click.option(
+        "--requirements-txt/--no-requirements-txt",
+        default=True,
+        show_default=True,
+        help="Without --requirement or --requirements-file: install the workdir's top-level "
+        "requirements.txt, if it has one.",
+    ),
+    click.option(
+        "--include-secrets",
+        is_flag=True,
+        help="Pack what is left out by default: orchestrator data dirs and files that look like keys, "
+        "tokens or credentials (*.pem, *.key, *token*, .env, id_rsa*, ...).",
+    ),
+    click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Check the spec and list every file --workdir would pack, then exit: nothing is uploaded or "
+        "created.",
+    ),
     click.option("--env", multiple=True, metavar="NAME=VALUE", help="Environment variable of the run."),
     click.option(
         "--secret-env",
@@ -66,15 +99,13 @@ _OPTIONS = [
 ]
 
 
-def apply_code_flags(
-    spec: dict[str, Any],
-    flags: dict[str, Any],
-    spec_dir: Path,
-    api: ApiClient,
-    say: Callable[[str], None],
-) -> None:
-    """Fill ``spec``'s ``workdir``, ``requirements``, ``env`` and ``secret_env`` from the flags (which win
-    over the spec file), packing and uploading a workdir directory. Raises :class:`CliError`."""
+@contextlib.contextmanager
+def code_of_run(
+    spec: dict[str, Any], flags: dict[str, Any], spec_dir: Path, say: Callable[[str], None]
+) -> Iterator[Package | None]:
+    """Fill ``spec``'s ``requirements``, ``env`` and ``secret_env`` from the flags (which win over the spec
+    file), check its fields, then pack the workdir directory, if any, into a temporary directory that
+    lives as long as the context (yielded: None without one). Raises :class:`CliError`."""
     workdir_dir = _workdir_dir(spec, flags, spec_dir)
     if flags.get("requirement"):
         spec["requirements"] = [*(spec.get("requirements") or []), *flags["requirement"]]
@@ -84,8 +115,83 @@ def apply_code_flags(
         spec["env"] = {**(spec.get("env") or {}), **_env_pairs(flags["env"])}
     if flags.get("secret_env"):
         spec["secret_env"] = {**(spec.get("secret_env") or {}), **_secret_pairs(flags["secret_env"])}
-    if workdir_dir is not None:
-        spec["workdir"] = upload_workdir(api, workdir_dir, flags.get("workdir_max_mib") or 100, say)
+    check_fields(spec, workdir_dir is not None)
+    if workdir_dir is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="spotswarm-package-") as tmp:
+        try:
+            package = pack(
+                workdir_dir, Path(tmp), (flags.get("workdir_max_mib") or 100) << 20, flags["include_secrets"]
+            )
+        except PackagingError as exc:
+            raise CliError(str(exc)) from exc
+        _default_requirements(spec, flags, package, say)
+        yield package
+
+
+def check_fields(spec: dict[str, Any], packs: bool) -> None:
+    """Raise :class:`CliError` with the orchestrator's words (``missing fields: name, module``) when the
+    spec's fields are not a run spec, before anything is packed or uploaded."""
+    try:
+        RunSpec.model_validate({**spec, "workdir": PLACEHOLDER_DIGEST} if packs else spec)
+    except ValidationError as exc:
+        errors = _validation_errors([dict(error) for error in exc.errors()])
+        raise CliError(f"spec: {errors} (nothing was packed or uploaded)") from exc
+
+
+def _default_requirements(
+    spec: dict[str, Any], flags: dict[str, Any], package: Package, say: Callable[[str], None]
+) -> None:
+    """The workdir's top-level requirements.txt as the run's requirements, when none are given."""
+    if spec.get("requirements") or not flags.get("requirements_txt", True):
+        return
+    if any(entry.name == DEFAULT_REQUIREMENTS for entry in package.entries):
+        spec["requirements"] = [f"-r {DEFAULT_REQUIREMENTS}"]
+        say(
+            f"requirements: the workdir's {DEFAULT_REQUIREMENTS}, installed on every worker "
+            "(--no-requirements-txt leaves it out)"
+        )
+
+
+def upload_code(api: ApiClient, package: Package, directory: str, say: Callable[[str], None]) -> str:
+    """Upload ``package`` unless the orchestrator has it, say what it holds, and return its SHA-256."""
+    uploaded = api.ensure_package(package.archive, package.sha256)
+    what = "uploaded" if uploaded else "already stored"
+    stored = f"package {package.sha256[:12]}, {fmt_bytes(package.size_bytes)}, {what}"
+    say(f"{_summary(package, directory)} ({stored})")
+    _say_left_out(package, say)
+    return package.sha256
+
+
+def show_dry_run(package: Package | None, directory: str, say: Callable[[str], None]) -> None:
+    """Every file ``package`` holds, with its size, and what was left out; nothing is sent."""
+    if package is not None:
+        say(_summary(package, directory))
+        for entry in package.entries:
+            target = f" -> {entry.link}" if entry.link is not None else ""
+            say(f"  {entry.name}{target}  {fmt_bytes(entry.size)}")
+        _say_left_out(package, say)
+    say("dry run: the spec is valid; nothing was uploaded or created")
+
+
+def _summary(package: Package, directory: str) -> str:
+    """``workdir DIR: N files, SIZE: mypkg/ (3 files), requirements.txt``: the top-level entries."""
+    counts: dict[str, int] = {}
+    for entry in package.entries:
+        top, sep, _ = entry.name.partition("/")
+        counts[top + sep] = counts.get(top + sep, 0) + 1
+    shown = [f"{top} ({n} files)" if top.endswith("/") else top for top, n in counts.items()]
+    if len(shown) > TOP_LEVEL_SHOWN:
+        shown = [*shown[:TOP_LEVEL_SHOWN], f"... {len(shown) - TOP_LEVEL_SHOWN} more"]
+    listing = f": {', '.join(shown)}" if shown else ""
+    return f"workdir {directory}: {package.files} files, {fmt_bytes(package.unpacked_bytes)}{listing}"
+
+
+def _say_left_out(package: Package, say: Callable[[str], None]) -> None:
+    if package.left_out:
+        reasons = "; ".join(f"{item.name}: {item.reason}" for item in package.left_out)
+        say(f"left out {len(package.left_out)} (--include-secrets packs them): {reasons}")
 
 
 def _workdir_dir(spec: dict[str, Any], flags: dict[str, Any], spec_dir: Path) -> Path | None:
@@ -134,19 +240,3 @@ def _secret_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
             value = os.environ[name]
         out[name] = value
     return out
-
-
-def upload_workdir(api: ApiClient, directory: Path, max_mib: int, say: Callable[[str], None]) -> str:
-    """Pack ``directory``, upload the package unless the orchestrator has it, and return its SHA-256."""
-    with tempfile.TemporaryDirectory(prefix="spotswarm-package-") as tmp:
-        try:
-            package = pack(directory, Path(tmp), max_mib << 20)
-        except PackagingError as exc:
-            raise CliError(str(exc)) from exc
-        uploaded = api.ensure_package(package.archive, package.sha256)
-    what = "uploaded" if uploaded else "already stored"
-    say(
-        f"workdir {directory}: {package.files} files, {package.unpacked_bytes / (1 << 20):.1f} MiB "
-        f"(package {package.sha256[:12]}, {package.size_bytes / (1 << 20):.1f} MiB, {what})"
-    )
-    return package.sha256

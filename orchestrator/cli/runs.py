@@ -28,7 +28,7 @@ from orchestrator.cli.output import (
     text_chart,
     validation_metric,
 )
-from orchestrator.cli.run_code import apply_code_flags, code_options
+from orchestrator.cli.run_code import code_of_run, code_options, show_dry_run, upload_code
 from orchestrator.domain.averaging import window_text
 from worker.wire import RunSpec
 
@@ -171,7 +171,17 @@ def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
     """
     spec = build_spec(file, flags)
     spec_dir = Path(file).parent if file and file != "-" else Path.cwd()
-    apply_code_flags(spec, flags, spec_dir, ctx.api, lambda line: click.echo(line, err=ctx.as_json))
+
+    def say(line: str) -> None:
+        click.echo(line, err=ctx.as_json)
+
+    with code_of_run(spec, flags, spec_dir, say) as package:
+        directory = flags.get("workdir") or str(spec.get("workdir"))
+        if flags["dry_run"]:
+            show_dry_run(package, directory, say)
+            return
+        if package is not None:
+            spec["workdir"] = upload_code(ctx.api, package, directory, say)
     created = ctx.api.create_run(spec)
     if ctx.as_json:
         echo_json(created)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 #: what the fork server runs for a check
 CHECK_FUNCTION = "orchestrator.importcheck.probe:check_in_child"
+MISSING_MODULE_RE = re.compile(r"No module named '([^']+)'")
 
 
 class ImportChecker:
@@ -86,7 +88,7 @@ class ImportChecker:
         failed = self.check(spec_checks(spec), where)
         if failed:
             field, error = failed
-            hint = _import_hint(spec) if "ModuleNotFoundError" in error else ""
+            hint = _import_hint(spec, error, runtime.package_dir) if "ModuleNotFoundError" in error else ""
             raise InvalidRequest(f"{field}: {error}{hint}" if field else f"{error}{hint}")
 
     def _prepare(self, spec: RunSpec, fetch_package: Callable[[Path], None] | None) -> Runtime:
@@ -174,9 +176,17 @@ def _no_package(dest: Path) -> None:  # noqa: ARG001 - the fetch callback's sign
     raise UnsafePackage("the run names no package")
 
 
-def _import_hint(spec: RunSpec) -> str:
-    """Where a module that was not found was looked for, and what to do."""
+def _import_hint(spec: RunSpec, error: str, package_dir: Path | None) -> str:
+    """Where a module that was not found was looked for, and what to do: a dependency the package lacks
+    needs a requirement; the run's own package not found is a matter of the workdir's layout."""
     if spec.workdir is not None:
+        missing = MISSING_MODULE_RE.search(error)
+        top = missing.group(1).split(".")[0] if missing else None
+        if top is not None and top not in _own_packages(spec) and not _in_package(package_dir, top):
+            return (
+                f" ({top} is not in the run's package {spec.workdir[:12]}: if it is a dependency, install it "
+                f"on the workers with --requirement {top} or --requirements-file requirements.txt)"
+            )
         return (
             f" (imported from the run's package {spec.workdir[:12]}: is the module's top-level package at "
             "the top of the workdir, and not left out by .gitignore or .spotswarmignore?)"
@@ -185,6 +195,21 @@ def _import_hint(spec: RunSpec) -> str:
         f" (the orchestrator imports from its working directory {os.getcwd()} with {sys.executable}; "
         "ship your project with the run: spotswarm runs create --workdir DIR)"
     )
+
+
+def _own_packages(spec: RunSpec) -> set[str]:
+    """The top-level packages the spec's import paths name (``mypkg`` of ``mypkg.model:Net``)."""
+    paths = [
+        spec.module,
+        spec.datamodule,
+        *(p.path for p in (*spec.trainer.callbacks, *spec.trainer.loggers)),
+    ]
+    return {path.split(":")[0].split(".")[0] for path in paths}
+
+
+def _in_package(package_dir: Path | None, top: str) -> bool:
+    """Whether the extracted package holds the top-level module or package ``top``."""
+    return package_dir is not None and ((package_dir / top).exists() or (package_dir / f"{top}.py").exists())
 
 
 def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:

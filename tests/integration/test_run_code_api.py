@@ -7,6 +7,7 @@ import hashlib
 import io
 import itertools
 import json
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.support.cli import cli
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
+from tests.support.wheels import build_wheel
 
 _names = itertools.count()
 MODEL = """
@@ -229,3 +231,108 @@ def test_secret_values_never_come_back_and_a_round_trip_must_give_them_again(
     again = cli(orch, "runs", "create", "-f", str(tmp_path / "spec.json"), "--name", f"{name}-copy",
                 "--secret-env", "API_KEY", env={"API_KEY": "from-my-shell"})  # fmt: skip
     assert again.exit_code == 0, again.output
+
+
+def secrets_beside(project: Path, above: Path) -> Path:
+    """``above``: the project's code beside an orchestrator's data dir, a worker's directory and key files,
+    as ``--workdir`` one directory too high finds them."""
+    shutil.copytree(project / "byopkg", above / "byopkg")
+    files = {
+        "orch/data/admin_token": "ssa_admin",
+        "orch/data/swarm_authority.pem": "-----BEGIN PRIVATE KEY-----",
+        "orch/data/spotswarm.db": "SQLite format 3",
+        "orch/data/checkpoints/packages/old.tar.gz": "x",
+        "worker/registration.json": '{"secret_env": {"API_KEY": "sk-1"}}',
+        "worker/swarm/7/identity.key": "k",
+        "worker/swarm/7/token.json": "{}",
+        ".env": "API_KEY=sk-1",
+        "deploy/id_rsa": "k",
+        "tokenizer.json": "{}",
+    }
+    for name, text in files.items():
+        (above / name).parent.mkdir(parents=True, exist_ok=True)
+        (above / name).write_text(text)
+    return above
+
+
+SECRET_FILES = ("admin_token", "swarm_authority.pem", "spotswarm.db", "registration.json", "identity.key",
+                "token.json", ".env", "id_rsa", "old.tar.gz")  # fmt: skip
+
+
+@pytest.mark.timeout(240)
+def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
+    orch: Orchestrator, project: Path, tmp_path: Path
+) -> None:
+    above = secrets_beside(project, tmp_path / "above")
+    name = f"code-{next(_names)}"
+    args = ["runs", "create", "--name", name, "--workdir", str(above), "--module", "byopkg.model:Net",
+            "--datamodule", "byopkg.model:Data", "--target-batch-size", "8", "--batch-size", "4",
+            "--workers", "0", "--min-workers", "0"]  # fmt: skip
+
+    dry = cli(orch, *args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    listed = [line.split()[0] for line in dry.output.splitlines() if line.startswith("  ")]
+    assert listed == ["byopkg/__init__.py", "byopkg/model.py", "tokenizer.json"], dry.output
+    assert "orch/data/: an orchestrator's data dir (it holds admin_token)" in dry.output
+    assert ".env: looks like a secret" in dry.output and "deploy/id_rsa" in dry.output
+    assert "worker/registration.json" in dry.output and "worker/swarm/7/token.json" in dry.output
+    assert "nothing was uploaded or created" in dry.output
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/runs/{name}").status_code == 404
+
+    created = cli(orch, *args)
+    assert created.exit_code == 0, created.output
+    assert (
+        f"workdir {above}: 3 files" in created.output
+        and "byopkg/ (2 files), tokenizer.json" in created.output
+    )
+    assert "left out 6 (--include-secrets packs them)" in created.output
+    with orch.admin() as http:
+        shipped = http.get(f"/api/v1/runs/{name}/package")
+    with tarfile.open(fileobj=io.BytesIO(shipped.content), mode="r:gz") as archive:
+        assert archive.getnames() == ["byopkg/__init__.py", "byopkg/model.py", "tokenizer.json"]
+
+    opted_in = cli(orch, *args, "--dry-run", "--include-secrets")
+    assert opted_in.exit_code == 0 and "left out" not in opted_in.output
+    assert all(secret in opted_in.output for secret in SECRET_FILES), opted_in.output
+
+
+@pytest.mark.timeout(120)
+def test_a_spec_missing_fields_is_refused_before_anything_is_packed_or_uploaded(
+    orch: Orchestrator, project: Path, tmp_path: Path
+) -> None:
+    _, sha = packed(project, tmp_path)
+    refused = cli(orch, "runs", "create", "--workdir", str(project))
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        "error: spec: missing fields: name, module, datamodule, target_batch_size, batch_size (nothing was "
+        "packed or uploaded)"
+    )
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
+
+
+@pytest.mark.timeout(300)
+def test_the_workdirs_requirements_txt_is_used_by_default_and_a_missing_dependency_hints_at_it(
+    orch: Orchestrator, project: Path
+) -> None:
+    model = project / "byopkg" / "model.py"
+    model.write_text("import byoreq  # the project's dependency\n" + MODEL)
+    (project / "requirements.txt").write_text("--no-index\n--find-links wheels\nbyoreq==0.1.0\n")
+    build_wheel(project / "wheels", "byoreq", "0.1.0")
+    args = ["runs", "create", "--workdir", str(project), "--module", "byopkg.model:Net", "--datamodule",
+            "byopkg.model:Data", "--target-batch-size", "8", "--batch-size", "4", "--workers", "0",
+            "--min-workers", "0"]  # fmt: skip
+
+    name = f"code-{next(_names)}"
+    created = cli(orch, *args, "--name", name)
+    assert created.exit_code == 0, created.output
+    assert "requirements: the workdir's requirements.txt, installed on every worker" in created.output
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/runs/{name}").json()["spec"]["requirements"] == ["-r requirements.txt"]
+
+    without = cli(orch, *args, "--name", f"code-{next(_names)}", "--no-requirements-txt")
+    assert without.exit_code == 1
+    assert "No module named 'byoreq'" in without.output and "requirements:" not in without.output
+    assert "--requirement byoreq or --requirements-file requirements.txt" in without.output, without.output
+    assert "at the top of the workdir" not in without.output

@@ -55,7 +55,7 @@ def project(root: Path) -> Path:
 
 
 def test_ignore_rules_follow_git_and_spotswarmignore(tmp_path: Path) -> None:
-    names = [entry.name for entry in collect(project(tmp_path))]
+    names = [entry.name for entry in collect(project(tmp_path)).entries]
     assert names == [
         ".gitignore",
         ".spotswarmignore",
