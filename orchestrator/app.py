@@ -48,6 +48,7 @@ from orchestrator.config import Settings, ensure_admin_token
 from orchestrator.context import AppContext
 from orchestrator.db.session import Database
 from orchestrator.domain.deployment_facts import claim_authority
+from orchestrator.domain.packages import sweep_orphans
 from orchestrator.heartbeats.fast_path import HeartbeatFastPath
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
@@ -291,6 +292,8 @@ def _services(ctx: AppContext) -> tuple[list[BackgroundService], list[Reconciler
             "swarm-progress", settings.dht.refresh_interval_s, functools.partial(_read_swarms, ctx)
         ),
     ]
+    sweep = functools.partial(_sweep_packages, ctx)
+    services.append(PeriodicService("package-sweep", settings.package_sweep_interval_s, sweep))
     if ctx.swarm_admission is not None:
         sync = functools.partial(ctx.swarm_admission.sync_open_swarms, ctx.db)
         services.append(PeriodicService("swarm-admission", settings.dht.refresh_interval_s, sync))
@@ -305,6 +308,12 @@ def _services(ctx: AppContext) -> tuple[list[BackgroundService], list[Reconciler
             ReconcilerService(reconciler, settings.reconciler.interval_s, leader_election(ctx.db.url))
         )
     return services, reconcilers
+
+
+def _sweep_packages(ctx: AppContext) -> None:
+    """Delete code packages no run names, older than the grace period (at start, then periodically)."""
+    grace_s = ctx.settings.package_orphan_grace_s
+    sweep_orphans(ctx.db, ctx.store, ctx.package_claims, ctx.clock(), grace_s)
 
 
 async def _start(services: list[BackgroundService]) -> list[BackgroundService]:

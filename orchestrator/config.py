@@ -188,6 +188,15 @@ class Settings(BaseSettings):
         description="Largest run code package (runs create --workdir) accepted: its upload and the bytes it "
         "unpacks to.",
     )
+    package_orphan_grace_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A run code package no run names is deleted once it is older than this: an upload whose "
+        "create never came (a refused create deletes its package at once).",
+    )
+    package_sweep_interval_s: float = Field(
+        default=600.0, gt=0, description="How often packages no run names are looked for (and at start)."
+    )
     install_timeout_s: float = Field(
         default=900.0,
         gt=0,

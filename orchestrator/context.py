@@ -16,6 +16,7 @@ from orchestrator.config import Settings
 from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
+from orchestrator.domain.packages import PackageClaims
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker
@@ -49,6 +50,7 @@ class AppContext:
     swarm_admission: SwarmAdmission | None = None  # None: peers join swarms without tokens
     join_limiter: RateLimiter | None = None  # registrations per join token (None: unlimited)
     uploads: UploadSlots = field(default_factory=UploadSlots)  # checkpoint uploads in progress
+    package_claims: PackageClaims = field(default_factory=PackageClaims)  # packages creates are checking
     forwarder: Forwarder | None = None  # progress samples to TensorBoard (tensorboard_dir)
 
     def read_swarm_now(self, run_id: int) -> None:

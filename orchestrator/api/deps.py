@@ -44,6 +44,7 @@ from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
+from orchestrator.domain.packages import PackageClaims
 from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
@@ -103,6 +104,7 @@ get_launchers = _part("launchers")
 get_admission = _part("swarm_admission")
 get_join_limiter = _part("join_limiter")
 get_uploads = _part("uploads")
+get_package_claims = _part("package_claims")
 get_crash_policy = _part("crash_policy")
 get_admin_token_hash = _part("admin_token_hash")
 
@@ -131,6 +133,7 @@ DhtDep = Annotated[DHTPeer, Depends(get_dht)]
 OwnPeers = Annotated[list[str], Depends(get_own_peers)]
 SwarmReader = Annotated[Callable[[int], None], Depends(get_swarm_reader)]
 ImportsDep = Annotated[ImportChecker | None, Depends(get_imports)]
+PackageClaimsDep = Annotated[PackageClaims, Depends(get_package_claims)]
 LaunchersDep = Annotated[Mapping[str, Launcher], Depends(get_launchers)]
 AdmissionDep = Annotated[SwarmAdmission | None, Depends(get_admission)]
 JoinLimiterDep = Annotated[RateLimiter | None, Depends(get_join_limiter)]

@@ -10,6 +10,7 @@ integrity compare the recorded checksum.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +43,11 @@ class CheckpointStore(Protocol):
         """Remove the object; a no-op when it is absent."""
         ...
 
+    def stored_since(self, under: str) -> dict[str, datetime]:
+        """The keys that start with ``under`` and when each was stored (aware, UTC): what the sweep of
+        packages no run names reads."""
+        ...
+
 
 def checkpoint_key(swarm_id: str, epoch: int, sha256: str | None = None) -> str:
     """The storage key of a run's checkpoint at ``epoch``; with ``sha256``, of those very bytes.
@@ -53,10 +59,13 @@ def checkpoint_key(swarm_id: str, epoch: int, sha256: str | None = None) -> str:
     return f"runs/{swarm_id}/epoch-{epoch:08d}{suffix}.ckpt"
 
 
+PACKAGES_PREFIX = "packages/"
+
+
 def package_key(sha256: str) -> str:
     """The storage key of the code package whose bytes have this SHA-256 (content-addressed: one object
     for every run that names it)."""
-    return f"packages/{sha256}.tar.gz"
+    return f"{PACKAGES_PREFIX}{sha256}.tar.gz"
 
 
 def copy_to_file(store: CheckpointStore, key: str, dest: Path) -> None:

@@ -6,11 +6,13 @@ it and renames it over the destination, so a reader sees the old file or the who
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -67,6 +69,17 @@ class LocalCheckpointStore:
 
     def delete(self, key: str) -> None:
         self.path_of(key).unlink(missing_ok=True)
+
+    def stored_since(self, under: str) -> dict[str, datetime]:
+        """Files whose key starts with ``under`` and their modification times (hidden ``.part`` files of
+        writes in progress left out)."""
+        found: dict[str, datetime] = {}
+        for path in self.root.joinpath(under.rpartition("/")[0]).rglob("*"):
+            key = path.relative_to(self.root).as_posix()
+            if key.startswith(under) and not path.name.startswith(".") and path.is_file():
+                with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                    found[key] = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        return found
 
 
 def _chunks(handle: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:

@@ -17,6 +17,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,15 @@ class S3Store:
         for page in paginator.paginate(Bucket=self.config.bucket, Prefix=self._key_prefix + under):
             keys.extend(item["Key"] for item in page.get("Contents", []))
         return sorted(key[len(self._key_prefix) :] for key in keys)
+
+    def stored_since(self, under: str) -> dict[str, datetime]:
+        """Keys (without the prefix) that start with ``under`` and their ``LastModified`` times."""
+        paginator = self._client.get_paginator("list_objects_v2")
+        found: dict[str, datetime] = {}
+        for page in paginator.paginate(Bucket=self.config.bucket, Prefix=self._key_prefix + under):
+            for item in page.get("Contents", []):
+                found[item["Key"][len(self._key_prefix) :]] = item["LastModified"].astimezone(UTC)
+        return found
 
     def _get(self, key: str) -> dict[str, Any]:
         return self._object_call("get_object", key)

@@ -336,3 +336,25 @@ def test_the_workdirs_requirements_txt_is_used_by_default_and_a_missing_dependen
     assert "No module named 'byoreq'" in without.output and "requirements:" not in without.output
     assert "--requirement byoreq or --requirements-file requirements.txt" in without.output, without.output
     assert "at the top of the workdir" not in without.output
+
+
+@pytest.mark.timeout(240)
+def test_a_refused_create_leaves_no_package_stored_unless_a_run_names_it(
+    orch: Orchestrator, project: Path, tmp_path: Path
+) -> None:
+    _, sha = packed(project, tmp_path)
+    args = ["runs", "create", "--workdir", str(project), "--module", "byopkg.model:Net", "--datamodule",
+            "byopkg.model:Data", "--target-batch-size", "8", "--batch-size", "4", "--workers", "0",
+            "--min-workers", "0"]  # fmt: skip
+    name = f"code-{next(_names)}"
+    refused = cli(orch, *args, "--name", name, "--module-arg", "hiden=8")
+    assert refused.exit_code == 1 and "takes no argument 'hiden'" in refused.output
+    assert f"package {sha[:12]}" in refused.output and "uploaded" in refused.output
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
+
+    assert cli(orch, *args, "--name", name).exit_code == 0
+    taken = cli(orch, *args, "--name", name)  # the same package, refused: the run that names it keeps it
+    assert taken.exit_code == 6 and "exists already" in taken.output and "already stored" in taken.output
+    with orch.admin() as http:
+        assert http.get(f"/api/v1/packages/{sha}").status_code == 200

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from orchestrator.storage.base import CheckpointCorrupt, CheckpointNotFound, CheckpointStore, checkpoint_key
+from orchestrator.storage.base import (
+    PACKAGES_PREFIX,
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    CheckpointStore,
+    checkpoint_key,
+    package_key,
+)
+from orchestrator.storage.local import LocalCheckpointStore
 from orchestrator.storage.s3 import S3Store, S3StoreConfig
 from tests.support.aws import FakeAws
 
@@ -116,3 +125,15 @@ def test_keys_that_escape_the_prefix_are_refused() -> None:
         with pytest.raises(ValueError):
             store.object_key(bad)
     assert store.object_key("runs/a/epoch-00000001.ckpt") == "p/runs/a/epoch-00000001.ckpt"
+
+
+@pytest.mark.timeout(60)
+def test_stored_since_lists_packages_with_their_times_on_s3_and_on_disk(aws: FakeAws, tmp_path: Path) -> None:
+    path, sha = _file(tmp_path, 1000)
+    before = datetime.now(UTC) - timedelta(seconds=5)  # moto's times have whole seconds
+    for store in (_store(aws), LocalCheckpointStore(tmp_path / "local")):
+        store.put_file(package_key(sha), path, sha)
+        store.put_file(checkpoint_key("swarm-1", 1), path, sha)
+        stored = store.stored_since(PACKAGES_PREFIX)
+        assert list(stored) == [package_key(sha)], store.name
+        assert before <= stored[package_key(sha)] <= datetime.now(UTC) + timedelta(seconds=5)

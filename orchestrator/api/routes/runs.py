@@ -20,6 +20,7 @@ from orchestrator.api.deps import (
     HubDep,
     ImportsDep,
     LaunchersDep,
+    PackageClaimsDep,
     Reader,
     ReadSession,
     SettingsDep,
@@ -30,8 +31,9 @@ from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
-from orchestrator.domain import runs, views
-from orchestrator.errors import InvalidRequest, RunExists
+from orchestrator.domain import packages, runs, views
+from orchestrator.errors import InvalidRequest, RunExists, ServiceError
+from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher, LauncherConfigError
 from orchestrator.schemas import (
     EventPage,
@@ -45,7 +47,7 @@ from orchestrator.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.storage.base import CheckpointNotFound, copy_to_file, package_key
+from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, copy_to_file, package_key
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import ApiPath, RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
@@ -90,13 +92,41 @@ def create_run(
     store: StoreDep,
     imports: ImportsDep,
     launchers: LaunchersDep,
+    claims: PackageClaimsDep,
     reader: RunOutDep,
     _: Admin,
 ) -> RunCreated:
     """Validate the spec (launcher options; the package named by ``workdir`` is stored; its requirements
     install and its classes import and take their arguments, in an isolated process), insert a pending
     run and return it with its join token, shown only this once. 409 if the name is taken, 422 for a bad
-    spec."""
+    spec; either way the package the spec names is deleted unless a run names it (or another create is
+    checking it)."""
+    try:
+        with claims.claim(spec.workdir):
+            run = _checked_and_created(spec, db, clock, store, imports, launchers)
+    except ServiceError:
+        if spec.workdir is not None:
+            packages.forget_if_unnamed(db, store, claims, spec.workdir)
+        raise
+    hub.refresh()
+    return RunCreated(**reader.out(run.name).model_dump(), join_token=run.join_token)
+
+
+@dataclass(frozen=True)
+class _Created:
+    name: str
+    join_token: str
+
+
+def _checked_and_created(
+    spec: RunSpec,
+    db: Database,
+    clock: Clock,
+    store: CheckpointStore,
+    imports: ImportChecker | None,
+    launchers: Mapping[str, Launcher],
+) -> _Created:
+    """The checks of :func:`create_run`, then the insert; raises the typed error of the first that fails."""
     with db.read() as session:
         if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
             raise RunExists(f"a run named {spec.name!r} exists already")
@@ -124,8 +154,7 @@ def create_run(
         imports.check_spec(spec, fetch)
     with db.begin() as session:
         run, join_token = runs.create_run(session, spec, clock())
-    hub.refresh()
-    return RunCreated(**reader.out(run.name).model_dump(), join_token=join_token)
+        return _Created(run.name, join_token)
 
 
 def _check_launcher(launchers: Mapping[str, Launcher], spec: RunSpec) -> None:
