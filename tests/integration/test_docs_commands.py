@@ -38,7 +38,7 @@ EC2_OFFERED = {
     "SPOTSWARM_EC2_ENDPOINT_URL": "http://127.0.0.1:9",
     "SPOTSWARM_EC2_WORKER_IMAGE": "registry.example/spotswarm-worker:0.1.0",
 }
-EXPECTED_RUN = 36  # documented commands this test runs: a command left out by mistake changes the count
+EXPECTED_RUN = 37  # documented commands this test runs: a command left out by mistake changes the count
 NAMED_BY_POSITION = {
     ("runs", s) for s in ("show", "scale", "stop", "resume", "rotate-join-token", "logs")
 } | {
