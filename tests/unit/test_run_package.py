@@ -216,3 +216,39 @@ def test_links_up_and_across_the_tree_extract_as_links_with_the_packers_modes(tm
         0o755,
         0o644,
     )
+
+
+def test_data_dirs_and_secret_looking_files_stay_out_unless_asked_for(tmp_path: Path) -> None:
+    root = write(
+        tmp_path / "p",
+        {
+            "mypkg/model.py": "",
+            "mypkg/tokens.py": "",  # code
+            "tok/tokenizer.json": "{}",
+            "tok/special_tokens_map.json": "{}",
+            ".env.example": "API_KEY=",
+            "data/admin_token": "ssa_x",
+            "data/checkpoints/packages/a.tar.gz": "x",
+            "certs/Server.PEM": "k",
+            "hf_token": "hf_x",
+            ".env": "API_KEY=x",
+            "spotswarm.db-wal": "",
+        },
+    )
+    contents = collect(root)
+    assert [e.name for e in contents.entries] == [
+        ".env.example",
+        "mypkg/model.py",
+        "mypkg/tokens.py",
+        "tok/special_tokens_map.json",
+        "tok/tokenizer.json",
+    ]
+    assert [(item.name, item.reason) for item in contents.left_out] == [
+        (".env", "looks like a secret (matches .env)"),
+        ("certs/Server.PEM", "looks like a secret (matches *.pem)"),
+        ("data/", "an orchestrator's data dir (it holds admin_token)"),
+        ("hf_token", "looks like a secret (its name says token)"),
+        ("spotswarm.db-wal", "looks like a secret (matches spotswarm.db-*)"),
+    ]
+    everything = collect(root, include_secrets=True)
+    assert len(everything.entries) == 11 and everything.left_out == []
