@@ -76,6 +76,13 @@ def project(tmp_path: Path) -> Path:
     return root
 
 
+def own_bytes(project: Path) -> Path:
+    """``project`` with a file of its own, so that its package is no other test's (runs of the module's
+    other tests name theirs, and a package a run names is kept)."""
+    (project / "byopkg" / "own.py").write_text(f"N = {next(_names)}\n")
+    return project
+
+
 def packed(project: Path, tmp_path: Path) -> tuple[bytes, str]:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -301,7 +308,7 @@ def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
 def test_a_spec_missing_fields_is_refused_before_anything_is_packed_or_uploaded(
     orch: Orchestrator, project: Path, tmp_path: Path
 ) -> None:
-    _, sha = packed(project, tmp_path)
+    _, sha = packed(own_bytes(project), tmp_path)
     refused = cli(orch, "runs", "create", "--workdir", str(project))
     assert refused.exit_code == 1
     assert refused.output.strip() == (
@@ -342,7 +349,7 @@ def test_the_workdirs_requirements_txt_is_used_by_default_and_a_missing_dependen
 def test_a_refused_create_leaves_no_package_stored_unless_a_run_names_it(
     orch: Orchestrator, project: Path, tmp_path: Path
 ) -> None:
-    _, sha = packed(project, tmp_path)
+    _, sha = packed(own_bytes(project), tmp_path)
     args = ["runs", "create", "--workdir", str(project), "--module", "byopkg.model:Net", "--datamodule",
             "byopkg.model:Data", "--target-batch-size", "8", "--batch-size", "4", "--workers", "0",
             "--min-workers", "0"]  # fmt: skip
