@@ -48,6 +48,8 @@ NAMES: list[tuple[str, str, str, Any]] = [
     ("MAX_BODY_BYTES", "2097152", "max_body_bytes", 2 << 20),
     ("CHECKPOINT_MAX_BYTES", "1073741824", "checkpoint_max_bytes", 1 << 30),
     ("PACKAGE_MAX_BYTES", "536870912", "package_max_bytes", 512 << 20),
+    ("PACKAGE_ORPHAN_GRACE_S", "7200", "package_orphan_grace_s", 7200.0),
+    ("PACKAGE_SWEEP_INTERVAL_S", "60", "package_sweep_interval_s", 60.0),
     ("INSTALL_TIMEOUT_S", "1200", "install_timeout_s", 1200.0),
     ("INSTALLER", "pip", "installer", "pip"),
     ("CHECKPOINT_DIR", "/srv/ckpt", "checkpoint_dir", Path("/srv/ckpt")),
