@@ -27,7 +27,7 @@ import click
 from pydantic import ValidationError
 
 from orchestrator.cli.client import ApiClient, CliError, _validation_errors
-from orchestrator.cli.output import fmt_bytes
+from orchestrator.cli.output import echo_json, fmt_bytes
 from orchestrator.cli.packaging import Package, PackagingError, pack
 from worker.wire import RunSpec
 
@@ -164,8 +164,23 @@ def upload_code(api: ApiClient, package: Package, directory: str, say: Callable[
     return package.sha256
 
 
-def show_dry_run(package: Package | None, directory: str, say: Callable[[str], None]) -> None:
-    """Every file ``package`` holds, with its size, and what was left out; nothing is sent."""
+def show_dry_run(
+    package: Package | None, directory: str, spec: dict[str, Any], say: Callable[[str], None], as_json: bool
+) -> None:
+    """Every file ``package`` holds, with its size, and what was left out (with ``as_json``: those and
+    the spec, as JSON on stdout); nothing is sent."""
+    if as_json:
+        files = (
+            [{"name": e.name, "size_bytes": e.size, "link": e.link} for e in package.entries]
+            if package
+            else []
+        )
+        left_out = (
+            [{"name": item.name, "reason": item.reason} for item in package.left_out] if package else []
+        )
+        shown = {**spec, "secret_env": dict.fromkeys(spec["secret_env"])} if spec.get("secret_env") else spec
+        echo_json({"dry_run": True, "spec": shown, "files": files, "left_out": left_out})
+        return
     if package is not None:
         say(_summary(package, directory))
         for entry in package.entries:

@@ -178,7 +178,7 @@ def create(ctx: ApiContext, file: str | None, **flags: Any) -> None:
     with code_of_run(spec, flags, spec_dir, say) as package:
         directory = flags.get("workdir") or str(spec.get("workdir"))
         if flags["dry_run"]:
-            show_dry_run(package, directory, say)
+            show_dry_run(package, directory, spec, say, ctx.as_json)
             return
         if package is not None:
             spec["workdir"] = upload_code(ctx.api, package, directory, say)

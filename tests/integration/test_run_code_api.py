@@ -299,6 +299,12 @@ def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
     with tarfile.open(fileobj=io.BytesIO(shipped.content), mode="r:gz") as archive:
         assert archive.getnames() == ["byopkg/__init__.py", "byopkg/model.py", "tokenizer.json"]
 
+    as_json = cli(orch, *args, "--dry-run", "--json", "--secret-env", "API_KEY=sk-never-shown")
+    assert as_json.exit_code == 0 and "sk-never-shown" not in as_json.output
+    report = json.loads(as_json.stdout)
+    assert [f["name"] for f in report["files"]] == listed and len(report["left_out"]) == 6
+    assert report["dry_run"] and report["spec"]["secret_env"] == {"API_KEY": None}
+
     opted_in = cli(orch, *args, "--dry-run", "--include-secrets")
     assert opted_in.exit_code == 0 and "left out" not in opted_in.output
     assert all(secret in opted_in.output for secret in SECRET_FILES), opted_in.output
