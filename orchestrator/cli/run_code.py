@@ -196,7 +196,9 @@ def _summary(package: Package, directory: str) -> str:
     for entry in package.entries:
         top, sep, _ = entry.name.partition("/")
         counts[top + sep] = counts.get(top + sep, 0) + 1
-    shown = [f"{top} ({n} files)" if top.endswith("/") else top for top, n in counts.items()]
+    shown = [
+        f"{top} ({n} file{'s' if n > 1 else ''})" if top.endswith("/") else top for top, n in counts.items()
+    ]
     if len(shown) > TOP_LEVEL_SHOWN:
         shown = [*shown[:TOP_LEVEL_SHOWN], f"... {len(shown) - TOP_LEVEL_SHOWN} more"]
     listing = f": {', '.join(shown)}" if shown else ""
