@@ -53,6 +53,8 @@ PRODUCTION_ENV = {  # undo the fast time scales of tests/support/orchestrator.py
 # Thousands of hand-joined workers register with one join token here: lift its rate limit (for an
 # orchestrator given with --url, start it with these, or registrations wait out the 429s' Retry-After).
 JOIN_AT_ONCE = {"SPOTSWARM_JOIN_BURST": "100000", "SPOTSWARM_JOIN_RATE_PER_S": "10000"}
+# Every simulated worker connects from 127.0.0.1, one client address: no per-address connection cap.
+ONE_ADDRESS = {"SPOTSWARM_HTTP_MAX_CONNECTIONS_PER_CLIENT": "0"}
 
 
 @contextmanager
@@ -73,6 +75,7 @@ def own_orchestrator(db: str, reconcile: bool, heartbeat_timeout_s: float) -> It
             env = {
                 **PRODUCTION_ENV,
                 **JOIN_AT_ONCE,
+                **ONE_ADDRESS,
                 "SPOTSWARM_RECONCILE": "true" if reconcile else "false",
                 "SPOTSWARM_HEARTBEAT_TIMEOUT_S": str(heartbeat_timeout_s),
             }

@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from orchestrator.api import API_PREFIX, ApiPath, path_regex
 from orchestrator.api.errors import ERROR_RESPONSES, install_error_handlers
 from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
+from orchestrator.api.middleware.trusted_hosts import TrustedHostMiddleware
 from orchestrator.api.routes import (
     checkpoints,
     health,
@@ -140,6 +141,8 @@ def create_app(
         ],
     )
     app.add_middleware(HeartbeatFastPath, hub_of=lambda: _hub(app), max_body_bytes=settings.max_body_bytes)
+    # Before every route and the heartbeat's fast path: no answer to a host the API is not served as.
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts())
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: 413s are timed too
     return app
 

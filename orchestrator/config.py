@@ -22,6 +22,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -124,11 +125,33 @@ class Settings(BaseSettings):
         description="A TLS-terminating reverse proxy is in front (the Terraform module's nginx): plain HTTP "
         "on a non-loopback host is then intended, and start-up does not warn about it.",
     )
+    trusted_hosts: CommaList = Field(
+        default_factory=list,
+        description="Comma-separated host names the API answers to (*.example.com for a domain's names, * "
+        "for any), besides localhost, the host of --host and of --public-url, and IP addresses. A request "
+        "naming another host in its Host header gets 400: a web page on a name made to resolve to this "
+        "server (DNS rebinding) cannot read the API.",
+    )
     http_limit_concurrency: int = Field(
         default=2048,
         ge=16,
         le=1_000_000,
         description="Open connections (or requests in progress) beyond which the API answers 503 at once.",
+    )
+    http_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a connection has to send a request's whole header (from opening, or from its "
+        "previous answer) before it is closed: half-open connections cannot pile up.",
+    )
+    http_max_connections_per_client: int = Field(
+        default=256,
+        ge=0,
+        le=1_000_000,
+        description="Open connections one client address may hold; beyond, new ones are closed at once, so "
+        "one client cannot take all of --http-limit-concurrency. 0: no cap. Not applied with --tls-proxy "
+        "(every connection comes from the proxy, which keeps its own per-client limits).",
     )
     http_keepalive_timeout_s: float = Field(
         default=5.0, gt=0, le=3600, description="Seconds an idle keep-alive connection is kept open."
@@ -388,6 +411,14 @@ class Settings(BaseSettings):
     def dht_pid_path(self) -> Path:
         """The running DHT peer's PID: the next start stops a peer that a crashed server left behind."""
         return self.data_dir / "dht.pid"
+
+    def allowed_hosts(self) -> list[str]:
+        """Host names a request may name (IP addresses always may): ``trusted_hosts``, ``localhost``,
+        and the names the server is bound and published as (``host``, ``public_url``)."""
+        published = (self.host, urlsplit(self.public_url).hostname if self.public_url else None)
+        wildcard = ("0.0.0.0", "::")
+        names = ["localhost", *self.trusted_hosts, *(n for n in published if n and n not in wildcard)]
+        return list(dict.fromkeys(name.lower() for name in names))
 
     def admin_token_path(self) -> Path:
         return self.data_dir / "admin_token"

@@ -1,7 +1,8 @@
-# Least privilege. The orchestrator may launch instances only from the worker launch template, only
-# with the worker AMI, only tagged spotswarm:orchestrator=<name> and with a request id, and terminate
-# only instances carrying both (no resource of the module does: main.tf); it may pass the worker role
-# and nothing else. Workers never touch AWS APIs (all their checkpoint traffic goes through the
+# Least privilege. The orchestrator may launch instances only from the worker launch template (the
+# request must name it: ec2:LaunchTemplate), only with the worker AMI, only of the worker instance
+# types, only with IMDSv2 required, only tagged spotswarm:orchestrator=<deployment id> (unique to this
+# deployment: main.tf) and with a request id, and terminate only instances carrying both (no resource
+# of the module does); it may pass the worker role and nothing else. Workers never touch AWS APIs (all their checkpoint traffic goes through the
 # orchestrator's API): they may only pull from ECR, when configured. Policies are plain
 # jsonencode() documents so the plan tests can read them.
 
@@ -48,10 +49,27 @@ locals {
         Sid      = "LaunchOnlyTaggedWorkers"
         Effect   = "Allow"
         Action   = ["ec2:CreateFleet", "ec2:RunInstances"]
-        Resource = ["${local.ec2_arn}:instance/*", "${local.ec2_arn}:fleet/*"]
+        Resource = ["${local.ec2_arn}:fleet/*"]
         Condition = {
-          StringEquals = { "aws:RequestTag/${local.tag_orchestrator}" = var.name }
+          StringEquals = { "aws:RequestTag/${local.tag_orchestrator}" = local.deployment_id }
           Null         = { "aws:RequestTag/${local.tag_request}" = "false" }
+        }
+      },
+      {
+        # The instances themselves: tagged as above, and only as the worker launch template makes them
+        # (its ARN named in the request), of the worker instance types, with IMDSv2 required.
+        Sid      = "LaunchOnlyWorkerInstances"
+        Effect   = "Allow"
+        Action   = ["ec2:CreateFleet", "ec2:RunInstances"]
+        Resource = ["${local.ec2_arn}:instance/*"]
+        Condition = {
+          StringEquals = {
+            "aws:RequestTag/${local.tag_orchestrator}" = local.deployment_id
+            "ec2:InstanceType"                         = var.worker_instance_types
+            "ec2:MetadataHttpTokens"                   = "required"
+          }
+          ArnEquals = { "ec2:LaunchTemplate" = aws_launch_template.worker.arn }
+          Null      = { "aws:RequestTag/${local.tag_request}" = "false" }
         }
       },
       {
@@ -83,7 +101,7 @@ locals {
         Action   = ["ec2:TerminateInstances"]
         Resource = ["${local.ec2_arn}:instance/*"]
         Condition = {
-          StringEquals = { "ec2:ResourceTag/${local.tag_orchestrator}" = var.name }
+          StringEquals = { "ec2:ResourceTag/${local.tag_orchestrator}" = local.deployment_id }
           Null         = { "ec2:ResourceTag/${local.tag_request}" = "false" }
         }
       },

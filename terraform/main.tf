@@ -8,13 +8,16 @@ data "aws_region" "current" {}
 
 locals {
   # Two tag keys that never meet. The module's own resources (the orchestrator's instance included)
-  # carry spotswarm:deployment=<name>. Workers carry spotswarm:orchestrator=<name> plus a request id,
-  # both set by the EC2 launcher at launch; the orchestrator may terminate nothing else (iam.tf), so it
-  # can never mistake itself, or anything else of the module, for a worker.
+  # carry spotswarm:deployment=<name>. Workers carry spotswarm:orchestrator=<deployment id> plus a
+  # request id, both set by the EC2 launcher at launch; the orchestrator may terminate nothing else
+  # (iam.tf), so it can never mistake itself, or anything else of the module, for a worker. The
+  # deployment id is unique to this deployment (below): two deployments with the same name in one
+  # account and region never see, let alone terminate, each other's workers.
   tag_deployment   = "spotswarm:deployment"
   tag_orchestrator = "spotswarm:orchestrator"
   tag_request      = "spotswarm:request-id"
   tags             = merge(var.tags, { (local.tag_deployment) = var.name })
+  deployment_id    = terraform_data.deployment_id.output
 
   account_id = data.aws_caller_identity.current.account_id
   partition  = data.aws_partition.current.partition
@@ -25,4 +28,14 @@ locals {
 
   # The cloud-init templates live with the images they start (deploy/), shared with the EC2 launcher.
   deploy_dir = "${path.module}/../deploy"
+}
+
+# The value of the spotswarm:orchestrator tag on this deployment's workers: its name and 12 random hex
+# digits, made at the first apply and then kept (a new value would disown the workers running).
+resource "terraform_data" "deployment_id" {
+  input = "${var.name}-${substr(sha256(uuid()), 0, 12)}"
+
+  lifecycle {
+    ignore_changes = [input]
+  }
 }

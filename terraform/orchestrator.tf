@@ -20,6 +20,8 @@ locals {
   app_port = 8001
   # The orchestrator's largest checkpoint upload; nginx lets uploads that large through.
   checkpoint_max_bytes = 4 * 1024 * 1024 * 1024
+  # The orchestrator's largest code package (its default); nginx lets packages that large through.
+  package_max_bytes = 1024 * 1024 * 1024
 
   # What the orchestrator container is told (SPOTSWARM_* settings); the private IP is added at boot.
   orchestrator_env = {
@@ -27,10 +29,12 @@ locals {
     SPOTSWARM_PORT                         = tostring(local.app_port)
     SPOTSWARM_TLS_PROXY                    = "true"
     SPOTSWARM_CHECKPOINT_MAX_BYTES         = tostring(local.checkpoint_max_bytes)
+    SPOTSWARM_PACKAGE_MAX_BYTES            = tostring(local.package_max_bytes)
+    SPOTSWARM_TRUSTED_HOSTS                = local.domain_name
     SPOTSWARM_DHT_PORT                     = tostring(var.dht_port)
     SPOTSWARM_DATA_DIR                     = "/data"
     SPOTSWARM_EC2_REGION                   = local.region
-    SPOTSWARM_EC2_ORCHESTRATOR_ID          = var.name
+    SPOTSWARM_EC2_ORCHESTRATOR_ID          = local.deployment_id
     SPOTSWARM_EC2_LAUNCH_TEMPLATE          = aws_launch_template.worker.id
     SPOTSWARM_EC2_SUBNET_IDS               = join(",", local.subnet_ids)
     SPOTSWARM_EC2_INSTANCE_TYPES           = join(",", var.worker_instance_types)
@@ -54,6 +58,7 @@ locals {
     domain_name                = local.domain_name
     max_connections_per_client = var.proxy_max_connections_per_client
     checkpoint_max_bytes       = local.checkpoint_max_bytes
+    package_max_bytes          = local.package_max_bytes
   })
 
   orchestrator_user_data = templatefile("${local.deploy_dir}/cloud-init/orchestrator.yaml", {

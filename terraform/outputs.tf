@@ -62,3 +62,8 @@ output "security_group_ids" {
   description = "Security groups of the orchestrator and of the workers."
   value       = { orchestrator = aws_security_group.orchestrator.id, workers = aws_security_group.workers.id }
 }
+
+output "deployment_id" {
+  description = "The value of the spotswarm:orchestrator tag on this deployment's workers: its name and a random suffix, made at the first apply, so no other deployment (the same name included) can see or terminate them."
+  value       = local.deployment_id
+}

@@ -2,7 +2,7 @@
 # are required; everything else has a default that works in a fresh account.
 
 variable "name" {
-  description = "Prefix of every resource name; the value of the spotswarm:deployment tag on the module's resources and of the spotswarm:orchestrator tag on the workers, which scopes the orchestrator's EC2 permissions."
+  description = "Prefix of every resource name; the value of the spotswarm:deployment tag on the module's resources, and the start of the spotswarm:orchestrator tag on the workers (followed by a random suffix unique to the deployment), which scopes the orchestrator's EC2 permissions."
   type        = string
   default     = "spotswarm"
 
@@ -258,7 +258,7 @@ variable "worker_ami_id" {
 }
 
 variable "worker_instance_types" {
-  description = "Default instance types of a run, in order of preference (a run may override them). More types = more spot pools = fewer failed launches."
+  description = "Default instance types of a run, in order of preference, and the only types the orchestrator may launch (a run may choose among them). More types = more spot pools = fewer failed launches."
   type        = list(string)
   default     = ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]
 

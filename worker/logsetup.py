@@ -11,9 +11,11 @@ same fields, so logs of both sides can be searched alike:
 
 ``run``, ``worker`` and ``event`` come from the record (``logger.info(..., extra=log_fields(run=...))``)
 or, for a process that serves one run (a worker), from :func:`set_log_context`. Fields not known are
-``null`` in JSON and left out of text lines. Text lines escape control characters in messages and
-fields (a newline becomes ``\n``), so logged values cannot start lines of their own; the traceback
-after a message keeps its lines.
+``null`` in JSON and left out of text lines. A process that knows a run's secret values (a worker,
+once registered) names them with :func:`set_log_secrets`: every line, traceback included, has them
+masked (:mod:`worker.redaction`), since user code's exceptions quote credentials. Text lines escape
+control characters in messages and fields (a newline becomes ``\n``), so logged values cannot start
+lines of their own; the traceback after a message keeps its lines.
 
 hivemind installs its own handler on the ``hivemind`` logger; it is removed so that hivemind's lines go
 through ours in the same format, and hivemind is kept at ``SPOTSWARM_HIVEMIND_LOG_LEVEL`` (default
@@ -26,9 +28,11 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import IO, Any
 
+from worker.redaction import redact
 from worker.wire import CONTROL_CHARACTER_RE
 
 FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
@@ -41,6 +45,7 @@ QUIET_LOGGERS = {"httpx": logging.WARNING, "httpcore": logging.WARNING, "urllib3
 class _Context:
     run: str | None = None
     worker: str | None = None
+    secrets: tuple[str, ...] = ()
 
 
 _CONTEXT = _Context()
@@ -49,6 +54,16 @@ _CONTEXT = _Context()
 def set_log_context(run: str | None = None, worker: str | None = None) -> None:
     """Name the run and worker this process serves: added to every record that names none itself."""
     _CONTEXT.run, _CONTEXT.worker = run, worker
+
+
+def set_log_secrets(values: Iterable[str | None]) -> None:
+    """Mask these values (a run's ``secret_env``) in every line this process logs from now on."""
+    _CONTEXT.secrets = tuple(v for v in values if v)
+
+
+def without_secrets(text: str) -> str:
+    """``text`` with the values named by :func:`set_log_secrets` masked."""
+    return redact(text, _CONTEXT.secrets) if _CONTEXT.secrets else text
 
 
 def log_fields(run: str | None = None, worker: object = None, event: str | None = None) -> dict[str, Any]:
@@ -109,10 +124,10 @@ class TextFormatter(logging.Formatter):
         record.level = level_name(record)
         event = getattr(record, "event", None)
         record.kind = escape_control_characters(f"{event}: ") if event else ""
-        return super().format(record)
+        return without_secrets(super().format(record))  # the traceback too
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
-        record.message = escape_control_characters(record.message)
+        record.message = escape_control_characters(without_secrets(record.message))
         return super().formatMessage(record)
 
 
@@ -128,12 +143,12 @@ class JsonFormatter(logging.Formatter):
             "run": getattr(record, "run", None),
             "worker": getattr(record, "worker", None),
             "event": getattr(record, "event", None),
-            "message": record.getMessage(),
+            "message": without_secrets(record.getMessage()),
         }
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            line["exception"] = without_secrets(self.formatException(record.exc_info))
         elif record.stack_info:
-            line["exception"] = self.formatStack(record.stack_info)
+            line["exception"] = without_secrets(self.formatStack(record.stack_info))
         return json.dumps(line, default=str, ensure_ascii=False)
 
 

@@ -9,8 +9,10 @@
 - **Ports in use.** The HTTP port is bound only after the app (DHT peer, fork server) has started, and a
   DHT port in use fails inside the app's start-up, where it prints a traceback. Both are tried first, so
   a port taken by another program is one line naming it and the setting to change.
-- **uvicorn's own bounds** (``limit_concurrency``, ``timeout_keep_alive``) come from settings. None of
-  this replaces a proxy with per-client limits and header timeouts in front of a public address.
+- **uvicorn's own bounds** (``limit_concurrency``, ``timeout_keep_alive``) come from settings, and two
+  it lacks are added (``http_protocol.py``): a time limit on a request's header and a cap on one client
+  address's connections, so one client holding half-open connections cannot get everyone a 503. Many
+  addresses together still can: a public address wants a proxy with per-client limits in front.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import resource
 import socket
 from typing import Any
 
+from orchestrator.cli.http_protocol import bounded_protocol
 from orchestrator.config import Settings
 
 logger = logging.getLogger("orchestrator.serve")
@@ -67,10 +70,12 @@ def raise_open_files_limit() -> int:
 
 
 def uvicorn_limits(settings: Settings) -> dict[str, Any]:
-    """uvicorn.Config keywords that bound what clients can hold open."""
+    """uvicorn.Config keywords that bound what clients can hold open (and for how long)."""
+    per_client = 0 if settings.tls_proxy else settings.http_max_connections_per_client
     return {
         "limit_concurrency": settings.http_limit_concurrency,
         "timeout_keep_alive": settings.http_keepalive_timeout_s,
+        "http": bounded_protocol(settings.http_header_timeout_s, per_client),
     }
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.domain import reported
-from orchestrator.domain.events import record_event
+from orchestrator.domain.events import record_event, without_secrets
 from orchestrator.domain.states import (
     ACCEPTING_RUN_STATES,
     ACTIVE_RUN_STATES,
@@ -143,6 +143,7 @@ def set_run_state(
         return False
     if new not in RUN_TRANSITIONS[old]:
         raise IllegalTransition(f"run {run.name!r} is {old}; it cannot become {new}")
+    reason = without_secrets(run, reason)
     run.state, run.state_reason, run.updated_at = new, reason, now
     if new == RunState.running and run.started_at is None:
         run.started_at = now
@@ -173,6 +174,7 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
         return False
     if new not in WORKER_TRANSITIONS[old]:
         raise IllegalTransition(f"worker {worker.id} is {old}; it cannot become {new}")
+    reason = without_secrets(worker.run, reason)  # a worker's failure message or log tail
     worker.state, worker.state_reason = new, reason
     if new == WorkerState.running:
         worker.ended_at = None

@@ -206,9 +206,9 @@ def register_worker(
     else:
         runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
     worker.token_hash = tokens.hash_token(worker_token)
-    worker.hostname = body.hostname
+    worker.hostname = events.without_secrets(run, body.hostname)
     if body.launcher_handle:
-        worker.launcher_handle = body.launcher_handle
+        worker.launcher_handle = events.without_secrets(run, body.launcher_handle)
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
     assign_worker_index(session, worker)
@@ -216,7 +216,7 @@ def register_worker(
     # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending:
         runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
-    events.record_event(session, run.id, "worker.registered", f"host {body.hostname!r}", now, worker.id)
+    events.record_event(session, run.id, "worker.registered", f"host {worker.hostname!r}", now, worker.id)
     return Registration(worker, run, worker_token)
 
 
@@ -239,6 +239,7 @@ def deregister_worker(
     """
     new = DEREGISTER_STATES[reason]
     old_state = worker.state
+    message = events.without_secrets(worker.run, message) if message else message
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
     if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)

@@ -35,7 +35,8 @@ from typing import Any
 from orchestrator.errors import InvalidRequest, Unavailable
 from orchestrator.launchers.childenv import child_env
 from orchestrator.launchers.forkserver import ForkServer, ForkServerError
-from worker.runtime.env import InstallFailed, Runtime, find_installer, prepare_runtime, redact
+from worker.redaction import redact
+from worker.runtime.env import InstallFailed, Runtime, find_installer, prepare_runtime
 from worker.runtime.package import UnsafePackage
 from worker.wire import RunSpec
 

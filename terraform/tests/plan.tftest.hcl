@@ -162,6 +162,17 @@ run "nginx_terminates_tls_in_front_of_an_orchestrator_on_loopback" {
   }
   assert {
     condition = alltrue([
+      strcontains(local.nginx_conf, "client_max_body_size 1073741824;"),
+      local.orchestrator_env.SPOTSWARM_PACKAGE_MAX_BYTES == "1073741824",
+      strcontains(local.nginx_conf, "add_header Strict-Transport-Security $spotswarm_hsts always;"),
+      strcontains(local.nginx_conf, "listen 443 ssl default_server;"),
+      strcontains(local.nginx_conf, "return 444;"),
+      local.orchestrator_env.SPOTSWARM_TRUSTED_HOSTS == "",
+    ])
+    error_message = "nginx lets code packages as large as the orchestrator takes through, sends HSTS, and drops requests for unknown hosts"
+  }
+  assert {
+    condition = alltrue([
       strcontains(local.orchestrator_user_data, base64encode(local.nginx_conf)),
       strcontains(local.orchestrator_user_data, "nginx:1.28.0-alpine"),
       !strcontains(local.orchestrator_user_data, "spotswarm-certbot.timer]"),
@@ -208,6 +219,15 @@ run "a_domain_gets_lets_encrypt_over_port_80" {
     ])
     error_message = "nginx serves the challenge and certbot runs on a timer"
   }
+  assert {
+    condition = alltrue([
+      local.orchestrator_env.SPOTSWARM_TRUSTED_HOSTS == "spotswarm.example.com",
+      strcontains(local.nginx_conf, "server_name spotswarm.example.com;"),
+      strcontains(local.nginx_conf, "listen 80 default_server;"),
+      strcontains(local.nginx_conf, "return 301 https://spotswarm.example.com$request_uri;"),
+    ])
+    error_message = "the domain is the name served (by nginx and the orchestrator); port 80 redirects to it and drops other names"
+  }
 }
 
 run "rejects_an_api_open_to_the_internet_without_opting_in" {
@@ -238,16 +258,50 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
   command = apply
 
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyTaggedWorkers"]).Condition.StringEquals["aws:RequestTag/spotswarm:orchestrator"] == "spotswarm"
-    error_message = "instances and fleets may only be created carrying the orchestrator's tag"
+    condition     = can(regex("^spotswarm-[0-9a-f]{12}$", output.deployment_id))
+    error_message = "the workers' tag value is the deployment's name and a random suffix, never the name alone"
+  }
+  assert {
+    condition     = local.orchestrator_env.SPOTSWARM_EC2_ORCHESTRATOR_ID == output.deployment_id
+    error_message = "the EC2 launcher tags workers with the deployment id the policy names"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyTaggedWorkers"]).Condition.StringEquals["aws:RequestTag/spotswarm:orchestrator"] == output.deployment_id
+    error_message = "fleets may only be created carrying the deployment's own tag value"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyWorkerInstances"]).Condition.StringEquals["aws:RequestTag/spotswarm:orchestrator"] == output.deployment_id
+    error_message = "instances may only be created carrying the deployment's own tag value"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyWorkerInstances"]).Condition.Null["aws:RequestTag/spotswarm:request-id"] == "false"
+    error_message = "instances may only be created carrying a request id"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyWorkerInstances"]).Condition.ArnEquals["ec2:LaunchTemplate"] == aws_launch_template.worker.arn
+    error_message = "instances may only be launched from the worker launch template (the request must name it)"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyWorkerInstances"]).Condition.StringEquals["ec2:InstanceType"] == ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]
+    error_message = "instances may only be of the worker instance types"
+  }
+  assert {
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyWorkerInstances"]).Condition.StringEquals["ec2:MetadataHttpTokens"] == "required"
+    error_message = "instances may only be launched with IMDSv2 required"
+  }
+  assert {
+    condition = alltrue([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement :
+      s.Sid == "LaunchOnlyWorkerInstances" if contains(s.Resource, "arn:aws:ec2:us-east-1:123456789012:instance/*") && anytrue([for a in s.Action : contains(["ec2:RunInstances", "ec2:CreateFleet"], a)])
+    ])
+    error_message = "no other statement allows launching an instance"
   }
   assert {
     condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "LaunchOnlyTaggedWorkers"]).Condition.Null["aws:RequestTag/spotswarm:request-id"] == "false"
     error_message = "instances and fleets may only be created carrying a request id"
   }
   assert {
-    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.StringEquals["ec2:ResourceTag/spotswarm:orchestrator"] == "spotswarm"
-    error_message = "only instances carrying the orchestrator's tag may be terminated"
+    condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.StringEquals["ec2:ResourceTag/spotswarm:orchestrator"] == output.deployment_id
+    error_message = "only instances carrying the deployment's own tag value may be terminated (not another deployment's of the same name)"
   }
   assert {
     condition     = one([for s in jsondecode(aws_iam_role_policy.orchestrator.policy).Statement : s if s.Sid == "TerminateOnlyOwnWorkers"]).Condition.Null["ec2:ResourceTag/spotswarm:request-id"] == "false"
@@ -288,6 +342,15 @@ run "orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role" {
       s.Condition != null if anytrue([for a in s.Action : contains(["ec2:CreateTags", "ec2:TerminateInstances", "iam:PassRole", "iam:CreateServiceLinkedRole"], a)])
     ])
     error_message = "tagging, terminating and role actions always carry a condition"
+  }
+}
+
+run "the_workers_tag_value_is_kept_across_applies" {
+  command = apply
+
+  assert {
+    condition     = output.deployment_id == run.orchestrator_iam_is_scoped_to_its_tag_template_and_worker_role.deployment_id
+    error_message = "a later apply keeps the deployment id: a new one would disown the running workers"
   }
 }
 

@@ -6,6 +6,8 @@
 - every authenticated route answers 401 to a call without a token before it looks at the body;
 - host names, launcher handles, messages and reasons with control characters are refused (422), so
   they cannot forge lines in the server's log;
+- a run's ``secret_env`` values in what a worker sends (a failure message quoting a credential) are
+  masked before anything is stored or logged, whatever the worker did itself;
 - with private reads, every read needs the admin token (a run's peers also a token of the run).
 
 What `spotswarm serve` itself writes (its output, its data dir) is checked on a real server:
@@ -179,6 +181,46 @@ def test_control_characters_are_refused_where_they_would_reach_the_log(
     assert joined.status_code == 200, joined.text
     assert "honest-box" in caplog.text  # the capture holds the server's lines
     assert "FORGED" not in caplog.text
+
+
+# -- secret values in what a worker sends ------------------------------------------------------------------
+
+SECRET = "sk-LEAKME-abcdef123456"
+
+
+def test_secret_values_a_worker_sends_are_masked_before_they_are_stored_or_logged(
+    orch: Orchestrator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that does not redact (older, hand-written) sends the first line of a user's exception,
+    which quotes the run's secret: no view, event or log line of the server holds it."""
+    caplog.set_level(logging.DEBUG)
+    spec = run_spec("secretive", secret_env={"API_KEY": SECRET})
+    with orch.admin() as http:
+        created = http.post("/api/v1/runs", json=spec)
+        assert created.status_code == 201, created.text
+    with orch.client(created.json()["join_token"]) as http:
+        registered = http.post("/api/v1/workers/register", json={"hostname": f"box-{SECRET}"})
+        assert registered.status_code == 200, registered.text
+    worker = registered.json()
+    assert worker["secret_env"] == {"API_KEY": SECRET}  # the worker itself gets it
+    leak = f"training failed: HTTPError: 401 for url: https://api.example/whoami?token={SECRET}"
+    with orch.client(worker["worker_token"]) as http:
+        left = http.post(
+            f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "error", "message": leak}
+        )
+        assert left.status_code == 204, left.text
+    paths = ["/api/v1/runs/secretive", "/api/v1/runs/secretive/workers", "/api/v1/runs/secretive/events"]
+    with orch.client() as anonymous, orch.admin() as admin:
+        seen = {
+            f"{who} {path}": http.get(path).text
+            for path in paths
+            for who, http in (("anonymous", anonymous), ("admin", admin))
+        }
+    events = seen["anonymous /api/v1/runs/secretive/events"]
+    assert "whoami?token=***" in events, events  # the message is kept, the secret masked
+    assert [where for where, text in seen.items() if SECRET in text] == []
+    assert "whoami?token=***" in caplog.text
+    assert SECRET not in caplog.text
 
 
 # -- private reads -----------------------------------------------------------------------------------------

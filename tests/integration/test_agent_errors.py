@@ -78,6 +78,27 @@ def test_module_that_fails_to_import_is_reported_on_the_run(
     assert f"deregistered ({workers[0]['exit_reason']})" in events  # the event carries the message
 
 
+@pytest.mark.timeout(120)
+def test_a_failure_message_quoting_a_secret_reaches_no_reader_and_no_log(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    secret = "sk-LEAKME-abcdef123456"
+    token = create_run(
+        orch, "sec", module="tests.support.models:CredentialQuotingModule", secret_env={"API_KEY": secret}
+    )
+    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
+    paths = ["/api/v1/runs/sec", "/api/v1/runs/sec/workers", "/api/v1/runs/sec/events"]
+    with orch.client() as anonymous:
+        seen = {path: anonymous.get(path).text for path in paths}
+    # the failure is still told, with the secret masked, by the worker before it sends it
+    assert "Unauthorized for url: https://api.example/whoami?token=***" in seen["/api/v1/runs/sec/events"]
+    assert "whoami?token=***" in agent.log(), agent.log()[-2000:]
+    leaks = dict(seen)
+    leaks.update({"agent log": agent.log(), "server log": orch.proc.log()})
+    assert [where for where, text in leaks.items() if secret in text] == []
+
+
 @pytest.mark.timeout(60)
 def test_unreachable_orchestrator_without_cache_exits_retryable(
     processes: ProcessRegistry, tmp_path: Path

@@ -1,18 +1,25 @@
 """What ``spotswarm serve`` does about being reachable from the network: the start-up warning for plain
 HTTP beyond loopback (silenced by ``--tls-proxy``), the open-files limit raised to the hard limit, a
 DHT peer that never asks a router to open its port, a generated admin token that is never written to
-its output, and a data dir private to its user. Each test starts the real server."""
+its output, a data dir private to its user, no answer to a host it is not served as (DNS rebinding),
+and half-open connections of one client that cannot keep others out. Each test starts the real server.
+
+The module's server has lowered connection bounds (the defaults are 2,048 connections, 256 per client
+and 10 s for a header), so a few hundred sockets show what thousands would. The attacker connects from
+127.0.0.2 (loopback, but another client address), everyone else from 127.0.0.1."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.orchestrator import Orchestrator, start_orchestrator
+from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -20,6 +27,16 @@ from tests.support.workers import become_checkpointer, register
 from worker.wire import CHECKSUM_HEADER
 
 WARNING = "serving plain HTTP on 0.0.0.0"
+LIMIT_CONCURRENCY = 64
+PER_CLIENT = 32
+HEADER_TIMEOUT_S = 3.0
+ORCHESTRATOR_ENV = {
+    **HAND_ONLY,
+    "SPOTSWARM_HTTP_LIMIT_CONCURRENCY": str(LIMIT_CONCURRENCY),
+    "SPOTSWARM_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
+    "SPOTSWARM_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+}
+ATTACKER = "127.0.0.2"
 
 
 def _group_processes(pgid: int) -> dict[int, str]:
@@ -112,3 +129,66 @@ def test_the_data_dir_and_its_files_are_private(orch: Orchestrator) -> None:
     paths = [data, data / "spotswarm.db", data / "checkpoints", data / "tmp", data / "workers", *checkpoints]
     open_to_others = {str(p): oct(_mode(p)) for p in paths if _mode(p) & 0o077}
     assert not open_to_others, open_to_others
+
+
+# -- Host names and half-open connections ---------------------------------------------------------------
+
+
+def test_a_request_naming_a_host_the_server_is_not_served_as_gets_400(orch: Orchestrator) -> None:
+    """DNS rebinding: a page on a name made to resolve to 127.0.0.1 sends that name as Host."""
+    port = orch.port
+    with orch.client() as http:
+        refused = http.get("/api/v1/runs", headers={"Host": f"rebind.attacker.example:{port}"})
+        assert refused.status_code == 400 and "Host" in refused.text, refused.text
+        assert http.get("/healthz", headers={"Host": "rebind.attacker.example"}).status_code == 400
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost.", f"[::1]:{port}", "10.0.3.7"):
+            assert http.get("/api/v1/runs", headers={"Host": host}).status_code == 200, host
+
+
+def _half_open(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections from the attacker's address, each with half a request header, and no more."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.settimeout(5)
+            sock.bind((ATTACKER, 0))
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return not sock.recv(65536)
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_one_client_holding_half_open_connections_keeps_no_one_else_out(orch: Orchestrator) -> None:
+    """Without bounds, connections past limit_concurrency get every caller, /healthz included, a 503 for
+    as long as one client holds them. Here the client's connections past its share are closed at once,
+    and the rest once their header is late; /healthz answers 200 throughout."""
+    flood = _half_open(orch.port, 5 * LIMIT_CONCURRENCY)
+    try:
+        opened_at = time.monotonic()
+        with orch.client() as http:
+            for _ in range(5):
+                assert http.get("/healthz").status_code == 200
+        wait_until(lambda: sum(map(_closed_by_server, flood)) >= len(flood) - PER_CLIENT, 10,
+                   message="the connections beyond the client's share closed at once")  # fmt: skip
+        wait_until(lambda: all(map(_closed_by_server, flood)), HEADER_TIMEOUT_S + 10,
+                   message="every half-open connection closed after the header timeout")  # fmt: skip
+        assert time.monotonic() - opened_at >= HEADER_TIMEOUT_S - 0.5, "not before the header timeout"
+    finally:
+        for sock in flood:
+            sock.close()

@@ -12,12 +12,15 @@ and workers from 127.0.0.1. The orchestrator runs with 1024 file descriptors, so
 from __future__ import annotations
 
 import getpass
+import hashlib
+import io
 import os
 import re
 import shutil
 import socket
 import ssl
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from tests.support.terraform import (
 from tests.support.waiting import wait_until
 
 ATTACKER = "127.0.0.2"
+DOMAIN = "spotswarm.example.com"
 HEADER_TIMEOUT_S = 10  # client_header_timeout in the template
 ORCHESTRATOR_FILES = 1024
 
@@ -88,6 +92,7 @@ def render_nginx(workdir: Path, **ports_and_paths: Any) -> Path:
         "nginx_user": getpass.getuser(),
         "max_connections_per_client": module_default("proxy_max_connections_per_client"),
         "checkpoint_max_bytes": Settings.model_fields["checkpoint_max_bytes"].default,
+        "package_max_bytes": Settings.model_fields["package_max_bytes"].default,
         "domain_name": "",
         **ports_and_paths,
     }
@@ -103,9 +108,12 @@ def proxies_or_exited(nginx: ManagedProcess, worker_port: int) -> bool:
     return httpx.get(f"http://127.0.0.1:{worker_port}/readyz", timeout=5).status_code == 200
 
 
-def start_nginx(processes: ProcessRegistry, root: Path, *, upstream_port: int) -> tuple[Path, int, int]:
+def start_nginx(
+    processes: ProcessRegistry, root: Path, *, upstream_port: int, tls_dir: Path | None = None, **extra: Any
+) -> tuple[Path, int, int]:
     """Start nginx on free ports and wait until it proxies ``/readyz``; return its configuration and its
     HTTPS and worker ports. Started again on new ports when one was taken (:mod:`tests.support.ports`).
+    ``extra`` are more template variables (``domain_name``, ``http_port``).
     """
     for attempt in range(1, PORT_ATTEMPTS + 1):
         https_port, worker_port = free_port(), free_port()
@@ -114,10 +122,11 @@ def start_nginx(processes: ProcessRegistry, root: Path, *, upstream_port: int) -
             run_dir=str(root / "run"),
             https_port=https_port,
             worker_port=worker_port,
-            http_port=free_port(),
+            http_port=extra.pop("http_port", None) or free_port(),
             upstream_port=upstream_port,
-            tls_dir=str(root / "tls"),
+            tls_dir=str(tls_dir or root / "tls"),
             acme_dir=str(root / "acme"),
+            **extra,
         )
         nginx = processes.start(
             f"nginx-{attempt}", [nginx_binary(), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
@@ -151,7 +160,12 @@ def front_door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontDoor]:
         orch = start_orchestrator(
             processes,
             root / "data",
-            extra_env={**NO_RECONCILE, "SPOTSWARM_TLS_PROXY": "true", "SPOTSWARM_CHECK_IMPORTS": "false"},
+            extra_env={
+                **NO_RECONCILE,
+                "SPOTSWARM_TLS_PROXY": "true",
+                "SPOTSWARM_CHECK_IMPORTS": "false",
+                "SPOTSWARM_TRUSTED_HOSTS": DOMAIN,  # as the Terraform module sets it with a domain_name
+            },
             command_prefix=["prlimit", f"--nofile={ORCHESTRATOR_FILES}:{ORCHESTRATOR_FILES}", "--"],
         )
         (root / "run").mkdir()
@@ -261,6 +275,78 @@ def test_the_shipped_configuration_with_a_domain_is_valid_nginx(
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     assert checked.returncode == 0 and "test is successful" in checked.stderr, checked.stderr
     assert "/.well-known/acme-challenge/" in conf.read_text()
+
+
+# -- which hosts, what size, which headers --------------------------------------------------------------
+
+
+def answered(url: str, host: str, **kwargs: Any) -> int | None:
+    """The status of ``GET url`` sent with ``Host: host``; None when the connection closed unanswered."""
+    try:
+        return httpx.get(url, headers={"Host": host}, timeout=10, **kwargs).status_code
+    except (httpx.RemoteProtocolError, httpx.ReadError):  # nginx's 444: closed (or reset), no word
+        return None
+
+
+@pytest.mark.timeout(120)
+def test_a_request_naming_another_host_gets_no_answer_through_the_proxy(
+    front_door: FrontDoor, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    """DNS rebinding: a page on a name made to resolve to the orchestrator sends that name as Host."""
+    tls = {"verify": front_door.tls()}
+    for url, options in ((front_door.https_url, tls), (front_door.worker_url, {})):
+        port = url.rsplit(":", 1)[1]
+        assert answered(f"{url}/api/v1/runs", f"rebind.attacker.example:{port}", **options) is None
+        assert answered(f"{url}/api/v1/runs", f"127.0.0.1:{port}", **options) == 200
+        assert answered(f"{url}/api/v1/runs", f"localhost:{port}", **options) == 200
+        assert answered(f"{url}/api/v1/runs", f"10.0.3.7:{port}", **options) == 200  # a private address
+
+    # With a domain: its name is served (by the orchestrator too: Terraform names it a trusted host),
+    # plain HTTP on port 80's stand-in sends it to HTTPS on that name, and another name gets nothing.
+    (tmp_path / "run").mkdir()
+    http_port = free_port()
+    tls_dir = front_door.ca_cert.parent
+    _, https_port, _ = start_nginx(
+        processes,
+        tmp_path,
+        upstream_port=front_door.orch.port,
+        tls_dir=tls_dir,
+        domain_name=DOMAIN,
+        http_port=http_port,
+    )
+    https = f"https://127.0.0.1:{https_port}"
+    assert answered(f"{https}/api/v1/runs", DOMAIN, **tls) == 200
+    assert answered(f"{https}/api/v1/runs", "rebind.attacker.example", **tls) is None
+    moved = httpx.get(f"http://127.0.0.1:{http_port}/api/v1/runs", headers={"Host": DOMAIN}, timeout=10)
+    assert moved.status_code == 301 and moved.headers["location"] == f"https://{DOMAIN}/api/v1/runs"
+    assert answered(f"http://127.0.0.1:{http_port}/api/v1/runs", "rebind.attacker.example") is None
+
+
+@pytest.mark.timeout(120)
+def test_users_get_hsts_over_https_and_workers_plain_http_without(front_door: FrontDoor) -> None:
+    with front_door.user() as http:
+        hsts = http.get("/readyz").headers.get("strict-transport-security")
+    assert hsts == "max-age=31536000"
+    assert "strict-transport-security" not in httpx.get(f"{front_door.worker_url}/readyz").headers
+
+
+@pytest.mark.timeout(120)
+def test_a_code_package_over_the_json_limit_uploads_through_the_proxy(front_door: FrontDoor) -> None:
+    # A package of 3 MiB (nginx's JSON limit is 2 MiB), uploaded as `runs create --workdir` does.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        payload = os.urandom(3 << 20)  # does not compress
+        member = tarfile.TarInfo("project/weights.bin")
+        member.size = len(payload)
+        archive.addfile(member, io.BytesIO(payload))
+    body = buffer.getvalue()
+    assert len(body) > 3 << 20
+    digest = hashlib.sha256(body).hexdigest()
+    admin = {"Authorization": f"Bearer {front_door.orch.admin_token}"}
+    with front_door.user(headers=admin) as http:
+        stored = http.put(f"/api/v1/packages/{digest}", content=body)
+    assert stored.status_code == 201, stored.text
+    assert stored.json()["size_bytes"] == len(body)
 
 
 # -- one client cannot starve the others ---------------------------------------------------------------
@@ -374,7 +460,7 @@ def test_one_client_gets_429_beyond_its_share_while_others_are_served(front_door
     worker = register_worker(front_door, "greedy")
     worker_port = int(front_door.worker_url.rsplit(":", 1)[1])
     # Requests whose header is complete but whose body never comes: each holds one of the client's slots.
-    holding = b"POST /api/v1/workers/register HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    holding = b"POST /api/v1/workers/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
     greedy = open_half_requests(worker_port, limit + 8, holding)
     replies: dict[int, bytes] = {}
 

@@ -47,7 +47,7 @@ from orchestrator.swarm.admission import load_or_create_key
 from tests.support.null_dht import null_dht
 from tests.support.orchestrator import TEST_ENV, ApiServer
 
-BASE_URL = "http://testserver"
+BASE_URL = "http://localhost"  # a host the API answers to (trusted_hosts)
 LIFESPAN_TIMEOUT_S = 60.0  # start-up migrates the database; shut-down writes the last heartbeats
 
 

@@ -21,7 +21,8 @@ from orchestrator.launchers.worker_logs import read_tail, worker_log_path
 from orchestrator.metrics.middleware import route_template
 from orchestrator.metrics.service import ServiceMetrics
 from tests.support.waiting import wait_until
-from worker.logsetup import configure_logging, log_fields, set_log_context
+from worker.logsetup import configure_logging, log_fields, set_log_context, set_log_secrets
+from worker.redaction import redact
 
 
 @pytest.fixture
@@ -32,6 +33,7 @@ def restore_logging() -> Iterator[None]:
         yield
     finally:
         set_log_context()
+        set_log_secrets(())
         logging.captureWarnings(False)
         root.handlers[:] = handlers
         root.setLevel(level)
@@ -102,6 +104,30 @@ def test_text_lines_escape_control_characters_so_values_cannot_forge_lines(resto
     ), lines
     assert lines[1].endswith("worker.agent: failed \\x1b[31m\\u2028"), lines
     assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "RuntimeError: boom"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_runs_secret_values_are_masked_in_every_line_and_traceback(restore_logging: None, fmt: str) -> None:
+    """A worker names its run's secret_env values once registered; user code's exceptions quote them."""
+    out = io.StringIO()
+    configure_logging("INFO", fmt, stream=out, hivemind=False, lightning=False)
+    secret = 'sk-"LEAK\\ME'  # a quote and a backslash: JSON would escape them
+    set_log_secrets([secret, "abc", None])  # values under 4 characters are no credential: kept
+    log = logging.getLogger("worker.agent")
+    log.error("cannot build: 401 for url: https://api.example/whoami?token=%s (abc)", secret)
+    try:
+        raise RuntimeError(f"token={secret}")
+    except RuntimeError:
+        log.exception("training failed")
+    text = out.getvalue()
+    assert secret not in text and json.dumps(secret)[1:-1] not in text, text
+    assert "whoami?token=*** (abc)" in text and "RuntimeError: token=***" in text, text
+
+
+def test_redact_masks_longer_values_first_and_keeps_short_ones() -> None:
+    assert redact("key=abcdef, part=abcd, pin=123", ["abcd", "abcdef", "123", None]) == (
+        "key=***, part=***, pin=123"
+    )
 
 
 def test_hivemind_and_lightning_log_once_through_our_handler(restore_logging: None) -> None:

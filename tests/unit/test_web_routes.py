@@ -23,7 +23,7 @@ def asgi_get(
 
     async def call() -> httpx.Response:
         transport = httpx.ASGITransport(app=app, root_path=root_path)
-        async with httpx.AsyncClient(transport=transport, base_url="http://page.test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             return await http.get(path, headers=headers)
 
     return asyncio.run(call())

@@ -50,6 +50,7 @@ from worker.agent.config import (
     parse_config,
 )
 from worker.agent.state import AgentState
+from worker.redaction import redact
 from worker.wire import DeregisterReason, RunSpec
 
 logger = logging.getLogger("worker.agent")
@@ -97,6 +98,7 @@ class Agent:
         self._spot_watcher: Any = None
         self._dht: Any = None
         self._run: RunSpec | None = None  # the run this worker joined (its stop condition, batch)
+        self._secrets: tuple[str, ...] = ()  # the run's secret_env values, masked in what is sent
 
     def run(self) -> int:
         self._install_signal_handlers()
@@ -144,6 +146,9 @@ class Agent:
         self.worker_id = registration.worker_id
         self.client.token = registration.worker_token
         logsetup.set_log_context(run=registration.run.name, worker=registration.worker_id)
+        # From here on the run's secrets are in this process: no line it logs or sends may hold them.
+        self._secrets = tuple(registration.secret_env.values())
+        logsetup.set_log_secrets(self._secrets)
         context.publish(registration.worker_id, registration.worker_index, registration.num_workers)
         latest = registration.resume_checkpoint.epoch if registration.resume_checkpoint else None
         self.state.configure(registration.run.checkpoint_every_epochs, latest)
@@ -295,6 +300,8 @@ class Agent:
             self._left = True
             if reason == DeregisterReason.stopped and self._condition_reached():
                 reason = DeregisterReason.completed
+            if message is not None:  # the first line of a user's exception may quote a credential
+                message = redact(message, self._secrets)
             try:
                 self.client.deregister(self.worker_id, reason, message)
             except ApiError as exc:

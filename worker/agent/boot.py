@@ -35,6 +35,7 @@ from worker.agent.client import (
 )
 from worker.agent.config import AgentSettings
 from worker.files import write_json
+from worker.redaction import redact
 from worker.runtime import env as runtime_env
 from worker.runtime.package import UnsafePackage
 from worker.wire import RunSpec, WorkerRegister, WorkerRegistered
@@ -210,7 +211,7 @@ def prepare_run_code(config: AgentSettings, registration: WorkerRegistered) -> N
         except (NotFound, Rejected, Unauthorized) as exc:
             raise PermanentError(f"cannot get the run's package: {exc}") from exc
         except (ApiError, UnsafePackage, runtime_env.InstallFailed, TimeoutError, OSError) as exc:
-            message = runtime_env.redact(f"{type(exc).__name__}: {exc}", secrets)
+            message = redact(f"{type(exc).__name__}: {exc}", secrets)
             raise RunCodeUnavailable(f"cannot prepare the run's code: {message}") from exc
     runtime_env.activate(runtime.package_dir, runtime.site_dir)
     logger.info(

@@ -254,13 +254,6 @@ def activate(package_dir: Path | None, site_dir: Path | None) -> None:
     importlib.invalidate_caches()
 
 
-def redact(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every secret value (of 4 characters or more) replaced by ``***``."""
-    for value in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-        text = text.replace(value, "***")
-    return text
-
-
 @dataclass(frozen=True)
 class Runtime:
     """Where a run's code and requirements are on this machine, and whether each was cached."""
