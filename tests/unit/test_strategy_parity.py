@@ -163,6 +163,27 @@ def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_
     assert problem is not None and "must be longer than matchmaking_time" in problem
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay_optimizer_step": True},
+        {"delay_grad_averaging": True},
+        {"delay_grad_averaging": True, "delay_optimizer_step": False, "delay_state_averaging": True},
+    ],
+)
+def test_delay_flags_that_do_not_go_together_are_refused_as_the_strategy_refuses_them(
+    options: dict[str, Any],
+) -> None:
+    # the create-time probe and the agent ask strategy_option_problem; the strategy runs the same check
+    with pytest.raises(HivemindStrategyError) as caught:
+        HivemindStrategy(target_batch_size=64, **options)
+    assert strategy_option_problem(options) == str(caught.value)
+    assert (
+        strategy_option_problem({**options, "delay_state_averaging": True, "delay_optimizer_step": True})
+        is None
+    )
+
+
 def test_the_averagers_request_timeout_stays_below_the_matchmaking_time() -> None:
     assert averager_options(None, matchmaking_time=1.0) == {"request_timeout": 0.5}
     assert averager_options(None, matchmaking_time=30.0) == {"request_timeout": 3.0}  # hivemind's default
