@@ -457,6 +457,12 @@ class DeregisterReason(str, Enum):
 class Deregister(StrictModel):
     reason: DeregisterReason
     message: PlainText | None = Field(default=None, max_length=4000)
+    unusable_spec: bool = Field(
+        default=False,
+        description="With reason error: the run's spec cannot work on any worker (the agent exits with code "
+        "3: its code does not build, an option it cannot honour); a launched worker's that has not trained "
+        "fails the run at once, with the message, instead of starting the next worker to fail alike.",
+    )
 
 
 class PeerList(BaseModel):

@@ -227,23 +227,30 @@ def deregister_worker(
     message: str | None,
     now: datetime,
     crashes: crash_budget.CrashPolicy | None = None,
+    unusable_spec: bool = False,
 ) -> None:
     """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
 
     A launched worker that fails before contributing a sample counts as a start-up failure (the
-    reconciler backs off and, after enough in a row, fails the run); one that fails after training counts
-    toward the run's crash budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts
-    for neither: the join token's holder would fail the run at will. The ``worker.state`` event carries the
-    message. Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition`
-    otherwise.
+    reconciler backs off and, after enough in a row, fails the run); when it says the run's spec is
+    unusable (``unusable_spec``: its agent exits with code 3), the run fails at once with its message, as
+    every other worker would fail alike. One that fails after training counts toward the run's crash
+    budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts for none of these: the
+    join token's holder would fail the run at will. The ``worker.state`` event carries the message.
+    Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition` otherwise.
     """
     new = DEREGISTER_STATES[reason]
     old_state = worker.state
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
-    if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
+    start_failure = reason == DeregisterReason.error and worker.samples == 0 and not worker.manual
+    if start_failure:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
-    if reason == DeregisterReason.error and old_state != new:
+    if start_failure and unusable_spec and worker.run.state in ACCEPTING_RUN_STATES:
+        detail = (message or "no reason given").removeprefix("unusable run spec: ")
+        cause = f"worker {worker.id} cannot use the run's spec: {detail}"
+        runs.set_run_state(session, worker.run, RunState.failed, cause, now)
+    elif reason == DeregisterReason.error and old_state != new:
         crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
 
 

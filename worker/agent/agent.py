@@ -295,8 +295,10 @@ class Agent:
             self._left = True
             if reason == DeregisterReason.stopped and self._condition_reached():
                 reason = DeregisterReason.completed
+            # exit code 3 is the agent's verdict that no worker could use the run's spec
+            unusable = reason == DeregisterReason.error and self._exit_code == EXIT_CONFIG
             try:
-                self.client.deregister(self.worker_id, reason, message)
+                self.client.deregister(self.worker_id, reason, message, unusable_spec=unusable)
             except ApiError as exc:
                 logger.warning("could not deregister (%s): %s", reason.value, exc)
                 return
