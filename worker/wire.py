@@ -463,6 +463,13 @@ class Deregister(StrictModel):
         "3: its code does not build, an option it cannot honour); a launched worker's that has not trained "
         "fails the run at once, with the message, instead of starting the next worker to fail alike.",
     )
+    metrics: dict[MetricName, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        max_length=MAX_REPORTED_METRICS,
+        description="The latest values of the run's report_metrics the worker holds as it leaves (e.g. the "
+        "val_loss of the validation it ran as it stopped): the run keeps them, also when its last "
+        "heartbeat did not carry them.",
+    )
 
 
 class PeerList(BaseModel):

@@ -22,6 +22,7 @@ Who binds which row at registration:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,7 @@ from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
 from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
+from worker.wire_trainer import select_metrics
 
 DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
     DeregisterReason.interrupted: WorkerState.interrupted,
@@ -228,6 +230,7 @@ def deregister_worker(
     now: datetime,
     crashes: crash_budget.CrashPolicy | None = None,
     unusable_spec: bool = False,
+    metrics: Mapping[str, float] | None = None,
 ) -> None:
     """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
 
@@ -237,8 +240,13 @@ def deregister_worker(
     every other worker would fail alike. One that fails after training counts toward the run's crash
     budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts for none of these: the
     join token's holder would fail the run at will. The ``worker.state`` event carries the message.
-    Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition` otherwise.
+    ``metrics`` (those the run reports) are the worker's latest values, newer than its last heartbeat's:
+    the run keeps them (:func:`orchestrator.domain.reported.keep_metrics`). Leaving twice is harmless
+    when the state is the same; raises :class:`IllegalTransition` otherwise.
     """
+    if metrics:
+        chosen = select_metrics(dict(metrics), tuple(worker.run.report_metrics))
+        worker.metrics = {**(worker.metrics or {}), **chosen}
     new = DEREGISTER_STATES[reason]
     old_state = worker.state
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value

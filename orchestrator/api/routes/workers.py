@@ -185,5 +185,6 @@ def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
             parts.clock(),
             parts.crash_policy,
             unusable_spec=body.unusable_spec,
+            metrics=body.metrics,
         )
     parts.hub.refresh()
