@@ -236,10 +236,11 @@ def deregister_worker(
 
     A launched worker that fails before contributing a sample counts as a start-up failure (the
     reconciler backs off and, after enough in a row, fails the run); when it says the run's spec is
-    unusable (``unusable_spec``: its agent exits with code 3), the run fails at once with its message, as
-    every other worker would fail alike. One that fails after training counts toward the run's crash
-    budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts for none of these: the
-    join token's holder would fail the run at will. The ``worker.state`` event carries the message.
+    unusable (``unusable_spec``: its agent exits with code 3) and no other live worker trains with it,
+    the run fails at once with its message, as every other worker would fail alike. One that fails
+    after training counts toward the run's crash budget (:mod:`orchestrator.domain.crash_budget`). A
+    worker joined by hand counts for none of these: the join token's holder would fail the run at will.
+    The ``worker.state`` event carries the message.
     ``metrics`` (those the run reports) are the worker's latest values, newer than its last heartbeat's:
     the run keeps them (:func:`orchestrator.domain.reported.keep_metrics`). Leaving twice is harmless
     when the state is the same; raises :class:`IllegalTransition` otherwise.
@@ -254,12 +255,27 @@ def deregister_worker(
     if start_failure:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
-    if start_failure and unusable_spec and worker.run.state in ACCEPTING_RUN_STATES:
+    if start_failure and unusable_spec and _spec_unproven(session, worker):
         detail = (message or "no reason given").removeprefix("unusable run spec: ")
         cause = f"worker {worker.id} cannot use the run's spec: {detail}"
         runs.set_run_state(session, worker.run, RunState.failed, cause, now)
     elif reason == DeregisterReason.error and old_state != new:
         crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
+
+
+def _spec_unproven(session: Session, worker: Worker) -> bool:
+    """Whether ``worker``'s run takes workers and none of its other live workers trains: a spec another
+    worker trains with is usable, and a replacement that calls it unusable met something of its own (a
+    constructor that downloads, a machine without a GPU), which the start-failure budget judges."""
+    if worker.run.state not in ACCEPTING_RUN_STATES:
+        return False
+    query = select(Worker.id).where(
+        Worker.run_id == worker.run_id,
+        Worker.id != worker.id,
+        Worker.state.in_(LIVE_WORKER_STATES),
+        Worker.samples > 0,
+    )
+    return session.scalar(query.limit(1)) is None
 
 
 def assign_worker_index(session: Session, worker: Worker) -> int:
