@@ -203,6 +203,10 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
                 ({"strategy_options": {"target_batch_size": 64}}, "run spec's target_batch_size"),
                 ({"report_metrics": [f"m{n}" for n in range(17)]}, "report_metrics"),
                 ({"module_args": {"hidden": "sixteen"}}, "module_args.hidden: expected int, got 'sixteen'"),
+                (
+                    {"strategy_options": {"matchmaking_time": "fast"}},
+                    "strategy_options: matchmaking_time: expected float, got 'fast'",
+                ),
                 ({"datamodule_args": {"size": 8.5}}, "datamodule_args.size: expected int, got 8.5"),
                 (
                     {"strategy_options": {"delay_optimizer_step": True}},

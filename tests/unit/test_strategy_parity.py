@@ -163,6 +163,19 @@ def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_
     assert problem is not None and "must be longer than matchmaking_time" in problem
 
 
+def test_a_value_of_the_wrong_type_for_a_strategy_keyword_is_refused_with_the_keyword() -> None:
+    assert (
+        strategy_option_problem({"matchmaking_time": "fast"})
+        == "matchmaking_time: expected float, got 'fast'"
+    )
+    assert strategy_option_problem({"delay_state_averaging": "yes"}) == (
+        "delay_state_averaging: expected bool, got 'yes'"
+    )
+    # what JSON gives for the annotations (an int is a float, a list a sequence); routed keywords pass
+    assert strategy_option_problem({"matchmaking_time": 2, "initial_peers": ["/ip4/1.2.3.4"]}) is None
+    assert strategy_option_problem({"use_relay": False, "averager_opts": {"bandwidth": 1e6}}) is None
+
+
 @pytest.mark.parametrize(
     "options",
     [

@@ -4,7 +4,8 @@ They are read from the signatures, never listed by hand: ``HivemindStrategy``'s 
 those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
 less what the run spec or the agent sets itself. The create-time probe (``orchestrator/importcheck/probe.py``)
 and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
-there, or delay flags that do not go together, are refused when the run is created, not inside
+there, a value of the wrong type for one of the strategy's own keywords (:mod:`worker.arguments`), or
+delay flags that do not go together, are refused when the run is created, not inside
 ``hivemind.Optimizer`` on every worker. Imports
 torch, Lightning and hivemind when first called.
 """
@@ -52,6 +53,12 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     unknown = sorted(set(options) - strategy_keywords())
     if unknown:
         return unknown_keyword_message(unknown[0])
+    from worker.arguments import argument_type_problem
+    from worker.strategy.strategy import HivemindStrategy
+
+    mistyped = argument_type_problem(HivemindStrategy, options)  # its own keywords' plain annotations
+    if mistyped:
+        return f"{mistyped[0]}: {mistyped[1]}"
     return _combination_problem(options)
 
 
