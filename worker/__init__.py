@@ -7,6 +7,7 @@
 - ``wire.py``, ``wire_trainer.py``: the JSON both sides speak (the orchestrator imports these).
 - ``context.py``: what a user's code may ask of its worker (``from worker.context import current_worker``).
 - ``trainer_options.py``: the Trainer options and plugins a run spec may name.
+- ``arguments.py``: a run spec's constructor arguments checked against the classes' annotations.
 - ``logsetup.py``, ``lifeline.py``, ``peer_addresses.py``, ``files.py``, ``comma_list.py``: small pieces
   several of the above (and the orchestrator) share: logging, a child process that ends with its parent,
   which peer addresses are usable, atomic files and locks, settings given as ``a, b``.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -87,7 +88,38 @@ def build_plugins(plugins: Sequence[TrainerPlugin], kind: PluginKind) -> list[An
     for plugin in plugins:
         target = load_plugin_class(plugin, kind)
         try:
-            built.append(target(**plugin.args))
-        except Exception as exc:  # the user's class refused its arguments: a spec error
-            raise TrainerPluginError(f"{kind} {plugin.path}: {type(exc).__name__}: {exc}") from exc
+            built.append(construct_plugin(target, plugin.args))
+        except TrainerPluginError as exc:
+            raise TrainerPluginError(f"{kind} {plugin.path}: {exc}") from exc
     return built
+
+
+def construct_plugin(target: type, args: dict[str, Any]) -> Any:
+    """``target(**args)``; raises :class:`TrainerPluginError` with the reason when the class refuses.
+
+    The create-time probe builds each plugin with it too: a logger whose package is missing (Lightning's
+    ``WandbLogger`` without wandb) raises only when it is built, and must be refused at create time.
+    """
+    try:
+        return target(**args)
+    except Exception as exc:  # the user's class refused its arguments: a spec error
+        raise TrainerPluginError(_construction_failure(exc)) from exc
+
+
+#: how Lightning's loggers say a package they need is missing (lightning_utilities.RequirementCache)
+_REQUIREMENT_NOT_MET = re.compile(r"Requirement '([^']+)' not met")
+
+
+def _construction_failure(exc: Exception) -> str:
+    """Why a plugin could not be built; a missing package is named with the run's fix (its requirements),
+    not Lightning's ``pip install`` hint, which would install it on no worker."""
+    found = _REQUIREMENT_NOT_MET.search(str(exc))
+    package = found.group(1) if found else None
+    if package is None and isinstance(exc, ModuleNotFoundError) and exc.name:
+        package = exc.name.partition(".")[0]
+    if package is None:
+        return f"{type(exc).__name__}: {exc}"
+    return (
+        f"it needs {package}, which the run does not install: add it to the run's requirements "
+        f"(spotswarm runs create --requirement '{package}', or requirements: in the spec)"
+    )

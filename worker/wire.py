@@ -457,6 +457,19 @@ class DeregisterReason(str, Enum):
 class Deregister(StrictModel):
     reason: DeregisterReason
     message: PlainText | None = Field(default=None, max_length=4000)
+    unusable_spec: bool = Field(
+        default=False,
+        description="With reason error: the run's spec cannot work on any worker (the agent exits with code "
+        "3: its code does not build, an option it cannot honour); a launched worker's that has not trained "
+        "fails the run at once, with the message, instead of starting the next worker to fail alike.",
+    )
+    metrics: dict[MetricName, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        max_length=MAX_REPORTED_METRICS,
+        description="The latest values of the run's report_metrics the worker holds as it leaves (e.g. the "
+        "val_loss of the validation it ran as it stopped): the run keeps them, also when its last "
+        "heartbeat did not carry them.",
+    )
 
 
 class PeerList(BaseModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -67,6 +68,11 @@ MAX_TRAINER_PLUGINS = 16  # callbacks, and loggers, per run
 MAX_REPORT_PATTERNS = 16  # entries of report_metrics
 MAX_REPORTED_METRICS = 32  # values in one heartbeat, and kept per worker and per run
 MAX_METRIC_NAME_CHARS = 100
+#: How often a worker validates, in seconds of its training, when the run's ``trainer`` section sets no
+#: cadence (``val_check_interval`` left out, ``check_val_every_n_epoch`` at 1): Lightning's own default,
+#: the end of each local pass over the data, can be many minutes away on a real data set, and a run
+#: whose first ``val_loss`` comes that late looks broken. A worker also validates as it stops.
+DEFAULT_VAL_CHECK_INTERVAL_S = 60.0
 #: What workers report when a run does not say: the training loss under its usual names, and every
 #: metric whose name starts with ``val_`` (what ``self.log("val_...")`` in ``validation_step`` gives).
 DEFAULT_REPORT_METRICS = ("train_loss", "loss", "train/loss", "val_*")
@@ -175,7 +181,7 @@ class TrainerSection(_Strict):
     val_check_interval: int | float | None = Field(
         default=None,
         description="Validate every this many training batches (int) or fraction of a local pass over the "
-        "data (float in (0, 1]); default: at the end of each local pass.",
+        "data (float in (0, 1]; 1.0: at the end of each pass); default: every 60 s of a worker's training.",
     )
     check_val_every_n_epoch: int | None = Field(
         default=1,
@@ -237,6 +243,14 @@ class TrainerSection(_Strict):
             if not above_lowest or value > 1.0:
                 raise ValueError(f"a float (a fraction) must lie in {'(0' if interval else '[0'}, 1]")
         return value
+
+    def validation_cadence(self) -> dict[str, Any]:
+        """``val_check_interval`` for the ``Trainer`` when this section sets no validation cadence: every
+        :data:`DEFAULT_VAL_CHECK_INTERVAL_S` seconds of training (Lightning's time-based interval); {}
+        when it sets one (``val_check_interval: 1.0`` is Lightning's end of each local pass)."""
+        if self.val_check_interval is None and self.check_val_every_n_epoch == 1:
+            return {"val_check_interval": timedelta(seconds=DEFAULT_VAL_CHECK_INTERVAL_S)}
+        return {}
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """The keywords for ``Trainer(...)`` this section changes (callbacks and loggers apart): the

@@ -69,10 +69,21 @@ def _without_clock(line: str) -> str:
 
 
 def status_line(run: dict[str, Any], now: datetime) -> str:
-    """``12:00:05  state running  workers 2/2  epoch 3  ...``: one refresh when there is no terminal."""
+    """``12:00:05  state running  workers 2/2  epoch 3  ...  loss 0.33  val_loss 0.55  eta 3s  age 2m``:
+    one refresh when there is no terminal; the run's validation metrics come before its eta and age."""
     cells = format_table(RUN_COLUMNS, [run_row(run, now)]).splitlines()[1].split()
-    named = "  ".join(f"{column} {cell}" for column, cell in zip(RUN_COLUMNS[1:], cells[1:], strict=True))
+    pairs = list(zip(RUN_COLUMNS[1:], cells[1:], strict=True))
+    pairs[-2:-2] = validation_cells(run)
+    named = "  ".join(f"{column} {cell}" for column, cell in pairs)
     return f"{now.strftime('%H:%M:%S')}  {named}"
+
+
+def validation_cells(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's reported ``val_*`` metrics, ``val_loss`` first: what shows whether it learns, beside the
+    training loss (the rest of its metrics are in ``runs show``)."""
+    metrics = (run.get("reported") or {}).get("metrics") or {}
+    names = sorted((name for name in metrics if name.startswith("val")), key=lambda n: (n != "val_loss", n))
+    return [(name, f"{metrics[name]:.4g}") for name in names]
 
 
 def _redraw(ctx: ApiContext, run: dict[str, Any], now: datetime) -> None:
@@ -80,6 +91,9 @@ def _redraw(ctx: ApiContext, run: dict[str, Any], now: datetime) -> None:
     click.clear()
     click.echo(f"spotswarm runs watch {run['name']}   {now.strftime('%H:%M:%S')} UTC   (Ctrl-C leaves)\n")
     click.echo(format_table(RUN_COLUMNS, [run_row(run, now)]))
+    validation = validation_cells(run)
+    if validation:
+        click.echo("  ".join(f"{name} {value}" for name, value in validation))
     click.echo()
     workers = ctx.api.workers(run["name"])["items"]
     echo_table(WORKER_COLUMNS, [worker_row(worker, now) for worker in workers], "(no workers)")

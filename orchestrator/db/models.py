@@ -142,7 +142,8 @@ class Run(Base):
     # of checkpoint uploads are judged by (workers' own reports never count for either).
     swarm_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop_requested_at: Mapped[datetime | None]
-    # What the run's workers reported last, kept when it finishes (orchestrator/domain/reported.py).
+    # What the run's workers reported last, kept when it finishes; final_metrics also keeps each leaving
+    # worker's last metrics, shown for those no live worker reports (orchestrator/domain/reported.py).
     final_loss: Mapped[float | None] = mapped_column(Float)
     averaging: Mapped[dict[str, Any] | None]  # the recent window of outcomes and its warning (averaging.py)
     final_metrics: Mapped[dict[str, Any] | None]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Run
@@ -42,3 +43,14 @@ def record_event(
     fields = log_fields(run=run.name if run is not None else str(run_id), worker=worker_id, event=kind)
     logger.info("%s", event.message, extra=fields)
     return event
+
+
+def last_message(session: Session, run_id: int, kind: str) -> str | None:
+    """The message of the run's latest event of ``kind``, or None (one indexed read, newest first)."""
+    query = (
+        select(Event.message)
+        .where(Event.run_id == run_id, Event.kind == kind)
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    return session.scalar(query)

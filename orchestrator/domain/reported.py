@@ -9,6 +9,12 @@ report it; so is the loss. Which workers count:
   run keeps its last loss and metrics). When none did (every worker had gone before), the run keeps the
   values of its latest progress sample that has any.
 
+A metric that none of those workers reports keeps its last value: each worker that leaves (or is lost)
+leaves its last metrics on the run (:func:`keep_metrics`, in ``Run.final_metrics``; a deregistration can
+carry values newer than the worker's last heartbeat), and they fill in what the counted workers lack
+(:func:`with_kept`), while the run is active and when it finishes. So the ``val_loss`` of a run stopped,
+resumed and stopped again before its new workers validated is the old one, not gone.
+
 Every worker validates on its own and keeps reporting its latest validation result until it validates
 again, so a run's ``val_*`` value is the mean of the latest validation of each worker that counts: they
 validate the same parameters (averaged every swarm epoch) on the same data, and differ by what each
@@ -68,8 +74,30 @@ def fresh_values(session: Session, run_ids: Sequence[int], fresh_after: datetime
     return {run_id: mean_values(rows) for run_id, rows in reports.items()}
 
 
+def with_kept(run: Run, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics``, and for each name they lack the value the run kept (:func:`keep_metrics`): a metric
+    that no worker counted reports now (the resumed workers have not validated yet; the worker that
+    validated has left) shows its last value instead of vanishing. At most :data:`MAX_REPORTED_METRICS`,
+    first by name."""
+    merged = {**(run.final_metrics or {}), **metrics}
+    return {name: merged[name] for name in sorted(merged)[:MAX_REPORTED_METRICS]}
+
+
+def keep_metrics(run: Run, metrics: Mapping[str, Any] | None) -> None:
+    """Keep a leaving worker's last ``metrics`` on its run (``Run.final_metrics``), over what was kept."""
+    values = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))}
+    if values:
+        run.final_metrics = with_kept(run, values)
+
+
 def final_values(session: Session, run: Run) -> Values:
     """What a run that is finishing keeps: see the module docstring."""
+    loss, metrics = _last_values(session, run)
+    return loss, with_kept(run, metrics)
+
+
+def _last_values(session: Session, run: Run) -> Values:
+    """The mean of the final reports, or the latest progress sample's values when there are none."""
     if run.stop_requested_at is not None:
         query = select(Worker.loss, Worker.metrics).where(
             Worker.run_id == run.id, Worker.last_heartbeat_at >= run.stop_requested_at

@@ -167,7 +167,8 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
     """Move ``worker`` to ``new`` if the table allows it; returns False when it already was there.
 
     Leaving ``running`` hands the checkpointer role on (at the next election, within a flush interval);
-    the last live worker of a stopping run leaving ends the run. Raises :class:`IllegalTransition`.
+    a worker that ends leaves its last metrics on the run (:func:`reported.keep_metrics`); the last
+    live worker of a stopping run leaving ends the run. Raises :class:`IllegalTransition`.
     """
     old = worker.state
     if old == new:
@@ -185,6 +186,7 @@ def set_worker_state(session: Session, worker: Worker, new: WorkerState, reason:
         run.checkpointer_worker_id = None
     record_event(session, run.id, "worker.state", f"{old} -> {new}: {reason}", now, worker.id)
     if new not in LIVE_WORKER_STATES:
+        reported.keep_metrics(run, worker.metrics)
         session.flush()
         settle_stopping_run(session, run, now)
     return True

@@ -197,14 +197,15 @@ def _run_out(
 
 
 def reported_progress(run: Run, numbers: RunNumbers) -> ReportedProgress:
-    """What the run's workers reported: live numbers, and for a finished run its last loss and metrics."""
+    """What the run's workers reported: live numbers, and for a finished run its last loss and metrics;
+    a metric no live worker reports keeps its last value (:func:`reported.with_kept`)."""
     finished = run.state in FINISHED_RUN_STATES
     return ReportedProgress(
         swarm_epoch=numbers.swarm_epoch,
         samples_total=numbers.samples_total,
         loss=run.final_loss if finished else numbers.loss,
         samples_per_s=numbers.samples_per_s,
-        metrics=dict(run.final_metrics or {}) if finished else numbers.metrics,
+        metrics=dict(run.final_metrics or {}) if finished else reported.with_kept(run, numbers.metrics),
     )
 
 

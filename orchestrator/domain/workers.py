@@ -22,6 +22,7 @@ Who binds which row at registration:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,7 @@ from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
 from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
+from worker.wire_trainer import select_metrics
 
 DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
     DeregisterReason.interrupted: WorkerState.interrupted,
@@ -227,25 +229,54 @@ def deregister_worker(
     message: str | None,
     now: datetime,
     crashes: crash_budget.CrashPolicy | None = None,
+    unusable_spec: bool = False,
+    metrics: Mapping[str, float] | None = None,
 ) -> None:
     """A worker leaves: interrupted -> interrupted, stopped/completed -> exited, error -> failed.
 
     A launched worker that fails before contributing a sample counts as a start-up failure (the
-    reconciler backs off and, after enough in a row, fails the run); one that fails after training counts
-    toward the run's crash budget (:mod:`orchestrator.domain.crash_budget`). A worker joined by hand counts
-    for neither: the join token's holder would fail the run at will. The ``worker.state`` event carries the
-    message. Leaving twice is harmless when the state is the same; raises :class:`IllegalTransition`
-    otherwise.
+    reconciler backs off and, after enough in a row, fails the run); when it says the run's spec is
+    unusable (``unusable_spec``: its agent exits with code 3) and no other live worker trains with it,
+    the run fails at once with its message, as every other worker would fail alike. One that fails
+    after training counts toward the run's crash budget (:mod:`orchestrator.domain.crash_budget`). A
+    worker joined by hand counts for none of these: the join token's holder would fail the run at will.
+    The ``worker.state`` event carries the message.
+    ``metrics`` (those the run reports) are the worker's latest values, newer than its last heartbeat's:
+    the run keeps them (:func:`orchestrator.domain.reported.keep_metrics`). Leaving twice is harmless
+    when the state is the same; raises :class:`IllegalTransition` otherwise.
     """
+    if metrics:
+        chosen = select_metrics(dict(metrics), tuple(worker.run.report_metrics))
+        worker.metrics = {**(worker.metrics or {}), **chosen}
     new = DEREGISTER_STATES[reason]
     old_state = worker.state
     message = events.without_secrets(worker.run, message) if message else message
     worker.exit_reason = f"{reason.value}: {message}" if message else reason.value
-    if reason == DeregisterReason.error and worker.samples == 0 and not worker.manual:
+    start_failure = reason == DeregisterReason.error and worker.samples == 0 and not worker.manual
+    if start_failure:
         record_start_failure(session, worker.run, f"worker {worker.id}: {message or 'failed'}", now)
     runs.set_worker_state(session, worker, new, f"deregistered ({worker.exit_reason})", now)
-    if reason == DeregisterReason.error and old_state != new:
+    if start_failure and unusable_spec and _spec_unproven(session, worker):
+        detail = (message or "no reason given").removeprefix("unusable run spec: ")
+        cause = f"worker {worker.id} cannot use the run's spec: {detail}"
+        runs.set_run_state(session, worker.run, RunState.failed, cause, now)
+    elif reason == DeregisterReason.error and old_state != new:
         crash_budget.judge(session, worker, crashes or crash_budget.CrashPolicy(), now)
+
+
+def _spec_unproven(session: Session, worker: Worker) -> bool:
+    """Whether ``worker``'s run takes workers and none of its other live workers trains: a spec another
+    worker trains with is usable, and a replacement that calls it unusable met something of its own (a
+    constructor that downloads, a machine without a GPU), which the start-failure budget judges."""
+    if worker.run.state not in ACCEPTING_RUN_STATES:
+        return False
+    query = select(Worker.id).where(
+        Worker.run_id == worker.run_id,
+        Worker.id != worker.id,
+        Worker.state.in_(LIVE_WORKER_STATES),
+        Worker.samples > 0,
+    )
+    return session.scalar(query.limit(1)) is None
 
 
 def assign_worker_index(session: Session, worker: Worker) -> int:

@@ -1,8 +1,8 @@
 """Validates a run before it is stored, without importing user code in the server: its ``module`` and
 ``datamodule`` import, are LightningModule / LightningDataModule subclasses and take their arguments
 (``module_args``, ``datamodule_args`` and the ``batch_size`` the agent adds), as the worker will build
-them; its trainer callbacks and loggers import and take theirs; its ``strategy_options`` are keywords
-of the strategy.
+them, with values that fit their annotations; its trainer callbacks and loggers import, take theirs and
+can be built; its ``strategy_options`` are keywords of the strategy, with values it can run together.
 
 :class:`ImportChecker` runs each check (:func:`orchestrator.importcheck.probe.check_in_child`) in the
 server's fork server (:class:`~orchestrator.launchers.forkserver.ForkServer`, shared with the local
@@ -230,6 +230,6 @@ def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
         for index, plugin in enumerate(plugins):
             field = f"trainer.{kind}s[{index}]"
             checks.append({"field": field, "kind": kind, "path": plugin.path, "args": plugin.args})
-    keys = list(spec.strategy_options)
-    checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys})
+    options = dict(spec.strategy_options)
+    checks.append({"field": "strategy_options", "kind": "strategy_options", "options": options})
     return checks

@@ -4,12 +4,15 @@ which has Lightning and hivemind imported already; driven by :mod:`orchestrator.
 :func:`check_in_child` takes one request (``{"checks": [check, ...], "timeout_s": float, "cwd": str}``,
 optionally with the run's ``package_dir``, ``site_dir`` and ``env``) and returns ``{"ok": bool, "error":
 str, "field": str}``: the first check that failed. A check is ``{"field": "module", "kind": "module" |
-"datamodule", "path": "pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, and that its
-constructor takes the arguments as the agent passes them; a failure there names ``module_args`` or
-``datamodule_args``), ``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a
-trainer callback or logger: the class and that its arguments bind) or ``{"field": "strategy_options",
-"kind": "strategy_options", "keys": [...]}`` (keywords ``HivemindStrategy`` takes). Each request is
-handled in a forked child, so a user's module is imported fresh, and whatever it does at import time
+"datamodule", "path": "pkg.mod:Class", "args": {...}, "batch_size": int}`` (the class, that its
+constructor takes the arguments as the agent passes them, and that their values fit its annotations:
+:mod:`worker.arguments`; a failure there names ``module_args`` or ``datamodule_args``, and the argument
+when its value is the problem), ``{"field": ..., "kind": "callback" | "logger", "path": ..., "args":
+{...}}`` (a trainer callback or logger: the class, that its arguments bind, and that it can be built, as
+the worker builds it: a logger whose package is missing fails only then) or ``{"field":
+"strategy_options", "kind": "strategy_options", "options": {...}}`` (keywords ``HivemindStrategy`` takes,
+with values it can run together: the strategy's own checks). Each request is handled in a forked child,
+so a user's module is imported fresh, and whatever it does at import time or when a plugin is built
 (print, exit, crash, hang) cannot touch the server or the fork server: the child's stdout goes to
 stderr, and a child that outlives ``timeout_s`` is killed. The child works in ``cwd`` (the checker's
 temporary directory), or in the run's package directory when it has one.
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.agent.boot import call_arguments
+from worker.arguments import argument_type_problem
 from worker.runtime.env import activate
 
 
@@ -49,13 +53,27 @@ def _check_class(
         return field, f"module {module_name!r} has no attribute {attr!r}"
     if kind in ("callback", "logger"):
         problem = plugin_class_problem(target, "callback" if kind == "callback" else "logger")
-        problem = problem or arguments_problem(target, args)
+        problem = problem or arguments_problem(target, args) or _construction_problem(target, args)
         return (field, f"{path}: {problem}") if problem else None
     base = LightningModule if kind == "module" else LightningDataModule
     if not inspect.isclass(target) or not issubclass(target, base):
         return field, f"{path} is not a {base.__name__} subclass"
     error = _bind_error(target, args, batch_size)
-    return (f"{field}_args", error) if error else None
+    if error:
+        return f"{field}_args", error
+    mistyped = argument_type_problem(target, args)
+    return (f"{field}_args.{mistyped[0]}", mistyped[1]) if mistyped else None
+
+
+def _construction_problem(target: type, args: dict[str, Any]) -> str | None:
+    """Why the worker could not build this callback or logger (as it will: the same function), or None."""
+    from worker.trainer_options import TrainerPluginError, construct_plugin
+
+    try:
+        construct_plugin(target, args)
+    except TrainerPluginError as exc:
+        return str(exc)
+    return None
 
 
 def _bind_error(target: type, args: dict[str, Any], batch_size: int | None) -> str | None:
@@ -85,7 +103,7 @@ def _check(check: dict[str, Any]) -> tuple[str, str] | None:
     if check["kind"] == "strategy_options":
         from worker.strategy.options import strategy_option_problem
 
-        problem = strategy_option_problem(dict.fromkeys(check["keys"]))
+        problem = strategy_option_problem(dict(check["options"]))
         return (field, problem) if problem else None
     args, batch_size = dict(check.get("args") or {}), check.get("batch_size")
     return _check_class(field, str(check["path"]), str(check["kind"]), args, batch_size)

@@ -163,7 +163,7 @@ class Reconciler:
         self._expire_manual_workers(session, run, now)
         rows = list(runs.live_workers(session, run.id, manual=False))
         plan = plan_run(
-            self._run_view(run),
+            self._run_view(session, run),
             [_worker_view(w, self.started_at) for w in rows],
             {
                 rid: InstanceView(rid, inst.alive)
@@ -197,7 +197,7 @@ class Reconciler:
             reason = f"no heartbeat for {self.settings.heartbeat_timeout_s:.0f} s"
             self._set_worker(session, worker, WorkerState.lost, reason, now)
 
-    def _run_view(self, run: Run) -> RunView:
+    def _run_view(self, session: Session, run: Run) -> RunView:
         return RunView(
             name=run.name,
             state=run.state,
@@ -207,6 +207,9 @@ class Reconciler:
             swarm_epoch=runs.swarm_epoch(run, self.swarm_epoch(run.swarm_id)),
             consecutive_start_failures=run.consecutive_start_failures,
             last_start_failure_at=_ts(run.last_start_failure_at),
+            last_start_failure=events.last_message(session, run.id, "run.start_failure")
+            if run.consecutive_start_failures
+            else None,
             stop_requested_at=_ts(run.stop_requested_at),
             stop_cause=run.stop_cause,
         )

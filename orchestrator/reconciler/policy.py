@@ -122,6 +122,7 @@ class RunView:
     swarm_epoch: int = 0
     consecutive_start_failures: int = 0
     last_start_failure_at: float | None = None
+    last_start_failure: str | None = None  # its event's message ("worker 7: ..."), when there is a streak
     stop_requested_at: float | None = None
     stop_cause: StopCause | None = None
 
@@ -257,7 +258,7 @@ def _keep_at_desired(
     # The streak is reset when a worker registers (domain/runs.py); failures of this tick extend it.
     streak = run.consecutive_start_failures + plan.start_failures
     if streak >= settings.max_start_failures:
-        plan.run_state = (RunState.failed, f"{streak} workers in a row failed at start-up")
+        plan.run_state = (RunState.failed, _start_failures_reason(streak, run, plan))
         plan.terminate.extend(w.request_id for w in survivors)
         plan.exited.update({w.id: "terminated: the run failed" for w in survivors})
         return
@@ -279,6 +280,15 @@ def _keep_at_desired(
             plan.backoff_until = wait_until
         else:
             plan.launch = min(missing, MAX_LAUNCHES_PER_TICK)
+
+
+def _start_failures_reason(streak: int, run: RunView, plan: Plan) -> str:
+    """Why a run fails after ``streak`` start-up failures, naming the last one's cause: a run's state
+    that says only how many failed sends its reader to the events."""
+    failed_now = [f"worker {worker_id}: {reason}" for worker_id, reason in plan.failed.items()]
+    last = failed_now[-1] if failed_now else run.last_start_failure
+    reason = f"{streak} workers in a row failed at start-up"
+    return f"{reason}; the last: {last}" if last else reason
 
 
 def _retire_order(workers: list[WorkerView]) -> list[WorkerView]:

@@ -202,6 +202,27 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
                 ({"strategy_options": {"use_rellay": True}}, "did you mean 'use_relay'"),
                 ({"strategy_options": {"target_batch_size": 64}}, "run spec's target_batch_size"),
                 ({"report_metrics": [f"m{n}" for n in range(17)]}, "report_metrics"),
+                ({"module_args": {"hidden": "sixteen"}}, "module_args.hidden: expected int, got 'sixteen'"),
+                (
+                    {"strategy_options": {"matchmaking_time": "fast"}},
+                    "strategy_options: matchmaking_time: expected float, got 'fast'",
+                ),
+                ({"datamodule_args": {"size": 8.5}}, "datamodule_args.size: expected int, got 8.5"),
+                (
+                    {"strategy_options": {"delay_optimizer_step": True}},
+                    (
+                        "strategy_options: a delayed optimizer step (delay_optimizer_step or "
+                        "delay_grad_averaging) needs delay_state_averaging=True"
+                    ),
+                ),
+                (
+                    {"trainer": {"loggers": ["lightning.pytorch.loggers:WandbLogger"]}},
+                    (
+                        "trainer.loggers[0]: lightning.pytorch.loggers:WandbLogger: it needs wandb>=0.12.10, "
+                        "which the run does not install: add it to the run's requirements (spotswarm runs "
+                        "create --requirement 'wandb>=0.12.10'"
+                    ),
+                ),
             ]
         )
     ],

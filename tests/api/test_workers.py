@@ -311,6 +311,49 @@ def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(
     assert stopped["reported"]["loss"] == 0.7 and stopped["reported"]["metrics"] == {"val_loss": 0.6}
 
 
+def deregister(orch: Orchestrator, worker: dict[str, Any], **body: Any) -> None:
+    with orch.client(worker["worker_token"]) as http:
+        response = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body)
+    assert response.status_code == 204, response.text
+
+
+@pytest.mark.timeout(60)
+def test_a_metric_no_live_worker_reports_keeps_its_last_value_as_workers_leave_and_the_run_resumes(
+    orch: Orchestrator,
+) -> None:
+    name, join = create(orch, report_metrics=["train_loss", "val_*"])
+    validated, training = register(orch, join), register(orch, join)
+    heartbeat(orch, validated, loss=1.0, metrics={"train_loss": 1.0, "val_loss": 0.6})
+    deregister(orch, validated, reason="stopped")  # scaled down: the one worker that had validated
+
+    def shown(worker: dict[str, Any], loss: float) -> dict[str, float] | None:
+        heartbeat(orch, worker, loss=loss, metrics={"train_loss": loss})  # fresh, and never validated
+        metrics = dict(get_run(orch, name)["reported"]["metrics"])
+        return metrics if metrics.get("train_loss") == loss else None
+
+    assert wait_until(lambda: shown(training, 2.0), 10) == {"train_loss": 2.0, "val_loss": 0.6}
+    # its deregistration carries what it holds as it leaves: the validation it ran as it stopped
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+    heartbeat(orch, training, loss=1.5, phase="stopping", metrics={"train_loss": 1.5})
+    deregister(orch, training, reason="stopped", metrics={"train_loss": 1.5, "val_loss": 0.45, "other": 1.0})
+    stopped = get_run(orch, name)
+    assert stopped["state"] == "stopped"
+    assert stopped["reported"]["metrics"] == {"train_loss": 1.5, "val_loss": 0.45}
+    # resumed, and stopped again before its new worker validated: the run still shows the last val_loss
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/resume").json()["state"] == "pending"
+    resumed = register(orch, join)
+    assert wait_until(lambda: shown(resumed, 0.9), 10) == {"train_loss": 0.9, "val_loss": 0.45}
+    with orch.admin() as http:
+        http.post(f"/api/v1/runs/{name}/stop")
+    heartbeat(orch, resumed, loss=0.8, phase="stopping", metrics={"train_loss": 0.8})
+    deregister(orch, resumed, reason="stopped")
+    again = get_run(orch, name)
+    assert again["state"] == "stopped"
+    assert again["reported"]["metrics"] == {"train_loss": 0.8, "val_loss": 0.45}
+
+
 @pytest.mark.timeout(60)
 def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: Orchestrator) -> None:
     """A worker from before the trainer section parses its RunSpec strictly: a run that does not use the

@@ -4,6 +4,8 @@
   trains on, with the worker context it saw, to ``record_dir/<worker id>.json``.
 - :class:`CrashingDigitsModule` raises the same error once it has trained ``crash_after_batches`` batches
   for at least ``crash_after_s`` seconds (long enough for a heartbeat to report its samples).
+- :class:`GpuOnlyDigitsModule` refuses to be built (it wants a GPU the workers do not have): a spec the
+  create-time check passes (it never builds the module) and no worker can use.
 - :class:`NoAveragingDigitsModule` blocks its worker's gradient averager: the worker trains alone.
 - :class:`ApartDigitsModule` has its workers look for gradient groupmates under keys of their own: each
   round waits out ``averaging_timeout`` without a group.
@@ -21,7 +23,7 @@ from worker.context import current_worker
 from worker.examples.digits import DigitsDataModule, DigitsModule
 from worker.files import write_json
 
-__all__ = ["CrashingDigitsModule", "DigitsDataModule", "SeededDigitsModule"]
+__all__ = ["CrashingDigitsModule", "DigitsDataModule", "GpuOnlyDigitsModule", "SeededDigitsModule"]
 
 
 class SeededDigitsModule(DigitsModule):
@@ -46,6 +48,11 @@ class SeededDigitsModule(DigitsModule):
             # whole or not at all: the test reads a record as soon as it is there
             write_json(self.record_dir / f"{ctx.worker_id}.json", record)
         return super().training_step(batch, batch_idx)
+
+
+class GpuOnlyDigitsModule(DigitsModule):
+    def __init__(self, **kwargs: float) -> None:
+        raise ValueError("this model needs a GPU, and this worker has none")
 
 
 class CrashingDigitsModule(DigitsModule):

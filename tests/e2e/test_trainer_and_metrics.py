@@ -4,7 +4,7 @@ spec file and the command of docs/guides/trainer-and-metrics.md. The worker appl
 clipping, validation every few batches on one batch, a stock LearningRateMonitor, a CSVLogger); the API,
 the CLI and ``/metrics`` show ``val_loss`` and the learning rate for the run and the worker; the orchestrator
 writes them as TensorBoard events; after `runs stop` the finished run still shows its last loss and
-``val_loss``."""
+``val_loss``. The validation a worker runs as it stops, its last, reaches the run."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tensorboardX.proto.event_pb2 import Event
 from tests.support.cli import cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
-from tests.support.runs import RunReader, digits_run, start_loop_orchestrator
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -136,3 +136,24 @@ def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_ke
     assert scalars["val_loss"] and scalars["lr-Optimizer"] and scalars["spotswarm/loss"], sorted(scalars)
     steps = [step for step, _ in scalars["spotswarm/samples_total"]]
     assert steps == sorted(steps) and steps[-1] >= 1  # stepped by the swarm epoch
+
+
+@pytest.mark.timeout(300)
+def test_the_validation_a_worker_runs_as_the_run_completes_is_kept_by_the_run(
+    loop_orch: Orchestrator,
+) -> None:
+    # validation only as a worker stops: a cadence the run never reaches (batches across passes)
+    trainer = {"val_check_interval": 1_000_000, "check_val_every_n_epoch": None, "limit_val_batches": 2}
+    spec = digits_run("last-val", desired_workers=1, trainer=trainer, stop={"target_epochs": 3})
+    admin_post(loop_orch, "/api/v1/runs", spec)
+    reader = RunReader(loop_orch, "last-val")
+    run = wait_until(
+        lambda: (r := reader.run())["state"] in ("completed", "stopped", "failed") and r,
+        2 * BOOT_S,
+        message="the run completes",
+    )
+    assert run["state"] == "completed", run["state_reason"]
+    # the worker's last report carried the validation it ran as it stopped; nothing earlier had one
+    assert {"val_loss", "val_acc"} <= set(reported(run)), reported(run)
+    [worker] = reader.workers()
+    assert "val_loss" in worker["metrics"], worker

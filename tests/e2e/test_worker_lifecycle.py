@@ -1,5 +1,6 @@
-"""A worker's life with user code: its own sampling order and its place among the run's workers, and the
-crash budget that ends a run whose code keeps failing. Real `spotswarm serve`, reconcile loop and local
+"""A worker's life with user code: its own sampling order and its place among the run's workers, the
+crash budget that ends a run whose code keeps failing, and the run that fails at its first worker that
+cannot use its spec. Real `spotswarm serve`, reconcile loop and local
 worker processes running the digits example (tests/e2e/lifecycle_models.py)."""
 
 from __future__ import annotations
@@ -81,6 +82,34 @@ def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
     wait_ticks(orch, 6)
     assert len(reader.workers()) == launched, "workers were launched after the run failed"
     assert elapsed_s < 2 * BOOT_S
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_cannot_use_the_spec_fails_the_run_at_once_with_its_error(
+    loop_orch: Orchestrator,
+) -> None:
+    orch = loop_orch
+    spec = digits_run(
+        "unusable", module=f"{MODELS}:GpuOnlyDigitsModule", datamodule=f"{MODELS}:DigitsDataModule"
+    )
+    admin_post(orch, "/api/v1/runs", spec)  # the create-time check imports the module; it never builds it
+    reader = RunReader(orch, "unusable")
+    run = wait_until(
+        lambda: (r := reader.run())["state"] in ("failed", "stopped", "completed") and r,
+        2 * BOOT_S,
+        message="the run fails",
+    )
+    assert run["state"] == "failed", run["state_reason"]
+    assert run["state_reason"].startswith("worker "), run["state_reason"]
+    assert (
+        "cannot use the run's spec: cannot build tests.e2e.lifecycle_models:GpuOnlyDigitsModule: ValueError: "
+        "this model needs a GPU, and this worker has none" in run["state_reason"]
+    ), run["state_reason"]
+    # the first launch's workers only: no replacement was started to fail alike
+    launched = len(reader.workers())
+    assert launched <= spec["desired_workers"], reader.workers()
+    wait_ticks(orch, 4)
+    assert len(reader.workers()) == launched, "workers were launched after the run failed"
 
 
 @pytest.mark.timeout(300)

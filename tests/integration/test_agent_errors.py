@@ -99,6 +99,23 @@ def test_a_failure_message_quoting_a_secret_reaches_no_reader_and_no_log(
     assert [where for where, text in leaks.items() if secret in text] == []
 
 
+@pytest.mark.timeout(120)
+def test_a_mistyped_module_argument_is_refused_by_the_worker_and_a_hand_joined_one_fails_no_run(
+    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+) -> None:
+    # the create-time check (off here) refuses this spec; a worker checks it again before building
+    token = create_run(orch, "typed", module_args={"hidden": "sixteen"})
+    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
+    assert "module_args.hidden: expected int, got 'sixteen'" in agent.log()
+    with orch.client() as http:
+        run = http.get("/api/v1/runs/typed").json()
+        workers = http.get("/api/v1/runs/typed/workers").json()["items"]
+    assert [w["state"] for w in workers] == ["failed"]
+    # an unusable spec fails a run at its first launched worker; the join token's holder cannot fail it
+    assert run["state"] == "running", run["state_reason"]
+
+
 @pytest.mark.timeout(60)
 def test_unreachable_orchestrator_without_cache_exits_retryable(
     processes: ProcessRegistry, tmp_path: Path

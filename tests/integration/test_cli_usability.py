@@ -165,6 +165,30 @@ def test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the
 
 
 @pytest.mark.timeout(60)
+def test_watch_lines_carry_the_runs_validation_metrics_beside_the_loss(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched-val")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], validates=True)
+    worker.beat()
+    out = tmp_path / "watch.out"
+    with out.open("wb") as sink:
+        watcher = start_watch(orch, "watched-val", sink.fileno())
+    try:
+        wait_until(lambda: "workers 1/1" in out.read_text(), 20, message="a refresh shows the worker")
+        finish_run(orch, "watched-val", worker)
+        assert watcher.wait(timeout=20) == EXIT_ERROR
+    finally:
+        os.killpg(watcher.pid, signal.SIGKILL) if watcher.poll() is None else None
+    first = out.read_text().splitlines()[0]
+    assert re.fullmatch(
+        r"\d\d:\d\d:\d\d  state running  workers 1/1  epoch 0  samples/s 50  loss 2.002  "
+        r"val_loss 1.627  val_acc 0.139  eta -  age \d+s",
+        first,
+    ), first
+
+
+@pytest.mark.timeout(60)
 def test_watch_redraws_a_table_of_the_run_and_its_workers_on_a_terminal(orch: Orchestrator) -> None:
     created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched-tty")))
     worker = HandWorker(orch, json.loads(created.stdout)["join_token"], hostname="tty-box")

@@ -421,7 +421,8 @@ def test_without_capacity_launches_back_off_fail_the_run_and_resume_later(ec2: E
         ec2.capacity.restore()
 
     run = read(ec2, "/runs/spot-dry")
-    assert "3 workers in a row failed at start-up" in run["state_reason"]
+    assert "3 workers in a row failed at start-up; the last: worker " in run["state_reason"]
+    assert "no spot capacity" in run["state_reason"], "the state names the cause, not just the count"
     history = events(ec2, "spot-dry")
     failures = [datetime.fromisoformat(e["at"]) for e in history if e["kind"] == "run.start_failure"]
     assert len(failures) == 3

@@ -174,6 +174,45 @@ def test_create_refuses_arguments_the_constructor_does_not_take(orch: Orchestrat
 
 
 @pytest.mark.timeout(240)
+def test_spec_errors_a_worker_would_meet_are_refused_at_create_in_one_line_naming_the_field(
+    orch: Orchestrator, project: Path
+) -> None:
+    # what a first real use got through the create-time check, and then failed on every worker
+    classes = ["--workdir", str(project), "--module", "byopkg.model:Net", "--datamodule", "byopkg.model:Data"]
+    sizes = ["--target-batch-size", "8", "--batch-size", "4", "--workers", "0", "--min-workers", "0"]
+    wandb = 'loggers=["lightning.pytorch.loggers:WandbLogger"]'  # wandb is not installed
+    mistakes = [
+        (["--module-arg", "hidden=sixteen"], "module_args.hidden: expected int, got 'sixteen'"),
+        (
+            ["--strategy-option", "delay_optimizer_step=true"],
+            "strategy_options: a delayed optimizer step (delay_optimizer_step or delay_grad_averaging)",
+        ),
+        (["--trainer-option", wandb], "it needs wandb>=0.12.10, which the run does not install"),
+    ]
+    for extra, expected in mistakes:
+        name = f"code-{next(_names)}"
+        result = cli(orch, "runs", "create", "--name", name, *classes, *sizes, *extra)
+        assert result.exit_code == 1, result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and expected in errors[0], result.output
+        with orch.client() as http:
+            assert http.get(f"/api/v1/runs/{name}").status_code == 404, "a refused create leaves no run"
+    assert "--requirement 'wandb>=0.12.10'" in errors[0] and "pip install" not in result.output
+    fine = cli(
+        orch,
+        "runs",
+        "create",
+        "--name",
+        f"code-{next(_names)}",
+        *classes,
+        *sizes,
+        "--module-arg",
+        "hidden=16",
+    )
+    assert fine.exit_code == 0, fine.output
+
+
+@pytest.mark.timeout(240)
 def test_a_module_the_server_cannot_import_suggests_shipping_it_with_workdir(
     orch: Orchestrator, project: Path, tmp_path: Path
 ) -> None:

@@ -88,8 +88,21 @@ def test_run_fails_after_repeated_start_failures() -> None:
     failure = FailureView(request_id="req-a", reason="ImportError: no module named nope")
     r = run(desired_workers=1, consecutive_start_failures=2)
     plan = plan_run(r, [starting], alive("a", is_alive=False), [failure], NOW, POLICY)
-    assert plan.run_state is not None and plan.run_state[0] == RunState.failed
+    assert plan.run_state == (
+        RunState.failed,
+        "3 workers in a row failed at start-up; the last: worker a: ImportError: no module named nope",
+    )
     assert plan.launch == 0
+
+
+def test_a_run_failed_by_start_failures_reported_before_this_tick_names_the_last() -> None:
+    # the third failure came as a deregistration (its event), not from the launcher in this tick
+    r = run(desired_workers=1, consecutive_start_failures=3, last_start_failure="worker 9: cannot build x:Y")
+    plan = plan_run(r, [], {}, [], NOW, POLICY)
+    assert plan.run_state == (
+        RunState.failed,
+        "3 workers in a row failed at start-up; the last: worker 9: cannot build x:Y",
+    )
 
 
 def test_surplus_workers_are_retired_youngest_and_unregistered_first() -> None:

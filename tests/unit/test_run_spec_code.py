@@ -1,16 +1,18 @@
-"""The run spec's code fields (workdir, requirements, env, secret_env) and the constructor check the import
-probe makes with the arguments the agent will pass."""
+"""The run spec's code fields (workdir, requirements, env, secret_env) and the constructor checks the import
+probe and the agent make with the arguments the agent will pass (their names and their values' types)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from orchestrator.domain.views import public_spec
 from orchestrator.importcheck.probe import _bind_error
-from worker.agent.boot import call_arguments
+from worker.agent.boot import PermanentError, build_user_objects, call_arguments
+from worker.arguments import argument_type_problem
 from worker.wire import RunSpec
 
 BASE: dict[str, Any] = {
@@ -81,3 +83,43 @@ def test_the_datamodule_gets_the_batch_size_as_the_agent_gives_it() -> None:
     assert call_arguments(Model, {"hidden": 1}, 32) == {"hidden": 1}
     assert _bind_error(Data, {}, 32) is None  # required, and given by the agent
     assert _bind_error(Data, {}, None) is not None
+
+
+class Shapes:
+    def __init__(
+        self,
+        channels: int,
+        lr: float = 0.1,
+        mode: Literal["a", "b"] = "a",
+        sizes: tuple[int, ...] = (1,),
+        limit: int | None = None,
+        net: torch.nn.Module | None = None,
+        extra: Any = None,
+    ) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({"channels": "sixteen"}, ("channels", "expected int, got 'sixteen'")),
+        ({"channels": 16.0}, ("channels", "expected int, got 16.0")),
+        ({"channels": True}, ("channels", "expected int, got True")),  # JSON true is no number
+        ({"channels": 1, "mode": "c"}, ("mode", "expected Literal['a', 'b'], got 'c'")),
+        ({"channels": 1, "sizes": [1, "x"]}, ("sizes", "expected tuple[int, ...], got [1, 'x']")),
+        ({"channels": 1, "limit": "all"}, ("limit", "expected int | None, got 'all'")),
+        # what JSON gives and the annotation takes; annotations that are not plain are not checked
+        ({"channels": 1, "lr": 1, "sizes": [2, 3], "limit": None, "net": "relu", "extra": {"a": 1}}, None),
+    ],
+)
+def test_argument_values_are_checked_against_the_constructors_annotations(
+    args: dict[str, Any], problem: tuple[str, str] | None
+) -> None:
+    assert argument_type_problem(Shapes, args) == problem
+
+
+def test_a_worker_refuses_a_mistyped_argument_before_the_users_constructor_runs() -> None:
+    run = spec(module="tests.support.models:TinyModule", datamodule="tests.support.models:TinyDataModule")
+    with pytest.raises(PermanentError, match=r"module_args\.hidden: expected int, got 'sixteen'"):
+        build_user_objects(run.model_copy(update={"module_args": {"hidden": "sixteen"}}))
+    module, _ = build_user_objects(run.model_copy(update={"module_args": {"hidden": 16}}))
+    assert module.layer.out_features == 16

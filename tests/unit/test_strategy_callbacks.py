@@ -109,3 +109,12 @@ def test_plugins_are_built_with_their_arguments_or_refused_with_the_field() -> N
     for plugin, message in bad:
         with pytest.raises(TrainerPluginError, match=message):
             build_plugins([plugin], "callback")
+
+
+def test_a_logger_whose_package_is_missing_names_the_runs_requirement_not_pip() -> None:
+    # Lightning's WandbLogger without wandb (not in this venv) says "Try running `pip install -U ...`",
+    # which would install it on no worker: the fix is the run's requirements
+    with pytest.raises(TrainerPluginError) as caught:
+        build_plugins([TrainerPlugin(path="lightning.pytorch.loggers:WandbLogger")], "logger")
+    message = str(caught.value)
+    assert "--requirement 'wandb>=" in message and "pip install" not in message, message

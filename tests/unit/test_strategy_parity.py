@@ -163,6 +163,40 @@ def test_an_averaging_timeout_that_leaves_no_room_for_matchmaking_is_refused_at_
     assert problem is not None and "must be longer than matchmaking_time" in problem
 
 
+def test_a_value_of_the_wrong_type_for_a_strategy_keyword_is_refused_with_the_keyword() -> None:
+    assert (
+        strategy_option_problem({"matchmaking_time": "fast"})
+        == "matchmaking_time: expected float, got 'fast'"
+    )
+    assert strategy_option_problem({"delay_state_averaging": "yes"}) == (
+        "delay_state_averaging: expected bool, got 'yes'"
+    )
+    # what JSON gives for the annotations (an int is a float, a list a sequence); routed keywords pass
+    assert strategy_option_problem({"matchmaking_time": 2, "initial_peers": ["/ip4/1.2.3.4"]}) is None
+    assert strategy_option_problem({"use_relay": False, "averager_opts": {"bandwidth": 1e6}}) is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"delay_optimizer_step": True},
+        {"delay_grad_averaging": True},
+        {"delay_grad_averaging": True, "delay_optimizer_step": False, "delay_state_averaging": True},
+    ],
+)
+def test_delay_flags_that_do_not_go_together_are_refused_as_the_strategy_refuses_them(
+    options: dict[str, Any],
+) -> None:
+    # the create-time probe and the agent ask strategy_option_problem; the strategy runs the same check
+    with pytest.raises(HivemindStrategyError) as caught:
+        HivemindStrategy(target_batch_size=64, **options)
+    assert strategy_option_problem(options) == str(caught.value)
+    assert (
+        strategy_option_problem({**options, "delay_state_averaging": True, "delay_optimizer_step": True})
+        is None
+    )
+
+
 def test_the_averagers_request_timeout_stays_below_the_matchmaking_time() -> None:
     assert averager_options(None, matchmaking_time=1.0) == {"request_timeout": 0.5}
     assert averager_options(None, matchmaking_time=30.0) == {"request_timeout": 3.0}  # hivemind's default

@@ -136,3 +136,26 @@ def test_heartbeats_go_without_metrics_to_an_orchestrator_that_refuses_them(tmp_
     sent = [json.loads(body) for body in server.bodies]
     assert [body.get("metrics") for body in sent] == [{"val_loss": 0.5}, {}, {}]
     assert all(body["loss"] == 1.0 for body in sent)
+
+
+def test_a_deregistration_an_older_orchestrator_refuses_for_its_newer_fields_is_sent_again_without() -> None:
+    refused = {
+        "detail": [
+            {"type": "extra_forbidden", "loc": ["body", name], "msg": "Extra inputs are not permitted"}
+            for name in ("unusable_spec", "metrics")
+        ]
+    }
+    server = FakeServer(httpx.Response(422, json=refused), httpx.Response(204))
+    client = make_client(server, [])
+    client.deregister("w1", DeregisterReason.error, "bad", unusable_spec=True, metrics={"val_loss": 0.5})
+    first, second = (json.loads(body) for body in server.bodies)
+    assert first == {"reason": "error", "message": "bad", "unusable_spec": True, "metrics": {"val_loss": 0.5}}
+    assert second == {"reason": "error", "message": "bad"}
+    # fields at their defaults are never sent; any other refusal is the caller's to see
+    plain = FakeServer(httpx.Response(204))
+    make_client(plain, []).deregister("w1", DeregisterReason.stopped)
+    assert json.loads(plain.bodies[0]) == {"reason": "stopped"}
+    other = FakeServer(httpx.Response(422, json={"detail": "message: too long"}))
+    with pytest.raises(Rejected, match="too long"):
+        make_client(other, []).deregister("w1", DeregisterReason.error, "x", metrics={"val_loss": 0.5})
+    assert len(other.requests) == 1

@@ -102,3 +102,40 @@ def test_the_server_default_budget_applies_when_the_spec_sets_none(db: Database)
     name, _ = new_run(db)
     states = [leave(db, launched_worker(db, name), DeregisterReason.error, BUG) for _ in range(5)]
     assert states == ["running"] * 4 + ["failed"]
+
+
+UNUSABLE = "cannot build shapes.model:ShapesNet: ValueError: this model needs a GPU"
+
+
+def leave_unusable(db: Database, worker_id: int) -> str:
+    """Deregister ``worker_id`` as its agent does when it exits with code 3; the run's state and reason."""
+    with db.begin() as session:
+        worker = runs.get_worker(session, worker_id)
+        at = T0 + timedelta(minutes=1)
+        workers.deregister_worker(session, worker, DeregisterReason.error, UNUSABLE, at, unusable_spec=True)
+        return f"{worker.run.state}: {worker.run.state_reason}"
+
+
+@pytest.mark.timeout(30)
+def test_the_first_launched_worker_that_cannot_use_the_spec_fails_the_run_with_its_message(
+    db: Database,
+) -> None:
+    name, _ = new_run(db)
+    first = launched_worker(db, name, samples=0)
+    assert leave_unusable(db, first) == f"failed: worker {first} cannot use the run's spec: {UNUSABLE}"
+
+
+@pytest.mark.timeout(30)
+def test_an_unusable_spec_fails_no_run_a_live_worker_trains_with_nor_by_a_hand_joined_worker(
+    db: Database,
+) -> None:
+    name, token = new_run(db)
+    training = launched_worker(db, name, samples=640)
+    replacement = launched_worker(db, name, samples=0)
+    # the spec works on another worker: this one met something of its own, a start-up failure
+    assert leave_unusable(db, replacement) == f"running: worker {training} registered"
+    by_hand = join(db, token)
+    leave(db, training, DeregisterReason.stopped, None)
+    assert leave_unusable(db, by_hand).startswith("running: ")  # a join token's holder fails no run
+    with db.read() as session:
+        assert runs.get_run(session, name).consecutive_start_failures == 1  # the launched one only

@@ -302,8 +302,16 @@ class Agent:
                 reason = DeregisterReason.completed
             if message is not None:  # the first line of a user's exception may quote a credential
                 message = redact(message, self._secrets)
+            # exit code 3 is the agent's verdict that no worker could use the run's spec
+            unusable = reason == DeregisterReason.error and self._exit_code == EXIT_CONFIG
             try:
-                self.client.deregister(self.worker_id, reason, message)
+                self.client.deregister(
+                    self.worker_id,
+                    reason,
+                    message,
+                    unusable_spec=unusable,
+                    metrics=dict(self.state.progress.metrics),
+                )
             except ApiError as exc:
                 logger.warning("could not deregister (%s): %s", reason.value, exc)
                 return

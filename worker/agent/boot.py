@@ -34,6 +34,7 @@ from worker.agent.client import (
     Unreachable,
 )
 from worker.agent.config import AgentSettings
+from worker.arguments import argument_type_problem
 from worker.files import write_json
 from worker.redaction import redact
 from worker.runtime import env as runtime_env
@@ -249,17 +250,24 @@ def build_user_objects(spec: RunSpec) -> tuple[Any, Any]:
     """Instantiate the run's LightningModule and DataModule with their arguments.
 
     The data module gets ``batch_size=spec.batch_size`` when it takes that argument and the spec does
-    not set it (:func:`call_arguments`). Any failure (the user's code may raise anything) becomes a
-    :class:`PermanentError` whose message names the import path and the exception in one line.
+    not set it (:func:`call_arguments`). An argument whose value does not fit the constructor's
+    annotation is refused before the constructor runs (:mod:`worker.arguments`). Any failure (the
+    user's code may raise anything) becomes a :class:`PermanentError` whose message names the import
+    path and the exception in one line.
     """
     built = []
-    for path, args, batch_size in (
-        (spec.module, spec.module_args, None),
-        (spec.datamodule, spec.datamodule_args, spec.batch_size),
+    for field, path, args, batch_size in (
+        ("module_args", spec.module, spec.module_args, None),
+        ("datamodule_args", spec.datamodule, spec.datamodule_args, spec.batch_size),
     ):
         try:
             factory = import_object(path)
+            mistyped = argument_type_problem(factory, args)
+            if mistyped:  # refused at create time: a spec stored before that check, or a hand-made one
+                raise PermanentError(f"cannot build {path}: {field}.{mistyped[0]}: {mistyped[1]}")
             built.append(factory(**call_arguments(factory, args, batch_size)))
+        except PermanentError:
+            raise
         except Exception as exc:  # user code: any failure is reported, none is hidden
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise PermanentError(f"cannot build {path}: {type(exc).__name__}: {first_line}") from exc

@@ -1,10 +1,10 @@
 """The agent's Lightning callback: the training thread's side of the agent.
 
 Before the first batch it seeds this worker's sampling apart from the others' (:mod:`worker.context`).
-Between batches (the only safe point) it publishes a progress snapshot for the heartbeat thread, saves
-the checkpointer's checkpoints, notices the run's stop condition, and ends training when a stop was
-requested (after a final checkpoint when this worker is the checkpointer and time allows), also when
-Lightning's own SIGTERM check ends training first.
+Between batches (the only safe point), and after each validation, it publishes a progress snapshot for
+the heartbeat thread; between batches it also saves the checkpointer's checkpoints, notices the run's
+stop condition, and ends training when a stop was requested (after a final checkpoint when this worker
+is the checkpointer and time allows), also when Lightning's own SIGTERM check ends training first.
 """
 
 from __future__ import annotations
@@ -90,6 +90,13 @@ class AgentCallback(Callback):
             return
         if self._checkpointer.due(local_epoch):
             self._checkpointer.save(trainer, local_epoch)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A validation's results reach the heartbeat now, not at the next training batch: the one a
+        worker runs as it stops (Lightning validates once more when ``should_stop`` is set) has no next
+        batch, and its values would never leave the worker."""
+        if not trainer.sanity_checking and self._rate_origin is not None:
+            self._snapshot(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         """A SIGTERM that lands after :meth:`on_train_batch_end` read the stop request ends training

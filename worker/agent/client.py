@@ -155,11 +155,34 @@ class OrchestratorClient:
         )
         return HeartbeatReply.model_validate(response.json())
 
-    def deregister(self, worker_id: str, reason: DeregisterReason, message: str | None = None) -> None:
-        """Leave the run for ``reason``; ``message`` (made one line, at most 4000 chars) says why."""
+    def deregister(
+        self,
+        worker_id: str,
+        reason: DeregisterReason,
+        message: str | None = None,
+        unusable_spec: bool = False,
+        metrics: dict[str, float] | None = None,
+    ) -> None:
+        """Leave the run for ``reason``; ``message`` (made one line, at most 4000 chars) says why,
+        ``unusable_spec`` that no worker could use the run's spec, ``metrics`` are the worker's last
+        reported values (see :class:`Deregister`).
+
+        Fields left at their defaults are not sent, and an orchestrator from before ``unusable_spec`` and
+        ``metrics`` (whose deregistration refuses unknown fields, 422) is asked again without them.
+        """
         text = without_control_characters(message)[:4000] if message else None
-        body = Deregister(reason=reason, message=text or None)
-        self._call("POST", ApiPath.deregister.format(worker_id=worker_id), json=body.model_dump(mode="json"))
+        body = Deregister(
+            reason=reason, message=text or None, unusable_spec=unusable_spec, metrics=metrics or {}
+        )
+        path = ApiPath.deregister.format(worker_id=worker_id)
+        newer = {"unusable_spec", "metrics"}
+        try:
+            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True))
+        except Rejected as exc:
+            sent = [name for name in newer if getattr(body, name)]
+            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
+                raise
+            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True, exclude=newer))
 
     def run_peers(self, run_name: str) -> PeerList:
         """The run's current initial peers (no token needed)."""

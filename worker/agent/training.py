@@ -188,7 +188,8 @@ def build_trainer(
 ) -> Any:
     """The ``Trainer`` of this worker: HivemindStrategy on the agent's DHT, trains until told to stop.
 
-    The run's ``trainer`` section applies over the agent's quiet defaults; its callbacks follow the
+    The run's ``trainer`` section applies over the agent's quiet defaults (and validation every minute
+    of training when it sets no cadence: ``TrainerSection.validation_cadence``); its callbacks follow the
     agent's, and its loggers come first (``trainer.log_dir`` is theirs), then the agent's reporting
     logger. Raises ``TypeError`` (``TrainerPluginError`` included) or ``HivemindStrategyError`` for an
     unusable run spec.
@@ -214,6 +215,7 @@ def build_trainer(
     options: dict[str, Any] = {
         **QUIET,
         "num_sanity_val_steps": 0,
+        **spec.trainer.validation_cadence(),
         **spec.trainer.trainer_kwargs(),
         "callbacks": callbacks,
         "logger": loggers,

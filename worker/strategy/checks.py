@@ -35,6 +35,14 @@ def check_constructor_args(
         raise HivemindStrategyError(f"target_batch_size must be a positive int, got {target_batch_size!r}")
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size <= 0):
         raise HivemindStrategyError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    check_delays(delay_state_averaging, delay_optimizer_step, delay_grad_averaging)
+
+
+def check_delays(
+    delay_state_averaging: bool, delay_optimizer_step: bool | None, delay_grad_averaging: bool
+) -> None:
+    """The delay flags that work together; also asked by the run's create-time check
+    (``worker/strategy/options.py``), so a combination hivemind cannot run is refused before launch."""
     if delay_grad_averaging and delay_optimizer_step is False:
         raise HivemindStrategyError(
             "delay_grad_averaging=True requires delay_optimizer_step=True (or None, which follows it)"

@@ -4,7 +4,9 @@ They are read from the signatures, never listed by hand: ``HivemindStrategy``'s 
 those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
 less what the run spec or the agent sets itself. The create-time probe (``orchestrator/importcheck/probe.py``)
 and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
-there is refused when the run is created, not inside ``hivemind.Optimizer`` on every worker. Imports
+there, a value of the wrong type for one of the strategy's own keywords (:mod:`worker.arguments`), or
+delay flags that do not go together, are refused when the run is created, not inside
+``hivemind.Optimizer`` on every worker. Imports
 torch, Lightning and hivemind when first called.
 """
 
@@ -51,22 +53,36 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     unknown = sorted(set(options) - strategy_keywords())
     if unknown:
         return unknown_keyword_message(unknown[0])
-    return _timeouts_problem(options)
+    from worker.arguments import argument_type_problem
+    from worker.strategy.strategy import HivemindStrategy
+
+    mistyped = argument_type_problem(HivemindStrategy, options)  # its own keywords' plain annotations
+    if mistyped:
+        return f"{mistyped[0]}: {mistyped[1]}"
+    return _combination_problem(options)
 
 
-def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
-    """The strategy's own timeout check, on the options and the strategy's defaults for what is left out."""
+def _combination_problem(options: Mapping[str, Any]) -> str | None:
+    """The strategy's own checks of its delay flags and timeouts (``worker/strategy/checks.py``, which
+    ``HivemindStrategy.__init__`` calls too), on the options and the strategy's defaults for what is left
+    out; values of another type are left to hivemind, which reports them itself."""
     import inspect
 
-    from worker.strategy.checks import HivemindStrategyError, check_timeouts
+    from worker.strategy.checks import HivemindStrategyError, check_delays, check_timeouts
     from worker.strategy.strategy import HivemindStrategy
 
     defaults = inspect.signature(HivemindStrategy.__init__).parameters
-    times = [options.get(name, defaults[name].default) for name in ("matchmaking_time", "averaging_timeout")]
-    if not all(isinstance(value, (int, float)) for value in times):
-        return None  # hivemind reports a wrong type itself
+
+    def value(name: str) -> Any:
+        return options.get(name, defaults[name].default)
+
+    delays = [value(n) for n in ("delay_state_averaging", "delay_optimizer_step", "delay_grad_averaging")]
+    times = [value(name) for name in ("matchmaking_time", "averaging_timeout")]
     try:
-        check_timeouts(*times)
+        if all(isinstance(flag, bool) or flag is None for flag in delays):
+            check_delays(*delays)
+        if all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times):
+            check_timeouts(*times)
     except HivemindStrategyError as exc:
         return str(exc)
     return None

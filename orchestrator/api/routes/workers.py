@@ -178,6 +178,13 @@ def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
     with parts.db.begin() as session:
         worker = runs.get_worker(session, worker_id)
         workers.deregister_worker(
-            session, worker, body.reason, body.message, parts.clock(), parts.crash_policy
+            session,
+            worker,
+            body.reason,
+            body.message,
+            parts.clock(),
+            parts.crash_policy,
+            unusable_spec=body.unusable_spec,
+            metrics=body.metrics,
         )
     parts.hub.refresh()
