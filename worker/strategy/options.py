@@ -51,7 +51,7 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     unknown = sorted(set(options) - strategy_keywords())
     if unknown:
         return unknown_keyword_message(unknown[0])
-    return _timeouts_problem(options)
+    return _timeouts_problem(options) or _sync_problem(options)
 
 
 def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
@@ -70,3 +70,10 @@ def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
     except HivemindStrategyError as exc:
         return str(exc)
     return None
+
+
+def _sync_problem(options: Mapping[str, Any]) -> str | None:
+    """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch)."""
+    from worker.strategy.diloco.settings import DEFAULT_SYNC, DILOCO_OPTIONS, sync_problem
+
+    return sync_problem(options.get("sync", DEFAULT_SYNC), {key: options.get(key) for key in DILOCO_OPTIONS})
