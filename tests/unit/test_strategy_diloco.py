@@ -4,6 +4,7 @@ from a checkpoint saved mid-run. Rounds between real peers: tests/integration/te
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -134,3 +135,15 @@ def test_a_run_resumes_mid_run_from_a_checkpoint_with_its_rounds_and_outer_momen
     resumed.fit(resumed_module, train_dataloaders=fixed_loader(), ckpt_path=path)
     assert seen == {"epoch": 2, "global": True, "momentum": True}
     assert second.optimizer.local_epoch == 4
+
+
+def test_local_sync_steps_the_optimizer_every_batch_between_swarm_epochs(tmp_path: Path) -> None:
+    strategy = make_strategy(target_batch_size=96, sync="local")  # a swarm epoch every 3 batches of 32
+    module = SGDDigits()
+    seen: list[torch.Tensor] = []
+    module.on_train_batch_end = lambda *_: seen.append(flat_params(module))  # type: ignore[method-assign]
+    trainer = make_trainer(strategy, max_steps=6, default_root_dir=tmp_path)
+    trainer.fit(module, train_dataloaders=fixed_loader())
+    assert strategy.optimizer.use_local_updates  # type: ignore[union-attr]
+    assert len(seen) == 6
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))  # every batch moved it

@@ -97,7 +97,8 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self._params = [p for group in inner.param_groups for p in group["params"]]
         self._zero_weight = False
         self._leaving = False
-        self._control: StepControl | None = None
+        self._control: StepControl | None = None  # the next round's, scheduled ahead
+        self._control_running: StepControl | None = None  # the round being averaged
         self.outer = OuterStep(self._params, settings.outer_lr, settings.outer_momentum)
         apply_hivemind_fixes()
         self.averager = DiLoCoAverager(
@@ -269,7 +270,7 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
     def leave_rounds(self) -> None:
         """Start no more rounds (a peer about to leave; any thread); one it waits in is called off."""
         self._leaving = True
-        for control in (self._control, getattr(self, "_control_running", None)):
+        for control in (self._control, self._control_running):
             if control is not None and not control.done():
                 control.cancel()
         self.tracker.count_alone()
