@@ -172,3 +172,33 @@ def test_a_peer_goes_on_when_its_groupmate_is_killed_mid_round(
             trainer.join(ROUND_BOUND_S)
         a.optimizer.shutdown()
         dht.shutdown()
+
+
+def test_peers_that_train_on_meet_in_rounds_on_the_swarms_clock() -> None:
+    """``sync_every_s``: rounds due at the same multiples of the DHT clock, matchmaking scheduled ahead
+    while the peers compute; nobody calls ``run_round`` by hand."""
+    with diloco_peers(2, sync_every_steps=None, sync_every_s=3.0) as peers:
+        stop = threading.Event()
+
+        def train_on(peer: Peer, seed: int) -> None:
+            while not stop.is_set():
+                peer.train(1, seed=seed)
+
+        threads = [
+            threading.Thread(target=train_on, args=(peer, i), name=f"peer-{i}")
+            for i, peer in enumerate(peers)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(
+                lambda: all(p.optimizer.outcomes.counter.snapshot().averaged >= 2 for p in peers),
+                60,
+                message=lambda: str([p.optimizer.outcomes.counter.snapshot() for p in peers]),
+            )
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(ROUND_BOUND_S)
+        epochs = [p.optimizer.local_epoch for p in peers]
+        assert min(epochs) >= 2 and max(epochs) - min(epochs) <= 1, epochs
