@@ -98,6 +98,7 @@ def test_a_lone_diloco_peer_steps_its_outer_optimizer_every_round(tmp_path: Path
     counts = strategy.averaging_outcomes()
     assert counts is not None and counts.alone == 4 and counts.averaged == 0
     assert strategy.optimizer.local_epoch == 4  # the swarm epoch counts rounds
+    assert strategy.optimizer.rounds == 4 and strategy.optimizer.round_s_total > 0  # type: ignore[union-attr]
     optimizer = strategy.optimizer
     global_weights = torch.cat([g.detach().flatten() for g in optimizer.outer.global_params])  # type: ignore[union-attr]
     assert torch.equal(global_weights, flat_params(module))  # a round ends with the local weights = global

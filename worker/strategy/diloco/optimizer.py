@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -94,6 +95,9 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self.samples_in_round = 0
         self.outcomes = DiLoCoOutcomes()
         self.last_outcome: Outcome | None = None
+        #: seconds the training thread spent blocked in rounds, and rounds run (G = compute / this)
+        self.round_s_total = 0.0
+        self.rounds = 0
         self._params = [p for group in inner.param_groups for p in group["params"]]
         self._zero_weight = False
         self._leaving = False
@@ -172,6 +176,14 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
 
     def run_round(self) -> Outcome:
         """Average this round's pseudo-gradients and take the outer step (see the module docstring)."""
+        started = time.monotonic()
+        try:
+            return self._run_round()
+        finally:
+            self.round_s_total += time.monotonic() - started
+            self.rounds += 1
+
+    def _run_round(self) -> Outcome:
         if self.tracker.global_progress.epoch > self.local_epoch and self._has_peers():
             log.info(
                 "swarm %s is at round %d, this peer at %d: downloading its state",
