@@ -70,6 +70,10 @@ def test_outer_state_round_trips_through_its_state_dict() -> None:
         ({"sync": "diloco", "sync_every_s": 5, "sync_every_steps": 5}, "not both"),
         ({"sync": "diloco", "outer_momentum": 1.0}, "outer_momentum must be a number in [0, 1)"),
         ({"sync": "diloco", "outer_lr": -1}, "outer_lr must be a positive number"),
+        (
+            {"sync": "diloco", "offload_optimizer": True},
+            "offload_optimizer does not apply with sync='diloco'",
+        ),
     ],
 )
 def test_wrong_sync_options_are_refused_at_create_time_and_by_the_strategy(

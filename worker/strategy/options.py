@@ -74,6 +74,6 @@ def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
 
 def _sync_problem(options: Mapping[str, Any]) -> str | None:
     """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch)."""
-    from worker.strategy.diloco.settings import DEFAULT_SYNC, DILOCO_OPTIONS, sync_problem
+    from worker.strategy.diloco.settings import DEFAULT_SYNC, sync_problem
 
-    return sync_problem(options.get("sync", DEFAULT_SYNC), {key: options.get(key) for key in DILOCO_OPTIONS})
+    return sync_problem(options.get("sync", DEFAULT_SYNC), dict(options))

@@ -165,7 +165,16 @@ class HivemindStrategy(Strategy):
             outer_lr=outer_lr,
             outer_momentum=outer_momentum,
         )
-        problem = sync_problem(sync, diloco_options)
+        flags = dict(
+            delay_state_averaging=delay_state_averaging,
+            delay_optimizer_step=delay_optimizer_step,
+            delay_grad_averaging=delay_grad_averaging,
+            offload_optimizer=offload_optimizer,
+            reuse_grad_buffers=reuse_grad_buffers,
+            scheduler_fn=scheduler_fn,
+            use_local_updates=optimizer_kwargs.get("use_local_updates"),
+        )
+        problem = sync_problem(sync, {**diloco_options, **flags})
         if problem:
             raise HivemindStrategyError(problem)
         self.sync = sync

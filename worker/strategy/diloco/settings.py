@@ -24,6 +24,17 @@ DEFAULT_OUTER_LR = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.9
 #: the options that only the DiLoCo mode reads
 DILOCO_OPTIONS = ("sync_every_s", "sync_every_steps", "outer_lr", "outer_momentum")
+#: options of the gradients mode's hivemind optimizer that have nothing to act on in DiLoCo mode (the
+#: module's own optimizer steps every batch, outside hivemind)
+NOT_WITH_DILOCO = (
+    "delay_state_averaging",
+    "delay_optimizer_step",
+    "delay_grad_averaging",
+    "offload_optimizer",
+    "reuse_grad_buffers",
+    "scheduler_fn",
+    "use_local_updates",
+)
 
 
 @dataclass(frozen=True)
@@ -38,11 +49,18 @@ class DiLoCoSettings:
 
 
 def sync_problem(sync: Any, options: dict[str, Any]) -> str | None:
-    """None when ``sync`` and the DiLoCo ``options`` (None for those left out) can run; else what is
-    wrong and the fix. ``options`` holds only keys of :data:`DILOCO_OPTIONS`."""
+    """None when ``sync`` and ``options`` (the strategy's; None or absent for those left out) can run;
+    else what is wrong and the fix."""
     if sync not in SYNC_MODES:
         return f"sync must be one of {', '.join(map(repr, SYNC_MODES))}, got {sync!r}"
-    given = sorted(key for key, value in options.items() if value is not None)
+    if sync == "diloco":
+        conflicting = sorted(key for key in NOT_WITH_DILOCO if options.get(key))
+        if conflicting:
+            return (
+                f"{conflicting[0]} does not apply with sync='diloco': the module's own optimizer steps every "
+                f"batch, outside hivemind's optimizer; remove it"
+            )
+    given = sorted(key for key in DILOCO_OPTIONS if options.get(key) is not None)
     if sync != "diloco" and given:
         return f"{given[0]} applies only with sync='diloco' (got sync={sync!r}): remove it or set sync"
     every_s, steps = options.get("sync_every_s"), options.get("sync_every_steps")
