@@ -205,5 +205,6 @@ def spec_checks(spec: RunSpec) -> list[dict[str, Any]]:
             field = f"trainer.{kind}s[{index}]"
             checks.append({"field": field, "kind": kind, "path": plugin.path, "args": plugin.args})
     keys = list(spec.strategy_options)
-    checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys})
+    options = dict(spec.strategy_options)  # plain JSON (the run spec's validator): values checked too
+    checks.append({"field": "strategy_options", "kind": "strategy_options", "keys": keys, "options": options})
     return checks

@@ -8,7 +8,8 @@ str, "field": str}``: the first check that failed. A check is ``{"field": "modul
 constructor takes the arguments as the agent passes them; a failure there names ``module_args`` or
 ``datamodule_args``), ``{"field": ..., "kind": "callback" | "logger", "path": ..., "args": {...}}`` (a
 trainer callback or logger: the class and that its arguments bind) or ``{"field": "strategy_options",
-"kind": "strategy_options", "keys": [...]}`` (keywords ``HivemindStrategy`` takes). Each request is
+"kind": "strategy_options", "keys": [...], "options": {...}}`` (keywords ``HivemindStrategy`` takes, and
+the values it checks at construction, such as the timeouts and the sync mode). Each request is
 handled in a forked child, so a user's module is imported fresh, and whatever it does at import time
 (print, exit, crash, hang) cannot touch the server or the fork server: the child's stdout goes to
 stderr, and a child that outlives ``timeout_s`` is killed. The child works in ``cwd`` (the checker's
@@ -85,7 +86,10 @@ def _check(check: dict[str, Any]) -> tuple[str, str] | None:
     if check["kind"] == "strategy_options":
         from worker.strategy.options import strategy_option_problem
 
-        problem = strategy_option_problem(dict.fromkeys(check["keys"]))
+        options = check.get("options")
+        problem = strategy_option_problem(
+            options if isinstance(options, dict) else dict.fromkeys(check["keys"])
+        )
         return (field, problem) if problem else None
     args, batch_size = dict(check.get("args") or {}), check.get("batch_size")
     return _check_class(field, str(check["path"]), str(check["kind"]), args, batch_size)

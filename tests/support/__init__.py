@@ -19,5 +19,6 @@
 - ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
   ``terraform.py``, ``wheels.py``, ``docs_commands.py``, ``fuzz.py``, ``strategy.py``,
-  ``monitor_peer.py``: the other systems and harnesses tests drive.
+  ``monitor_peer.py``: the other systems and harnesses tests drive; ``diloco.py``: DiLoCo peers
+  without Lightning and the plain-torch reference of the outer step.
 """

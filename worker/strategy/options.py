@@ -73,7 +73,9 @@ def _timeouts_problem(options: Mapping[str, Any]) -> str | None:
 
 
 def _sync_problem(options: Mapping[str, Any]) -> str | None:
-    """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch)."""
+    """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch); a key
+    without its value (None) passes."""
     from worker.strategy.diloco.settings import DEFAULT_SYNC, sync_problem
 
-    return sync_problem(options.get("sync", DEFAULT_SYNC), dict(options))
+    sync = options.get("sync")
+    return sync_problem(DEFAULT_SYNC if sync is None else sync, dict(options))
