@@ -38,6 +38,7 @@ from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverag
 from worker.strategy.diloco.outer import OuterStep
 from worker.strategy.diloco.schedule import RoundSchedule
 from worker.strategy.diloco.settings import DiLoCoSettings
+from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
 from worker.strategy.outcomes import Outcome, OutcomeCounter, round_outcome
 from worker.strategy.shutdown import stop_tracker_keeping_record
 from worker.strategy.tracker import SwarmBatchTracker
@@ -301,6 +302,7 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         if self.averager.is_alive():
             self.averager.shutdown()
         self.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
+        quiet_abandoned_event_loops()  # the tracker's thread leaves pending tasks behind (hivemind 1.1.12)
 
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state, the epoch in ``state`` (as hivemind's) and the outer state."""
