@@ -210,7 +210,9 @@ class RunSpec(StrictModel):
     target_batch_size: int = Field(ge=1, le=10**9, description="Samples the swarm accumulates per epoch.")
     batch_size: int = Field(ge=1, le=10**7, description="Per-worker batch size.")
     strategy_options: dict[str, Any] = Field(
-        default_factory=dict, description="Extra HivemindStrategy keywords (matchmaking_time, ...)."
+        default_factory=dict,
+        description="Extra HivemindStrategy keywords (matchmaking_time, sync: gradients, local or diloco, "
+        "sync_every_s, ...).",
     )
     min_workers: int = Field(default=1, ge=0, le=10_000)
     max_workers: int = Field(default=8, ge=1, le=10_000)
@@ -221,7 +223,11 @@ class RunSpec(StrictModel):
     )
     keep_checkpoints: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept per run.")
     launcher: str = Field(default="local", pattern=r"^[a-z0-9_-]{1,32}$")
-    launcher_options: dict[str, Any] = Field(default_factory=dict)
+    launcher_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the run's launcher: local takes cpus_per_worker (cores of its own for each "
+        "worker, refused when desired_workers x N exceed the machine's); ec2 its launch plan.",
+    )
     # The run's code and environment (docs/guides/your-code.md).
     workdir: str | None = Field(
         default=None,

@@ -2,7 +2,8 @@
 
 - ``base.py``: the ``Launcher`` protocol and its data (requests, instances, failures).
 - ``local.py``: workers as subprocesses of this machine; ``local_files.py``: its state files and logs;
-  ``forkserver.py`` and ``forkserver_main.py``: the process it forks preloaded workers from.
+  ``forkserver.py`` and ``forkserver_main.py``: the process it forks preloaded workers from;
+  ``local_cpus.py``: cores of their own for its workers (``cpus_per_worker``).
 - ``ec2/``: workers on EC2 spot instances.
 - ``childenv.py``: the environment of processes that run user code (local workers, the import probe).
 - ``worker_logs.py``: where a worker's log is and how its tail is read.

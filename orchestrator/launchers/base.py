@@ -78,9 +78,10 @@ class Launcher(Protocol):
 
     name: str
 
-    def validate_options(self, options: Mapping[str, Any]) -> None:
-        """Raise :class:`LauncherConfigError` when a run's ``launcher_options`` can never work: called when
-        the run is created, so a bad option is a 422 then, not failed launches later."""
+    def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
+        """Raise :class:`LauncherConfigError` when a run's ``launcher_options`` can never work for its
+        ``workers`` desired workers: called when the run is created, so a bad option is a 422 then, not
+        failed launches later."""
         ...
 
     def launch(self, request: LaunchRequest) -> str:

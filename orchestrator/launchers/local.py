@@ -34,6 +34,15 @@ from orchestrator.launchers import local_files as proc
 from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.launchers.childenv import child_env
 from orchestrator.launchers.forkserver import ForkServer, ForkServerError
+from orchestrator.launchers.local_cpus import (
+    CPUS_ENV,
+    CPUS_OPTION,
+    allocate,
+    check_capacity,
+    cpu_list,
+    cpus_per_worker,
+    usable_cpus,
+)
 from orchestrator.processes import proc_start_ticks
 
 logger = logging.getLogger(__name__)
@@ -70,6 +79,8 @@ class _Record:
     gone_at: float | None = None
     terminate_requested_at: float | None = None
     reported: bool = False
+    #: the cores it is pinned to (``cpus_per_worker``); none: every core
+    cpus: list[int] = field(default_factory=list)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     #: the fork server that forked it (it reports the exit), while that one runs; not persisted
     forked_by: int | None = field(default=None, repr=False, compare=False)
@@ -145,8 +156,9 @@ class LocalLauncher:
     def launch(self, request: LaunchRequest) -> str:
         """Start the worker of ``request`` unless this request id was ever launched here; return its PID.
 
-        Raises :class:`LauncherConfigError` for options (the local launcher takes none) or a request id
-        unfit for a file name. A worker that cannot be spawned is reported by :meth:`poll_errors`.
+        Raises :class:`LauncherConfigError` for options it does not take or a request id unfit for a file
+        name. With ``cpus_per_worker`` the worker gets cores of its own (:mod:`.local_cpus`). A worker
+        that cannot be spawned is reported by :meth:`poll_errors`.
         """
         self.validate_options(request.options)
         if not REQUEST_ID_PATTERN.match(request.request_id):
@@ -167,14 +179,32 @@ class LocalLauncher:
                 adopted = self._load(request.request_id)
                 return str(adopted.pid or "") if adopted else ""
             self._records[record.request_id] = record
-            self._spawn(record, request.env)
+            self._spawn(record, self._with_cpus(record, request))
             return str(record.pid or "")
 
-    def validate_options(self, options: Mapping[str, Any]) -> None:
-        """The local launcher takes no options: any is a :class:`LauncherConfigError` naming them."""
-        if options:
-            hint = " (a run's code travels with runs create --workdir DIR)" if "workdir" in options else ""
-            raise LauncherConfigError(f"the local launcher takes no options, got {sorted(options)}{hint}")
+    def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
+        """The local launcher takes ``cpus_per_worker`` only: another option, a value that is not a
+        positive int, or more cores than this machine has for ``workers`` workers is a
+        :class:`LauncherConfigError` that says so."""
+        unknown = sorted(set(options) - {CPUS_OPTION})
+        if unknown:
+            hint = " (a run's code travels with runs create --workdir DIR)" if "workdir" in unknown else ""
+            raise LauncherConfigError(
+                f"the local launcher takes no options but {CPUS_OPTION}, got {unknown}{hint}"
+            )
+        per_worker = cpus_per_worker(options)
+        if per_worker is not None:
+            check_capacity(per_worker, workers, usable_cpus())
+
+    def _with_cpus(self, record: _Record, request: LaunchRequest) -> dict[str, str]:
+        """The request's environment, with the worker's own cores when the run asks for them."""
+        per_worker = cpus_per_worker(request.options)
+        if per_worker is None:
+            return dict(request.env)
+        in_use = [cpu for other in self._records.values() if other.alive for cpu in other.cpus]
+        record.cpus = allocate(per_worker, usable_cpus(), in_use)
+        logger.info("worker %s (run %s): cores %s", record.request_id, record.run_name, cpu_list(record.cpus))
+        return {**request.env, CPUS_ENV: cpu_list(record.cpus)}
 
     def terminate(self, request_id: str) -> None:
         """SIGTERM the worker's process group now, SIGKILL it after the grace period; never blocks."""

@@ -150,8 +150,8 @@ class CountedLauncher:
         # The loop repeats terminate() until a worker is gone: count each request id once (bounded memory).
         self._terminated: OrderedDict[str, None] = OrderedDict()
 
-    def validate_options(self, options: Mapping[str, Any]) -> None:
-        self.inner.validate_options(options)
+    def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
+        self.inner.validate_options(options, workers=workers)
 
     def launch(self, request: LaunchRequest) -> str:
         try:

@@ -201,6 +201,14 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
                 ({"strategy_options": {"matchmaking_tme": 1.0}}, "did you mean 'matchmaking_time'"),
                 ({"strategy_options": {"use_rellay": True}}, "did you mean 'use_relay'"),
                 ({"strategy_options": {"target_batch_size": 64}}, "run spec's target_batch_size"),
+                (
+                    {"strategy_options": {"sync": "diloco", "sync_every_s": 0}},
+                    "sync_every_s must be a positive",
+                ),
+                (
+                    {"strategy_options": {"matchmaking_time": 5, "averaging_timeout": 2}},
+                    "must be longer than",
+                ),
                 ({"report_metrics": [f"m{n}" for n in range(17)]}, "report_metrics"),
                 ({"module_args": {"hidden": "sixteen"}}, "module_args.hidden: expected int, got 'sixteen'"),
                 (

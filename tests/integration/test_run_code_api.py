@@ -248,7 +248,7 @@ def test_launcher_options_are_checked_when_the_run_is_created(orch: Orchestrator
         ))  # fmt: skip
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"] == (
-        "launcher_options: the local launcher takes no options, got ['workdir'] "
+        "launcher_options: the local launcher takes no options but cpus_per_worker, got ['workdir'] "
         "(a run's code travels with runs create --workdir DIR)"
     )
 

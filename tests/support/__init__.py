@@ -20,5 +20,6 @@
 - ``archives.py``: hand-made tar archives, the crafted code packages among them.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
   ``terraform.py``, ``wheels.py``, ``docs_commands.py``, ``fuzz.py``, ``strategy.py``,
-  ``monitor_peer.py``: the other systems and harnesses tests drive.
+  ``monitor_peer.py``: the other systems and harnesses tests drive; ``diloco.py``: DiLoCo peers
+  without Lightning and the plain-torch reference of the outer step.
 """

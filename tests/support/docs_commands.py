@@ -150,6 +150,7 @@ RUN_ELSEWHERE = {
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",
     ".venv/bin/python bench/time_to_accuracy.py --quick # 1 and 2 peers, one trial, target 0.8: about a minute": "tests/integration/test_bench_time_to_accuracy.py::test_time_to_accuracy_quick_mode_prints_its_table",
     ".venv/bin/python bench/swarm_start.py --rounds 1 # every arm once: about a minute": "tests/integration/test_bench_swarm_start.py::test_swarm_start_bench_prints_every_arm",
+    ".venv/bin/python bench/scaling.py --quick --arms AEF # a tiny model, 15 s an arm: checks the script, measures nothing": "tests/integration/test_bench_scaling.py::test_scaling_quick_mode_prints_its_table",
     "make docs-build # the site built with --strict into site/, as CI does": "tests/integration/test_docs_site.py::test_make_docs_build_builds_the_site_strictly_with_its_generated_reference",
     "make docs # the documentation site on 127.0.0.1, rebuilt as you edit; prints its URL": "tests/e2e/test_docs_site.py::test_make_docs_serves_the_site_and_the_browser_asks_nothing_of_other_hosts",
 }
@@ -191,6 +192,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/fuzz_api.py --url $URL --admin-token $TOKEN [--public-reads]": "a benchmark of minutes; tests/api/test_fuzz.py runs the same fuzzer in miniature",
     ".venv/bin/python bench/api_load.py --workers 1000,10000 [--db postgres] [--duration-s 60]": "a benchmark of minutes; tests/integration/test_api_load_smoke.py runs bench/api_load.py with 50 workers",
     ".venv/bin/python bench/recovery.py --heartbeat-timeout-s 10 --rounds 2": "a benchmark of minutes with real training workers",
+    ".venv/bin/python bench/scaling.py --workers 2 --trials 3 --budget-s 300 # each worker on its own core(s)": "a benchmark of about 90 minutes with real training workers; tests/integration/test_bench_scaling.py runs its quick mode",
     ".venv/bin/python bench/worker_start.py --rounds 4": "a benchmark of minutes with two orchestrators and real training workers; tests/integration/test_local_preload.py tests the preloaded start it measures",
     ".venv/bin/python -m worker.examples.local_swarm --peers 2 --seconds 60": "trains two real peers for 60 s; tests/integration/test_swarm_training.py trains real peers",
     ".venv/bin/python bench/strategy_overhead.py # CPU, ~15 min on 2 busy cores": "a benchmark of about 15 minutes",

@@ -2,6 +2,7 @@
 
 - ``agent.py``: the lifecycle (register, train, stop, deregister) and the exit codes.
 - ``config.py``: flags and ``SPOTSWARM_*`` environment variables; exit codes.
+- ``cpus.py``: pinning the agent to its own cores (the local launcher's ``cpus_per_worker``).
 - ``boot.py``: registration (retried, or from the cached registration), the run's code and environment.
 - ``state.py``: what the training thread, the heartbeat and the stop logic share.
 - ``training.py``: the swarm's DHT, the resume decision, the Trainer and ``fit``.

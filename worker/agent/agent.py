@@ -49,6 +49,7 @@ from worker.agent.config import (
     AgentSettings,
     parse_config,
 )
+from worker.agent.cpus import pin_to_cpus
 from worker.agent.state import AgentState
 from worker.redaction import redact
 from worker.wire import DeregisterReason, RunSpec
@@ -427,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(argv)
     configure_logging(config.log_level, config.log_format)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: dump every stack
+    if config.cpus:
+        pin_to_cpus(config.cpus)  # before the agent starts a thread: each one inherits the cores
     config.worker_dir.mkdir(parents=True, exist_ok=True)
     # hivemind forks its DHT and averagers: none may outlive an agent killed with SIGKILL
     lifeline.forked_children_exit_with_parent()

@@ -95,6 +95,12 @@ class AgentSettings(BaseSettings):
     install_timeout_s: float = Field(
         default=900.0, gt=0, description="Time limit of installing a run's requirements"
     )
+    cpus: str | None = Field(
+        default=None,
+        pattern=r"^\d+(,\d+)*$",
+        description="CPU list (e.g. 2,3) this worker runs on, torch with as many threads; set by the local "
+        "launcher for a run's launcher_options cpus_per_worker; unset: every core",
+    )
 
     @field_validator("worker_dir", "cache_dir")
     @classmethod

@@ -13,6 +13,7 @@
 - ``shutdown.py``: leaving the swarm cleanly.
 - ``checkpoint_format.py``: what hivemind adds to a checkpoint, and the plain export.
 - ``hivemind_fixes.py``: the workarounds of hivemind 1.1.12's behaviour, each naming what it covers.
+- ``diloco/``: the DiLoCo sync mode (``sync="diloco"``): rare rounds of pseudo-gradients, an outer step.
 
 ``from worker.strategy import HivemindStrategy`` works as with lightning-hivemind. Importing this package
 alone is cheap: the strategy (torch, Lightning, hivemind) loads on first use of one of its names, so that

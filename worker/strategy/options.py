@@ -59,7 +59,7 @@ def strategy_option_problem(options: Mapping[str, Any]) -> str | None:
     mistyped = argument_type_problem(HivemindStrategy, options)  # its own keywords' plain annotations
     if mistyped:
         return f"{mistyped[0]}: {mistyped[1]}"
-    return _combination_problem(options)
+    return _combination_problem(options) or _sync_problem(options)
 
 
 def _combination_problem(options: Mapping[str, Any]) -> str | None:
@@ -86,3 +86,12 @@ def _combination_problem(options: Mapping[str, Any]) -> str | None:
     except HivemindStrategyError as exc:
         return str(exc)
     return None
+
+
+def _sync_problem(options: Mapping[str, Any]) -> str | None:
+    """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch); a key
+    without its value (None) passes."""
+    from worker.strategy.diloco.settings import DEFAULT_SYNC, sync_problem
+
+    sync = options.get("sync")
+    return sync_problem(DEFAULT_SYNC if sync is None else sync, dict(options))

@@ -31,6 +31,8 @@ from typing_extensions import override
 from worker.strategy import checks
 from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
 from worker.strategy.dht import PeerAuthorizer, initial_peers_line, parse_initial_peers, start_dht
+from worker.strategy.diloco.optimizer import DiLoCoOptimizer, DiLoCoOutcomes
+from worker.strategy.diloco.settings import DEFAULT_SYNC, DiLoCoSettings, diloco_settings, sync_problem
 from worker.strategy.keywords import averager_options, route_keywords
 from worker.strategy.metrics import (
     MetricsThrottle,
@@ -105,6 +107,13 @@ class HivemindStrategy(Strategy):
         average_state_every: average the whole training state (parameters, optimizer statistics) in a
             second round every this many epochs (hivemind's own default is 1; see
             :data:`AVERAGE_STATE_EVERY`). Every peer of a swarm must use the same value.
+        sync: how peers train together (docs/guides/strategy.md, "Sync modes"): ``"gradients"`` (average
+            gradients every ``target_batch_size`` samples), ``"local"`` (hivemind's local SGD) or
+            ``"diloco"`` (the module's optimizer steps every batch; every ``sync_every_s`` seconds, or
+            ``sync_every_steps`` steps, peers average pseudo-gradients and take an outer Nesterov step
+            with ``outer_lr`` and ``outer_momentum``: worker/strategy/diloco/).
+        sync_every_s, sync_every_steps, outer_lr, outer_momentum: the DiLoCo knobs (``None``: defaults in
+            worker/strategy/diloco/settings.py); refused with another ``sync``.
         **optimizer_kwargs: each goes to the hivemind class that takes it (worker/strategy/keywords.py):
             ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
             ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,
@@ -142,9 +151,36 @@ class HivemindStrategy(Strategy):
         tracker_opts: dict[str, Any] | None = None,
         authorizer: PeerAuthorizer | None = None,
         average_state_every: int = AVERAGE_STATE_EVERY,
+        sync: str = DEFAULT_SYNC,
+        sync_every_s: float | None = None,
+        sync_every_steps: int | None = None,
+        outer_lr: float | None = None,
+        outer_momentum: float | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()
+        diloco_options = dict(
+            sync_every_s=sync_every_s,
+            sync_every_steps=sync_every_steps,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
+        )
+        flags = dict(
+            delay_state_averaging=delay_state_averaging,
+            delay_optimizer_step=delay_optimizer_step,
+            delay_grad_averaging=delay_grad_averaging,
+            offload_optimizer=offload_optimizer,
+            reuse_grad_buffers=reuse_grad_buffers,
+            scheduler_fn=scheduler_fn,
+            use_local_updates=optimizer_kwargs.get("use_local_updates"),
+        )
+        problem = sync_problem(sync, {**diloco_options, **flags})
+        if problem:
+            raise HivemindStrategyError(problem)
+        self.sync = sync
+        self._diloco: DiLoCoSettings | None = diloco_settings(diloco_options) if sync == "diloco" else None
+        if sync == "local":
+            optimizer_kwargs["use_local_updates"] = True
         checks.check_constructor_args(
             target_batch_size, batch_size, delay_state_averaging, delay_optimizer_step, delay_grad_averaging
         )
@@ -190,8 +226,8 @@ class HivemindStrategy(Strategy):
         # Set when the run reached its target: teardown leaves this peer's last progress record in the
         # DHT until it expires, so the orchestrator reads the final epoch (worker/strategy/shutdown.py).
         self.keep_progress_record = False
-        self._optimizer: Optimizer | None = None
-        self._outcomes: OutcomeRecorder | None = None
+        self._optimizer: Optimizer | DiLoCoOptimizer | None = None
+        self._outcomes: OutcomeRecorder | DiLoCoOutcomes | None = None
         self._rate_reader: SwarmRateReader | None = None
         self._last_progress: SwarmProgress | None = None
         self._parallel_devices: list[torch.device] | None = None
@@ -215,8 +251,9 @@ class HivemindStrategy(Strategy):
         return self._dht
 
     @property
-    def optimizer(self) -> hivemind.Optimizer:
-        """The ``hivemind.Optimizer`` (also ``trainer.optimizers[0]``); kept, shut down, after fit."""
+    def optimizer(self) -> Optimizer | DiLoCoOptimizer:
+        """The ``hivemind.Optimizer`` (also ``trainer.optimizers[0]``), a ``DiLoCoOptimizer`` with
+        ``sync="diloco"``; kept, shut down, after fit."""
         if self._optimizer is None:
             raise SwarmNotStartedError("the hivemind.Optimizer is built in HivemindStrategy.setup (fit)")
         return self._optimizer
@@ -326,7 +363,8 @@ class HivemindStrategy(Strategy):
         self.model = self._setup_model(self.model)
         if trainer.state.fn == TrainerFn.FITTING:
             checks.check_trainer(trainer, self.reuse_grad_buffers)
-            self._use_hivemind_precision()
+            if self._diloco is None:  # DiLoCo steps the module's own optimizer: Lightning's plugin fits
+                self._use_hivemind_precision()
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
 
@@ -347,6 +385,9 @@ class HivemindStrategy(Strategy):
         torch_optimizer = checks.single_optimizer(self.optimizers, self.lr_scheduler_configs)
         _optimizers_to_device([torch_optimizer], self.root_device)
         self._start_dht()
+        if self._diloco is not None:
+            self._setup_diloco(torch_optimizer, self._diloco)
+            return
         optimizer = self._make_hivemind_optimizer(torch_optimizer)
         self._optimizer = optimizer
         self._outcomes = count_outcomes(optimizer)
@@ -358,6 +399,30 @@ class HivemindStrategy(Strategy):
         if self.reuse_grad_buffers:
             assert self.lightning_module is not None
             self._zero_grad_switch.disable(self.lightning_module)
+
+    def _setup_diloco(self, torch_optimizer: torch.optim.Optimizer, settings: DiLoCoSettings) -> None:
+        """The module's optimizer as DiLoCo's inner one; its schedulers stay Lightning's, as configured."""
+        tracker_opts = dict(self._tracker_opts)
+        if self._owns_dht:
+            tracker_opts.setdefault("private_key", RSAPrivateKey())
+        kwargs = self._hivemind_kwargs
+        optimizer = DiLoCoOptimizer(
+            torch_optimizer,
+            dht=self.dht,
+            run_id=self.run_id,
+            settings=settings,
+            target_batch_size=self.target_batch_size,
+            matchmaking_time=kwargs["matchmaking_time"],
+            averaging_timeout=kwargs["averaging_timeout"],
+            averager_opts=kwargs["averager_opts"],
+            tracker_opts=tracker_opts,
+            client_mode=self.dht.client_mode,
+            compression=kwargs.get("grad_compression"),
+        )
+        self._optimizer = optimizer
+        self._outcomes = optimizer.outcomes
+        self._rate_reader = SwarmRateReader(self.dht, self.run_id)
+        self.optimizers = [optimizer]
 
     def _start_dht(self) -> None:
         if self._dht is not None:
@@ -436,6 +501,12 @@ class HivemindStrategy(Strategy):
         model: LightningModule | torch.nn.Module | None = None,
         **kwargs: Any,
     ) -> Any:
+        if isinstance(optimizer, DiLoCoOptimizer):
+            optimizer.batch_samples = self._samples_in_step()
+            self.local_samples += optimizer.batch_samples
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+            self._log_swarm_metrics()
+            return output
         if not isinstance(optimizer, hivemind.Optimizer):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         samples = int(kwargs.setdefault("batch_size", self._samples_in_step()))
@@ -474,6 +545,8 @@ class HivemindStrategy(Strategy):
         inner = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer -> optimizer
         if isinstance(inner, hivemind.Optimizer):
             return hivemind_state_dict(inner)
+        if isinstance(inner, DiLoCoOptimizer):
+            return inner.state_dict()
         return super().optimizer_state(inner)
 
     @override
@@ -494,7 +567,9 @@ class HivemindStrategy(Strategy):
             self.swarm_progress()  # remember the last view of the swarm
             self._rate_reader.close()
             self._rate_reader = None
-            if self._optimizer.is_alive():
+            if isinstance(self._optimizer, DiLoCoOptimizer):
+                self._optimizer.shutdown(keep_progress=self.keep_progress_record)
+            elif self._optimizer.is_alive():
                 shutdown_optimizer(self._optimizer, keep_progress=self.keep_progress_record)
             else:  # a signal ended its averagers (the agent's let SIGTERM and SIGINT pass; others may not)
                 stop_orphaned_optimizer(self._optimizer)

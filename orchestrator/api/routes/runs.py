@@ -165,7 +165,7 @@ def _check_launcher(launchers: Mapping[str, Launcher], spec: RunSpec) -> None:
     if launcher is None:
         raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(launchers)}")
     try:
-        launcher.validate_options(spec.launcher_options)
+        launcher.validate_options(spec.launcher_options, workers=spec.desired_workers)
     except LauncherConfigError as exc:
         raise InvalidRequest(f"launcher_options: {exc}") from exc
 

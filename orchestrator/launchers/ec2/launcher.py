@@ -123,8 +123,9 @@ class Ec2Launcher:
         self._spot_failures: dict[str, int] = {}  # consecutive, by run name
         self._launched: dict[str, tuple[str, float]] = {}  # request id -> (instance id, when), this process
 
-    def validate_options(self, options: Mapping[str, Any]) -> None:
-        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan."""
+    def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
+        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan (each worker
+        is an instance of its own: their number does not matter here)."""
         resolve_plan(options, self._default_plan)
 
     def launch(self, request: LaunchRequest) -> str:

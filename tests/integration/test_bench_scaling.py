@@ -1,0 +1,25 @@
+"""bench/scaling.py in its quick mode (a tiny model; one worker, N DiLoCo workers and N DDP workers, each
+pinned to its own core, 15 s an arm): the script runs to the end and prints its table with the machine,
+load and commit, so it cannot rot between benchmark runs. It measures nothing at this size."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support.processes import REPO_ROOT, ProcessRegistry
+
+pytestmark = pytest.mark.swarm
+
+
+@pytest.mark.timeout(300)
+def test_scaling_quick_mode_prints_its_table(processes: ProcessRegistry) -> None:
+    args = [sys.executable, str(REPO_ROOT / "bench/scaling.py"), "--quick", "--arms", "AEF"]
+    bench = processes.start("scaling", args)
+    out = bench.wait_for_exit(270, "the benchmark")
+    assert bench.popen.returncode == 0, out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].startswith("| arm |"), out
+    assert [row.split("|")[1].strip()[:1] for row in rows[1:]] == ["A", "E", "F"], out
+    assert "machine:" in out and "load average" in out and "commit" in out and "payload per round" in out
