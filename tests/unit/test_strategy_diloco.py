@@ -66,7 +66,7 @@ def test_outer_state_round_trips_through_its_state_dict() -> None:
         ({"sync": "dilocco"}, "sync must be one of"),
         ({"sync_every_s": 10}, "applies only with sync='diloco'"),
         ({"sync": "diloco", "sync_every_s": 0}, "sync_every_s must be a positive number"),
-        ({"sync": "diloco", "sync_every_steps": 2.5}, "sync_every_steps must be a positive int"),
+        ({"sync": "diloco", "sync_every_steps": 0}, "sync_every_steps must be a positive int"),
         ({"sync": "diloco", "sync_every_s": 5, "sync_every_steps": 5}, "not both"),
         ({"sync": "diloco", "outer_momentum": 1.0}, "outer_momentum must be a number in [0, 1)"),
         ({"sync": "diloco", "outer_lr": -1}, "outer_lr must be a positive number"),
