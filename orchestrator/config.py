@@ -168,6 +168,14 @@ class Settings(BaseSettings):
         description="A run with 2+ live workers averaging fewer of its epochs than this over the whole "
         "window gets a run.averaging event and a warning.",
     )
+    averaging_apart_epochs: int = Field(
+        default=5,
+        ge=1,
+        le=1_000_000,
+        description="A running run whose 2+ live workers have each applied this many epochs on their own "
+        "gradients, none of them averaged yet, is warned at once (its swarm has not formed), "
+        "however short the run.",
+    )
     progress_max_points: int = Field(
         default=2000, ge=10, le=1_000_000, description="Progress samples kept per run (older ones thinned)."
     )
