@@ -105,8 +105,8 @@ class RunAveraging(BaseModel):
     )
     live_workers: int
     warning: str | None = Field(
-        description="Set while the averaged fraction stays below the threshold, or at once while 2+ live "
-        "workers train apart before any of them averaged (swarm_formed false)."
+        description="Set while the averaged fraction stays below the threshold, or within seconds while 2+ "
+        "live workers train apart before any of them averaged (swarm_formed false)."
     )
     swarm_formed: bool | None = Field(
         default=None,

@@ -8,8 +8,8 @@ from each worker's latest cumulative outcome counts (``wire.AveragingCounts``):
 - **apart**: 2 or more live workers have reported counts, none of them has averaged an epoch since it
   started, and each has applied at least ``apart_epochs`` epochs on its own gradients (a worker that
   starts first trains a few epochs alone by necessity; its partner's first rounds need a few seconds).
-  The run's ``averaging.warning`` is set at once (one ``run.averaging`` event) and
-  ``averaging.swarm_formed`` is false;
+  Once that has lasted ``apart_s`` (the writer keeps the time), the run's ``averaging.warning`` is set
+  (one ``run.averaging`` event) and ``averaging.swarm_formed`` is false;
 - **formed**: a worker of the run averaged an epoch. ``swarm_formed`` becomes true, a warning raised
   here is cleared, and from then on the window judges the run.
 

@@ -59,6 +59,7 @@ class HeartbeatWriter:
         self._flush_lock = threading.Lock()
         self._last_sample_at: dict[int, datetime] = {}
         self._formed: set[int] = set()  # runs seen averaging: the averaging window judges them
+        self._apart_since: dict[int, datetime] = {}  # runs whose live workers train apart: since when
         self._started_at = clock()
 
     def flush(self) -> FlushStats:
@@ -85,6 +86,7 @@ class HeartbeatWriter:
             _, active = self._hub.snapshot()
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in active}
             self._formed &= set(active)
+            self._apart_since = {k: v for k, v in self._apart_since.items() if k in active}
             return stats
 
     def _revive(
@@ -150,8 +152,9 @@ class HeartbeatWriter:
                 elect_checkpointer(session, run, now, timeout_s)
 
     def _judge_forming(self, session: Session, now: datetime) -> None:
-        """Warn at once about a running run whose live workers train apart, until its swarm forms
-        (:mod:`orchestrator.domain.swarm_forming`); a run seen formed is left to the averaging window."""
+        """Warn about a running run whose live workers have trained apart for ``averaging_apart_s``, until
+        its swarm forms (:mod:`orchestrator.domain.swarm_forming`); a run seen formed is left to the
+        averaging window."""
         _, cached_runs = self._hub.snapshot()
         watched = [
             r.run_id
@@ -169,19 +172,22 @@ class HeartbeatWriter:
             reported = swarm_forming.counts_of(raw)
             if reported is not None and heartbeat_at is not None and heartbeat_at >= fresh_after:
                 live.setdefault(run_id, []).append(reported)
-        apart_epochs, window_s = self._settings.averaging_apart_epochs, self._settings.averaging_window_s
-        for run_id, counts in live.items():
-            formed = swarm_forming.formed(counts)
-            if not formed and not swarm_forming.apart(counts, apart_epochs):
-                continue
-            run = session.get(Run, run_id)
-            if run is None:
-                continue
-            if formed:
+        settings = self._settings
+        hold = timedelta(seconds=settings.averaging_apart_s)
+        for run_id in watched:
+            counts = live.get(run_id, [])
+            if swarm_forming.formed(counts):
+                self._apart_since.pop(run_id, None)
                 self._formed.add(run_id)
-                swarm_forming.mark_formed(session, run, now)
-            else:
-                swarm_forming.raise_apart(session, run, counts, now, window_s)
+                if (run := session.get(Run, run_id)) is not None:
+                    swarm_forming.mark_formed(session, run, now)
+            elif not swarm_forming.apart(counts, settings.averaging_apart_epochs):
+                self._apart_since.pop(run_id, None)
+            elif (
+                now - self._apart_since.setdefault(run_id, now) >= hold
+                and (run := session.get(Run, run_id)) is not None
+            ):
+                swarm_forming.raise_apart(session, run, counts, now, settings.averaging_window_s)
 
     def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
         """Store a progress sample of each run that is due; returns them as points to forward."""
