@@ -70,7 +70,7 @@ def test_a_run_whose_workers_never_average_is_warned_within_seconds_and_ends_say
     for worker_id in [w["id"] for w in reader.running()]:
         wait_until(
             functools.partial(_logs_training_alone, reader, worker_id),
-            30,
+            60,
             message=f"worker {worker_id} logs that it trains alone",
         )
     with open_browser() as browser:

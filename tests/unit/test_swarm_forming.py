@@ -21,13 +21,21 @@ def test_one_averaged_epoch_anywhere_means_the_swarm_formed() -> None:
 
 
 def test_the_worker_warns_once_per_streak_and_only_while_the_run_has_other_workers() -> None:
-    watch = ApartWatch(min_epochs=3)
+    now = [0.0]
+    watch = ApartWatch(min_epochs=3, min_s=30.0, clock=lambda: now[0])
     assert watch.update(AveragingCounts(alone=5), live_workers=1) is None  # alone in the run: fine
-    said = watch.update(AveragingCounts(alone=6), live_workers=2)
-    assert said is not None and said.startswith("training alone: the last 6 epochs")
-    assert watch.update(AveragingCounts(alone=9), live_workers=2) is None  # said once
-    assert watch.update(AveragingCounts(alone=9, averaged=1), live_workers=2) == (
+    assert watch.update(AveragingCounts(alone=6), live_workers=2) is None  # its partner may still boot
+    now[0] = 29.0
+    assert watch.update(AveragingCounts(alone=8), live_workers=2) is None
+    now[0] = 31.0
+    said = watch.update(AveragingCounts(alone=9), live_workers=2)
+    assert said is not None and said.startswith("training alone: the last 9 epochs"), said
+    assert "31 s of them while the run had 2 live workers" in said
+    assert watch.update(AveragingCounts(alone=12), live_workers=2) is None  # said once
+    assert watch.update(AveragingCounts(alone=12, averaged=1), live_workers=2) == (
         "averaging again: this worker's latest epoch was averaged with its peers"
     )
-    assert watch.update(AveragingCounts(alone=11, averaged=1), live_workers=2) is None  # a new streak of 2
-    assert watch.update(AveragingCounts(alone=12, averaged=1), live_workers=2) is not None
+    now[0] = 100.0
+    assert watch.update(AveragingCounts(alone=16, averaged=1), live_workers=2) is None  # a new streak
+    now[0] = 131.0
+    assert watch.update(AveragingCounts(alone=17, averaged=1), live_workers=2) is not None
