@@ -1,8 +1,9 @@
 """A run created after another was deleted trains one model: its workers average with each other.
 
 SQLite hands out the largest id again once the row holding it is deleted (an ``INTEGER PRIMARY KEY``
-without ``AUTOINCREMENT``), so the workers of the next run used to get the deleted run's worker ids, and
-every one of them trained alone. Real `spotswarm serve` with the reconcile loop on SQLite, two local digits
+without ``AUTOINCREMENT``), so the workers of the next run used to get the deleted run's worker ids (a
+review saw such runs train every epoch alone; here they averaged, with the ids reused or not: see the
+averaging benchmark page). Real `spotswarm serve` with the reconcile loop on SQLite, two local digits
 workers per run, swarm admission at its default (on).
 """
 
