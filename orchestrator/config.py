@@ -191,6 +191,22 @@ class Settings(BaseSettings):
         description="A run with 2+ live workers averaging fewer of its epochs than this over the whole "
         "window gets a run.averaging event and a warning.",
     )
+    averaging_apart_epochs: int = Field(
+        default=5,
+        ge=1,
+        le=1_000_000,
+        description="A running run whose 2+ live workers have each applied this many epochs on their own "
+        "gradients, none of them averaged yet, is warned (its swarm has not formed) once that has "
+        "lasted averaging_apart_s, however short the run.",
+    )
+    averaging_apart_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="How long 2+ live workers must train apart (see averaging_apart_epochs) before the "
+        "warning: a healthy swarm's first round can take a few seconds after its second worker's first "
+        "epochs.",
+    )
     progress_max_points: int = Field(
         default=2000, ge=10, le=1_000_000, description="Progress samples kept per run (older ones thinned)."
     )

@@ -104,7 +104,15 @@ class RunAveraging(BaseModel):
         description="samples_per_epoch / target_batch_size: 1.0 is the swarm batch asked for.",
     )
     live_workers: int
-    warning: str | None = Field(description="Set while the averaged fraction stays below the threshold.")
+    warning: str | None = Field(
+        description="Set while the averaged fraction stays below the threshold, or within seconds while 2+ "
+        "live workers train apart before any of them averaged (swarm_formed false)."
+    )
+    swarm_formed: bool | None = Field(
+        default=None,
+        description="False while 2+ live workers have each trained averaging_apart_epochs epochs alone and "
+        "none has averaged; true once one has; null before either was seen.",
+    )
     at: datetime
 
 

@@ -101,6 +101,8 @@ class Run(Base):
     """One training run: its spec (from ``RunSpec``), lifecycle state and the DHT prefix of its swarm."""
 
     __tablename__ = "runs"
+    # SQLite: never hand out a deleted run's id again (migration 0009)
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
@@ -163,7 +165,8 @@ class Worker(Base):
     """One worker: a launch intent (state ``launching``) or a registered agent, and its latest report."""
 
     __tablename__ = "workers"
-    __table_args__ = (Index("ix_workers_run_id_state", "run_id", "state"),)
+    # SQLite: never hand out a deleted worker's id again (migration 0009)
+    __table_args__ = (Index("ix_workers_run_id_state", "run_id", "state"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))

@@ -100,11 +100,37 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     config = alembic_config()
     sqlite = engine.dialect.name == "sqlite"
     locked = engine.execution_options(**{WRITE_OPTION: True}) if sqlite else engine
-    with locked.begin() as connection:
+    with locked.connect() as connection, _foreign_keys_off(connection, sqlite), connection.begin():
         if not sqlite:
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        if sqlite:
+            _check_foreign_keys(connection)
+
+
+@contextmanager
+def _foreign_keys_off(connection: Connection, sqlite: bool) -> Iterator[None]:
+    """SQLite's foreign keys off while migrating: a migration that rebuilds a table (SQLite cannot alter
+    most of a table in place) drops the old one, and with foreign keys on that drop would first delete,
+    by cascade, every row naming it. The pragma only takes effect outside a transaction."""
+    if not sqlite:
+        yield
+        return
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA foreign_keys=ON")
+
+
+def _check_foreign_keys(connection: Connection) -> None:
+    """Raise (rolling the migration back) when a migration left a row naming a missing one."""
+    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+    if broken:
+        raise RuntimeError(f"the migration left rows whose foreign keys name no row: {broken[:5]}")
 
 
 class Database:

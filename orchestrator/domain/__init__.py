@@ -11,6 +11,7 @@ typed errors of ``orchestrator/errors.py`` and never commit (the caller's transa
 - ``estimates.py``: a run's cost so far and ETA, returned in its view (page, CLI and ``/metrics`` show them).
 - ``crash_budget.py``: launched workers failing with the same error fail the run.
 - ``averaging.py``: whether a run's workers average together, and its warning.
+- ``swarm_forming.py``: whether its swarm formed at all: the warning within seconds, the note it ends with.
 - ``reported.py``: a run's loss and metrics from its workers' latest reports.
 - ``progress_samples.py``: one aggregated progress point per run and interval, thinned.
 - ``deployment_facts.py``: what every orchestrator on one database must agree on (the swarm authority).

@@ -133,7 +133,13 @@ def judge(
     elif covered and fraction is not None and fraction < threshold and not warning:
         warning = f"{_share(window)} with {live_workers} live workers, below {threshold:.0%}: {ADVICE}"
         events.record_event(session, run.id, EVENT_KIND, warning, now)
-    run.averaging = {**window, "live_workers": live_workers, "warning": warning, "at": now.isoformat()}
+    run.averaging = {
+        **window,
+        "live_workers": live_workers,
+        "warning": warning,
+        "swarm_formed": previous.get("swarm_formed"),  # judged at each flush: domain/swarm_forming.py
+        "at": now.isoformat(),
+    }
 
 
 def _share(window: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator import tokens
 from orchestrator.db.models import Checkpoint, Run, Worker
-from orchestrator.domain import reported
+from orchestrator.domain import reported, swarm_forming
 from orchestrator.domain.events import record_event, without_secrets
 from orchestrator.domain.states import (
     ACCEPTING_RUN_STATES,
@@ -144,6 +144,10 @@ def set_run_state(
     if new not in RUN_TRANSITIONS[old]:
         raise IllegalTransition(f"run {run.name!r} is {old}; it cannot become {new}")
     reason = without_secrets(run, reason)
+    if new in FINISHED_RUN_STATES:
+        session.flush()  # the workers' last reports, written in this transaction, count
+        note = swarm_forming.ended_note(session, run)
+        reason = f"{reason}; {note}" if note else reason
     run.state, run.state_reason, run.updated_at = new, reason, now
     if new == RunState.running and run.started_at is None:
         run.started_at = now

@@ -3,7 +3,8 @@
 :meth:`HeartbeatWriter.flush` runs every ``heartbeat_flush_interval_s`` (1 s) and writes, in one
 transaction: the buffered heartbeats (one executemany UPDATE), lost or launching workers that spoke again
 (back to running), each run's highest swarm epoch read from the DHT, new checkpointers where the cached
-one went silent or fell behind, and at most one aggregated progress sample per run every
+one went silent or fell behind, the warning of a run whose workers train apart (until its swarm formed:
+``domain/swarm_forming.py``), and at most one aggregated progress sample per run every
 ``progress_sample_interval_s`` (thinned past ``progress_max_points``; once committed, also handed to
 the forwarder, if any: TensorBoard). Then it reloads the hub's cache. A failed write keeps the batch for
 the next flush; a crash loses at most one flush interval of heartbeats, which the next heartbeat repairs.
@@ -22,13 +23,13 @@ from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
-from orchestrator.domain import averaging, progress_samples, runs
+from orchestrator.domain import averaging, progress_samples, runs, swarm_forming
 from orchestrator.domain.checkpointer import Contender, elect_checkpointer, eligible
 from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import Heartbeat, RunState, WorkerState
+from worker.wire import AveragingCounts, Heartbeat, RunState, WorkerState
 
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
 
@@ -57,6 +58,8 @@ class HeartbeatWriter:
         self._forwarder = forwarder
         self._flush_lock = threading.Lock()
         self._last_sample_at: dict[int, datetime] = {}
+        self._formed: set[int] = set()  # runs seen averaging: the averaging window judges them
+        self._apart_since: dict[int, datetime] = {}  # runs whose live workers train apart: since when
         self._started_at = clock()
 
     def flush(self) -> FlushStats:
@@ -71,6 +74,7 @@ class HeartbeatWriter:
                     stats.revived = self._revive(session, batch, now)
                     self._record_swarm_epochs(session)
                     self._elect(session, now)
+                    self._judge_forming(session, now)
                     points = self._sample(session, now)
             except BaseException:
                 self._hub.restore_pending(batch)  # unless newer heartbeats arrived meanwhile
@@ -81,6 +85,8 @@ class HeartbeatWriter:
             self._hub.refresh()
             _, active = self._hub.snapshot()
             self._last_sample_at = {k: v for k, v in self._last_sample_at.items() if k in active}
+            self._formed &= set(active)
+            self._apart_since = {k: v for k, v in self._apart_since.items() if k in active}
             return stats
 
     def _revive(
@@ -144,6 +150,44 @@ class HeartbeatWriter:
             run = session.get(Run, run_id)
             if run is not None and run.state in ACTIVE_RUN_STATES:
                 elect_checkpointer(session, run, now, timeout_s)
+
+    def _judge_forming(self, session: Session, now: datetime) -> None:
+        """Warn about a running run whose live workers have trained apart for ``averaging_apart_s``, until
+        its swarm forms (:mod:`orchestrator.domain.swarm_forming`); a run seen formed is left to the
+        averaging window."""
+        _, cached_runs = self._hub.snapshot()
+        watched = [
+            r.run_id
+            for r in cached_runs.values()
+            if r.state == RunState.running and r.run_id not in self._formed
+        ]
+        if not watched:
+            return
+        fresh_after = now - timedelta(seconds=self._settings.reconciler.heartbeat_timeout_s)
+        query = select(Worker.run_id, Worker.averaging, Worker.last_heartbeat_at).where(
+            Worker.run_id.in_(watched), Worker.state == WorkerState.running
+        )
+        live: dict[int, list[AveragingCounts]] = {}
+        for run_id, raw, heartbeat_at in session.execute(query):
+            reported = swarm_forming.counts_of(raw)
+            if reported is not None and heartbeat_at is not None and heartbeat_at >= fresh_after:
+                live.setdefault(run_id, []).append(reported)
+        settings = self._settings
+        hold = timedelta(seconds=settings.averaging_apart_s)
+        for run_id in watched:
+            counts = live.get(run_id, [])
+            if swarm_forming.formed(counts):
+                self._apart_since.pop(run_id, None)
+                self._formed.add(run_id)
+                if (run := session.get(Run, run_id)) is not None:
+                    swarm_forming.mark_formed(session, run, now)
+            elif not swarm_forming.apart(counts, settings.averaging_apart_epochs):
+                self._apart_since.pop(run_id, None)
+            elif (
+                now - self._apart_since.setdefault(run_id, now) >= hold
+                and (run := session.get(Run, run_id)) is not None
+            ):
+                swarm_forming.raise_apart(session, run, counts, now, settings.averaging_window_s)
 
     def _sample(self, session: Session, now: datetime) -> list[RunPoint]:
         """Store a progress sample of each run that is due; returns them as points to forward."""

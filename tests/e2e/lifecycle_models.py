@@ -9,6 +9,7 @@
 - :class:`NoAveragingDigitsModule` blocks its worker's gradient averager: the worker trains alone.
 - :class:`ApartDigitsModule` has its workers look for gradient groupmates under keys of their own: each
   round waits out ``averaging_timeout`` without a group.
+- :class:`SplitDigitsModule` has its workers keep their progress records apart: each trains alone.
 """
 
 from __future__ import annotations
@@ -111,3 +112,15 @@ class ApartStateDigitsModule(DigitsModule):
         optimizer.grad_averager.schedule_step = lambda **kwargs: None  # no pre-scheduled gradient round
         optimizer.grad_averager.step = _refuse_round
         optimizer.state_averager.set_group_bits(str(ctx.worker_index % 2))
+
+
+class SplitDigitsModule(DigitsModule):
+    """Digits whose workers never see each other's progress, as in a split swarm: each reports and reads
+    its progress records under a DHT key of its own, so each counts itself alone and applies every epoch
+    on its own gradients (outcome ``alone``), however many workers the run has."""
+
+    def on_train_start(self) -> None:
+        ctx = current_worker()
+        assert ctx is not None, "the agent publishes the worker context before training starts"
+        tracker = self.trainer.strategy.optimizer.tracker  # type: ignore[attr-defined]
+        tracker.training_progress_key = f"{tracker.prefix}_{ctx.worker_id}_progress"

@@ -46,6 +46,8 @@ NAMES: list[tuple[str, str, str, Any]] = [
     ("PROGRESS_SAMPLE_INTERVAL_S", "20", "progress_sample_interval_s", 20.0),
     ("AVERAGING_WINDOW_S", "600", "averaging_window_s", 600.0),
     ("AVERAGING_WARNING_FRACTION", "0.25", "averaging_warning_fraction", 0.25),
+    ("AVERAGING_APART_EPOCHS", "8", "averaging_apart_epochs", 8),
+    ("AVERAGING_APART_S", "20", "averaging_apart_s", 20.0),
     ("PROGRESS_MAX_POINTS", "500", "progress_max_points", 500),
     ("TENSORBOARD_DIR", "/srv/tb", "tensorboard_dir", Path("/srv/tb")),
     ("MAX_BODY_BYTES", "2097152", "max_body_bytes", 2 << 20),

@@ -7,6 +7,7 @@
 - ``state.py``: what the training thread, the heartbeat and the stop logic share.
 - ``training.py``: the swarm's DHT, the resume decision, the Trainer and ``fit``.
 - ``callback.py``: the Lightning callback that reports progress and stops at a swarm epoch boundary.
+- ``apart.py``: the log line of a worker that trains alone while its run has other workers.
 - ``metrics.py``: the loss and the metrics a run reports, read from Lightning.
 - ``heartbeat.py``: the heartbeat thread and what the orchestrator answers.
 - ``checkpoints.py``: uploading the checkpointer's checkpoints, fetching one to resume from.

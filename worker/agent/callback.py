@@ -18,10 +18,11 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from worker.agent.apart import ApartWatch
 from worker.agent.checkpoints import Checkpointer
 from worker.agent.metrics import ReportingLogger, read_loss, reported_metrics
 from worker.agent.state import AgentState
-from worker.context import seed_sampling
+from worker.context import current_worker, seed_sampling
 from worker.wire import DeregisterReason, StopCondition
 from worker.wire_trainer import DEFAULT_REPORT_METRICS
 
@@ -56,6 +57,7 @@ class AgentCallback(Callback):
         self._clock = clock
         self._last_snapshot = -math.inf
         self._rate_origin: tuple[float, int] | None = None
+        self._apart = ApartWatch()
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After the user's module and datamodule were built and set up (a seed_everything(42) there would
@@ -137,6 +139,7 @@ class AgentCallback(Callback):
         if self._rate_origin is not None and now > self._rate_origin[0]:
             rate = max(0.0, (samples - self._rate_origin[1]) / (now - self._rate_origin[0]))
         local_epoch = self._local_epoch(trainer)
+        outcomes = strategy.averaging_outcomes()
         self._state.update_progress(
             local_step=int(trainer.global_step),
             # this peer's epoch is part of the swarm's (right after a resume the tracker lags behind it)
@@ -149,5 +152,9 @@ class AgentCallback(Callback):
             ),
             samples_per_s=rate,
             num_peers=int(swarm.num_peers),
-            averaging=strategy.averaging_outcomes(),
+            averaging=outcomes,
         )
+        context = current_worker()
+        said = self._apart.update(outcomes, context.num_workers if context else 1)
+        if said:
+            logger.warning("worker %s: %s", self._worker_id, said)
