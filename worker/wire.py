@@ -266,6 +266,19 @@ class RunSpec(StrictModel):
         "server's crash window, before the run fails with that error (null: the server's default).",
     )
 
+    # -- what hand-joined workers are trusted with (docs/security/tokens.md, "Hand-joined workers") -------
+    hand_joined_checkpoint: bool = Field(
+        default=False,
+        description="Hand-joined workers (registered with the join token) may be elected the run's "
+        "checkpointer, and then only while no launched worker can be: whoever holds the join token could "
+        "otherwise upload the checkpoint every launched worker resumes from.",
+    )
+    hand_joined_secrets: bool = Field(
+        default=True,
+        description="Hand-joined workers get the values of secret_env when they register, as launched "
+        "workers do (false: they get none, and the run's code must do without them there).",
+    )
+
     _plain_json = field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")(
         plain_json
     )
@@ -323,15 +336,19 @@ class RunSpec(StrictModel):
 #: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
 #: do not use them.
 NEWER_SPEC_FIELDS = ("trainer", "report_metrics", "max_worker_crashes")
+#: RunSpec fields only the orchestrator acts on (what it trusts hand-joined workers with): never sent to
+#: workers, which have no use for them (and older ones would refuse them).
+SERVER_ONLY_SPEC_FIELDS = ("hand_joined_checkpoint", "hand_joined_secrets")
 
 
 def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
-    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set."""
+    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set, the
+    :data:`SERVER_ONLY_SPEC_FIELDS` never."""
     unused = {
         name
         for name in NEWER_SPEC_FIELDS
         if getattr(spec, name) == RunSpec.model_fields[name].get_default(call_default_factory=True)
-    }
+    } | set(SERVER_ONLY_SPEC_FIELDS)
     return spec.model_dump(mode="json", exclude=unused)
 
 

@@ -120,8 +120,11 @@ def run_spec(run: Run) -> RunSpec:
     return RunSpec.model_validate({**run.column_values(RunSpec.model_fields), **changed})
 
 
-def secret_values(run: Run) -> dict[str, str]:
-    """The run's secret environment variables with their values (for its workers only)."""
+def secret_values(run: Run, worker: Worker) -> dict[str, str]:
+    """The run's secret environment variables with their values, for ``worker`` of the run: none for a
+    hand-joined worker where the run keeps its secrets from them (``hand_joined_secrets`` false)."""
+    if worker.manual and not run.hand_joined_secrets:
+        return {}
     return {str(name): str(value) for name, value in run.secret_env.items()}
 
 

@@ -189,7 +189,10 @@ def test_the_compose_sections_create_command_works_as_documented(orch: Orchestra
 
     assert done.exit_code == 0, done.output
     assert "ssj_" in done.output and "SPOTSWARM_JOIN_TOKEN=ssj_..." in block
-    assert api_run(orch, "digits-compose")["workers"]["desired"] == 0
+    run = api_run(orch, "digits-compose")
+    assert run["workers"]["desired"] == 0
+    # its workers all join by hand: one of them must be allowed to checkpoint the run
+    assert run["spec"]["hand_joined_checkpoint"] is True
 
 
 def _post_register(orch: Orchestrator, token: str) -> httpx.Response:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.specs import run_spec
@@ -64,7 +65,7 @@ def test_checkpoints_list_and_download_verified(orch: Orchestrator, joined: tupl
     blobs = {}
     for epoch in (2, 4):
         path = tmp_path / f"upload-{epoch}.ckpt"
-        path.write_bytes(bytes([epoch]) * (300_000 + epoch))
+        path.write_bytes(checkpoint_bytes(bytes([epoch]) * (300_000 + epoch)))
         blobs[epoch] = hashlib.sha256(path.read_bytes()).hexdigest()
         first.upload(epoch, path)
 

@@ -45,6 +45,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import FUZZ_ENV, Orchestrator, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
@@ -151,6 +152,7 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
             "batch_size": 8,
             "min_workers": 0,
             "desired_workers": 0,
+            "hand_joined_checkpoint": True,  # its hand-joined worker uploads the checkpoint
         }
         response = http.post("/api/v1/runs", json=spec, headers=admin)
         response.raise_for_status()
@@ -168,7 +170,7 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
         30,
         message=f"worker {worker_id} becomes its run's checkpointer",
     )
-    data = b"a checkpoint the fuzzer must never damage"
+    data = checkpoint_bytes(b"a checkpoint the fuzzer must never damage")
     headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
     http.put(f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers).raise_for_status()
     return world

@@ -4,7 +4,8 @@ Before any byte of an upload is read, the worker must be the run's checkpointer,
 ``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
 another checkpoint, and the temp dir's disk must have room for it plus ``checkpoint_min_free_bytes``.
 The upload is then received as :mod:`orchestrator.api.uploads` does (size capped, SHA-256 computed);
-only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
+only bytes that match ``X-Checksum-Sha256`` and look like a checkpoint
+(:mod:`orchestrator.api.checkpoint_format`) reach the CheckpointStore. The run
 keeps its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is
 recorded.
 """
@@ -24,6 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api import uploads
+from orchestrator.api.checkpoint_format import check_checkpoint_file
 from orchestrator.api.deps import (
     AdminTokenHash,
     ClockDep,
@@ -101,7 +103,8 @@ async def upload_checkpoint(
     slots: UploadsDep,
     checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
 ) -> CheckpointRef:
-    """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
+    """Raw body = the checkpoint bytes (``torch.save`` output). 400 on a checksum mismatch, 422 for bytes
+    that are no torch-saved Lightning checkpoint, 413 over ``checkpoint_max_bytes``,
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
@@ -148,6 +151,7 @@ async def _receive_and_store(
 ) -> CheckpointRef:
     max_bytes = parts.settings.checkpoint_max_bytes
     async with uploads.received(request, parts.settings, max_bytes, sha256, "checkpoint") as upload:
+        await run_in_threadpool(check_checkpoint_file, upload.path)
         return await run_in_threadpool(
             _store_and_record, parts, entry, epoch, upload.path, sha256, upload.size
         )

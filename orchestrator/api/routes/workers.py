@@ -82,7 +82,7 @@ def register(
             initial_peers=own + others,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
-            secret_env=runs.secret_values(reg.run),
+            secret_env=runs.secret_values(reg.run, reg.worker),
             worker_index=reg.worker.worker_index or 0,
             num_workers=workers.count_running_workers(session, reg.run.id),
         )
