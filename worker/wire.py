@@ -82,6 +82,7 @@ class ApiPath:
     deregister = "/workers/{worker_id}/deregister"
     swarm_token = "/workers/{worker_id}/swarm-token"
     checkpoint_upload = "/workers/{worker_id}/checkpoints/{epoch}"
+    resume_failure = "/workers/{worker_id}/resume-failures"
 
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
@@ -386,6 +387,11 @@ class WorkerRegistered(BaseModel):
     resume_checkpoint: CheckpointRef | None = Field(
         default=None, description="Latest checkpoint, to load when no live peer can hand over state."
     )
+    older_checkpoints: list[CheckpointRef] = Field(
+        default_factory=list,
+        description="The run's other checkpoints, newest first: what a worker falls back to when the "
+        "resume checkpoint does not load.",
+    )
     worker_index: int = Field(
         default=0,
         description="This worker's stable index: the lowest slot free among the run's live workers when it "
@@ -474,6 +480,13 @@ class DeregisterReason(str, Enum):
 class Deregister(StrictModel):
     reason: DeregisterReason
     message: PlainText | None = Field(default=None, max_length=4000)
+
+
+class ResumeFailure(StrictModel):
+    """Sent by a worker whose resume checkpoint did not load (it falls back to an older one, or none)."""
+
+    epoch: int = Field(ge=0, le=MAX_INT64, description="The epoch of the checkpoint that did not load.")
+    message: PlainText = Field(max_length=1000, description="Why it did not load, one line.")
 
 
 class PeerList(BaseModel):

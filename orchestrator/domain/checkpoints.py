@@ -148,3 +148,28 @@ def record_checkpoint(
         epochs = ", ".join(str(c.epoch) for c in old)
         events.record_event(session, run.id, "checkpoint.pruned", f"epochs {epochs}", now)
     return checkpoint, [c.key for c in old]
+
+
+def record_resume_failure(
+    session: Session, run_id: int, worker_id: int, epoch: int, message: str, now: datetime
+) -> None:
+    """Record that ``worker_id`` could not resume from its run's checkpoint of ``epoch`` (it fell back to
+    an older one or none), naming the worker that uploaded it: the admin's lead to delete it. Raises
+    :class:`NotFound` when the run is gone."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"worker {worker_id}'s run no longer exists")
+    checkpoint = session.scalar(
+        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.epoch == epoch)
+    )
+    uploader = (
+        f", uploaded by worker {checkpoint.uploaded_by}" if checkpoint and checkpoint.uploaded_by else ""
+    )
+    events.record_event(
+        session,
+        run.id,
+        "checkpoint.unloadable",
+        f"worker {worker_id} could not resume from the checkpoint of epoch {epoch}{uploader}: {message}",
+        now,
+        worker_id,
+    )

@@ -78,6 +78,7 @@ WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/deregister"),
     ("PUT", "/api/v1/workers/{worker_id}/checkpoints/{epoch}"),
     ("POST", "/api/v1/workers/{worker_id}/swarm-token"),
+    ("POST", "/api/v1/workers/{worker_id}/resume-failures"),
 }
 REGISTER_OP = ("POST", "/api/v1/workers/register")
 RUN_TOKEN_OPS = {  # the admin token, the run's join token or one of its worker tokens
