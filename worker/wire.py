@@ -74,6 +74,7 @@ class ApiPath:
     run_checkpoints = "/runs/{name}/checkpoints"
     run_latest_checkpoint = "/runs/{name}/checkpoints/latest/download"
     run_checkpoint = "/runs/{name}/checkpoints/{epoch}/download"
+    run_checkpoint_item = "/runs/{name}/checkpoints/{epoch}"
     package = "/packages/{sha256}"
     peers = "/peers"
     swarm_auth = "/swarm-auth"

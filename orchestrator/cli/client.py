@@ -238,6 +238,17 @@ class ApiClient:
     def checkpoints(self, name: str) -> dict[str, Any]:
         return self._json("GET", ApiPath.run_checkpoints.format(name=name))
 
+    def delete_checkpoints(
+        self, name: str, epoch: int | None = None, uploaded_by: int | None = None
+    ) -> dict[str, Any]:
+        """Delete the run's checkpoint of ``epoch``, or every one worker ``uploaded_by`` uploaded; the
+        deleted ones (``items``)."""
+        if epoch is not None:
+            return self._json("DELETE", ApiPath.run_checkpoint_item.format(name=name, epoch=epoch))
+        return self._json(
+            "DELETE", ApiPath.run_checkpoints.format(name=name), params={"uploaded_by": uploaded_by}
+        )
+
     def peers(self, name: str | None = None) -> dict[str, Any]:
         """A run's initial peers, or the orchestrator's own DHT addresses when ``name`` is None."""
         return self._json("GET", ApiPath.run_peers.format(name=name) if name else ApiPath.peers)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from orchestrator.db.models import Checkpoint, Run
 from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import Conflict, InvalidRequest, NotFound
 from worker.wire import API_PREFIX, ApiPath, CheckpointRef
 
 
@@ -173,3 +173,33 @@ def record_resume_failure(
         now,
         worker_id,
     )
+
+
+def delete_checkpoints(
+    session: Session, run: Run, now: datetime, *, epoch: int | None = None, uploaded_by: int | None = None
+) -> list[Checkpoint]:
+    """Delete ``run``'s checkpoint of ``epoch``, or every one ``uploaded_by`` uploaded (an admin's answer to
+    a checkpoint that does not load, or to a worker it no longer trusts); returns the deleted rows (delete
+    their store keys after the commit). Workers that register later resume from the newest one left.
+
+    Raises :class:`InvalidRequest` unless exactly one of the two is given, :class:`NotFound` when nothing
+    matches.
+    """
+    if (epoch is None) == (uploaded_by is None):
+        raise InvalidRequest("name either an epoch or the worker whose uploads to delete (uploaded_by)")
+    query = select(Checkpoint).where(Checkpoint.run_id == run.id)
+    if epoch is not None:
+        query = query.where(Checkpoint.epoch == epoch)
+    else:
+        query = query.where(Checkpoint.uploaded_by == uploaded_by)
+    doomed = list(session.scalars(query.order_by(Checkpoint.epoch.desc())))
+    if not doomed:
+        what = f"at epoch {epoch}" if epoch is not None else f"uploaded by worker {uploaded_by}"
+        raise NotFound(f"run {run.name!r} has no checkpoint {what}")
+    session.execute(delete(Checkpoint).where(Checkpoint.id.in_([c.id for c in doomed])))
+    epochs = ", ".join(str(c.epoch) for c in doomed)
+    by = f" (uploaded by worker {uploaded_by})" if uploaded_by is not None else ""
+    events.record_event(
+        session, run.id, "checkpoint.deleted", f"epochs {epochs}{by} deleted by the admin", now
+    )
+    return doomed

@@ -9,12 +9,23 @@ import pickle
 import zipfile
 
 
-def checkpoint_bytes(payload: bytes = b"", *, state_dict: dict[str, object] | None = None) -> bytes:
-    """A checkpoint the server stores; ``payload`` (any bytes) makes checkpoints differ or grow."""
-    pickled = pickle.dumps({"state_dict": state_dict or {}, "epoch": 0}, protocol=2)
+def checkpoint_bytes(
+    payload: bytes = b"",
+    *,
+    state_dict: dict[str, object] | None = None,
+    extra: dict[str, object] | None = None,
+) -> bytes:
+    """A checkpoint the server stores; ``payload`` (any bytes) makes checkpoints differ or grow, ``extra``
+    adds keys (an object ``torch.load(weights_only=True)`` refuses makes one that does not load)."""
+    pickled = pickle.dumps({"state_dict": state_dict or {}, "epoch": 0, **(extra or {})}, protocol=2)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr("archive/data.pkl", pickled)
         archive.writestr("archive/version", "3\n")
         archive.writestr("archive/data/0", payload)  # where torch.save puts a tensor's bytes
     return buffer.getvalue()
+
+
+class NotAWeight:
+    """An object no ``torch.load(weights_only=True)`` builds: in ``extra``, a checkpoint the server stores
+    (its format is right) that does not load."""

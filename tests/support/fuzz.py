@@ -72,6 +72,8 @@ ADMIN_OPS = {
     ("POST", "/api/v1/runs/{name}/resume"),
     ("POST", "/api/v1/runs/{name}/join-token"),
     ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
+    ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
+    ("DELETE", "/api/v1/runs/{name}/checkpoints"),
 }
 WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/heartbeat"),
@@ -92,6 +94,8 @@ OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth
 # gives more away fails here until it is classified above.
 # Destructive operations go last so that the world stays useful for the others as long as possible.
 LAST = [
+    ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
+    ("DELETE", "/api/v1/runs/{name}/checkpoints"),
     ("POST", "/api/v1/runs/{name}/join-token"),
     ("POST", "/api/v1/workers/{worker_id}/deregister"),
     ("DELETE", "/api/v1/runs/{name}"),
