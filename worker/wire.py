@@ -65,6 +65,7 @@ class ApiPath:
     run_stop = "/runs/{name}/stop"
     run_resume = "/runs/{name}/resume"
     run_join_token = "/runs/{name}/join-token"
+    run_revoke_manual = "/runs/{name}/manual-workers/revoke"
     run_events = "/runs/{name}/events"
     run_progress = "/runs/{name}/progress"
     run_workers = "/runs/{name}/workers"

@@ -207,6 +207,10 @@ class ApiClient:
     def rotate_join_token(self, name: str) -> dict[str, Any]:
         return self._json("POST", ApiPath.run_join_token.format(name=name))
 
+    def revoke_manual_workers(self, name: str) -> dict[str, Any]:
+        """End every worker of the run joined by hand; their ids (``revoked``)."""
+        return self._json("POST", ApiPath.run_revoke_manual.format(name=name))
+
     def events(self, name: str, after_id: int = 0, limit: int = 500) -> dict[str, Any]:
         return self._json(
             "GET", ApiPath.run_events.format(name=name), params={"after_id": after_id, "limit": limit}

@@ -31,6 +31,7 @@ from orchestrator.domain.states import (
     LIVE_WORKER_STATES,
     RUN_TRANSITIONS,
     STOPPED_RUN_STATES,
+    UNENDED_WORKER_STATES,
     WORKER_TRANSITIONS,
     StopCause,
     settled_state,
@@ -80,6 +81,19 @@ def live_workers(
     query = select(Worker).where(Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES))
     if manual is not None:
         query = query.where(Worker.manual.is_(manual))
+    if silent_before is not None:
+        query = query.where(func.coalesce(Worker.last_heartbeat_at, Worker.created_at) < silent_before)
+    return session.scalars(query.order_by(Worker.id)).all()
+
+
+def unended_manual_workers(
+    session: Session, run_id: int, silent_before: datetime | None = None
+) -> Sequence[Worker]:
+    """Workers of the run joined by hand that have not ended (running or lost: their tokens still work);
+    only those silent since before ``silent_before`` when given."""
+    query = select(Worker).where(
+        Worker.run_id == run_id, Worker.manual.is_(True), Worker.state.in_(UNENDED_WORKER_STATES)
+    )
     if silent_before is not None:
         query = query.where(func.coalesce(Worker.last_heartbeat_at, Worker.created_at) < silent_before)
     return session.scalars(query.order_by(Worker.id)).all()

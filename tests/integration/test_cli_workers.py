@@ -153,3 +153,20 @@ def test_checkpoints_delete_one_epoch_or_every_upload_of_a_worker(orch: Orchestr
     events = json.loads(cli(orch, "runs", "logs", "purge", "--json").stdout.splitlines()[-1])
     assert events["message"] == f"epochs 3, 1 (uploaded by worker {worker.worker_id}) deleted by the admin"
     assert worker.beat().latest_checkpoint_epoch is None  # the heartbeat replies forget them at once
+
+
+@pytest.mark.timeout(60)
+def test_runs_revoke_manual_workers_ends_them_and_their_tokens(orch: Orchestrator) -> None:
+    """Before, a hand-joined worker's token worked as long as its run lived, join-token rotation or not."""
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("revoked")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], "host-r")
+    worker.beat()
+    revoked = cli(orch, "runs", "revoke-manual-workers", "revoked", "--yes")
+    assert revoked.exit_code == 0, revoked.output
+    assert revoked.stdout.strip() == f"revoked the workers of run revoked joined by hand: {worker.worker_id}"
+    assert worker.beat().action == "stop"
+    with orch.client(worker.client.token) as http:
+        answer = http.get("/api/v1/runs/revoked/checkpoints/latest/download")
+    assert answer.status_code == 403 and "has ended" in answer.json()["detail"], answer.text
+    again = cli(orch, "runs", "revoke-manual-workers", "revoked", "--yes", "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["revoked"] == []

@@ -147,6 +147,7 @@ RUN_ELSEWHERE = {
     "spotswarm runs logs digits --worker 7 -f # then what it writes, until the worker has ended": "tests/integration/test_operability.py::test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_ends",
     "spotswarm runs watch NAME [--interval 2] # live table until the run ends; exit 0 completed, 1 failed/stopped": "tests/integration/test_cli_usability.py::test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the_run_stops",
     "spotswarm checkpoints download NAME [EPOCH] [-o PATH] # latest by default; SHA-256 verified": "tests/integration/test_cli_workers.py::test_checkpoints_list_and_download_verified",
+    "spotswarm runs revoke-manual-workers NAME [--yes] # ends every worker joined by hand; their tokens stop working": "tests/integration/test_cli_workers.py::test_runs_revoke_manual_workers_ends_them_and_their_tokens",
     "spotswarm checkpoints delete NAME EPOCH [--yes] # one that does not load, or that you no longer trust": "tests/integration/test_cli_workers.py::test_checkpoints_delete_one_epoch_or_every_upload_of_a_worker",
     "spotswarm checkpoints delete NAME --uploaded-by N [--yes] # every one worker N uploaded": "tests/integration/test_cli_workers.py::test_checkpoints_delete_one_epoch_or_every_upload_of_a_worker",
     "spotswarm runs export NAME [--epoch N] [-o model.ckpt] # for plain Lightning / PyTorch (Exporting the model)": "tests/integration/test_stop_keeps_work.py::test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at",

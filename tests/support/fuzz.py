@@ -74,6 +74,7 @@ ADMIN_OPS = {
     ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
     ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
     ("DELETE", "/api/v1/runs/{name}/checkpoints"),
+    ("POST", "/api/v1/runs/{name}/manual-workers/revoke"),
 }
 WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/heartbeat"),
@@ -96,6 +97,7 @@ OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth
 LAST = [
     ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
     ("DELETE", "/api/v1/runs/{name}/checkpoints"),
+    ("POST", "/api/v1/runs/{name}/manual-workers/revoke"),
     ("POST", "/api/v1/runs/{name}/join-token"),
     ("POST", "/api/v1/workers/{worker_id}/deregister"),
     ("DELETE", "/api/v1/runs/{name}"),
