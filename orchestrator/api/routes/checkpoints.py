@@ -1,4 +1,4 @@
-"""Checkpoints: upload by a worker, list, and download (streamed).
+"""Checkpoints: upload by a worker, list, download (streamed), and delete (admin).
 
 Before any byte of an upload is read, the worker must be the run's checkpointer, the epoch no more than
 ``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
