@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Checkpoint, Run
+from orchestrator.db.models import Checkpoint, Event, Run
 from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
 from orchestrator.errors import Conflict, InvalidRequest, NotFound
@@ -150,28 +150,31 @@ def record_checkpoint(
     return checkpoint, [c.key for c in old]
 
 
+UNLOADABLE = "checkpoint.unloadable"  # the event kind of a checkpoint a worker could not resume from
+
+
 def record_resume_failure(
     session: Session, run_id: int, worker_id: int, epoch: int, message: str, now: datetime
 ) -> None:
     """Record that ``worker_id`` could not resume from its run's checkpoint of ``epoch`` (it fell back to
-    an older one or none), naming the worker that uploaded it: the admin's lead to delete it. Raises
-    :class:`NotFound` when the run is gone."""
+    an older one or none), naming the worker that uploaded it: the admin's lead to delete it. Once per
+    worker and checkpoint (a worker repeating itself adds nothing). Raises :class:`NotFound` when the run
+    is gone or has no checkpoint of ``epoch``."""
     run = session.get(Run, run_id)
     if run is None:
         raise NotFound(f"worker {worker_id}'s run no longer exists")
-    checkpoint = session.scalar(
-        select(Checkpoint).where(Checkpoint.run_id == run.id, Checkpoint.epoch == epoch)
+    checkpoint = get_checkpoint(session, run, epoch)
+    said = f"worker {worker_id} could not resume from the checkpoint of epoch {epoch}"
+    already = select(Event.id).where(
+        Event.run_id == run.id,
+        Event.kind == UNLOADABLE,
+        Event.message.startswith(said + ",", autoescape=True),
     )
-    uploader = (
-        f", uploaded by worker {checkpoint.uploaded_by}" if checkpoint and checkpoint.uploaded_by else ""
-    )
+    if session.scalar(already.limit(1)) is not None:
+        return
+    uploader = f"worker {checkpoint.uploaded_by}" if checkpoint.uploaded_by is not None else "a worker unknown"
     events.record_event(
-        session,
-        run.id,
-        "checkpoint.unloadable",
-        f"worker {worker_id} could not resume from the checkpoint of epoch {epoch}{uploader}: {message}",
-        now,
-        worker_id,
+        session, run.id, UNLOADABLE, f"{said}, uploaded by {uploader}: {message}", now, worker_id
     )
 
 

@@ -112,3 +112,27 @@ def test_a_run_may_keep_its_secrets_from_hand_joined_workers(orch: Orchestrator)
     with orch.admin() as http:
         shown = http.get(f"/api/v1/runs/{kept}").json()["spec"]
     assert shown["hand_joined_secrets"] is False and shown["hand_joined_checkpoint"] is True
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_failure_is_recorded_once_and_only_for_a_stored_checkpoint(orch: Orchestrator) -> None:
+    """Workers report checkpoints that do not load (worker/agent/resume.py): a report names a stored
+    checkpoint and its uploader, once; a worker cannot fill the events with made-up epochs."""
+    name, join = create_run(orch, "trust")
+    uploader = launched(orch, name)
+    become_checkpointer(orch, uploader)
+    assert upload(orch, uploader, 1, checkpoint_bytes(b"real")).status_code == 201
+    hand = register(orch, join)
+    path = f"/api/v1/workers/{hand['worker_id']}/resume-failures"
+    with orch.client(hand["worker_token"]) as http:
+        unknown = http.post(path, json={"epoch": 7, "message": "made up"})
+        answers = [http.post(path, json={"epoch": 1, "message": "KeyError: x"}).status_code for _ in range(3)]
+    assert unknown.status_code == 404 and "no checkpoint at epoch 7" in unknown.json()["detail"], unknown.text
+    assert answers == [204, 204, 204]
+    with orch.client() as http:
+        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+    expected = (
+        f"worker {hand['worker_id']} could not resume from the checkpoint of epoch 1, uploaded by worker "
+        f"{uploader['worker_id']}: KeyError: x"
+    )
+    assert [e["message"] for e in events if e["kind"] == "checkpoint.unloadable"] == [expected]
