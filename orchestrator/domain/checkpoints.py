@@ -172,7 +172,8 @@ def record_resume_failure(
     )
     if session.scalar(already.limit(1)) is not None:
         return
-    uploader = f"worker {checkpoint.uploaded_by}" if checkpoint.uploaded_by is not None else "a worker unknown"
+    by = checkpoint.uploaded_by
+    uploader = f"worker {by}" if by is not None else "a worker unknown"
     events.record_event(
         session, run.id, UNLOADABLE, f"{said}, uploaded by {uploader}: {message}", now, worker_id
     )
