@@ -161,6 +161,13 @@ class RunCreated(RunOut):
     join_token: str = Field(description="Bearer token workers register with. Shown only this once.")
 
 
+class RevokedWorkers(BaseModel):
+    """The workers joined by hand that ``POST /runs/{name}/manual-workers/revoke`` ended."""
+
+    name: str
+    revoked: list[str] = Field(description="Ids of the workers ended; their worker tokens no longer work.")
+
+
 class JoinToken(BaseModel):
     """A run's new join token (``POST /runs/{name}/join-token``); the old one no longer works."""
 

@@ -65,6 +65,7 @@ class ApiPath:
     run_stop = "/runs/{name}/stop"
     run_resume = "/runs/{name}/resume"
     run_join_token = "/runs/{name}/join-token"
+    run_revoke_manual = "/runs/{name}/manual-workers/revoke"
     run_events = "/runs/{name}/events"
     run_progress = "/runs/{name}/progress"
     run_workers = "/runs/{name}/workers"
@@ -74,6 +75,7 @@ class ApiPath:
     run_checkpoints = "/runs/{name}/checkpoints"
     run_latest_checkpoint = "/runs/{name}/checkpoints/latest/download"
     run_checkpoint = "/runs/{name}/checkpoints/{epoch}/download"
+    run_checkpoint_item = "/runs/{name}/checkpoints/{epoch}"
     package = "/packages/{sha256}"
     peers = "/peers"
     swarm_auth = "/swarm-auth"
@@ -82,6 +84,7 @@ class ApiPath:
     deregister = "/workers/{worker_id}/deregister"
     swarm_token = "/workers/{worker_id}/swarm-token"
     checkpoint_upload = "/workers/{worker_id}/checkpoints/{epoch}"
+    resume_failure = "/workers/{worker_id}/resume-failures"
 
 
 CHECKSUM_HEADER = "X-Checksum-Sha256"
@@ -272,6 +275,19 @@ class RunSpec(StrictModel):
         "server's crash window, before the run fails with that error (null: the server's default).",
     )
 
+    # -- what hand-joined workers are trusted with (docs/security/tokens.md, "Hand-joined workers") -------
+    hand_joined_checkpoint: bool = Field(
+        default=False,
+        description="Hand-joined workers (registered with the join token) may be elected the run's "
+        "checkpointer, and then only while no launched worker can be: whoever holds the join token could "
+        "otherwise upload the checkpoint every launched worker resumes from.",
+    )
+    hand_joined_secrets: bool = Field(
+        default=True,
+        description="Hand-joined workers get the values of secret_env when they register, as launched "
+        "workers do (false: they get none, and the run's code must do without them there).",
+    )
+
     _plain_json = field_validator("module_args", "datamodule_args", "strategy_options", "launcher_options")(
         plain_json
     )
@@ -329,15 +345,19 @@ class RunSpec(StrictModel):
 #: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
 #: do not use them.
 NEWER_SPEC_FIELDS = ("trainer", "report_metrics", "max_worker_crashes")
+#: RunSpec fields only the orchestrator acts on (what it trusts hand-joined workers with): never sent to
+#: workers, which have no use for them (and older ones would refuse them).
+SERVER_ONLY_SPEC_FIELDS = ("hand_joined_checkpoint", "hand_joined_secrets")
 
 
 def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
-    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set."""
+    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set, the
+    :data:`SERVER_ONLY_SPEC_FIELDS` never."""
     unused = {
         name
         for name in NEWER_SPEC_FIELDS
         if getattr(spec, name) == RunSpec.model_fields[name].get_default(call_default_factory=True)
-    }
+    } | set(SERVER_ONLY_SPEC_FIELDS)
     return spec.model_dump(mode="json", exclude=unused)
 
 
@@ -374,6 +394,11 @@ class WorkerRegistered(BaseModel):
     heartbeat_interval_s: float
     resume_checkpoint: CheckpointRef | None = Field(
         default=None, description="Latest checkpoint, to load when no live peer can hand over state."
+    )
+    older_checkpoints: list[CheckpointRef] = Field(
+        default_factory=list,
+        description="The run's other checkpoints, newest first: what a worker falls back to when the "
+        "resume checkpoint does not load.",
     )
     worker_index: int = Field(
         default=0,
@@ -476,6 +501,13 @@ class Deregister(StrictModel):
         "val_loss of the validation it ran as it stopped): the run keeps them, also when its last "
         "heartbeat did not carry them.",
     )
+
+
+class ResumeFailure(StrictModel):
+    """Sent by a worker whose resume checkpoint did not load (it falls back to an older one, or none)."""
+
+    epoch: int = Field(ge=0, le=MAX_INT64, description="The epoch of the checkpoint that did not load.")
+    message: PlainText = Field(max_length=1000, description="Why it did not load, one line.")
 
 
 class PeerList(BaseModel):

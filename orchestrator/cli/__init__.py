@@ -22,7 +22,7 @@ from orchestrator.cli.demo import demo
 from orchestrator.cli.export import export
 from orchestrator.cli.peers import peers
 from orchestrator.cli.runs import runs
-from orchestrator.cli.runs_live import delete, watch
+from orchestrator.cli.runs_live import delete, revoke_manual_workers, watch
 from orchestrator.cli.serve import db, serve
 from orchestrator.cli.workers import workers
 
@@ -46,6 +46,7 @@ def main(ctx: click.Context, **connection: Any) -> None:
 
 runs.add_command(watch)
 runs.add_command(delete)
+runs.add_command(revoke_manual_workers)
 main.add_command(serve)
 main.add_command(db)
 main.add_command(demo)

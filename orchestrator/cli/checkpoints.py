@@ -1,4 +1,4 @@
-"""``spotswarm checkpoints list|download``: a run's stored checkpoints."""
+"""``spotswarm checkpoints list|download|delete``: a run's stored checkpoints."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.client import EXIT_NOT_FOUND, CliError
+from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE, CliError
 from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import echo_json, echo_table, fmt_bytes
 
 
 @click.group("checkpoints")
 def checkpoints() -> None:
-    """List and download a run's checkpoints."""
+    """List, download and delete a run's checkpoints."""
 
 
 @checkpoints.command("list")
@@ -95,3 +95,38 @@ def download(ctx: ApiContext, name: str, epoch: int | None, output: Path | None,
         echo_json(result)
     else:
         click.echo(f"saved epoch {item['epoch']} to {dest} ({fmt_bytes(done[0])}, sha256 {sha256[:12]}…)")
+
+
+@checkpoints.command("delete")
+@api_command
+@click.argument("name")
+@click.argument("epoch", type=click.IntRange(0), required=False)
+@click.option(
+    "--uploaded-by",
+    type=click.IntRange(0),
+    metavar="WORKER_ID",
+    help="Delete every one this worker uploaded.",
+)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+def delete(ctx: ApiContext, name: str, epoch: int | None, uploaded_by: int | None, yes: bool) -> None:
+    """Delete the run's checkpoint of EPOCH, or every one a worker uploaded (--uploaded-by): one that
+    does not load (a checkpoint.unloadable event names it and its uploader), or that you no longer trust.
+    Workers that start later resume from the newest one left. Asks first unless --yes.
+
+    Examples: spotswarm checkpoints delete digits 20; spotswarm checkpoints delete digits --uploaded-by 7
+    """
+    if (epoch is None) == (uploaded_by is None):
+        raise CliError("give either EPOCH or --uploaded-by WORKER_ID", EXIT_USAGE)
+    what = (
+        f"the checkpoint of epoch {epoch}"
+        if epoch is not None
+        else f"every checkpoint worker {uploaded_by} uploaded"
+    )
+    if not yes and not click.confirm(f"Delete {what} of run {name}?", err=True):
+        raise CliError("nothing deleted", EXIT_ERROR)
+    deleted = ctx.api.delete_checkpoints(name, epoch=epoch, uploaded_by=uploaded_by)
+    if ctx.as_json:
+        echo_json(deleted)
+        return
+    epochs = ", ".join(str(c["epoch"]) for c in deleted["items"])
+    click.echo(f"deleted checkpoints of run {name}: epochs {epochs}")

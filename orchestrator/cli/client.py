@@ -207,6 +207,10 @@ class ApiClient:
     def rotate_join_token(self, name: str) -> dict[str, Any]:
         return self._json("POST", ApiPath.run_join_token.format(name=name))
 
+    def revoke_manual_workers(self, name: str) -> dict[str, Any]:
+        """End every worker of the run joined by hand; their ids (``revoked``)."""
+        return self._json("POST", ApiPath.run_revoke_manual.format(name=name))
+
     def events(self, name: str, after_id: int = 0, limit: int = 500) -> dict[str, Any]:
         return self._json(
             "GET", ApiPath.run_events.format(name=name), params={"after_id": after_id, "limit": limit}
@@ -237,6 +241,17 @@ class ApiClient:
 
     def checkpoints(self, name: str) -> dict[str, Any]:
         return self._json("GET", ApiPath.run_checkpoints.format(name=name))
+
+    def delete_checkpoints(
+        self, name: str, epoch: int | None = None, uploaded_by: int | None = None
+    ) -> dict[str, Any]:
+        """Delete the run's checkpoint of ``epoch``, or every one worker ``uploaded_by`` uploaded; the
+        deleted ones (``items``)."""
+        if epoch is not None:
+            return self._json("DELETE", ApiPath.run_checkpoint_item.format(name=name, epoch=epoch))
+        return self._json(
+            "DELETE", ApiPath.run_checkpoints.format(name=name), params={"uploaded_by": uploaded_by}
+        )
 
     def peers(self, name: str | None = None) -> dict[str, Any]:
         """A run's initial peers, or the orchestrator's own DHT addresses when ``name`` is None."""

@@ -89,6 +89,8 @@ _FLAG_FIELDS = {
     "checkpoint_every": "checkpoint_every_epochs",
     "keep_checkpoints": "keep_checkpoints",
     "launcher": "launcher",
+    "hand_joined_checkpoint": "hand_joined_checkpoint",
+    "hand_joined_secrets": "hand_joined_secrets",
 }
 _PAIR_FIELDS = {
     "module_arg": "module_args",
@@ -147,6 +149,17 @@ def build_spec(file: str | None, flags: dict[str, Any]) -> dict[str, Any]:
 @click.option("--strategy-option", multiple=True, metavar="KEY=VALUE", help="HivemindStrategy keyword.")
 @click.option("--launcher-option", multiple=True, metavar="KEY=VALUE", help="Launcher option.")
 @code_options
+@click.option(
+    "--hand-joined-checkpoint/--no-hand-joined-checkpoint",
+    default=None,
+    help="Let workers joined by hand with the join token checkpoint the run while no launched worker "
+    "can (default: no; a run of hand-joined workers only needs it to keep checkpoints).",
+)
+@click.option(
+    "--hand-joined-secrets/--no-hand-joined-secrets",
+    default=None,
+    help="Give workers joined by hand the run's secret_env values (default: yes).",
+)
 @click.option(
     "--trainer-option",
     multiple=True,

@@ -125,3 +125,24 @@ def delete(ctx: ApiContext, name: str, yes: bool) -> None:
         echo_json({"deleted": name})
     else:
         click.echo(f"deleted run {name}")
+
+
+@click.command("revoke-manual-workers")
+@api_command
+@click.argument("name")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+def revoke_manual_workers(ctx: ApiContext, name: str, yes: bool) -> None:
+    """End every worker of the run joined by hand with its join token: their worker tokens stop working
+    at once and running ones are told to stop; launched workers go on. Asks first unless --yes. Replace
+    the join token too (runs rotate-join-token), or its holders can join again.
+
+    Example: spotswarm runs revoke-manual-workers digits --yes && spotswarm runs rotate-join-token digits
+    """
+    if not yes and not click.confirm(f"End every worker of run {name} joined by hand?", err=True):
+        raise CliError("nothing revoked", EXIT_ERROR)
+    revoked = ctx.api.revoke_manual_workers(name)
+    if ctx.as_json:
+        echo_json(revoked)
+        return
+    ids = ", ".join(revoked["revoked"]) or "none"
+    click.echo(f"revoked the workers of run {name} joined by hand: {ids}")

@@ -27,6 +27,8 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
+    true,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -134,6 +136,9 @@ class Run(Base):
     trainer: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the spec's trainer section
     report_metrics: Mapped[list[str]] = mapped_column(default=list)
     max_worker_crashes: Mapped[int | None] = mapped_column(Integer)  # null: the server's default
+    # What hand-joined workers (join token) are trusted with: the checkpointer role, the secret values.
+    hand_joined_checkpoint: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    hand_joined_secrets: Mapped[bool] = mapped_column(Boolean, server_default=true())
     # Lifecycle.
     state: Mapped[RunState] = mapped_column(state_type(RunState), index=True)
     state_reason: Mapped[str] = mapped_column(Text, default="")  # for people: rules read stop_cause

@@ -17,10 +17,10 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import Checkpoint, Run
+from orchestrator.db.models import Checkpoint, Event, Run
 from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import Conflict, InvalidRequest, NotFound
 from worker.wire import API_PREFIX, ApiPath, CheckpointRef
 
 
@@ -148,3 +148,62 @@ def record_checkpoint(
         epochs = ", ".join(str(c.epoch) for c in old)
         events.record_event(session, run.id, "checkpoint.pruned", f"epochs {epochs}", now)
     return checkpoint, [c.key for c in old]
+
+
+UNLOADABLE = "checkpoint.unloadable"  # the event kind of a checkpoint a worker could not resume from
+
+
+def record_resume_failure(
+    session: Session, run_id: int, worker_id: int, epoch: int, message: str, now: datetime
+) -> None:
+    """Record that ``worker_id`` could not resume from its run's checkpoint of ``epoch`` (it fell back to
+    an older one or none), naming the worker that uploaded it: the admin's lead to delete it. Once per
+    worker and checkpoint (a worker repeating itself adds nothing). Raises :class:`NotFound` when the run
+    is gone or has no checkpoint of ``epoch``."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"worker {worker_id}'s run no longer exists")
+    checkpoint = get_checkpoint(session, run, epoch)
+    said = f"worker {worker_id} could not resume from the checkpoint of epoch {epoch}"
+    already = select(Event.id).where(
+        Event.run_id == run.id,
+        Event.kind == UNLOADABLE,
+        Event.message.startswith(said + ",", autoescape=True),
+    )
+    if session.scalar(already.limit(1)) is not None:
+        return
+    by = checkpoint.uploaded_by
+    uploader = f"worker {by}" if by is not None else "a worker unknown"
+    events.record_event(
+        session, run.id, UNLOADABLE, f"{said}, uploaded by {uploader}: {message}", now, worker_id
+    )
+
+
+def delete_checkpoints(
+    session: Session, run: Run, now: datetime, *, epoch: int | None = None, uploaded_by: int | None = None
+) -> list[Checkpoint]:
+    """Delete ``run``'s checkpoint of ``epoch``, or every one ``uploaded_by`` uploaded (an admin's answer to
+    a checkpoint that does not load, or to a worker it no longer trusts); returns the deleted rows (delete
+    their store keys after the commit). Workers that register later resume from the newest one left.
+
+    Raises :class:`InvalidRequest` unless exactly one of the two is given, :class:`NotFound` when nothing
+    matches.
+    """
+    if (epoch is None) == (uploaded_by is None):
+        raise InvalidRequest("name either an epoch or the worker whose uploads to delete (uploaded_by)")
+    query = select(Checkpoint).where(Checkpoint.run_id == run.id)
+    if epoch is not None:
+        query = query.where(Checkpoint.epoch == epoch)
+    else:
+        query = query.where(Checkpoint.uploaded_by == uploaded_by)
+    doomed = list(session.scalars(query.order_by(Checkpoint.epoch.desc())))
+    if not doomed:
+        what = f"at epoch {epoch}" if epoch is not None else f"uploaded by worker {uploaded_by}"
+        raise NotFound(f"run {run.name!r} has no checkpoint {what}")
+    session.execute(delete(Checkpoint).where(Checkpoint.id.in_([c.id for c in doomed])))
+    epochs = ", ".join(str(c.epoch) for c in doomed)
+    by = f" (uploaded by worker {uploaded_by})" if uploaded_by is not None else ""
+    events.record_event(
+        session, run.id, "checkpoint.deleted", f"epochs {epochs}{by} deleted by the admin", now
+    )
+    return doomed

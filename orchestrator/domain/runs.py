@@ -31,6 +31,7 @@ from orchestrator.domain.states import (
     LIVE_WORKER_STATES,
     RUN_TRANSITIONS,
     STOPPED_RUN_STATES,
+    UNENDED_WORKER_STATES,
     WORKER_TRANSITIONS,
     StopCause,
     settled_state,
@@ -85,6 +86,19 @@ def live_workers(
     return session.scalars(query.order_by(Worker.id)).all()
 
 
+def unended_manual_workers(
+    session: Session, run_id: int, silent_before: datetime | None = None
+) -> Sequence[Worker]:
+    """Workers of the run joined by hand that have not ended (running or lost: their tokens still work);
+    only those silent since before ``silent_before`` when given."""
+    query = select(Worker).where(
+        Worker.run_id == run_id, Worker.manual.is_(True), Worker.state.in_(UNENDED_WORKER_STATES)
+    )
+    if silent_before is not None:
+        query = query.where(func.coalesce(Worker.last_heartbeat_at, Worker.created_at) < silent_before)
+    return session.scalars(query.order_by(Worker.id)).all()
+
+
 def count_live_workers(session: Session, run_id: int) -> int:
     """How many workers of the run are launching or running."""
     query = select(func.count()).select_from(Worker)
@@ -120,8 +134,11 @@ def run_spec(run: Run) -> RunSpec:
     return RunSpec.model_validate({**run.column_values(RunSpec.model_fields), **changed})
 
 
-def secret_values(run: Run) -> dict[str, str]:
-    """The run's secret environment variables with their values (for its workers only)."""
+def secret_values(run: Run, worker: Worker) -> dict[str, str]:
+    """The run's secret environment variables with their values, for ``worker`` of the run: none for a
+    hand-joined worker where the run keeps its secrets from them (``hand_joined_secrets`` false)."""
+    if worker.manual and not run.hand_joined_secrets:
+        return {}
     return {str(name): str(value) for name, value in run.secret_env.items()}
 
 

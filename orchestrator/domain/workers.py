@@ -320,3 +320,17 @@ def request_retire(session: Session, worker: Worker, reason: str, now: datetime)
     if worker.run.checkpointer_worker_id == worker.id:
         worker.run.checkpointer_worker_id = None
     events.record_event(session, worker.run_id, "worker.retire", reason, now, worker.id)
+
+
+def revoke_manual_workers(session: Session, run: Run, now: datetime) -> list[int]:
+    """End every worker of ``run`` joined by hand that has not ended (running or lost), so that their
+    worker tokens stop working at once (403 "has ended"); returns their ids. With the join token
+    replaced too (:func:`orchestrator.domain.runs.rotate_join_token`), nobody who held it keeps any access
+    to the run. A revoked agent that still runs is told to stop by its next heartbeat's reply."""
+    revoked = list(runs.unended_manual_workers(session, run.id))
+    for worker in revoked:
+        runs.set_worker_state(session, worker, WorkerState.exited, "revoked by the admin", now)
+    if revoked:
+        ids = ", ".join(str(w.id) for w in revoked)
+        events.record_event(session, run.id, "run.revoked", f"workers joined by hand revoked: {ids}", now)
+    return [w.id for w in revoked]

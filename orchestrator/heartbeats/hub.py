@@ -62,6 +62,7 @@ class WorkerEntry:
     last_seen: datetime | None
     epoch: int = 0  # the swarm epoch it last reported
     peer_id: str | None = None  # the libp2p peer id its swarm token was issued for
+    manual: bool = False  # joined by hand (the checkpointer rule tells it from launched workers)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class RunEntry:
     admission: bool = True  # its peers hold swarm tokens (so each worker's peer id is known)
     report_metrics: tuple[str, ...] = ()  # names and patterns of the metrics its workers may report
     name: str = ""
+    hand_joined_checkpoint: bool = False  # its hand-joined workers may checkpoint it
 
 
 @dataclass
@@ -224,6 +226,7 @@ class HeartbeatHub:
             self._settings.swarm_admission and swarm_admission_requested(run.strategy_options),
             tuple(run.report_metrics),
             run.name,
+            run.hand_joined_checkpoint,
         )
         return _worker_entry(worker), run_entry
 
@@ -259,7 +262,8 @@ class HeartbeatHub:
             )
             rows = session.connection().execute(query)  # Core rows: no ORM bookkeeping per worker
             worker_entries = {
-                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7]) for row in rows
+                row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7], bool(row[8]))
+                for row in rows
             }
         return CacheRead(worker_entries, run_entries, began_at_note)
 
@@ -319,6 +323,7 @@ _ENTRY_COLUMNS = (
     Worker.last_heartbeat_at,
     Worker.swarm_epoch,
     Worker.peer_id,
+    Worker.manual,
 )
 
 
@@ -332,6 +337,7 @@ def _worker_entry(worker: Worker) -> WorkerEntry:
         worker.last_heartbeat_at,
         worker.swarm_epoch or 0,
         worker.peer_id,
+        worker.manual,
     )
 
 
@@ -353,6 +359,7 @@ def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) 
             admission_on and swarm_admission_requested(r.strategy_options),
             tuple(r.report_metrics),
             r.name,
+            r.hand_joined_checkpoint,
         )
         for r in rows
     }

@@ -132,7 +132,7 @@ class HeartbeatWriter:
         by_run: dict[int, list[Contender]] = {}
         for w in cached_workers.values():
             by_run.setdefault(w.run_id, []).append(
-                Contender(w.worker_id, w.state, w.retiring, w.last_seen, w.epoch)
+                Contender(w.worker_id, w.state, w.retiring, w.last_seen, w.epoch, w.manual)
             )
         need = []
         for entry in cached_runs.values():
@@ -143,6 +143,7 @@ class HeartbeatWriter:
                 entry.checkpoint_every_epochs,
                 fresh_after,
                 excused=current if in_grace else None,
+                hand_joined=entry.hand_joined_checkpoint,
             )
             if current not in {c.worker_id for c in members} and (current is not None or members):
                 need.append(entry.run_id)

@@ -186,7 +186,8 @@ class Reconciler:
             actions.launches.extend(self._intents(session, run, plan, by_id, now))
 
     def _expire_manual_workers(self, session: Session, run: Run, now: datetime) -> None:
-        """A worker started by hand has no launcher to ask: only its heartbeats say it is alive.
+        """A worker started by hand has no launcher to ask: only its heartbeats say it is alive. Silent past
+        the heartbeat timeout it is lost; silent past ``manual_lost_end_s`` it has ended.
 
         Silence counts from the loop's start at the earliest (workers could not reach a stopped one).
         """
@@ -196,6 +197,15 @@ class Reconciler:
         for worker in runs.live_workers(session, run.id, manual=True, silent_before=cutoff):
             reason = f"no heartbeat for {self.settings.heartbeat_timeout_s:.0f} s"
             self._set_worker(session, worker, WorkerState.lost, reason, now)
+        # Lost for good: its token would otherwise work (checkpoints, secrets at re-registration) while
+        # the run lives, even after the join token that made it was replaced.
+        end_s = self.settings.manual_lost_end_s
+        ended_cutoff = now - timedelta(seconds=end_s)
+        if self.started_at >= ended_cutoff:
+            return
+        for worker in runs.unended_manual_workers(session, run.id, silent_before=ended_cutoff):
+            reason = f"silent for {end_s:.0f} s: ended (its worker token no longer works; join again)"
+            self._set_worker(session, worker, WorkerState.exited, reason, now)
 
     def _run_view(self, session: Session, run: Run) -> RunView:
         return RunView(

@@ -54,6 +54,13 @@ class ReconcileSettings(BaseModel):
         le=86400,
         description="A worker silent this long is no longer counted live.",
     )
+    manual_lost_end_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=30 * 86400,
+        description="A worker joined by hand that stays silent this long has ended: its worker token stops "
+        "working (checkpoint downloads, re-registration), and it must join again with the join token.",
+    )
     launch_timeout_s: float = Field(
         default=180.0,
         gt=0,

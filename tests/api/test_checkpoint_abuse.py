@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
@@ -103,7 +104,7 @@ def run(orch: Orchestrator) -> Run:
     with orch.admin() as http:
         spec = run_spec(name, keep_checkpoints=3, checkpoint_every_epochs=EVERY)
         join = http.post("/api/v1/runs", json=spec).json()["join_token"]
-    good = os.urandom(1 << 20)
+    good = checkpoint_bytes(os.urandom(1 << 20))
     created = Run(orch, name, join, register(orch, join), register(orch, join), good)
     created.checkpointer_is_a()
     assert upload(orch, created.a, 1, good).status_code == 201
@@ -144,7 +145,7 @@ def test_oversize_uploads_are_413_declared_or_streamed(orch: Orchestrator, run: 
 @pytest.mark.timeout(120)
 def test_bad_checksums_are_refused(orch: Orchestrator, run: Run) -> None:
     run.checkpointer_is_a()
-    blob = os.urandom(100_000)
+    blob = checkpoint_bytes(os.urandom(100_000))
     assert upload(orch, run.a, 2, blob, checksum=sha(blob[1:])).status_code == 400
     assert upload(orch, run.a, 2, blob, checksum="not-hex").status_code == 422
     assert upload(orch, run.a, 2, blob, checksum="").status_code == 422
@@ -159,7 +160,7 @@ def test_other_workers_runs_and_tokens_cannot_upload(orch: Orchestrator, run: Ru
     with orch.admin() as http:
         other_join = http.post("/api/v1/runs", json=run_spec(f"{run.name}-other")).json()["join_token"]
     stranger = register(orch, other_join)
-    blob = os.urandom(50_000)
+    blob = checkpoint_bytes(os.urandom(50_000))
     path = f"/api/v1/workers/{run.a.id}/checkpoints/1"
     attempts = {
         "another run's worker": stranger.token,
@@ -194,7 +195,10 @@ def test_two_workers_racing_for_one_epoch_store_only_the_checkpointers_bytes(
     other worker gets 409 whichever arrives first (before, either could win, or both be mixed up)."""
     for epoch in range(2, 8):
         run.checkpointer_is_a()
-        blobs = {run.a.id: os.urandom(3 << 20), run.b.id: os.urandom(3 << 20)}
+        blobs = {
+            run.a.id: checkpoint_bytes(os.urandom(3 << 20)),
+            run.b.id: checkpoint_bytes(os.urandom(3 << 20)),
+        }
         barrier = threading.Barrier(2)
 
         def race(
@@ -233,7 +237,7 @@ def assert_clean_kept(run: Run, expected: list[int]) -> None:
 
 @pytest.mark.timeout(180)
 def test_uploads_of_successive_epochs_are_recorded_then_pruned(orch: Orchestrator, run: Run) -> None:
-    blobs = {epoch: os.urandom(1 << 20) for epoch in range(10, 16)}
+    blobs = {epoch: checkpoint_bytes(os.urandom(1 << 20)) for epoch in range(10, 16)}
     for epoch, blob in blobs.items():
         run.checkpointer_is_a()
         assert upload(orch, run.a, epoch, blob).status_code == 201
@@ -246,7 +250,7 @@ def test_uploads_of_successive_epochs_are_recorded_then_pruned(orch: Orchestrato
 def test_only_the_checkpointer_uploads(orch: Orchestrator, run: Run) -> None:
     """Before, any worker of the run could upload: its checkpoints then pruned the real ones."""
     heartbeat(orch, run.b.reply())
-    answer = upload(orch, run.b, 2, os.urandom(10_000))
+    answer = upload(orch, run.b, 2, checkpoint_bytes(os.urandom(10_000)))
     assert answer.status_code == 409 and "not the run's checkpointer" in answer.json()["detail"], answer.text
     assert_clean(run, [1])
 
@@ -267,7 +271,7 @@ def test_uploads_far_ahead_of_the_swarm_are_refused(orch: Orchestrator, run: Run
 def test_a_worker_uploads_one_checkpoint_at_a_time(orch: Orchestrator, run: Run) -> None:
     """Before, one worker could stream any number of uploads at once into the orchestrator's disk."""
     run.checkpointer_is_a()
-    first_blob = os.urandom(2 << 20)
+    first_blob = checkpoint_bytes(os.urandom(2 << 20))
     release = threading.Event()
 
     def slow() -> Iterator[bytes]:
@@ -279,12 +283,14 @@ def test_a_worker_uploads_one_checkpoint_at_a_time(orch: Orchestrator, run: Run)
         first = pool.submit(lambda: upload_stream(orch, run.a, 2, slow(), sha(first_blob)).status_code)
         tmp = orch.data_dir / "tmp"
         wait_until(lambda: tmp.exists() and any(tmp.iterdir()), 30, message="the first upload streams")
-        second = upload(orch, run.a, 3, os.urandom(10_000))
+        second = upload(orch, run.a, 3, checkpoint_bytes(os.urandom(10_000)))
         release.set()
         assert second.status_code == 409 and "already uploading" in second.json()["detail"], second.text
         assert first.result(timeout=60) == 201
     assert_clean(run, [2, 1])
-    assert upload(orch, run.a, 3, b"next one").status_code == 201  # the next upload goes through
+    assert (
+        upload(orch, run.a, 3, checkpoint_bytes(b"next one")).status_code == 201
+    )  # the next upload goes through
 
 
 def upload_stream(
@@ -309,8 +315,8 @@ def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
     told_a, told_b = heartbeat(orch, run.a.reply()), heartbeat(orch, run.b.reply())
     assert (told_a["action"], told_a["checkpointer"]) == ("stop", True), told_a
     assert (told_b["action"], told_b["checkpointer"]) == ("stop", False), told_b
-    final = os.urandom(50_000)
-    assert upload(orch, run.b, 3, os.urandom(10_000)).status_code == 409
+    final = checkpoint_bytes(os.urandom(50_000))
+    assert upload(orch, run.b, 3, checkpoint_bytes(os.urandom(10_000))).status_code == 409
     assert upload(orch, run.a, 3, final).status_code == 201
     assert run.download("latest")[0] == final
 
@@ -329,7 +335,7 @@ def _refused_while_the_disk_is_nearly_full(orch: Orchestrator) -> None:
         join = http.post("/api/v1/runs", json=run_spec("full-disk")).json()["join_token"]
     worker = register(orch, join)
     become_checkpointer(orch, worker.reply())
-    answer = upload(orch, worker, 1, os.urandom(100_000))
+    answer = upload(orch, worker, 1, checkpoint_bytes(os.urandom(100_000)))
     assert answer.status_code == 507 and "free" in answer.json()["detail"], answer.text
     assert no_temporary_files(orch)
     with orch.admin() as http:

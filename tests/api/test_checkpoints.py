@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import create_run
@@ -40,7 +41,7 @@ def test_checkpoints_upload_verify_keep_last_k_and_download(orch: Orchestrator) 
     name, join = create(orch, keep_checkpoints=2)
     worker = register(orch, join)
     become_checkpointer(orch, worker)  # only the checkpointer uploads
-    blobs = {epoch: bytes([epoch]) * (50_000 + epoch) for epoch in (1, 2, 3)}
+    blobs = {epoch: checkpoint_bytes(bytes([epoch]) * (50_000 + epoch)) for epoch in (1, 2, 3)}
     for epoch, data in blobs.items():
         response = upload(orch, worker, epoch, data)
         assert response.status_code == 201, response.text

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.output import parse_time
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import (
     OPERABILITY_ENV,
@@ -39,7 +40,7 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
     numbers = dict(local_step=9, swarm_epoch=4, samples=256, loss=0.25, samples_per_s=32.0, num_peers=1)
     become_checkpointer(orch, {"worker_id": worker.worker_id, "worker_token": worker.client.token}, **numbers)
     checkpoint = tmp_path / "epoch4.ckpt"
-    checkpoint.write_bytes(b"weights" * 100)
+    checkpoint.write_bytes(checkpoint_bytes(b"weights" * 100))
     worker.client.upload_checkpoint(worker.worker_id, 4, checkpoint)
     with orch.client() as anonymous:
         refused = anonymous.post(f"/api/v1/workers/{worker.worker_id}/heartbeat", json={})
@@ -64,7 +65,7 @@ def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_p
     assert value(samples, "spotswarm_run_checkpoints", run=name) == 1
     assert value(samples, "spotswarm_run_checkpoint_latest_epoch", run=name) == 4
     assert 0 <= value(samples, "spotswarm_run_checkpoint_latest_age_seconds", run=name) < 120
-    assert value(samples, "spotswarm_run_checkpoint_bytes", run=name) == 700
+    assert value(samples, "spotswarm_run_checkpoint_bytes", run=name) == checkpoint.stat().st_size
     cost = value(samples, "spotswarm_run_cost_usd", run=name)
     assert 0 < cost < PRICE_USD_PER_HOUR * 120 / 3600  # registered less than two minutes ago
     assert value(samples, "spotswarm_heartbeats_total", result="accepted") >= 1

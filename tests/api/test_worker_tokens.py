@@ -18,6 +18,7 @@ import pytest
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
@@ -140,7 +141,7 @@ def test_an_ended_workers_token_no_longer_downloads_checkpoints(orch: Orchestrat
     name, join = create(orch)
     worker = register(orch, join)
     become_checkpointer(orch, worker)
-    data = b"weights-v1"
+    data = checkpoint_bytes(b"weights-v1")
     with orch.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
         assert http.put(f"/api/v1/workers/{worker['worker_id']}/checkpoints/1", content=data, headers=headers)

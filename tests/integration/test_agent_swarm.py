@@ -36,6 +36,7 @@ SPEC: dict[str, Any] = {
     "desired_workers": 2,
     "max_workers": 4,
     "checkpoint_every_epochs": 2,
+    "hand_joined_checkpoint": True,  # the agents, started by hand, checkpoint the run
 }
 
 

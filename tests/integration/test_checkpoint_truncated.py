@@ -12,6 +12,7 @@ import socket
 import httpx
 import pytest
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -74,9 +75,9 @@ def test_truncated_uploads_store_nothing(orch: Orchestrator) -> None:
     worker = register(orch, join)
     worker_id, token = worker["worker_id"], worker["worker_token"]
     become_checkpointer(orch, worker)
-    good = os.urandom(1 << 20)
+    good = checkpoint_bytes(os.urandom(1 << 20))
     assert upload(orch, token, worker_id, 1, good, sha(good)) == 201
-    blob = os.urandom(2 << 20)
+    blob = checkpoint_bytes(os.urandom(2 << 20))
     send_truncated(orch, worker_id, token, 2, len(blob), blob[: len(blob) // 3])
     # a cut file, sent once the server has seen the hang-up
     assert upload_once_the_slot_is_free(orch, token, worker_id, 2, blob[: len(blob) // 2], sha(blob)) == 400

@@ -189,7 +189,10 @@ def test_the_compose_sections_create_command_works_as_documented(orch: Orchestra
 
     assert done.exit_code == 0, done.output
     assert "ssj_" in done.output and "SPOTSWARM_JOIN_TOKEN=ssj_..." in block
-    assert api_run(orch, "digits-compose")["workers"]["desired"] == 0
+    run = api_run(orch, "digits-compose")
+    assert run["workers"]["desired"] == 0
+    # its workers all join by hand: one of them must be allowed to checkpoint the run
+    assert run["spec"]["hand_joined_checkpoint"] is True
 
 
 def _post_register(orch: Orchestrator, token: str) -> httpx.Response:
@@ -215,3 +218,14 @@ def test_rotating_the_join_token_voids_the_old_one_and_keeps_live_workers(orch: 
     with orch.admin() as http:
         rotated = http.post(f"/api/v1/runs/{name}/join-token")
     assert rotated.status_code == 200 and rotated.json()["join_token"] not in (old_join, new_join)
+
+
+@pytest.mark.timeout(60)
+def test_runs_create_flags_say_what_hand_joined_workers_are_trusted_with(orch: Orchestrator) -> None:
+    spec = json.dumps(run_spec("trusty", secret_env={"API_KEY": "sk-trusty-123456"}))  # opts in to checkpoint
+    args = ("--no-hand-joined-checkpoint", "--no-hand-joined-secrets")
+    created = cli(orch, "runs", "create", "--json", "--file", "-", *args, stdin=spec)
+    assert created.exit_code == 0, created.output
+    shown = api_run(orch, "trusty")["spec"]  # the flags win over the file
+    assert shown["hand_joined_checkpoint"] is False and shown["hand_joined_secrets"] is False
+    assert _post_register(orch, json.loads(created.stdout)["join_token"]).json()["secret_env"] == {}

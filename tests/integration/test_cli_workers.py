@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND
+from orchestrator.cli.client import EXIT_AUTH, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from tests.support.checkpoint_files import NotAWeight, checkpoint_bytes
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.specs import run_spec
@@ -64,7 +65,8 @@ def test_checkpoints_list_and_download_verified(orch: Orchestrator, joined: tupl
     blobs = {}
     for epoch in (2, 4):
         path = tmp_path / f"upload-{epoch}.ckpt"
-        path.write_bytes(bytes([epoch]) * (300_000 + epoch))
+        # stored (its format is right) but no torch.load(weights_only=True) builds it: export must refuse it
+        path.write_bytes(checkpoint_bytes(bytes([epoch]) * (300_000 + epoch), extra={"obj": NotAWeight()}))
         blobs[epoch] = hashlib.sha256(path.read_bytes()).hexdigest()
         first.upload(epoch, path)
 
@@ -122,3 +124,49 @@ def test_runs_show_totals_the_shares_workers_list_shows(orch: Orchestrator, join
 
     line, shares = wait_until(agreeing, 10)  # once the last heartbeat is written (a flush interval)
     assert len(shares) == 2 and " + ".join(str(n) for n in shares) in line and "from 2 worker(s)" in line
+
+
+@pytest.mark.timeout(60)
+def test_checkpoints_delete_one_epoch_or_every_upload_of_a_worker(orch: Orchestrator, tmp_path: Path) -> None:
+    """The admin's answer to a checkpoint that does not load, or to a worker it no longer trusts: before,
+    no route deleted a checkpoint, and a resumed run got the same bad one again."""
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("purge")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], "host-p")
+    for epoch in (1, 3, 5):
+        path = tmp_path / f"upload-{epoch}.ckpt"
+        path.write_bytes(checkpoint_bytes(bytes([epoch]) * 1000))
+        worker.upload(epoch, path)
+
+    one = cli(orch, "checkpoints", "delete", "purge", "5", "--yes")
+    assert one.exit_code == 0 and "deleted checkpoints of run purge: epochs 5" in one.stdout, one.output
+    gone = cli(orch, "checkpoints", "delete", "purge", "5", "--yes")
+    assert gone.exit_code == EXIT_NOT_FOUND and "no checkpoint at epoch 5" in gone.stderr, gone.output
+    neither = cli(orch, "checkpoints", "delete", "purge", "--yes")
+    assert neither.exit_code == EXIT_USAGE and "EPOCH or --uploaded-by" in neither.stderr, neither.output
+    as_join = cli(orch, "checkpoints", "delete", "purge", "3", "--yes", token=worker.client.token)
+    assert as_join.exit_code == EXIT_AUTH, as_join.output
+
+    every = cli(orch, "checkpoints", "delete", "purge", "--uploaded-by", worker.worker_id, "--yes", "--json")
+    assert every.exit_code == 0, every.output
+    assert [c["epoch"] for c in json.loads(every.stdout)["items"]] == [3, 1]
+    assert cli(orch, "checkpoints", "list", "purge", "--json").stdout.count('"epoch"') == 0
+    events = json.loads(cli(orch, "runs", "logs", "purge", "--json").stdout.splitlines()[-1])
+    assert events["message"] == f"epochs 3, 1 (uploaded by worker {worker.worker_id}) deleted by the admin"
+    assert worker.beat().latest_checkpoint_epoch is None  # the heartbeat replies forget them at once
+
+
+@pytest.mark.timeout(60)
+def test_runs_revoke_manual_workers_ends_them_and_their_tokens(orch: Orchestrator) -> None:
+    """Before, a hand-joined worker's token worked as long as its run lived, join-token rotation or not."""
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("revoked")))
+    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], "host-r")
+    worker.beat()
+    revoked = cli(orch, "runs", "revoke-manual-workers", "revoked", "--yes")
+    assert revoked.exit_code == 0, revoked.output
+    assert revoked.stdout.strip() == f"revoked the workers of run revoked joined by hand: {worker.worker_id}"
+    assert worker.beat().action == "stop"
+    with orch.client(worker.client.token) as http:
+        answer = http.get("/api/v1/runs/revoked/checkpoints/latest/download")
+    assert answer.status_code == 403 and "has ended" in answer.json()["detail"], answer.text
+    again = cli(orch, "runs", "revoke-manual-workers", "revoked", "--yes", "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["revoked"] == []

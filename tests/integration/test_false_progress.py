@@ -20,6 +20,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from orchestrator.swarm.dht import progress_key
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import cli
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
@@ -158,7 +159,7 @@ def test_the_dht_epoch_completes_the_run_and_a_completed_run_resumes_with_a_high
     wait_ticks(orch, 5)
     assert get_run(orch, run["name"])["state"] == "running"
     become_checkpointer(orch, worker, swarm_epoch=16)
-    final = b"state at epoch 16"
+    final = checkpoint_bytes(b"state at epoch 16")
     headers = {CHECKSUM_HEADER: hashlib.sha256(final).hexdigest()}
     with orch.client(worker["worker_token"]) as http:
         path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/16"

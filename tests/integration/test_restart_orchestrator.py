@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
@@ -50,7 +51,7 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
         wait_until(
             lambda: snapshot(first, "keep-2")["run"]["checkpointer_worker_id"] == worker["worker_id"], 10
         )
-        data = b"state" * 100
+        data = checkpoint_bytes(b"state" * 100)
         headers = {**auth, CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
         assert http.put(f"{base}/checkpoints/4", content=data, headers=headers).status_code == 201
     wait_until(lambda: snapshot(first, "keep-2")["run"]["reported"]["samples_total"] == 100, 10)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
@@ -113,7 +114,7 @@ def test_the_data_dir_and_its_files_are_private(orch: Orchestrator) -> None:
         created = http.post("/api/v1/runs", json=run_spec("private-files"))
         assert created.status_code == 201, created.text
     worker = register(orch, created.json()["join_token"])
-    blob = b"weights" * 100
+    blob = checkpoint_bytes(b"weights" * 100)
     become_checkpointer(orch, worker)  # only the run's checkpointer uploads
     with orch.client(worker["worker_token"]) as http:
         uploaded = http.put(

@@ -16,6 +16,8 @@
   over the API; ``operability.py``: launch intents, workers joined through the agent's client, scrapes
   of ``/metrics``.
 - ``cli.py``: the ``spotswarm`` CLI in-process, and workers joined by hand through the agent's client.
+- ``checkpoint_files.py``: checkpoint bytes the server's format check takes, made without torch (and one
+  that does not load).
 - ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers.
 - ``archives.py``: hand-made tar archives, the crafted code packages among them.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,

@@ -33,7 +33,8 @@ def start_training_agent(
     start it."""
     if orch is None:
         orch = start_orchestrator(processes, tmp_path / "orch", extra_env=AGENT_TEST_ENV)
-    spec = {**demo_spec(workers=1), "name": run_name}
+    # the hand-started agent stands in for a launched worker: it checkpoints the run
+    spec = {**demo_spec(workers=1), "name": run_name, "hand_joined_checkpoint": True}
     with orch.admin() as http:
         token = http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json()["join_token"]
     env = {

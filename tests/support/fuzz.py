@@ -45,6 +45,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import FUZZ_ENV, Orchestrator, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
@@ -71,12 +72,16 @@ ADMIN_OPS = {
     ("POST", "/api/v1/runs/{name}/resume"),
     ("POST", "/api/v1/runs/{name}/join-token"),
     ("GET", "/api/v1/runs/{name}/workers/{worker_id}/log"),  # logs hold whatever user code prints
+    ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
+    ("DELETE", "/api/v1/runs/{name}/checkpoints"),
+    ("POST", "/api/v1/runs/{name}/manual-workers/revoke"),
 }
 WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/heartbeat"),
     ("POST", "/api/v1/workers/{worker_id}/deregister"),
     ("PUT", "/api/v1/workers/{worker_id}/checkpoints/{epoch}"),
     ("POST", "/api/v1/workers/{worker_id}/swarm-token"),
+    ("POST", "/api/v1/workers/{worker_id}/resume-failures"),
 }
 REGISTER_OP = ("POST", "/api/v1/workers/register")
 RUN_TOKEN_OPS = {  # the admin token, the run's join token or one of its worker tokens
@@ -90,6 +95,9 @@ OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth
 # gives more away fails here until it is classified above.
 # Destructive operations go last so that the world stays useful for the others as long as possible.
 LAST = [
+    ("DELETE", "/api/v1/runs/{name}/checkpoints/{epoch}"),
+    ("DELETE", "/api/v1/runs/{name}/checkpoints"),
+    ("POST", "/api/v1/runs/{name}/manual-workers/revoke"),
     ("POST", "/api/v1/runs/{name}/join-token"),
     ("POST", "/api/v1/workers/{worker_id}/deregister"),
     ("DELETE", "/api/v1/runs/{name}"),
@@ -151,6 +159,7 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
             "batch_size": 8,
             "min_workers": 0,
             "desired_workers": 0,
+            "hand_joined_checkpoint": True,  # its hand-joined worker uploads the checkpoint
         }
         response = http.post("/api/v1/runs", json=spec, headers=admin)
         response.raise_for_status()
@@ -168,7 +177,7 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
         30,
         message=f"worker {worker_id} becomes its run's checkpointer",
     )
-    data = b"a checkpoint the fuzzer must never damage"
+    data = checkpoint_bytes(b"a checkpoint the fuzzer must never damage")
     headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
     http.put(f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers).raise_for_status()
     return world

@@ -39,6 +39,8 @@ def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
         "desired_workers": 2,
         "checkpoint_every_epochs": 2,
         "keep_checkpoints": 3,
+        # hand-started agents of some tests checkpoint in place of launched workers
+        "hand_joined_checkpoint": True,
     }
     spec.update(overrides)
     return spec

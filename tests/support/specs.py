@@ -22,6 +22,9 @@ def run_spec(name: str, **overrides: Any) -> dict[str, Any]:
         "min_workers": 0,
         "max_workers": 4,
         "desired_workers": 1,
+        # the tests' workers join by hand in place of launched ones, and most of them checkpoint the run
+        # (tests/api/test_hand_joined_trust.py tests the default, false)
+        "hand_joined_checkpoint": True,
     }
     spec.update(overrides)
     return spec

@@ -306,7 +306,7 @@ def test_scale_checks_bounds_and_state(db: Database) -> None:
 
 @pytest.mark.timeout(30)
 def test_one_checkpointer_is_elected_and_replaced_when_it_goes(db: Database) -> None:
-    name, token = new_run(db)
+    name, token = new_run(db, hand_joined_checkpoint=True)  # its workers join by hand
     first, second = join(db, token, T0), join(db, token, T0 + timedelta(seconds=1))
     now = T0 + timedelta(seconds=5)
     with db.begin() as session:

@@ -76,6 +76,7 @@ NAMES: list[tuple[str, str, str, Any]] = [
     ("RECONCILE", "false", "reconciler.enabled", False),
     ("RECONCILE_INTERVAL_S", "1.5", "reconciler.interval_s", 1.5),
     ("HEARTBEAT_TIMEOUT_S", "45", "reconciler.heartbeat_timeout_s", 45.0),
+    ("MANUAL_LOST_END_S", "600", "reconciler.manual_lost_end_s", 600.0),
     ("LAUNCH_TIMEOUT_S", "300", "reconciler.launch_timeout_s", 300.0),
     ("RETIRE_GRACE_S", "12", "reconciler.retire_grace_s", 12.0),
     ("LAUNCH_BACKOFF_BASE_S", "4", "reconciler.launch_backoff_base_s", 4.0),

@@ -11,6 +11,7 @@
 - ``metrics.py``: the loss and the metrics a run reports, read from Lightning.
 - ``heartbeat.py``: the heartbeat thread and what the orchestrator answers.
 - ``checkpoints.py``: uploading the checkpointer's checkpoints, fetching one to resume from.
+- ``resume.py``: which checkpoint a starting worker resumes from: the newest that loads into its module.
 - ``client.py``: the typed HTTP client of the orchestrator's worker API.
 - ``spot.py``: the watcher of the cloud's spot interruption notice.
 - ``token_cache.py``: the cached swarm token and identity, and the token source over the HTTP client.

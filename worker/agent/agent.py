@@ -216,7 +216,7 @@ class Agent:
             )
             training.keep_swarm_joined(self._dht, self.config.worker_dir, registration.run.name)
             ckpt_path = training.choose_resume_checkpoint(
-                self._dht, registration, self.client, self.config.worker_dir
+                self._dht, registration, self.client, self.config.worker_dir, module
             )
             if self.state.stop is not None:
                 return EXIT_OK  # stopped while starting: no point in setting up training

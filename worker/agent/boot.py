@@ -193,6 +193,9 @@ def prepare_run_code(config: AgentSettings, registration: WorkerRegistered) -> N
     spec = registration.run
     os.environ.update(spec.env)
     os.environ.update(registration.secret_env)
+    withheld = sorted(set(spec.secret_env) - set(registration.secret_env))
+    if withheld:  # the run keeps its secrets from workers joined by hand (hand_joined_secrets: false)
+        logger.warning("the run gives hand-joined workers no secret_env: %s not set", ", ".join(withheld))
     if spec.workdir is None and not spec.requirements:
         return
     started = time.monotonic()

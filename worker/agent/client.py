@@ -28,6 +28,7 @@ from worker.wire import (
     Heartbeat,
     HeartbeatReply,
     PeerList,
+    ResumeFailure,
     SwarmAuthInfo,
     SwarmToken,
     SwarmTokenRequest,
@@ -183,6 +184,12 @@ class OrchestratorClient:
             if exc.status_code != 422 or not any(name in str(exc) for name in sent):
                 raise
             self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True, exclude=newer))
+
+    def report_resume_failure(self, worker_id: str, epoch: int, message: str) -> None:
+        """Tell the orchestrator that the run's checkpoint of ``epoch`` did not load here, and why."""
+        body = ResumeFailure(epoch=epoch, message=without_control_characters(message)[:1000] or "no reason")
+        path = ApiPath.resume_failure.format(worker_id=worker_id)
+        self._call("POST", path, json=body.model_dump(mode="json"))
 
     def run_peers(self, run_name: str) -> PeerList:
         """The run's current initial peers (no token needed)."""

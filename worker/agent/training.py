@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.agent.checkpoints import (
-    fetch_checkpoint,
     live_record_max_age_s,
     read_live_peer_epochs,
     should_resume,
 )
 from worker.agent.client import ApiError, OrchestratorClient, Unreachable
 from worker.agent.config import AgentSettings
+from worker.agent.resume import resume_path
 from worker.trainer_options import QUIET, build_plugins
 from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
 
@@ -131,14 +131,16 @@ def keep_swarm_joined(
 
 
 def choose_resume_checkpoint(
-    dht: Any, registration: WorkerRegistered, client: OrchestratorClient, worker_dir: Path
+    dht: Any, registration: WorkerRegistered, client: OrchestratorClient, worker_dir: Path, module: Any
 ) -> str | None:
-    """Download the run's latest checkpoint unless live peers can hand over a state as new; else None.
+    """The run's newest checkpoint that loads into ``module`` (:mod:`worker.agent.resume`), downloaded,
+    unless live peers can hand over a state as new; else None.
 
     Peers are live only if the orchestrator lists running workers of the run *and* the DHT holds fresh
     progress records of them at the checkpoint's epoch or later: after a total loss the orchestrator
-    has marked the old workers lost while their last records may still look recent. A failed download
-    is logged and training starts without it (the swarm, if any, still shares its state).
+    has marked the old workers lost while their last records may still look recent. Older checkpoints
+    are tried only where they are newer than what live peers hold. A failed download is logged and
+    training starts without it (the swarm, if any, still shares its state).
     """
     checkpoint = registration.resume_checkpoint
     if checkpoint is None:
@@ -151,13 +153,8 @@ def choose_resume_checkpoint(
             checkpoint.epoch,
         )
         return None
-    try:
-        path = fetch_checkpoint(client, registration.run.name, checkpoint, worker_dir)
-    except ApiError as exc:
-        logger.error("could not download checkpoint of epoch %d: %s", checkpoint.epoch, exc)
-        return None
-    logger.info("resuming from the run's checkpoint (registration offered epoch %d)", checkpoint.epoch)
-    return str(path)
+    older = [c for c in registration.older_checkpoints if should_resume(c, live_epochs)]
+    return resume_path(client, registration, worker_dir, module, [checkpoint, *older])
 
 
 def _live_peer_epochs(dht: Any, registration: WorkerRegistered, client: OrchestratorClient) -> list[int]:

@@ -1,10 +1,11 @@
-"""Checkpoints: upload by a worker, list, and download (streamed).
+"""Checkpoints: upload by a worker, list, download (streamed), and delete (admin).
 
 Before any byte of an upload is read, the worker must be the run's checkpointer, the epoch no more than
 ``checkpoint_every_epochs`` past the swarm's (``checkpoints.check_upload``), the worker not uploading
 another checkpoint, and the temp dir's disk must have room for it plus ``checkpoint_min_free_bytes``.
 The upload is then received as :mod:`orchestrator.api.uploads` does (size capped, SHA-256 computed);
-only bytes that match ``X-Checksum-Sha256`` reach the CheckpointStore. The run
+only bytes that match ``X-Checksum-Sha256`` and look like a checkpoint
+(:mod:`orchestrator.api.checkpoint_format`) reach the CheckpointStore. The run
 keeps its newest ``keep_checkpoints``; older ones are deleted from the store after the new one is
 recorded.
 """
@@ -18,13 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request, status
+from fastapi import APIRouter, Depends, Header, Query, Request, status
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from orchestrator.api import uploads
+from orchestrator.api.checkpoint_format import check_checkpoint_file
 from orchestrator.api.deps import (
+    MAX_ID,
+    Admin,
     AdminTokenHash,
     ClockDep,
     DatabaseDep,
@@ -50,7 +54,7 @@ from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
 from orchestrator.schemas import CheckpointList
-from orchestrator.storage.base import CheckpointStore, checkpoint_key
+from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, checkpoint_key
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
 
@@ -101,7 +105,8 @@ async def upload_checkpoint(
     slots: UploadsDep,
     checksum: Annotated[str | None, Header(alias=CHECKSUM_HEADER)] = None,
 ) -> CheckpointRef:
-    """Raw body = the checkpoint bytes. 400 on a checksum mismatch, 413 over ``checkpoint_max_bytes``,
+    """Raw body = the checkpoint bytes (``torch.save`` output). 400 on a checksum mismatch, 422 for bytes
+    that are no torch-saved Lightning checkpoint, 413 over ``checkpoint_max_bytes``,
     409 unless this worker is the run's checkpointer, for an epoch more than ``checkpoint_every_epochs``
     ahead of the swarm, while this worker uploads another checkpoint, or when the epoch is stored with
     other bytes (the same bytes again: the stored one is returned); 507 when the disk is nearly full."""
@@ -148,6 +153,7 @@ async def _receive_and_store(
 ) -> CheckpointRef:
     max_bytes = parts.settings.checkpoint_max_bytes
     async with uploads.received(request, parts.settings, max_bytes, sha256, "checkpoint") as upload:
+        await run_in_threadpool(check_checkpoint_file, upload.path)
         return await run_in_threadpool(
             _store_and_record, parts, entry, epoch, upload.path, sha256, upload.size
         )
@@ -262,3 +268,51 @@ def _download(
         "Content-Disposition": f'attachment; filename="{run.name}-epoch-{checkpoint.epoch}.ckpt"',
     }
     return StreamingResponse(stream, media_type="application/octet-stream", headers=headers)
+
+
+@router.delete(ApiPath.run_checkpoint_item, summary="Delete a checkpoint (admin)")
+def delete_checkpoint(
+    name: str, epoch: Epoch, db: DatabaseDep, hub: HubDep, store: StoreDep, clock: ClockDep, _: Admin
+) -> CheckpointList:
+    """Delete the run's checkpoint of ``epoch`` (one that does not load, or that you no longer trust):
+    workers that register later resume from the newest one left. The deleted checkpoints in ``items``;
+    404 when there is none."""
+    return _delete(db, hub, store, name, clock, epoch=epoch)
+
+
+@router.delete(ApiPath.run_checkpoints, summary="Delete every checkpoint one worker uploaded (admin)")
+def delete_uploads_of(
+    name: str,
+    uploaded_by: Annotated[int, Query(ge=0, le=MAX_ID, description="The worker whose uploads to delete.")],
+    db: DatabaseDep,
+    hub: HubDep,
+    store: StoreDep,
+    clock: ClockDep,
+    _: Admin,
+) -> CheckpointList:
+    """Delete every checkpoint of the run the worker ``uploaded_by`` uploaded (a worker you no longer
+    trust); 404 when it uploaded none that is still kept."""
+    return _delete(db, hub, store, name, clock, uploaded_by=uploaded_by)
+
+
+def _delete(
+    db: Database,
+    hub: HeartbeatHub,
+    store: CheckpointStore,
+    name: str,
+    clock: Clock,
+    *,
+    epoch: int | None = None,
+    uploaded_by: int | None = None,
+) -> CheckpointList:
+    with db.begin() as session:
+        run = runs.get_run(session, name, for_update=True)
+        deleted = checkpoints.delete_checkpoints(session, run, clock(), epoch=epoch, uploaded_by=uploaded_by)
+        items = [checkpoints.to_ref(run, c) for c in deleted]
+    for checkpoint in deleted:
+        try:
+            store.delete(checkpoint.key)
+        except (OSError, CheckpointNotFound) as exc:
+            logger.warning("run %s: could not delete checkpoint %s: %s", name, checkpoint.key, exc)
+    hub.refresh()  # the heartbeat replies' latest checkpoint epoch
+    return CheckpointList(items=items)

@@ -31,7 +31,7 @@ from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
-from orchestrator.domain import packages, runs, views
+from orchestrator.domain import packages, runs, views, workers
 from orchestrator.errors import InvalidRequest, RunExists, ServiceError
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher, LauncherConfigError
@@ -40,6 +40,7 @@ from orchestrator.schemas import (
     JoinToken,
     ProgressSeries,
     ResumeRequest,
+    RevokedWorkers,
     RunCreated,
     RunList,
     RunOut,
@@ -259,6 +260,21 @@ def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> 
         run = runs.get_run(session, name, for_update=True)
         join_token = runs.rotate_join_token(session, run, clock())
     return JoinToken(name=name, join_token=join_token)
+
+
+@router.post(ApiPath.run_revoke_manual, summary="End every worker joined by hand (admin)")
+def revoke_manual_workers(
+    name: str, db: DatabaseDep, hub: HubDep, clock: ClockDep, _: Admin
+) -> RevokedWorkers:
+    """End every worker of the run joined by hand with its join token (running or lost): their worker
+    tokens stop working at once (403), and a running one is told to stop by its next heartbeat. Launched
+    workers go on. Replace the join token too (``POST /runs/{name}/join-token``) so that nobody joins
+    again with the old one."""
+    with db.begin() as session:
+        run = runs.get_run(session, name, for_update=True)
+        revoked = workers.revoke_manual_workers(session, run, clock())
+    hub.refresh()  # the heartbeat cache refuses their tokens from now on
+    return RevokedWorkers(name=name, revoked=[str(i) for i in revoked])
 
 
 @router.delete(ApiPath.run, status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")

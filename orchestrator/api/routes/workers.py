@@ -43,6 +43,7 @@ from worker.wire import (
     Deregister,
     Heartbeat,
     HeartbeatReply,
+    ResumeFailure,
     WorkerRegister,
     WorkerRegistered,
     spec_for_workers,
@@ -73,7 +74,7 @@ def register(
     with db.begin() as session:
         reg = workers.register_worker(session, token, body, clock(), join_limiter)
         others = [m for m in views.worker_peers(session, reg.run.id) if m not in own]
-        latest = views.latest_checkpoints(session, [reg.run.id]).get(reg.run.id)
+        stored = checkpoints.list_checkpoints(session, reg.run.id)  # newest first
         reply = WorkerRegistered(
             worker_id=str(reg.worker.id),
             worker_token=reg.token,
@@ -81,8 +82,9 @@ def register(
             swarm_id=reg.run.swarm_id,
             initial_peers=own + others,
             heartbeat_interval_s=settings.heartbeat_interval_s,
-            resume_checkpoint=checkpoints.to_ref(reg.run, latest) if latest else None,
-            secret_env=runs.secret_values(reg.run),
+            resume_checkpoint=checkpoints.to_ref(reg.run, stored[0]) if stored else None,
+            older_checkpoints=[checkpoints.to_ref(reg.run, c) for c in stored[1:]],
+            secret_env=runs.secret_values(reg.run, reg.worker),
             worker_index=reg.worker.worker_index or 0,
             num_workers=workers.count_running_workers(session, reg.run.id),
         )
@@ -188,3 +190,19 @@ def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
             metrics=body.metrics,
         )
     parts.hub.refresh()
+
+
+@router.post(
+    ApiPath.resume_failure,
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Report a checkpoint that did not load (worker token)",
+)
+def resume_failure(
+    worker_id: WorkerId, entry: CallingWorker, body: ResumeFailure, db: DatabaseDep, clock: ClockDep
+) -> Response:
+    """Records a ``checkpoint.unloadable`` event naming the checkpoint and who uploaded it: the worker
+    falls back to an older checkpoint (or none) and trains on, so nothing else changes; the admin may
+    delete the checkpoint (``DELETE /runs/{name}/checkpoints/{epoch}``)."""
+    with db.begin() as session:
+        checkpoints.record_resume_failure(session, entry.run_id, worker_id, body.epoch, body.message, clock())
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
