@@ -23,16 +23,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(
-            sa.Column("hand_joined_checkpoint", sa.Boolean(), nullable=False, server_default=sa.false())
-        )
-        batch.add_column(
-            sa.Column("hand_joined_secrets", sa.Boolean(), nullable=False, server_default=sa.true())
-        )
+    # plain ADD COLUMNs: a batch rebuild of ``runs`` on SQLite would drop its AUTOINCREMENT (0009)
+    op.add_column(
+        "runs", sa.Column("hand_joined_checkpoint", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
+    op.add_column(
+        "runs", sa.Column("hand_joined_secrets", sa.Boolean(), nullable=False, server_default=sa.true())
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
+    with op.batch_alter_table("runs", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.drop_column("hand_joined_secrets")
         batch.drop_column("hand_joined_checkpoint")
