@@ -107,17 +107,6 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-def fmt_bytes(size: int | None) -> str:
-    if size is None:
-        return "-"
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def parse_time(text: str | None) -> datetime | None:
     """An ISO-8601 timestamp from the API (naive ones are taken as UTC)."""
     if not text:
