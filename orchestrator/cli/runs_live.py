@@ -16,7 +16,7 @@ import click
 
 from orchestrator.cli.client import EXIT_ERROR, CliError
 from orchestrator.cli.command import ApiContext, api_command
-from orchestrator.cli.output import TERMINAL_RUN_STATES, echo_json, echo_table, format_table
+from orchestrator.cli.output import TERMINAL_RUN_STATES, echo_json, echo_table, fmt_number, format_table
 from orchestrator.cli.runs import RUN_COLUMNS, run_row
 from orchestrator.cli.workers import WORKER_COLUMNS, worker_row
 
@@ -69,10 +69,14 @@ def _without_clock(line: str) -> str:
 
 
 def status_line(run: dict[str, Any], now: datetime) -> str:
-    """``12:00:05  state running  workers 2/2  epoch 3  ...``: one refresh when there is no terminal."""
+    """``12:00:05  state running  workers 2/2  epoch 3  ...  loss 0.31  val_loss 0.35  eta 5m  age 2m``: one
+    refresh when there is no terminal, with the run's validation metrics (``val_*``) beside its loss."""
     cells = format_table(RUN_COLUMNS, [run_row(run, now)]).splitlines()[1].split()
-    named = "  ".join(f"{column} {cell}" for column, cell in zip(RUN_COLUMNS[1:], cells[1:], strict=True))
-    return f"{now.strftime('%H:%M:%S')}  {named}"
+    named = [f"{column} {cell}" for column, cell in zip(RUN_COLUMNS[1:], cells[1:], strict=True)]
+    metrics = (run["reported"].get("metrics") or {}).items()
+    validation = [f"{name} {fmt_number(value)}" for name, value in sorted(metrics) if name.startswith("val")]
+    after_loss = RUN_COLUMNS.index("loss")  # named starts at the second column
+    return f"{now.strftime('%H:%M:%S')}  {'  '.join([*named[:after_loss], *validation, *named[after_loss:]])}"
 
 
 def _redraw(ctx: ApiContext, run: dict[str, Any], now: datetime) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from orchestrator.domain.views import public_spec
 from orchestrator.importcheck.probe import _bind_error
 from worker.agent.boot import call_arguments
+from worker.trainer_options import arguments_problem
 from worker.wire import RunSpec
 
 BASE: dict[str, Any] = {
@@ -81,3 +82,13 @@ def test_the_datamodule_gets_the_batch_size_as_the_agent_gives_it() -> None:
     assert call_arguments(Model, {"hidden": 1}, 32) == {"hidden": 1}
     assert _bind_error(Data, {}, 32) is None  # required, and given by the agent
     assert _bind_error(Data, {}, None) is not None
+
+
+class GradNorm:
+    def __init__(self, every: int = 10, norm_type: float = 2.0) -> None: ...
+
+
+def test_a_callback_argument_typo_lists_the_arguments_it_takes() -> None:
+    assert arguments_problem(GradNorm, {"every": 5}) is None
+    typo = arguments_problem(GradNorm, {"evry": 5})
+    assert typo == "got an unexpected keyword argument 'evry' (it takes: every, norm_type)"
