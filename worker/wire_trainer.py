@@ -116,11 +116,11 @@ RESERVED_TRAINER_KEYS: dict[str, str] = {
 
 
 def unknown_option_text(key: str, known: list[str]) -> str:
-    """``gradient_clip_value is not a trainer option; did you mean gradient_clip_val?``, or the list of
-    options where no known one is close."""
+    """``'gradient_clip_value' is not a trainer option (did you mean 'gradient_clip_val'?)``, or with the
+    list of options where no known one is close (as an unknown strategy option's message)."""
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}?" if close else f"the options are: {', '.join(sorted(known))}"
-    return f"{key} is not a trainer option; {hint}"
+    hint = f"did you mean {close[0]!r}?" if close else f"the options are: {', '.join(sorted(known))}"
+    return f"{key!r} is not a trainer option ({hint})"
 
 
 class _Strict(BaseModel):

@@ -95,7 +95,8 @@ def test_validation_errors_say_what_to_write_and_list_every_field(orch: Orchestr
     named = ["runs", "create", "--name", "mlp", "--module", "a.b:C", *flags, "--trainer-option"]
     misspelt = cli(orch, *named, "gradient_clip_value=1.0")
     assert one_line_error(misspelt.stderr) == (
-        "error: 422 trainer: gradient_clip_value is not a trainer option; did you mean gradient_clip_val?"
+        "error: 422 trainer: 'gradient_clip_value' is not a trainer option "
+        "(did you mean 'gradient_clip_val'?)"
     )
     one_callback = cli(orch, *named, "callbacks=shapes.callbacks:GradNorm")
     assert one_line_error(one_callback.stderr) == (
