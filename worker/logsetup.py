@@ -18,8 +18,8 @@ after a message keeps its lines.
 hivemind installs its own handler on the ``hivemind`` logger; it is removed so that hivemind's lines go
 through ours in the same format, and hivemind is kept at ``SPOTSWARM_HIVEMIND_LOG_LEVEL`` (default
 ``WARNING``: its per-round INFO lines would drown everything else). Lightning's loggers likewise.
-:class:`KnownNoiseFilter` and one warnings filter keep out the libraries' lines that a user cannot act on
-(each named there), and nothing else.
+:class:`KnownNoiseFilter` keeps out the libraries' lines that a user cannot act on (each named there),
+and nothing else.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import sys
-import warnings
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -145,17 +144,20 @@ LIGHTNING_TIP_START = "💡 Tip: For seamless cloud logging"
 #: hivemind's averaging round that found no groupmate, logged with a traceback (a peer left, or the swarm
 #: is one worker for now): the worker trains on alone, as the run's averaging counts show
 NO_GROUP_ERROR = ("AllreduceException", "could not find a group")
-#: torch's deprecation of a check Lightning itself makes (``lightning/pytorch/utilities/_pytree.py``)
-LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+#: torch's deprecation warning of a check Lightning itself makes (``lightning/pytorch/utilities/_pytree.py``)
+LEAFSPEC_WARNING = "`isinstance(treespec, LeafSpec)` is deprecated"
 
 
 class KnownNoiseFilter(logging.Filter):
     """Drops the library messages a spotswarm user cannot act on and keeps one line where a traceback
-    says less than its first line: Lightning's cloud-logger tip, hivemind's "could not find a group"
-    traceback (kept as one warning). Anything else passes unchanged."""
+    says less than its first line: Lightning's cloud-logger tip, torch's deprecation warning about
+    Lightning's code (warnings reach the log as ``py.warnings`` records), hivemind's "could not find a
+    group" traceback (kept as one warning). Anything else passes unchanged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("lightning") and str(record.msg).startswith(LIGHTNING_TIP_START):
+            return False
+        if record.name == "py.warnings" and LEAFSPEC_WARNING in record.getMessage():
             return False
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and type(exc).__name__ == NO_GROUP_ERROR[0] and NO_GROUP_ERROR[1] in str(exc):
@@ -201,7 +203,6 @@ def configure_logging(
         _route_hivemind(os.environ.get(HIVEMIND_LEVEL_ENV, "WARNING").upper())
     if lightning:
         _route_lightning()
-    warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
     logging.captureWarnings(True)
     return chosen
 

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from orchestrator.domain.states import FINISHED_RUN_STATES
+from orchestrator.sizes import fmt_bytes as fmt_bytes  # where the CLI's modules found it first
 
 TERMINAL_RUN_STATES = frozenset(state.value for state in FINISHED_RUN_STATES)  # as the API's JSON has them
 _BLOCKS = " ▁▂▃▄▅▆▇█"
