@@ -4,13 +4,16 @@ Layout under ``data_dir``::
 
     workers/<request_id>.log          the worker's stdout and stderr
     workers/<request_id>/             the worker's directory (SPOTSWARM_WORKER_DIR unless the env sets one)
-    launcher-local/<request_id>.json  pid, start time, run name, terminate/report flags
+    launcher-local/<request_id>.json  pid (its supervisor's), start time, the agent's pid once seen, run
+                                      name, terminate/report flags
     launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor
 
 The state files make the launcher survive an orchestrator restart (even ``kill -9``): a new instance on the
 same ``data_dir`` adopts the workers that still run (a PID counts only if its start time matches, so a
 reused PID is never mistaken for a worker) and never launches a request id twice. Workers outlive the
-orchestrator: they run in their own session, and :meth:`LocalLauncher.close` leaves them alone.
+orchestrator: they run in their own session, and :meth:`LocalLauncher.close` leaves them alone. Logs and
+failures name a worker by its agent's PID (what ``ps`` shows a person), read from its supervisor's
+children while it runs.
 """
 
 from __future__ import annotations
