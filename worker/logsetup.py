@@ -19,7 +19,9 @@ lines of their own; the traceback after a message keeps its lines.
 
 hivemind installs its own handler on the ``hivemind`` logger; it is removed so that hivemind's lines go
 through ours in the same format, and hivemind is kept at ``SPOTSWARM_HIVEMIND_LOG_LEVEL`` (default
-``WARNING``: its per-round INFO lines would drown everything else).
+``WARNING``: its per-round INFO lines would drown everything else). Lightning's loggers likewise.
+:class:`KnownNoiseFilter` keeps out the libraries' lines that a user cannot act on (each named there),
+and nothing else.
 """
 
 from __future__ import annotations
@@ -152,6 +154,34 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+#: what Lightning's console tip about its cloud logger starts with (printed at every trainer's start)
+LIGHTNING_TIP_START = "💡 Tip: For seamless cloud logging"
+#: hivemind's averaging round that found no groupmate, logged with a traceback (a peer left, or the swarm
+#: is one worker for now): the worker trains on alone, as the run's averaging counts show
+NO_GROUP_ERROR = ("AllreduceException", "could not find a group")
+#: torch's deprecation warning of a check Lightning itself makes (``lightning/pytorch/utilities/_pytree.py``)
+LEAFSPEC_WARNING = "`isinstance(treespec, LeafSpec)` is deprecated"
+
+
+class KnownNoiseFilter(logging.Filter):
+    """Drops the library messages a spotswarm user cannot act on and keeps one line where a traceback
+    says less than its first line: Lightning's cloud-logger tip, torch's deprecation warning about
+    Lightning's code (warnings reach the log as ``py.warnings`` records), hivemind's "could not find a
+    group" traceback (kept as one warning). Anything else passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("lightning") and str(record.msg).startswith(LIGHTNING_TIP_START):
+            return False
+        if record.name == "py.warnings" and LEAFSPEC_WARNING in record.getMessage():
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__name__ == NO_GROUP_ERROR[0] and NO_GROUP_ERROR[1] in str(exc):
+            record.msg, record.args = "averaging round without a group: %s; training goes on alone", (exc,)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
 def resolve_format(fmt: str | None) -> str:
     """``fmt`` or ``$SPOTSWARM_LOG_FORMAT`` or ``text``; raises ValueError for an unknown format."""
     chosen = (fmt or os.environ.get(FORMAT_ENV) or "text").strip().lower()
@@ -177,6 +207,7 @@ def configure_logging(
     chosen = resolve_format(fmt)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(ContextFilter())
+    handler.addFilter(KnownNoiseFilter())
     handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
     logging.basicConfig(
         level=level.upper() if isinstance(level, str) else level, handlers=[handler], force=True
@@ -208,7 +239,8 @@ def _route_lightning() -> None:
         import lightning  # noqa: F401 - imported for its side effect on logging, undone below
     except ImportError:
         return
-    for name in ("lightning", "pytorch_lightning"):
+    # Each package gives its own logger a console handler of its own when imported before ours is set.
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
         chatty = logging.getLogger(name)
         for handler in list(chatty.handlers):
             chatty.removeHandler(handler)

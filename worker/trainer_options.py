@@ -59,14 +59,24 @@ def plugin_class_problem(target: object, kind: PluginKind) -> str | None:
 
 
 def arguments_problem(target: type, args: dict[str, Any]) -> str | None:
-    """None when ``target(**args)`` binds to its signature; else why not (no code of it runs)."""
+    """None when ``target(**args)`` binds to its signature; else why not, with the arguments it takes (no
+    code of it runs)."""
     try:
-        inspect.signature(target).bind(**args)
-    except TypeError as exc:
-        return str(exc)
-    except ValueError:  # no signature to read (a builtin): only building it will tell
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (a builtin): only building it will tell
         return None
+    try:
+        signature.bind(**args)
+    except TypeError as exc:
+        return f"{exc} {takes_text(signature)}"
     return None
+
+
+def takes_text(signature: inspect.Signature) -> str:
+    """``(it takes: every, norm_type)``: the keyword arguments a class's constructor takes."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [name for name, param in signature.parameters.items() if param.kind in kinds]
+    return f"(it takes: {', '.join(names) or 'nothing'})"
 
 
 def load_plugin_class(plugin: TrainerPlugin, kind: PluginKind) -> type:

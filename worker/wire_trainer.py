@@ -13,6 +13,7 @@ a worker reports at most :data:`MAX_REPORTED_METRICS` values. Depends on pydanti
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from datetime import timedelta
@@ -120,6 +121,14 @@ RESERVED_TRAINER_KEYS: dict[str, str] = {
 }
 
 
+def unknown_option_text(key: str, known: list[str]) -> str:
+    """``'gradient_clip_value' is not a trainer option (did you mean 'gradient_clip_val'?)``, or with the
+    list of options where no known one is close (as an unknown strategy option's message)."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"the options are: {', '.join(sorted(known))}"
+    return f"{key!r} is not a trainer option ({hint})"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -221,6 +230,17 @@ class TrainerSection(_Strict):
             for key in value:
                 if key in RESERVED_TRAINER_KEYS:
                     raise ValueError(f"{key} cannot be set: {RESERVED_TRAINER_KEYS[key]}")
+                if isinstance(key, str) and key not in cls.model_fields:
+                    raise ValueError(unknown_option_text(key, list(cls.model_fields)))
+        return value
+
+    @field_validator("callbacks", "loggers", mode="before")
+    @classmethod
+    def _a_list(cls, value: Any, info: ValidationInfo) -> Any:
+        """One class given as a string is a list's worth: say how to write it (pydantic's "Input should be
+        a valid list" does not)."""
+        if isinstance(value, str):
+            raise ValueError(f'a list is needed, one class per entry: {info.field_name}=["{value}"]')
         return value
 
     @field_validator("val_check_interval", "limit_val_batches", mode="before")

@@ -11,7 +11,8 @@ import click
 
 from orchestrator.cli.client import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE, CliError
 from orchestrator.cli.command import ApiContext, api_command
-from orchestrator.cli.output import echo_json, echo_table, fmt_bytes
+from orchestrator.cli.output import echo_json, echo_table
+from orchestrator.sizes import fmt_bytes
 
 
 @click.group("checkpoints")

@@ -110,16 +110,31 @@ def _tls_verification(ca_cert: str | None) -> ssl.SSLContext | bool:
         raise CliError(f"cannot use {ca_cert} as CA certificate: {exc}", EXIT_USAGE) from exc
 
 
+#: the most of a server's error text the CLI prints: a server's own messages fit whole; a proxy's HTML
+#: page does not need to (its start says what it is)
+MAX_DETAIL_CHARS = 4000
+
+
 def _detail(response: httpx.Response) -> str:
-    """The server's ``detail`` as one line; validation errors: every one of them (missing fields together)."""
+    """The server's ``detail``, whole; validation errors: every one of them (missing fields together)."""
     try:
         body = response.json()
     except ValueError:
-        return (response.text or response.reason_phrase)[:300]
+        return shortened(response.text or response.reason_phrase)
     detail = body.get("detail", body) if isinstance(body, dict) else body
     if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
         return _validation_errors(detail)
-    return str(detail)[:300]
+    return shortened(str(detail))
+
+
+def shortened(text: str, max_chars: int = MAX_DETAIL_CHARS) -> str:
+    """``text`` whole when it fits in ``max_chars``, else cut at a word's end with a mark saying how much
+    was left out (a cut that does not say so reads as the whole message)."""
+    if len(text) <= max_chars:
+        return text
+    kept = text[:max_chars]
+    kept = kept[: kept.rfind(" ")] if " " in kept[max_chars // 2 :] else kept
+    return f"{kept.rstrip()} … ({len(text) - len(kept)} more characters left out)"
 
 
 def _validation_errors(errors: list[dict[str, Any]]) -> str:

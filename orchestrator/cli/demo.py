@@ -112,7 +112,7 @@ def demo(data_dir: Path, port: int, dht_port: int, workers: int) -> None:
     server = _DemoServer(config, settings.shutdown_grace_s, on_exit=lambda: _stop_run(client))
     driver = threading.Thread(
         target=_drive,
-        args=(server, client, workers, admin_token, settings.data_dir),
+        args=(server, client, base, admin_token, settings.data_dir, workers),
         name="demo",
         daemon=True,
     )
@@ -152,12 +152,17 @@ class _DemoServer(StoppingServer):
         self.should_exit = True
 
 
-def _drive(server: Any, client: httpx.Client, workers: int, admin_token: str, data_dir: Path) -> None:
-    """Create or resume the demo run once the server is up, then print progress until it stops."""
+def _drive(
+    server: Any, client: httpx.Client, base: str, admin_token: str, data_dir: Path, workers: int
+) -> None:
+    """Create or resume the demo run once the server is up, then print progress until it stops.
+
+    ``base`` is the server's root (the page, the docs and the CLI's URL), not the API client's base URL,
+    which ends in the API's prefix."""
     try:
         _wait_ready(server)
         _ensure_run(client, workers)
-        _banner(str(client.base_url).rstrip("/"), client, admin_token, data_dir)
+        _banner(base, client, admin_token, data_dir)
         _follow(client, server)
     except click.ClickException as exc:
         click.echo(f"error: {exc.message}", err=True)

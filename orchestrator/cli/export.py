@@ -18,7 +18,8 @@ import click
 from orchestrator.cli.checkpoints import pick_checkpoint
 from orchestrator.cli.client import EXIT_ERROR, CliError
 from orchestrator.cli.command import ApiContext, api_command
-from orchestrator.cli.output import echo_json, fmt_bytes
+from orchestrator.cli.output import echo_json
+from orchestrator.sizes import fmt_bytes
 from worker.strategy.checkpoint_format import SPOTSWARM_KEY, exported
 
 
@@ -36,7 +37,12 @@ from worker.strategy.checkpoint_format import SPOTSWARM_KEY, exported
     help="File or directory to write to. Default: ./<name>-epoch-<N>-export.ckpt",
 )
 def export(ctx: ApiContext, name: str, epoch: int | None, output: Path | None) -> None:
-    """Export a checkpoint of run NAME for plain Lightning and PyTorch (docs/concepts/checkpoints.md)."""
+    """Export a checkpoint of run NAME for plain Lightning and PyTorch: a file that
+    ``YourModule.load_from_checkpoint(path)``, ``torch.load(path, weights_only=True)`` and a plain
+    ``Trainer.fit(..., ckpt_path=path)`` take, with the run and its swarm epoch under its ``spotswarm`` key.
+
+    Examples: spotswarm runs export digits; spotswarm runs export digits --epoch 40 -o model.ckpt
+    """
     run = ctx.api.get_run(name)
     item = pick_checkpoint(ctx.api.checkpoints(name)["items"], name, epoch)
     default_name = f"{name}-epoch-{item['epoch']}-export.ckpt"

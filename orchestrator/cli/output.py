@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from orchestrator.domain.states import FINISHED_RUN_STATES
+from orchestrator.sizes import fmt_bytes as fmt_bytes  # where the CLI's modules found it first
 
 TERMINAL_RUN_STATES = frozenset(state.value for state in FINISHED_RUN_STATES)  # as the API's JSON has them
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -105,17 +106,6 @@ def fmt_duration(seconds: float | None) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
-
-
-def fmt_bytes(size: int | None) -> str:
-    if size is None:
-        return "-"
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def parse_time(text: str | None) -> datetime | None:

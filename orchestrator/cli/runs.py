@@ -21,7 +21,6 @@ from orchestrator.cli.output import (
     echo_json,
     echo_table,
     fmt_age,
-    fmt_bytes,
     fmt_duration,
     fmt_number,
     fmt_usd,
@@ -30,6 +29,7 @@ from orchestrator.cli.output import (
 )
 from orchestrator.cli.run_code import code_of_run, code_options, show_dry_run, upload_code
 from orchestrator.domain.averaging import window_text
+from orchestrator.sizes import fmt_bytes
 from worker.wire import RunSpec
 
 CHART_WIDTH = 60

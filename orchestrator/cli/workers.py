@@ -31,13 +31,21 @@ def workers() -> None:
     """Inspect the workers of a run."""
 
 
-def _ended(worker: dict[str, Any]) -> str:
-    """How a finished worker ended (lost / interrupted / exited / failed) and why, in a few words."""
+#: how much of an end reason a table row shows; ``--wide`` shows all of it
+ENDED_CHARS = 60
+CUT_MARK = "…"
+
+
+def _ended(worker: dict[str, Any], max_chars: int | None = ENDED_CHARS) -> str:
+    """How a finished worker ended (lost / interrupted / exited / failed) and why: the reason cut to
+    ``max_chars`` with :data:`CUT_MARK` (a cut that does not show reads as the whole reason), or whole."""
     if worker["state"] in LIVE_STATES:
         return "retiring" if worker.get("retire_requested_at") else "-"
     why = worker.get("exit_reason") or worker.get("state_reason") or ""
     why = " ".join(why.split()).removeprefix(worker["state"] + ":").strip()
-    return f"{worker['state']}: {why[:60]}" if why else worker["state"]
+    if max_chars is not None and len(why) > max_chars:
+        why = why[: max_chars - 1].rstrip() + CUT_MARK
+    return f"{worker['state']}: {why}" if why else worker["state"]
 
 
 def _averaged(worker: dict[str, Any]) -> str:
@@ -49,7 +57,7 @@ def _averaged(worker: dict[str, Any]) -> str:
     return f"{fraction:.0%} of {epochs}"
 
 
-def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
+def worker_row(worker: dict[str, Any], now: datetime, wide: bool = False) -> list[Any]:
     return [
         worker["id"],
         worker["state"],
@@ -63,7 +71,7 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
         fmt_metrics(worker.get("metrics"), skip=LOSS_METRIC_NAMES),
         "yes" if worker.get("checkpointer") else "",
         fmt_usd(worker.get("cost_usd")),
-        _ended(worker),
+        _ended(worker, None if wide else ENDED_CHARS),
     ]
 
 
@@ -71,10 +79,13 @@ def worker_row(worker: dict[str, Any], now: datetime) -> list[Any]:
 @api_command
 @click.argument("name")
 @click.option("--live", is_flag=True, help="Only launching and running workers.")
-def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
+@click.option(
+    "--wide", is_flag=True, help=f"Whole end reasons (the table cuts them at {ENDED_CHARS} characters)."
+)
+def list_workers(ctx: ApiContext, name: str, live: bool, wide: bool) -> None:
     """List the run's workers, newest first, with how the finished ones ended.
 
-    Examples: spotswarm workers list digits --live; spotswarm workers list digits --json
+    Examples: spotswarm workers list digits --live; spotswarm workers list digits --wide
     """
     page = ctx.api.workers(name)
     items = [w for w in page["items"] if not live or w["state"] in LIVE_STATES]
@@ -82,4 +93,7 @@ def list_workers(ctx: ApiContext, name: str, live: bool) -> None:
         echo_json({**page, "items": items})
         return
     now = datetime.now(UTC)
-    echo_table(WORKER_COLUMNS, [worker_row(w, now) for w in items], "(no workers)")
+    rows = [worker_row(w, now, wide) for w in items]
+    echo_table(WORKER_COLUMNS, rows, "(no workers)")
+    if any(str(row[-1]).endswith(CUT_MARK) for row in rows):
+        click.echo(f"({CUT_MARK}: reason cut; --wide or --json shows it whole)")

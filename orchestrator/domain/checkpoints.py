@@ -21,6 +21,7 @@ from orchestrator.db.models import Checkpoint, Event, Run
 from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
 from orchestrator.errors import Conflict, InvalidRequest, NotFound
+from orchestrator.sizes import fmt_bytes
 from worker.wire import API_PREFIX, ApiPath, CheckpointRef
 
 
@@ -138,9 +139,8 @@ def record_checkpoint(
     )
     session.add(checkpoint)
     session.flush()
-    size_mib = size_bytes / (1 << 20)
     events.record_event(
-        session, run.id, "checkpoint.stored", f"epoch {epoch}, {size_mib:.1f} MiB", now, worker_id
+        session, run.id, "checkpoint.stored", f"epoch {epoch}, {fmt_bytes(size_bytes)}", now, worker_id
     )
     old = list_checkpoints(session, run.id)[run.keep_checkpoints :]
     if old:

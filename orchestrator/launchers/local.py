@@ -4,13 +4,16 @@ Layout under ``data_dir``::
 
     workers/<request_id>.log          the worker's stdout and stderr
     workers/<request_id>/             the worker's directory (SPOTSWARM_WORKER_DIR unless the env sets one)
-    launcher-local/<request_id>.json  pid, start time, run name, terminate/report flags
+    launcher-local/<request_id>.json  pid (its supervisor's), start time, the agent's pid once seen, run
+                                      name, terminate/report flags
     launcher-local/<request_id>.exit  the worker's exit code, written by its supervisor
 
 The state files make the launcher survive an orchestrator restart (even ``kill -9``): a new instance on the
 same ``data_dir`` adopts the workers that still run (a PID counts only if its start time matches, so a
 reused PID is never mistaken for a worker) and never launches a request id twice. Workers outlive the
-orchestrator: they run in their own session, and :meth:`LocalLauncher.close` leaves them alone.
+orchestrator: they run in their own session, and :meth:`LocalLauncher.close` leaves them alone. Logs and
+failures name a worker by its agent's PID (what ``ps`` shows a person), read from its supervisor's
+children while it runs.
 """
 
 from __future__ import annotations
@@ -73,8 +76,9 @@ class _Record:
     run_name: str
     log_path: str
     launched_at: float
-    pid: int | None = None
+    pid: int | None = None  # its supervisor's, the leader of its process group
     start_ticks: int | None = None
+    agent_pid: int | None = None  # the worker agent's (the supervisor's child), once seen
     exit_code: int | None = None
     gone_at: float | None = None
     terminate_requested_at: float | None = None
@@ -96,6 +100,12 @@ class _Record:
     @property
     def alive(self) -> bool:
         return self.pid is not None and self.gone_at is None
+
+    @property
+    def named_pid(self) -> str:
+        """The PID a person knows the worker by (``ps`` shows it as the agent), for logs and reasons:
+        the agent's once seen, else its supervisor's, said so."""
+        return f"pid {self.agent_pid}" if self.agent_pid else f"supervisor pid {self.pid}"
 
 
 class LocalLauncher:
@@ -344,10 +354,10 @@ class LocalLauncher:
         record.exit_code, record.gone_at = code, self._clock()
         self._persist(record)
         logger.info(
-            "worker %s (run %s, pid %s) %s",
+            "worker %s (run %s, %s) %s",
             record.request_id,
             record.run_name,
-            record.pid,
+            record.named_pid,
             proc.describe_exit(code),
         )
         # Its own children (hivemind's p2pd) may outlive it in the group: they have no purpose left.
@@ -358,6 +368,10 @@ class LocalLauncher:
         """Notice adopted workers (neither our children nor the fork server's) that have exited."""
         forkserver = self._forkserver.pid if self._forkserver is not None else None
         for record in self._records.values():
+            if record.alive and record.agent_pid is None and record.pid is not None:
+                record.agent_pid = proc.only_child(record.pid)
+                if record.agent_pid is not None:
+                    self._persist(record)
             if record.popen is not None or not record.alive or record.pid is None:
                 continue
             if record.forked_by is not None and record.forked_by == forkserver:
@@ -475,6 +489,6 @@ class LocalLauncher:
     def _failure(self, record: _Record) -> LaunchFailure:
         tail = proc.log_tail(Path(record.log_path))
         how = proc.describe_exit(record.exit_code)
-        reason = f"worker {record.request_id} (pid {record.pid}) {how}; log: {tail}"
+        reason = f"worker {record.request_id} ({record.named_pid}) {how}; log: {tail}"
         retryable = record.exit_code not in proc.PERMANENT_EXIT_CODES
         return LaunchFailure(record.request_id, record.run_name, reason[:4000], retryable)

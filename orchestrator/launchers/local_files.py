@@ -27,6 +27,16 @@ SUPERVISOR_SCRIPT = (
 )
 
 
+def only_child(pid: int) -> int | None:
+    """The one child of ``pid`` (a supervisor's: the worker agent), or None while it has none or when
+    ``pid`` is gone. Reads ``/proc/<pid>/task/<pid>/children``, not the whole of ``/proc``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
+
+
 def signal_group(pgid: int, sig: signal.Signals) -> bool:
     """Send ``sig`` to the process group; False if the group is already empty."""
     try:

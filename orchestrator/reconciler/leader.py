@@ -89,6 +89,12 @@ class _Transitions:
             self.leading = leading
         return leading
 
+    def released(self) -> None:
+        """This process gave leadership up on purpose (at shutdown): news, not a problem."""
+        if self.leading:
+            logger.info("reconcile loop: leadership released (%s)", self.what)
+        self.leading = False
+
 
 class FileLockLeader:
     """Leadership as an exclusive ``flock`` on ``path``; the kernel releases it when the process dies."""
@@ -120,7 +126,7 @@ class FileLockLeader:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor of the open file drops the flock
             self._fd = None
-            self._log.record(False, "released")
+            self._log.released()
 
 
 class PostgresAdvisoryLeader:
@@ -169,7 +175,7 @@ class PostgresAdvisoryLeader:
             except SQLAlchemyError as exc:
                 logger.debug("unlocking: %s", exc)
         self._drop()
-        self._log.record(False, "released")
+        self._log.released()
         self._engine.dispose()
 
 

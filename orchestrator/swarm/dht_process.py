@@ -5,10 +5,13 @@ Left as hivemind makes it, it outlives the server: it ignores SIGINT, it inherit
 handler through the fork (which only sets a flag in the child's copy of the server), and it keeps its
 own copy of the pipe it reads commands from, so it never sees the server go. Then ``DHT.shutdown``'s
 last resort, ``terminate()``, does nothing, a server killed by a signal leaves it behind with parent 1,
-and a server that exits normally waits forever in multiprocessing's exit handler that joins it.
+and a server that exits normally waits forever in multiprocessing's exit handler that joins it. In the
+server's process group, its ``p2pd`` takes a terminal's Ctrl-C as its own and closes at once (with an
+error line), so the peer's orderly leave then times out.
 
 :class:`ServerDHT` makes the child leave, taking ``p2pd`` with it, on SIGTERM and as soon as the server
-exits, even when killed with SIGKILL (:func:`orchestrator.processes.exit_with_parent`). The pid file
+exits, even when killed with SIGKILL (:func:`orchestrator.processes.exit_with_parent`), and puts it in a
+process group of its own, which a Ctrl-C does not reach: the server stops it in order. The pid file
 (``<data_dir>/dht.pid``) covers what is left: a start finds a peer whose server is gone and stops it.
 """
 
@@ -46,6 +49,9 @@ def server_dht_class() -> type[Any]:
         server_pid = 0  # set before start(); the child reads its copy
 
         def run(self) -> None:
+            # A process group of its own: a terminal's Ctrl-C goes to the server's group, and p2pd (its
+            # child, which catches SIGINT) would close under the peer before the server asks it to leave.
+            os.setpgid(0, 0)
             signal.signal(signal.SIGTERM, _leave_with_children)  # not uvicorn's handler, copied by fork
             processes.exit_with_parent(self.server_pid, exit_code=128 + signal.SIGTERM)
             survive_unreadable_requests(self)

@@ -189,7 +189,7 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
         for i, (change, detail) in enumerate(
             [
                 ({"trainer": {"precision": "16-true"}}, "'bf16-mixed'"),
-                ({"trainer": {"precison": "bf16-mixed"}}, "'trainer', 'precison'"),
+                ({"trainer": {"precison": "bf16-mixed"}}, "'precison' is not a trainer option (did you mean"),
                 ({"trainer": {"accumulate_grad_batches": 4}}, "raise target_batch_size"),
                 ({"trainer": {"max_epochs": 4}}, "stop condition"),
                 ({"trainer": {"callbacks": ["no.such.module:Callback"]}}, "callbacks[0]: cannot import"),

@@ -60,6 +60,29 @@ def test_workers_list_shows_live_workers_and_how_others_ended(orch: Orchestrator
 
 
 @pytest.mark.timeout(60)
+def test_workers_list_marks_a_cut_reason_and_wide_shows_it_whole(orch: Orchestrator) -> None:
+    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("crew-long")))
+    join = json.loads(created.stdout)["join_token"]
+    worker = HandWorker(orch, join, "host-c")
+    worker.beat(40.0)
+    reason = "the data loader gave up after reading shard 17 of the bucket three times, then the host went"
+    worker.leave(DeregisterReason.interrupted, reason)
+
+    def table(*flags: str) -> str:
+        result = cli(orch, "workers", "list", "crew-long", *flags)
+        assert result.exit_code == 0, result.output
+        return str(result.stdout)
+
+    wait_until(lambda: "interrupted" in table(), 10, message="the worker's end listed")
+    cut = table()
+    assert reason not in cut and "interrupted: the data loader gave up" in cut
+    assert "…" in next(line for line in cut.splitlines() if "host-c" in line)
+    assert "reason cut; --wide or --json shows it whole" in cut
+    wide = table("--wide")
+    assert f"interrupted: {reason}" in wide and "…" not in wide
+
+
+@pytest.mark.timeout(60)
 def test_checkpoints_list_and_download_verified(orch: Orchestrator, joined: tuple, tmp_path: Path) -> None:
     first, _ = joined
     blobs = {}

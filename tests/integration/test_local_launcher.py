@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -159,6 +160,25 @@ def test_failed_exits_are_reported_once_with_log_tail(tmp_path: Path, fake_comma
         "req-config": 3,
         "req-ok": 0,
     }
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_killed_by_hand_is_named_by_its_own_pid(tmp_path: Path, fake_command: list[str]) -> None:
+    """The plain launch (a supervisor shell): the failure names the PID of the process a person killed,
+    the worker under the shell, not the shell's."""
+    data = tmp_path / "data"
+    launcher = LocalLauncher(data, fake_command)
+    supervisor = int(launcher.launch(request("req-hand", "sleep")))
+    try:
+        [worker] = wait_until(lambda: started_pids(data / "workers" / "req-hand"), 10, message="it runs")
+        instance_of(launcher, "req-hand")  # a reconcile tick reads the launcher's view: it learns the worker
+        os.kill(worker, signal.SIGKILL)
+        failures = wait_until(lambda: [f for f in launcher.poll_errors() if f.request_id == "req-hand"], 10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone with its worker, unless the test failed first
+            os.killpg(supervisor, signal.SIGKILL)
+    assert f"worker req-hand (pid {worker}) was killed by SIGKILL" in failures[0].reason
+    assert worker != supervisor and f"pid {supervisor}" not in failures[0].reason
 
 
 LAUNCHER_SCRIPT = textwrap.dedent(

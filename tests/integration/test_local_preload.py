@@ -105,6 +105,19 @@ def test_a_preloaded_worker_killed_with_its_group_is_a_retryable_failure(launche
 
 
 @pytest.mark.timeout(90)
+def test_an_agent_killed_by_hand_is_named_by_its_own_pid(launcher: LocalLauncher) -> None:
+    """A person kills the agent they see in ``ps`` (``python -m worker.agent``); the failure, which
+    becomes the worker's end reason and event, names that PID, not its supervisor's."""
+    supervisor = int(launcher.launch(registering("req-p")))
+    agent = wait_until(lambda: descendants(supervisor), 10, message="the supervisor forked the worker")[0]
+    instance_of(launcher, "req-p")  # a reconcile tick reads the launcher's view (and so learns the agent)
+    os.kill(agent, signal.SIGKILL)
+    failures = wait_until(lambda: [f for f in launcher.poll_errors() if f.request_id == "req-p"], 10)
+    assert f"worker req-p (pid {agent}) was killed by SIGKILL" in failures[0].reason
+    assert str(supervisor) not in failures[0].reason
+
+
+@pytest.mark.timeout(90)
 def test_a_preloaded_worker_without_a_join_token_fails_for_good_with_its_log(launcher: LocalLauncher) -> None:
     request = registering("req-u")
     del request.env["SPOTSWARM_JOIN_TOKEN"]

@@ -140,9 +140,10 @@ def test_the_agent_logs_each_change_of_its_checkpointer_role(caplog: pytest.LogC
 
 
 class SavingTrainer:
-    """What the Checkpointer needs of a Trainer: ``save_checkpoint(path)``."""
+    """What the Checkpointer needs of a Trainer: ``save_checkpoint(path, weights_only=False)``."""
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, weights_only: bool | None = None) -> None:
+        assert weights_only is False  # the whole state, said (Lightning logs its default at every save)
         Path(path).write_bytes(b"model")
 
 

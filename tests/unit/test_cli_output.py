@@ -8,9 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.cli.client import CliError, _detail, _read_config
-from orchestrator.cli.output import fmt_bytes, fmt_duration, format_table, text_chart
+from orchestrator.cli.client import MAX_DETAIL_CHARS, CliError, _detail, _read_config
+from orchestrator.cli.output import fmt_duration, format_table, text_chart
 from orchestrator.cli.runs import build_spec
+from orchestrator.sizes import fmt_bytes
 
 
 def test_table_aligns_numbers_right_and_shows_missing_as_dash() -> None:
@@ -46,6 +47,27 @@ def test_server_details_become_one_line_listing_every_validation_error() -> None
     assert _detail(httpx.Response(404, json={"detail": "run 'x' not found"})) == "run 'x' not found"
     assert _detail(httpx.Response(502, text="<html>bad gateway</html>")) == "<html>bad gateway</html>"
     assert str(CliError("two\nlines  here")) == "two lines here"
+
+
+def test_a_long_server_error_is_shown_whole_and_a_giant_one_cut_with_a_mark() -> None:
+    words = "because there is no version of einops==99.0 and you require einops==99.0, we can conclude"
+    long = f"requirements: uv install failed (exit 1): {words} that your requirements are unsatisfiable."
+    assert len(long) > 150 and _detail(httpx.Response(422, json={"detail": long * 5})) == long * 5
+    giant = _detail(httpx.Response(502, text="word " * 2000))
+    assert len(giant) < MAX_DETAIL_CHARS + 60 and giant.endswith(" more characters left out)")
+    assert giant.split(" … (")[0].endswith("word")  # cut at a word's end, and said so
+    assert int(giant.split(" … (")[1].split()[0]) == len("word " * 2000) - len(giant.split(" … (")[0])
+
+
+def test_sizes_read_alike_everywhere() -> None:
+    assert [fmt_bytes(b) for b in (None, 0, 1023, 33178, 1 << 20, 5 << 40)] == [
+        "-",
+        "0 B",
+        "1023 B",
+        "32.4 KiB",
+        "1.0 MiB",
+        "5.0 TiB",
+    ]
 
 
 def test_spec_flags_override_the_file(tmp_path: Any) -> None:

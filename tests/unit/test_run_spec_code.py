@@ -13,6 +13,7 @@ from orchestrator.domain.views import public_spec
 from orchestrator.importcheck.probe import _bind_error
 from worker.agent.boot import PermanentError, build_user_objects, call_arguments
 from worker.arguments import argument_type_problem
+from worker.trainer_options import arguments_problem
 from worker.wire import RunSpec
 
 BASE: dict[str, Any] = {
@@ -123,3 +124,13 @@ def test_a_worker_refuses_a_mistyped_argument_before_the_users_constructor_runs(
         build_user_objects(run.model_copy(update={"module_args": {"hidden": "sixteen"}}))
     module, _ = build_user_objects(run.model_copy(update={"module_args": {"hidden": 16}}))
     assert module.layer.out_features == 16
+
+
+class GradNorm:
+    def __init__(self, every: int = 10, norm_type: float = 2.0) -> None: ...
+
+
+def test_a_callback_argument_typo_lists_the_arguments_it_takes() -> None:
+    assert arguments_problem(GradNorm, {"every": 5}) is None
+    typo = arguments_problem(GradNorm, {"evry": 5})
+    assert typo == "got an unexpected keyword argument 'evry' (it takes: every, norm_type)"

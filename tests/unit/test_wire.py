@@ -67,7 +67,11 @@ def test_a_trainer_section_passes_only_what_differs_from_lightnings_defaults() -
     ("override", "message"),
     [
         ({"trainer": {"precision": "16-true"}}, "'32-true', '16-mixed' or 'bf16-mixed'"),
-        ({"trainer": {"precison": "bf16-mixed"}}, "Extra inputs are not permitted"),
+        ({"trainer": {"precison": "bf16-mixed"}}, "'precison' is not a trainer option (did you mean 'prec"),
+        ({"trainer": {"gradient_clip_value": 1.0}}, "(did you mean 'gradient_clip_val'?)"),
+        ({"trainer": {"zzz": 1}}, "'zzz' is not a trainer option (the options are: callbacks, check_val"),
+        ({"trainer": {"callbacks": "a.b:C"}}, 'a list is needed, one class per entry: callbacks=["a.b:C"]'),
+        ({"trainer": {"loggers": "a.b:C"}}, 'loggers=["a.b:C"]'),
         ({"trainer": {"accumulate_grad_batches": 2}}, "raise target_batch_size instead"),
         ({"trainer": {"devices": 2}}, "one worker per device"),
         ({"trainer": {"max_epochs": 3}}, "stop condition"),

@@ -84,7 +84,9 @@ class Checkpointer:
         """Write a checkpoint of ``trainer`` (call between batches) and queue it for upload."""
         path = self._tmp_dir / f"epoch-{epoch:08d}.ckpt"
         began = time.monotonic()
-        trainer.save_checkpoint(str(path))
+        # The whole state (optimizer, loops, callbacks): a resuming worker goes on from it. Said, not left to
+        # Lightning's default, which logs that it chose it at every save.
+        trainer.save_checkpoint(str(path), weights_only=False)
         self._last_saved_epoch = epoch
         logger.info(
             "worker %s: saved checkpoint of epoch %d (%.1f s)",

@@ -236,8 +236,16 @@ def _install(
     except subprocess.TimeoutExpired as exc:
         raise InstallFailed(f"{installer.name} took longer than {timeout_s:.0f} s") from exc
     if done.returncode != 0:
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-OUTPUT_TAIL_LINES:]
+        tail = _installer_words(log_path.read_text(errors="replace"), env_dir)[-OUTPUT_TAIL_LINES:]
         raise InstallFailed(f"{installer.name} install failed (exit {done.returncode}): " + " | ".join(tail))
+
+
+def _installer_words(output: str, env_dir: Path) -> list[str]:
+    """The installer's lines without where the environment is (uv's ``Using Python ... environment at:
+    PATH``, the path elsewhere): a local path says nothing to whoever reads the error, often on another
+    machine, and took half of the server's error for a ``runs create``."""
+    lines = [line for line in output.strip().splitlines() if " environment at: " not in line]
+    return [line.replace(str(env_dir), "the run's environment") for line in lines]
 
 
 def activate(package_dir: Path | None, site_dir: Path | None) -> None:
