@@ -36,7 +36,7 @@ _live_count: int | None = None
 class WorkerContext:
     worker_id: str
     worker_index: int  # stable while the worker lives; its replacement gets it again
-    num_workers: int  # the run's live (registered, running) workers, as of the latest heartbeat
+    num_workers: int  # the count to shard by: desired workers, or more when more run
 
 
 def current_worker() -> WorkerContext | None:

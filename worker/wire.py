@@ -405,7 +405,11 @@ class WorkerRegistered(BaseModel):
         description="This worker's stable index: the lowest slot free among the run's live workers when it "
         "first registered, kept while it lives (its replacement gets it again).",
     )
-    num_workers: int = Field(default=1, description="The run's live workers when this one registered.")
+    num_workers: int = Field(
+        default=1,
+        description="The count to shard by when this one registered: the run's desired workers, or its "
+        "running ones when more run.",
+    )
     secret_env: dict[str, str] = Field(
         default_factory=dict,
         description="Values of the run's secret_env (``run.secret_env`` holds the names only), set in the "
@@ -475,7 +479,11 @@ class HeartbeatReply(BaseModel):
     checkpointer: bool = Field(default=False, description="This worker uploads the run's checkpoints.")
     checkpoint_every_epochs: int = 5
     latest_checkpoint_epoch: int | None = None
-    num_workers: int | None = Field(default=None, description="The run's live (running) workers now.")
+    num_workers: int | None = Field(
+        default=None,
+        description="The count to shard by now: the run's desired workers, or its running ones when more "
+        "run.",
+    )
 
 
 class DeregisterReason(str, Enum):

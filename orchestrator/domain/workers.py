@@ -302,6 +302,14 @@ def assign_worker_index(session: Session, worker: Worker) -> int:
     return worker.worker_index
 
 
+def shard_count(running: int, desired: int) -> int:
+    """The worker count a run's code shards its data by (``num_workers``): the run's desired workers, or
+    its running ones when more run. The first worker of a 2-worker run takes half the data from the start
+    instead of all of it until its partner registers; a run without launched workers (desired 0) counts
+    the ones that joined by hand."""
+    return max(running, desired)
+
+
 def count_running_workers(session: Session, run_id: int) -> int:
     """The run's registered, running workers: the live count user code shards by."""
     query = (

@@ -35,6 +35,7 @@ from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import runs
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, ACTIVE_RUN_STATES, UNENDED_WORKER_STATES
+from orchestrator.domain.workers import shard_count
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.swarm.dht import SwarmProgressCache
 from orchestrator.tokens import token_matches
@@ -79,6 +80,7 @@ class RunEntry:
     report_metrics: tuple[str, ...] = ()  # names and patterns of the metrics its workers may report
     name: str = ""
     hand_joined_checkpoint: bool = False  # its hand-joined workers may checkpoint it
+    desired_workers: int = 0  # with the running count, what the run's code shards by (num_workers)
 
 
 @dataclass
@@ -151,7 +153,9 @@ class HeartbeatHub:
                 checkpointer=run is not None and not ended and run.checkpointer_id == entry.worker_id,
                 checkpoint_every_epochs=run.checkpoint_every_epochs if run else 5,
                 latest_checkpoint_epoch=run.latest_checkpoint_epoch if run else None,
-                num_workers=self._running.get(entry.run_id),
+                num_workers=shard_count(
+                    self._running.get(entry.run_id, 0), run.desired_workers if run else 0
+                ),
             )
 
     def _announced_addresses(self, entry: WorkerEntry, run: RunEntry | None, maddrs: list[str]) -> list[str]:
@@ -227,6 +231,7 @@ class HeartbeatHub:
             tuple(run.report_metrics),
             run.name,
             run.hand_joined_checkpoint,
+            run.desired_workers,
         )
         return _worker_entry(worker), run_entry
 
@@ -360,6 +365,7 @@ def _run_entries(session: Session, run_rows: Iterable[Run], admission_on: bool) 
             tuple(r.report_metrics),
             r.name,
             r.hand_joined_checkpoint,
+            r.desired_workers,
         )
         for r in rows
     }

@@ -83,6 +83,18 @@ def test_manual_worker_registers_heartbeats_and_is_shown(orch: Orchestrator) -> 
 
 
 @pytest.mark.timeout(60)
+def test_the_first_worker_of_a_two_worker_run_shards_by_the_runs_desired_workers(orch: Orchestrator) -> None:
+    _name, join = create(orch, desired_workers=2)
+    first = register(orch, join)
+    # it took every sample until its partner came (num_workers 1): now half from the start
+    assert (first["worker_index"], first["num_workers"]) == (0, 2)
+    assert heartbeat(orch, first)["num_workers"] == 2
+    second, third = register(orch, join), register(orch, join)  # a hand-joined third runs beyond desired
+    assert (second["num_workers"], third["worker_index"], third["num_workers"]) == (2, 2, 3)
+    wait_until(lambda: heartbeat(orch, first)["num_workers"] == 3, 10, message="three running workers")
+
+
+@pytest.mark.timeout(60)
 def test_workers_get_a_stable_slot_and_heartbeats_tell_the_live_count(orch: Orchestrator) -> None:
     name, join = create(orch)
     first = register(orch, join)

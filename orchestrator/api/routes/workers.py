@@ -86,7 +86,9 @@ def register(
             older_checkpoints=[checkpoints.to_ref(reg.run, c) for c in stored[1:]],
             secret_env=runs.secret_values(reg.run, reg.worker),
             worker_index=reg.worker.worker_index or 0,
-            num_workers=workers.count_running_workers(session, reg.run.id),
+            num_workers=workers.shard_count(
+                workers.count_running_workers(session, reg.run.id), reg.run.desired_workers
+            ),
         )
         cached = hub.entries_of(reg.worker)
     hub.note(cached)
