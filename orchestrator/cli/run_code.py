@@ -115,10 +115,10 @@ def code_of_run(
         spec["env"] = {**(spec.get("env") or {}), **_env_pairs(flags["env"])}
     if flags.get("secret_env"):
         spec["secret_env"] = {**(spec.get("secret_env") or {}), **_secret_pairs(flags["secret_env"])}
-    check_fields(spec, workdir_dir is not None)
-    if workdir_dir is None:
+    if workdir_dir is None:  # nothing to pack: the server checks the spec (a 422 naming the field)
         yield None
         return
+    check_fields(spec)
     with tempfile.TemporaryDirectory(prefix="spotswarm-package-") as tmp:
         try:
             package = pack(
@@ -130,11 +130,11 @@ def code_of_run(
         yield package
 
 
-def check_fields(spec: dict[str, Any], packs: bool) -> None:
+def check_fields(spec: dict[str, Any]) -> None:
     """Raise :class:`CliError` with the orchestrator's words (``missing fields: name, module``) when the
-    spec's fields are not a run spec, before anything is packed or uploaded."""
+    spec's fields are not a run spec, before its workdir is packed or uploaded."""
     try:
-        RunSpec.model_validate({**spec, "workdir": PLACEHOLDER_DIGEST} if packs else spec)
+        RunSpec.model_validate({**spec, "workdir": PLACEHOLDER_DIGEST})
     except ValidationError as exc:
         errors = _validation_errors([dict(error) for error in exc.errors()])
         raise CliError(f"spec: {errors} (nothing was packed or uploaded)") from exc

@@ -149,4 +149,6 @@ def test_worker_that_cannot_import_the_module_fails_the_run_with_the_reason(
     run = wait_until(lambda: (r := reader.run())["state"] == "failed" and r, BOOT_S, message="run failed")
     messages = " ".join(e["message"] for e in reader.events())
     assert "a_dependency_missing_on_workers" in messages, messages[-2000:]
-    assert "start-up" in run["state_reason"]
+    # exit 3 (an unusable spec) fails the run at its first worker, with the worker's words
+    assert "cannot use the run's spec" in run["state_reason"], run["state_reason"]
+    assert len(reader.workers()) == 1, reader.workers()

@@ -30,7 +30,9 @@ def test_a_launched_workers_failure_quoting_a_secret_is_masked_everywhere(loop_o
         BOOT_S,
         message="the launched worker fails",
     )[0]
-    reader.admin_post("/stop")
+    # an unusable spec (exit 3) fails the run at once, with the worker's words as its reason: masked too
+    run = wait_until(lambda: (r := reader.run())["state"] == "failed" and r, 30, message="the run fails")
+    assert "whoami?token=***" in run["state_reason"], run["state_reason"]
     worker_log = reader.worker_log(failed["id"])
     assert "cannot build tests.support.models:CredentialQuotingModule" in worker_log, worker_log[-2000:]
     assert "whoami?token=***" in failed["exit_reason"], failed
