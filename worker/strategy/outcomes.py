@@ -11,6 +11,12 @@ methods where an epoch's fate is decided, counting outcomes instead of parsing l
   timed out, no group found, or failed;
 - ``load_state_from_peers`` during training: this peer fell behind and downloaded the swarm's state.
 
+With ``use_local_updates`` (``sync="local"``) no gradient round runs: the peers average their parameters
+in a state round every ``average_state_every`` epochs, so the state averager's ``_do`` is wrapped as well,
+to hold that round's step control, and an epoch's outcome is its state round's. An epoch without a state
+round is ``alone`` when this peer saw no other, and not counted when it had peers: training apart
+between rounds is what the mode asks for, not a round that failed.
+
 Counts are cumulative (a lost heartbeat loses nothing; the orchestrator takes differences over a window).
 """
 
@@ -23,6 +29,8 @@ from enum import Enum
 from typing import Any
 
 import hivemind
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import StepControl
 
 from worker.wire import AveragingCounts
 
@@ -85,15 +93,51 @@ class OutcomeRecorder:
         self._update_global_epoch = optimizer._update_global_epoch
         self._average = optimizer._average_gradients_and_load_into_optimizer
         self._load_state = optimizer.load_state_from_peers
+        self._do_state_step = optimizer.state_averager._do
+        self._state_control: StepControl | None = None
 
     def update_global_epoch(self, grad_scaler: Any) -> None:
         optimizer = self._optimizer
         peers_before = optimizer.tracker.global_progress.num_peers
         self._recorded = False
+        self._state_control = None
         self._update_global_epoch(grad_scaler)
-        if not self._recorded and not optimizer.delay_grad_averaging:
+        if optimizer.use_local_updates:
+            self._record_state_round(peers_before)
+        elif not self._recorded and not optimizer.delay_grad_averaging:
             # no round was run: hivemind applied this peer's own gradients
             self.counter.add(Outcome.alone if peers_before <= 1 else Outcome.failed)
+
+    def _record_state_round(self, peers_before: int) -> None:
+        """Local updates: the epoch's state round, if one ran (see the module docstring)."""
+        control = self._state_control
+        if control is None:
+            if peers_before <= 1:
+                self.counter.add(Outcome.alone)
+        elif control.done():
+            self.counter.add(*round_outcome(control))
+        else:  # a delayed state round (delay_state_averaging): counted when it ends
+            control.add_done_callback(lambda done: self.counter.add(*round_outcome(done)))
+
+    def do_state_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``TrainingStateAverager._do``, given the round's step control made here (where hivemind would
+        make it, with the same arguments) so that its outcome can be read (hivemind drops it)."""
+        wait_for_trigger, optimizer_step, zero_grad, averaging_round, control, *rest = args
+        if averaging_round:
+            if control is None or control.triggered or control.done():
+                averager = self._optimizer.state_averager
+                control = DecentralizedAverager.step(
+                    averager,
+                    gather=averager.local_epoch,
+                    require_trigger=True,
+                    timeout=kwargs.get("timeout"),
+                    wait=False,
+                    **{key: value for key, value in kwargs.items() if key != "timeout"},
+                )
+            self._state_control = control
+        return self._do_state_step(
+            wait_for_trigger, optimizer_step, zero_grad, averaging_round, control, *rest, **kwargs
+        )
 
     def average_gradients(self, maybe_step_control: Any) -> None:
         self._average(maybe_step_control)
@@ -114,10 +158,12 @@ class OutcomeRecorder:
 
 def count_outcomes(optimizer: hivemind.Optimizer) -> OutcomeRecorder:
     """Wrap, on this instance only, the three methods of hivemind 1.1.12's ``Optimizer`` where an epoch's
-    fate is decided. The optimizer stays a plain ``hivemind.Optimizer`` (Lightning names its learning-rate
-    metrics after the class: ``lr-Optimizer``)."""
+    fate is decided, and its state averager's ``_do`` (where a state round runs). The optimizer stays a
+    plain ``hivemind.Optimizer`` (Lightning names its learning-rate metrics after the class:
+    ``lr-Optimizer``)."""
     recorder = OutcomeRecorder(optimizer)
     optimizer._update_global_epoch = recorder.update_global_epoch
     optimizer._average_gradients_and_load_into_optimizer = recorder.average_gradients
     optimizer.load_state_from_peers = recorder.load_state_from_peers
+    optimizer.state_averager._do = recorder.do_state_step
     return recorder
