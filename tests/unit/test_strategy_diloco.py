@@ -105,6 +105,9 @@ def test_a_lone_diloco_peer_steps_its_outer_optimizer_every_round(tmp_path: Path
     assert counts is not None and counts.alone == 4 and counts.averaged == 0
     assert strategy.optimizer.local_epoch == 4  # the swarm epoch counts rounds
     assert strategy.optimizer.rounds == 4 and strategy.optimizer.round_s_total > 0  # type: ignore[union-attr]
+    # the rounds' blocking time reaches the heartbeat's counts, for the run's G and waiting share
+    assert 0 < counts.averaging_s <= counts.train_s
+    assert counts.averaging_s == pytest.approx(strategy.optimizer.round_s_total, abs=1e-3)  # type: ignore[union-attr]
     optimizer = strategy.optimizer
     global_weights = torch.cat([g.detach().flatten() for g in optimizer.outer.global_params])  # type: ignore[union-attr]
     assert torch.equal(global_weights, flat_params(module))  # a round ends with the local weights = global

@@ -17,7 +17,10 @@ to hold that round's step control, and an epoch's outcome is its state round's. 
 round is ``alone`` when this peer saw no other, and not counted when it had peers: training apart
 between rounds is what the mode asks for, not a round that failed.
 
-Counts are cumulative (a lost heartbeat loses nothing; the orchestrator takes differences over a window).
+Counts are cumulative (a lost heartbeat loses nothing; the orchestrator takes differences over a window),
+and so are the seconds beside them: since training started, and of those, blocked in averaging (the
+whole epoch transition here; a DiLoCo round in ``worker/strategy/diloco/optimizer.py``). Their ratio is
+the run's G, compute per round over the round's cost, and the share of time workers wait.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -45,22 +50,44 @@ class Outcome(str, Enum):
 
 
 class OutcomeCounter:
-    """Thread-safe cumulative counts by outcome, plus the sum of averaged groups' sizes."""
+    """Thread-safe cumulative counts by outcome, plus the sum of averaged groups' sizes, the seconds since
+    training started (:meth:`start`) and the seconds of those blocked in averaging (:meth:`add_blocked`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._counts = dict.fromkeys(Outcome, 0)
         self._group_sizes = 0
+        self._started_at: float | None = None
+        self._blocked_s = 0.0
 
     def add(self, outcome: Outcome, group_size: int = 0) -> None:
         with self._lock:
             self._counts[outcome] += 1
             self._group_sizes += group_size
 
+    def start(self) -> None:
+        """Training starts now (the first call counts): ``train_s`` runs from here."""
+        with self._lock:
+            if self._started_at is None:
+                self._started_at = self._clock()
+
+    def add_blocked(self, seconds: float) -> None:
+        """The training thread waited ``seconds`` on averaging (a round, an epoch's transition)."""
+        with self._lock:
+            if self._started_at is not None:
+                self._blocked_s += max(0.0, seconds)
+
     def snapshot(self) -> AveragingCounts:
         with self._lock:
             counts = {outcome.value: n for outcome, n in self._counts.items()}
-            return AveragingCounts(**counts, group_size_sum=self._group_sizes)
+            train_s = 0.0 if self._started_at is None else max(0.0, self._clock() - self._started_at)
+            return AveragingCounts(
+                **counts,
+                group_size_sum=self._group_sizes,
+                train_s=round(train_s, 3),
+                averaging_s=round(min(self._blocked_s, train_s), 3),
+            )
 
 
 def round_outcome(control: Any) -> tuple[Outcome, int]:
@@ -101,7 +128,9 @@ class OutcomeRecorder:
         peers_before = optimizer.tracker.global_progress.num_peers
         self._recorded = False
         self._state_control = None
+        started = time.monotonic()
         self._update_global_epoch(grad_scaler)
+        self.counter.add_blocked(time.monotonic() - started)
         if optimizer.use_local_updates:
             self._record_state_round(peers_before)
         elif not self._recorded and not optimizer.delay_grad_averaging:
@@ -152,8 +181,10 @@ class OutcomeRecorder:
             self.counter.add(Outcome.downloaded)
 
     def start_counting_downloads(self) -> None:
-        """From now on a state download is an outcome (the download that joins a swarm is not)."""
+        """From now on a state download is an outcome (the download that joins a swarm is not), and
+        training time counts."""
         self._training = True
+        self.counter.start()
 
 
 def count_outcomes(optimizer: hivemind.Optimizer) -> OutcomeRecorder:

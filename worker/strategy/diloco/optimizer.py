@@ -58,8 +58,10 @@ class DiLoCoOutcomes:
         self.counting_downloads = False
 
     def start_counting_downloads(self) -> None:
-        """From now on a state download is an outcome (the download that joins a swarm is not)."""
+        """From now on a state download is an outcome (the download that joins a swarm is not), and
+        training time counts."""
         self.counting_downloads = True
+        self.counter.start()
 
 
 class DiLoCoOptimizer(torch.optim.Optimizer):
@@ -181,8 +183,10 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         try:
             return self._run_round()
         finally:
-            self.round_s_total += time.monotonic() - started
+            took_s = time.monotonic() - started
+            self.round_s_total += took_s
             self.rounds += 1
+            self.outcomes.counter.add_blocked(took_s)
 
     def _run_round(self) -> Outcome:
         if self.tracker.global_progress.epoch > self.local_epoch and self._has_peers():
