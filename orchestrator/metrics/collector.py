@@ -79,7 +79,7 @@ class _RunSnapshot:
         self.numbers: dict[int, views.RunNumbers] = {}
         self.checkpoints: dict[int, tuple[int, int, int, datetime]] = {}  # count, bytes, epoch, created
         self.cost_usd: dict[int, float] = {}
-        self.averaging: dict[int, dict[str, int]] = {}  # outcome counts summed over the run's workers
+        self.averaging: dict[int, dict[str, Any]] = {}  # outcome counts summed over the run's workers
 
 
 def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _RunSnapshot:
