@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ ROUNDS = 12
 
 
 @pytest.mark.timeout(420)
-def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(loop_orch: Orchestrator) -> None:
+def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(
+    loop_orch: Orchestrator, tmp_path: Path
+) -> None:
     options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": "diloco", "sync_every_s": 3.0}
     spec = digits_run(
         "diloco",
@@ -69,6 +72,13 @@ def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(loop_orch: Orche
     assert any(line.split()[:2] == ["sync", "diloco"] for line in lines), shown.output
     assert any(line.split()[:1] == ["rounds"] for line in lines), shown.output
     assert "of worker time on averaging, G " in shown.output, shown.output
+    watched = cli(loop_orch, "runs", "watch", "diloco")  # a completed run: one line, exit 0
+    assert watched.exit_code == 0 and re.search(r"  waiting \d+%  G [\d.]+  ", watched.output), watched.output
+    exported = tmp_path / "diloco.ckpt"
+    done = cli(loop_orch, "runs", "export", "diloco", "--epoch", str(latest["epoch"]), "-o", str(exported))
+    assert done.exit_code == 0, done.output
+    export = torch.load(exported, weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(export["state_dict"].values(), global_weights, strict=True))
     with open_browser() as browser:
         page = browser.page
         page.goto(loop_orch.url + "/runs/diloco")
