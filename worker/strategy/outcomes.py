@@ -143,8 +143,8 @@ class OutcomeRecorder:
         if control is None:
             if peers_before <= 1:
                 self.counter.add(Outcome.alone)
-        elif control.done():
-            self.counter.add(*round_outcome(control))
+        elif control.done() or not self._optimizer.delay_state_averaging:
+            self.counter.add(*round_outcome(control))  # not done: hivemind stopped waiting (timeout)
         else:  # a delayed state round (delay_state_averaging): counted when it ends
             control.add_done_callback(lambda done: self.counter.add(*round_outcome(done)))
 
