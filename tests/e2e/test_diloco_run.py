@@ -72,6 +72,10 @@ def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(
     assert any(line.split()[:2] == ["sync", "diloco"] for line in lines), shown.output
     assert any(line.split()[:1] == ["rounds"] for line in lines), shown.output
     assert "of worker time on averaging, G " in shown.output, shown.output
+    with loop_orch.client() as http:
+        scraped = http.get("/metrics").text
+    assert 'spotswarm_run_averaging_g{run="diloco"}' in scraped, scraped[-2000:]
+    assert 'spotswarm_run_averaging_waiting_share{run="diloco"}' in scraped
     watched = cli(loop_orch, "runs", "watch", "diloco")  # a completed run: one line, exit 0
     assert watched.exit_code == 0 and re.search(r"  waiting \d+%  G [\d.]+  ", watched.output), watched.output
     exported = tmp_path / "diloco.ckpt"
