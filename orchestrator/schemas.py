@@ -103,6 +103,23 @@ class RunAveraging(BaseModel):
         default=None,
         description="samples_per_epoch / target_batch_size: 1.0 is the swarm batch asked for.",
     )
+    train_s: float | None = Field(
+        default=None, description="Worker-seconds of training in the window, summed over the workers."
+    )
+    averaging_s: float | None = Field(
+        default=None, description="Of train_s, the seconds the workers' training waited on averaging rounds."
+    )
+    waiting_share: float | None = Field(
+        default=None,
+        description="averaging_s / train_s: the share of wall time workers wait on averaging (null before "
+        "workers report their seconds).",
+    )
+    g: float | None = Field(
+        default=None,
+        description="G: compute per averaging round over the round's cost, (train_s - averaging_s) / "
+        "averaging_s (null without waiting). More workers pay off as G grows (1.33x for 2 at G = 1, 1.83x "
+        "at G = 10).",
+    )
     live_workers: int
     warning: str | None = Field(
         description="Set while the averaged fraction stays below the threshold, or within seconds while 2+ "
@@ -122,6 +139,11 @@ class RunOut(BaseModel):
     name: str
     swarm_id: str
     spec: RunSpec
+    sync: str = Field(
+        default="gradients",
+        description="How the run's workers train together (strategy_options' sync: gradients, local or "
+        "diloco). In diloco mode a swarm epoch is one averaging round: reported.swarm_epoch counts rounds.",
+    )
     state: RunState
     state_reason: str
     created_at: datetime
@@ -208,10 +230,11 @@ class ProgressPoint(BaseModel):
     metrics: dict[str, float] = Field(
         default_factory=dict, description="The run's reported metrics at that moment (empty before any)."
     )
-    averaging: dict[str, int] | None = Field(
+    averaging: dict[str, int | float] | None = Field(
         default=None,
-        description="The run's averaging outcome counts, summed over its workers, at that moment: the "
-        "difference between two points tells which epochs between them were averaged or local.",
+        description="The run's averaging outcome counts (and train_s, averaging_s seconds), summed over its "
+        "workers, at that moment: the difference between two points tells which epochs between them were "
+        "averaged or local, and how much of their time the workers waited on averaging.",
     )
 
 

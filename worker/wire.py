@@ -214,8 +214,10 @@ class RunSpec(StrictModel):
     batch_size: int = Field(ge=1, le=10**7, description="Per-worker batch size.")
     strategy_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra HivemindStrategy keywords (matchmaking_time, sync: gradients, local or diloco, "
-        "sync_every_s, ...).",
+        description="Extra HivemindStrategy keywords (matchmaking_time, averaging_timeout, ...). sync "
+        "chooses how workers train together: gradients (the default), local or diloco (then sync_every_s or "
+        "sync_every_steps, outer_lr, outer_momentum); in diloco mode a swarm epoch is one averaging round, "
+        "so target_epochs and checkpoint_every_epochs count rounds. The run view shows the mode (sync).",
     )
     min_workers: int = Field(default=1, ge=0, le=10_000)
     max_workers: int = Field(default=8, ge=1, le=10_000)
@@ -430,6 +432,17 @@ class AveragingCounts(StrictModel):
     group_size_sum: int = Field(
         default=0, ge=0, le=MAX_INT64, description="Sum of the averaged rounds' group sizes."
     )
+    train_s: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="Seconds since the worker started training."
+    )
+    averaging_s: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Of train_s, the seconds its training thread waited on averaging rounds (the rest is "
+        "compute: G = (train_s - averaging_s) / averaging_s). Sent only when known: an orchestrator from "
+        "before these two fields is sent the counts without them.",
+    )
 
     @property
     def local(self) -> int:
@@ -442,6 +455,8 @@ class AveragingCounts(StrictModel):
 
 #: outcome names, as the API and /metrics label them (bounded: these and no others)
 AVERAGING_OUTCOMES = ("averaged", "alone", "no_group", "timeout", "failed", "downloaded")
+#: the seconds in AveragingCounts (cumulative, like the counts)
+AVERAGING_TIMES = ("train_s", "averaging_s")
 
 
 class Heartbeat(StrictModel):

@@ -278,7 +278,11 @@ def _show_lines(
                 f"(min {counts['min']}, max {counts['max']}; {counts['launching']} launching)"
             ),
         ),
-        ("swarm epoch", str(max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0))),
+        ("sync", str(run.get("sync") or "gradients")),
+        (
+            "rounds" if run.get("sync") == "diloco" else "swarm epoch",
+            str(max(reported.get("swarm_epoch") or 0, swarm.get("epoch") or 0)),
+        ),
         ("samples", f"{_samples_total(reported, workers, all_listed)}, {speed}/s"),
         ("loss", fmt_number(reported.get("loss"))),
         *[(name, fmt_number(value)) for name, value in (reported.get("metrics") or {}).items()],
@@ -307,10 +311,21 @@ def _averaging_lines(window: dict[str, Any] | None) -> list[tuple[str, str]]:
     ratio = window.get("batch_ratio")
     text += f", batch {ratio:.2f}x target" if ratio else ""
     text += f" ({detail})" if detail else ""
-    lines = [("averaged", text)]
+    lines = [("averaged", text), *_waiting_lines(window)]
     if window.get("warning"):
         lines.append(("WARNING", str(window["warning"])))
     return lines
+
+
+def _waiting_lines(window: dict[str, Any]) -> list[tuple[str, str]]:
+    """The share of the workers' time spent waiting on averaging in the window, and G (compute per round
+    over the round's cost), once workers report their seconds."""
+    share = window.get("waiting_share")
+    if share is None:
+        return []
+    g = window.get("g")
+    ratio = f"G {g:.1f}" if g is not None else "G unbounded (no waiting)"
+    return [("waiting", f"{share:.0%} of worker time on averaging, {ratio}")]
 
 
 def _code_lines(spec: dict[str, Any]) -> list[tuple[str, str]]:

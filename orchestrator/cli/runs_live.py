@@ -73,7 +73,7 @@ def status_line(run: dict[str, Any], now: datetime) -> str:
     one refresh when there is no terminal; the run's validation metrics come before its eta and age."""
     cells = format_table(RUN_COLUMNS, [run_row(run, now)]).splitlines()[1].split()
     pairs = list(zip(RUN_COLUMNS[1:], cells[1:], strict=True))
-    pairs[-2:-2] = validation_cells(run)
+    pairs[-2:-2] = [*validation_cells(run), *waiting_cells(run)]
     named = "  ".join(f"{column} {cell}" for column, cell in pairs)
     return f"{now.strftime('%H:%M:%S')}  {named}"
 
@@ -86,14 +86,24 @@ def validation_cells(run: dict[str, Any]) -> list[tuple[str, str]]:
     return [(name, f"{metrics[name]:.4g}") for name in names]
 
 
+def waiting_cells(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """The share of the workers' time waiting on averaging over the recent window, and G (compute per
+    round over the round's cost): whether more workers can pay off. None before workers report them."""
+    window = run.get("averaging") or {}
+    share, g = window.get("waiting_share"), window.get("g")
+    if share is None:
+        return []
+    return [("waiting", f"{share:.0%}"), ("G", "-" if g is None else f"{g:.3g}")]
+
+
 def _redraw(ctx: ApiContext, run: dict[str, Any], now: datetime) -> None:
     """The whole screen: the run's row, then its workers (newest first)."""
     click.clear()
     click.echo(f"spotswarm runs watch {run['name']}   {now.strftime('%H:%M:%S')} UTC   (Ctrl-C leaves)\n")
     click.echo(format_table(RUN_COLUMNS, [run_row(run, now)]))
-    validation = validation_cells(run)
-    if validation:
-        click.echo("  ".join(f"{name} {value}" for name, value in validation))
+    below = [*validation_cells(run), *waiting_cells(run)]
+    if below:
+        click.echo("  ".join(f"{name} {value}" for name, value in below))
     click.echo()
     workers = ctx.api.workers(run["name"])["items"]
     echo_table(WORKER_COLUMNS, [worker_row(worker, now) for worker in workers], "(no workers)")

@@ -28,13 +28,13 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample, Run, Worker
 from orchestrator.domain import events
-from worker.wire import AVERAGING_OUTCOMES, AveragingCounts
+from worker.wire import AVERAGING_OUTCOMES, AVERAGING_TIMES, AveragingCounts
 
 EVENT_KIND = "run.averaging"
 #: the key of a sample's counts that holds how many live workers had reported counts (had trained)
 TRAINING_WORKERS = "training_workers"
-#: the keys of a worker's counts that a run's totals sum
-SUMMED_COUNTS = (*AVERAGING_OUTCOMES, "group_size_sum")
+#: the keys of a worker's counts that a run's totals sum (the seconds as floats, the rest as ints)
+SUMMED_COUNTS = (*AVERAGING_OUTCOMES, "group_size_sum", *AVERAGING_TIMES)
 LOCAL_OUTCOMES = ("alone", "no_group", "timeout", "failed")
 ADVICE = (
     "its workers are training apart, not as one model. Check that they can reach each other (same "
@@ -45,10 +45,10 @@ ADVICE = (
 
 def run_totals(
     session: Session, run_ids: Sequence[int], fresh_after: datetime | None = None
-) -> dict[int, dict[str, int]]:
+) -> dict[int, dict[str, Any]]:
     """Each run's outcome counts summed over its workers (those that reported any); with ``fresh_after``,
     also how many of those heartbeated since then (``TRAINING_WORKERS``: live workers that trained)."""
-    totals: dict[int, dict[str, int]] = {}
+    totals: dict[int, dict[str, Any]] = {}
     if not run_ids:
         return totals
     query = select(Worker.run_id, Worker.averaging, Worker.last_heartbeat_at).where(
@@ -59,7 +59,7 @@ def run_totals(
             continue
         total = totals.setdefault(run_id, dict.fromkeys(SUMMED_COUNTS, 0))
         for key in SUMMED_COUNTS:
-            total[key] += int(counts.get(key, 0))
+            total[key] += float(counts.get(key, 0)) if key in AVERAGING_TIMES else int(counts.get(key, 0))
         if fresh_after is not None:
             live = heartbeat_at is not None and heartbeat_at >= fresh_after
             total[TRAINING_WORKERS] = total.get(TRAINING_WORKERS, 0) + int(live)
@@ -74,15 +74,30 @@ def swarm_batch(samples: int, epochs: int, target_batch_size: int) -> dict[str, 
     return {"samples_per_epoch": per_epoch, "batch_ratio": per_epoch / target_batch_size}
 
 
+def time_split(train_s: float, averaging_s: float) -> dict[str, float | None]:
+    """Of ``train_s`` worker-seconds, ``averaging_s`` waited on averaging: the share waiting, and G, the
+    compute per averaging round over the round's cost (compute / waiting: the same ratio per round).
+    None where the seconds do not say (no training time; no waiting, where G is unbounded)."""
+    compute_s = max(0.0, train_s - averaging_s)
+    return {
+        "train_s": round(train_s, 3),
+        "averaging_s": round(averaging_s, 3),
+        "waiting_share": min(1.0, averaging_s / train_s) if train_s > 0 else None,
+        "g": compute_s / averaging_s if averaging_s > 0 else None,
+    }
+
+
 def summarize(
-    newest: Mapping[str, int], oldest: Mapping[str, int] | None, window_s: float, covered: bool
+    newest: Mapping[str, Any], oldest: Mapping[str, Any] | None, window_s: float, covered: bool
 ) -> dict[str, Any]:
-    """The window's outcomes (``newest`` minus ``oldest`` counts), its averaged fraction and group size."""
+    """The window's outcomes (``newest`` minus ``oldest`` counts), its averaged fraction and group size,
+    and how its workers' time split between compute and waiting on averaging (:func:`time_split`)."""
     base = oldest or {}
     outcomes = {key: max(0, int(newest.get(key, 0)) - int(base.get(key, 0))) for key in AVERAGING_OUTCOMES}
     groups = max(0, int(newest.get("group_size_sum", 0)) - int(base.get("group_size_sum", 0)))
     epochs = sum(outcomes.values())
     averaged = outcomes["averaged"]
+    seconds = {key: max(0.0, float(newest.get(key, 0)) - float(base.get(key, 0))) for key in AVERAGING_TIMES}
     return {
         "window_s": window_s,
         "covered": covered,
@@ -90,6 +105,7 @@ def summarize(
         "outcomes": outcomes,
         "averaged_fraction": averaged / epochs if epochs else None,
         "mean_group_size": groups / averaged if averaged else None,
+        **time_split(seconds["train_s"], seconds["averaging_s"]),
     }
 
 

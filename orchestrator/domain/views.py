@@ -34,6 +34,9 @@ from orchestrator.schemas import (
 from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 
+#: the sync mode of a run whose strategy_options name none (HivemindStrategy's default)
+DEFAULT_SYNC = "gradients"
+
 T = TypeVar("T")
 MAX_WORKER_PEERS = 16
 MAX_PEER_WORKERS = 8
@@ -176,6 +179,7 @@ def _run_out(
         run,
         RunOut,
         spec=spec if full else public_spec(spec),
+        sync=str(spec.strategy_options.get("sync") or DEFAULT_SYNC),
         workers=WorkerCounts(
             desired=run.desired_workers,
             min=run.min_workers,

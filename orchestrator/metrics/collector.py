@@ -79,7 +79,7 @@ class _RunSnapshot:
         self.numbers: dict[int, views.RunNumbers] = {}
         self.checkpoints: dict[int, tuple[int, int, int, datetime]] = {}  # count, bytes, epoch, created
         self.cost_usd: dict[int, float] = {}
-        self.averaging: dict[int, dict[str, int]] = {}  # outcome counts summed over the run's workers
+        self.averaging: dict[int, dict[str, Any]] = {}  # outcome counts summed over the run's workers
 
 
 def _read_runs(session: Session, now: datetime, heartbeat_timeout_s: float) -> _RunSnapshot:
@@ -172,6 +172,14 @@ def _run_families(snap: _RunSnapshot, ctx: AppContext) -> Iterator[Any]:
     f["warning"] = _gauge(
         "spotswarm_run_averaging_warning", "1 while the run's averaged fraction is below the threshold."
     )
+    f["waiting"] = _gauge(
+        "spotswarm_run_averaging_waiting_share",
+        "Share of the workers' training time spent waiting on averaging rounds in the recent window.",
+    )
+    f["g"] = _gauge(
+        "spotswarm_run_averaging_g",
+        "G: the workers' compute per averaging round over the round's cost in the recent window.",
+    )
     outcomes = CounterMetricFamily(
         "spotswarm_run_averaging_epochs",
         "Worker-epochs of the run by averaging outcome (averaged, alone, no_group, timeout, failed, "
@@ -236,6 +244,9 @@ def _add_run(
         f["group"].add_metric([name], window["mean_group_size"])
     if window.get("batch_ratio") is not None:
         f["batch"].add_metric([name], window["batch_ratio"])
+    for key, family in (("waiting_share", "waiting"), ("g", "g")):
+        if window.get(key) is not None:
+            f[family].add_metric([name], window[key])
     if window:
         f["warning"].add_metric([name], 1.0 if window.get("warning") else 0.0)
 

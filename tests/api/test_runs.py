@@ -72,6 +72,18 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
 
 
 @pytest.mark.timeout(60)
+def test_the_run_view_names_its_sync_mode_gradients_unless_the_spec_chooses_another(
+    orch: Orchestrator,
+) -> None:
+    plain = create(orch, new_name())
+    diloco = create(orch, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
+    assert (plain["sync"], diloco["sync"]) == ("gradients", "diloco")
+    with orch.client() as http:  # the public view says it too: a mode is no secret
+        listed = {r["name"]: r["sync"] for r in http.get("/api/v1/runs").json()["items"]}
+    assert listed[plain["name"]] == "gradients" and listed[diloco["name"]] == "diloco"
+
+
+@pytest.mark.timeout(60)
 def test_duplicate_name_is_409(orch: Orchestrator) -> None:
     name = new_name()
     create(orch, name)

@@ -146,6 +146,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seconds", type=float, default=150.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sync", default="gradients", help="HivemindStrategy's sync mode")
+    parser.add_argument("--average-state-every", type=int, default=None, help="default: the strategy's")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
@@ -165,6 +167,8 @@ def main() -> None:
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         matchmaking_time=1.0,
         averaging_timeout=10.0,
+        sync=args.sync,
+        **({} if args.average_state_every is None else {"average_state_every": args.average_state_every}),
     )
     trainer = Trainer(
         strategy=strategy,

@@ -1,6 +1,7 @@
 """The DiLoCo mode of HivemindStrategy on one peer: the outer update rule against a plain-torch reference,
-the options refused at construction and at create time, a lone peer's rounds in a real fit, and a resume
-from a checkpoint saved mid-run. Rounds between real peers: tests/integration/test_diloco_rounds.py."""
+the options refused at construction and at create time, a lone peer's rounds in a real fit, and a
+checkpoint saved mid-round (the global weights as its model, the local ones resumed). Rounds between
+real peers: tests/integration/test_diloco_rounds.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from tests.support.diloco import reference_outer_steps
 from tests.support.strategy import SGDDigits, fixed_loader, flat_params, make_strategy, make_trainer
 from worker.strategy import HivemindStrategyError
+from worker.strategy.checkpoint_format import exported
 from worker.strategy.diloco.outer import OuterStep, weighted_mean
 from worker.strategy.options import strategy_option_problem
 
@@ -103,12 +105,17 @@ def test_a_lone_diloco_peer_steps_its_outer_optimizer_every_round(tmp_path: Path
     assert counts is not None and counts.alone == 4 and counts.averaged == 0
     assert strategy.optimizer.local_epoch == 4  # the swarm epoch counts rounds
     assert strategy.optimizer.rounds == 4 and strategy.optimizer.round_s_total > 0  # type: ignore[union-attr]
+    # the rounds' blocking time reaches the heartbeat's counts, for the run's G and waiting share
+    assert 0 < counts.averaging_s <= counts.train_s
+    assert counts.averaging_s == pytest.approx(strategy.optimizer.round_s_total, abs=1e-3)  # type: ignore[union-attr]
     optimizer = strategy.optimizer
     global_weights = torch.cat([g.detach().flatten() for g in optimizer.outer.global_params])  # type: ignore[union-attr]
     assert torch.equal(global_weights, flat_params(module))  # a round ends with the local weights = global
 
 
-def test_a_run_resumes_mid_run_from_a_checkpoint_with_its_rounds_and_outer_momentum(tmp_path: Path) -> None:
+def test_a_checkpoint_mid_round_holds_the_global_weights_as_its_model_and_resumes_the_local_ones(
+    tmp_path: Path,
+) -> None:
     first = make_strategy(target_batch_size=32, sync="diloco", sync_every_steps=3)
     module = SGDDigits()
     trainer = make_trainer(
@@ -119,7 +126,16 @@ def test_a_run_resumes_mid_run_from_a_checkpoint_with_its_rounds_and_outer_momen
     trainer.save_checkpoint(path)
     saved_global = [g.detach().clone() for g in first.optimizer.outer.global_params]  # type: ignore[union-attr]
     saved_momentum = first.optimizer.outer.momentum_buffers()  # type: ignore[union-attr]
+    saved_local = flat_params(module)
     assert first.optimizer.local_epoch == 2
+    global_flat = torch.cat([g.flatten() for g in saved_global])
+    assert not torch.equal(global_flat, saved_local)  # one inner step into the round: they differ
+    checkpoint = torch.load(path, weights_only=True)
+    stored = torch.cat([t.flatten() for t in checkpoint["state_dict"].values()])
+    assert torch.equal(stored, global_flat)  # the run's model is the global copy, not the local weights
+    export = exported(checkpoint, run="r", checkpoint_epoch=2)
+    assert torch.equal(torch.cat([t.flatten() for t in export["state_dict"].values()]), global_flat)
+    assert set(export["optimizer_states"][0]) == {"state", "param_groups"}  # a plain torch optimizer's
 
     second = make_strategy(target_batch_size=32, sync="diloco", sync_every_steps=3)
     resumed = make_trainer(second, max_steps=13, default_root_dir=tmp_path)  # 6 more steps: 2 more rounds
@@ -128,6 +144,7 @@ def test_a_run_resumes_mid_run_from_a_checkpoint_with_its_rounds_and_outer_momen
     def on_train_start() -> None:
         outer = second.optimizer.outer  # type: ignore[union-attr]
         seen["epoch"] = second.optimizer.local_epoch
+        seen["local"] = torch.equal(flat_params(resumed_module), saved_local)
         seen["global"] = all(
             torch.equal(a, b) for a, b in zip(outer.global_params, saved_global, strict=True)
         )
@@ -138,7 +155,7 @@ def test_a_run_resumes_mid_run_from_a_checkpoint_with_its_rounds_and_outer_momen
     resumed_module = SGDDigits()
     resumed_module.on_train_start = on_train_start  # type: ignore[method-assign]
     resumed.fit(resumed_module, train_dataloaders=fixed_loader(), ckpt_path=path)
-    assert seen == {"epoch": 2, "global": True, "momentum": True}
+    assert seen == {"epoch": 2, "local": True, "global": True, "momentum": True}
     assert second.optimizer.local_epoch == 4
 
 

@@ -21,6 +21,7 @@ import httpx
 
 from worker.wire import (
     API_PREFIX,
+    AVERAGING_TIMES,
     CHECKSUM_HEADER,
     ApiPath,
     Deregister,
@@ -132,6 +133,8 @@ class OrchestratorClient:
         self._max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
+        #: False once an orchestrator from before ``AveragingCounts``' seconds refused them (422)
+        self._send_averaging_times = True
 
     def close(self) -> None:
         self._http.close()
@@ -150,10 +153,24 @@ class OrchestratorClient:
         return WorkerRegistered.model_validate(response.json())
 
     def heartbeat(self, worker_id: str, body: Heartbeat) -> HeartbeatReply:
-        """Report progress; the reply says whether to go on and whether this worker checkpoints."""
-        response = self._call(
-            "POST", ApiPath.heartbeat.format(worker_id=worker_id), json=body.model_dump(mode="json")
-        )
+        """Report progress; the reply says whether to go on and whether this worker checkpoints.
+
+        The averaging seconds (``AVERAGING_TIMES``) go only when known; an orchestrator from before them
+        (whose heartbeat refuses unknown fields, 422) is asked again without them, and is not sent them
+        again."""
+        path = ApiPath.heartbeat.format(worker_id=worker_id)
+        payload = body.model_dump(mode="json")
+        sent = _averaging_times(payload) if self._send_averaging_times else []
+        if not self._send_averaging_times:
+            _drop_averaging_times(payload)
+        try:
+            response = self._call("POST", path, json=payload)
+        except Rejected as exc:
+            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
+                raise
+            self._send_averaging_times = False
+            _drop_averaging_times(payload)
+            response = self._call("POST", path, json=payload)
         return HeartbeatReply.model_validate(response.json())
 
     def deregister(
@@ -337,3 +354,17 @@ def _retry_after_s(response: httpx.Response) -> float:
         return max(0.0, float(response.headers.get("Retry-After", "0")))
     except ValueError:
         return 0.0
+
+
+def _averaging_times(payload: dict[str, Any]) -> list[str]:
+    """The averaging seconds a heartbeat's JSON carries; those at 0 (not known) are dropped from it."""
+    counts = payload.get("averaging") or {}
+    for name in AVERAGING_TIMES:
+        if name in counts and not counts[name]:
+            del counts[name]
+    return [name for name in AVERAGING_TIMES if name in counts]
+
+
+def _drop_averaging_times(payload: dict[str, Any]) -> None:
+    for name in AVERAGING_TIMES:
+        (payload.get("averaging") or {}).pop(name, None)

@@ -2,8 +2,11 @@
 
 A stored checkpoint is ``trainer.save_checkpoint`` output of the checkpointer, with ``HivemindStrategy``'s
 optimizer state: the wrapped torch optimizer's ``state_dict`` plus ``state["local_epoch"]`` (the swarm
-epoch) and, with a hivemind scheduler, :data:`HIVEMIND_SCHEDULER_KEY`; schedulers wrapped by
-``SwarmEpochScheduler`` save ``{SCHEDULER_INNER_KEY: ..., SCHEDULER_SWARM_EPOCH_KEY: ...}``.
+epoch) and, with a hivemind scheduler, :data:`HIVEMIND_SCHEDULER_KEY`, or in DiLoCo mode
+:data:`DILOCO_STATE_KEY`; schedulers wrapped by ``SwarmEpochScheduler`` save
+``{SCHEDULER_INNER_KEY: ..., SCHEDULER_SWARM_EPOCH_KEY: ...}``. In DiLoCo mode the checkpoint's
+``state_dict`` is the run's model, the global weights every peer agreed on in the last round; the
+checkpointer's own local weights, which trained on since, are only in the DiLoCo state, for a resume.
 Its ``epoch`` and ``global_step`` are the checkpointer's own Lightning loop counters, not the swarm's.
 
 :func:`exported` turns it into what ``spotswarm runs export`` writes: the same Lightning checkpoint with
@@ -19,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 LOCAL_EPOCH_KEY = "local_epoch"  # hivemind.Optimizer.state_dict() puts it inside "state"
+#: DiLoCo's outer state beside torch's "state" and "param_groups": global weights, outer momentum and
+#: the peer's local weights (the checkpoint's ``state_dict`` holds the global weights)
+DILOCO_STATE_KEY = "diloco"
 HIVEMIND_SCHEDULER_KEY = "hivemind_scheduler"
 SCHEDULER_INNER_KEY = "scheduler"
 SCHEDULER_SWARM_EPOCH_KEY = "swarm_epoch"
@@ -37,8 +43,10 @@ def swarm_epoch_of(checkpoint: Mapping[str, Any]) -> int | None:
 
 
 def plain_optimizer_state(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The wrapped torch optimizer's own ``state_dict``, without hivemind's additions."""
-    plain = {key: value for key, value in saved.items() if key != HIVEMIND_SCHEDULER_KEY}
+    """The wrapped torch optimizer's own ``state_dict``, without hivemind's or DiLoCo's additions (the
+    latter holds the checkpointer's local weights, which are not the run's model)."""
+    ours = (HIVEMIND_SCHEDULER_KEY, DILOCO_STATE_KEY)
+    plain = {key: value for key, value in saved.items() if key not in ours}
     plain["state"] = {
         key: value for key, value in (saved.get("state") or {}).items() if key != LOCAL_EPOCH_KEY
     }

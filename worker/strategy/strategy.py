@@ -31,6 +31,7 @@ from typing_extensions import override
 from worker.strategy import checks
 from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
 from worker.strategy.dht import PeerAuthorizer, initial_peers_line, parse_initial_peers, start_dht
+from worker.strategy.diloco.model_state import global_model_state
 from worker.strategy.diloco.optimizer import DiLoCoOptimizer, DiLoCoOutcomes
 from worker.strategy.diloco.settings import DEFAULT_SYNC, DiLoCoSettings, diloco_settings, sync_problem
 from worker.strategy.keywords import averager_options, route_keywords
@@ -539,6 +540,16 @@ class HivemindStrategy(Strategy):
             log_swarm_metrics(module, self.swarm_progress(), self.local_samples)
 
     # ---------------------------------------------------------------------------- checkpoints
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The module's state; in DiLoCo mode with the global weights, the run's model (the local ones
+        go into the optimizer's state: worker/strategy/diloco/model_state.py)."""
+        state = super().lightning_module_state_dict()
+        optimizer, module = self._optimizer, self.lightning_module
+        if isinstance(optimizer, DiLoCoOptimizer) and module is not None:
+            return global_model_state(module, state, optimizer.params, optimizer.global_weights())
+        return state
+
     @override
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """hivemind's state (optimizer statistics and ``local_epoch``), plus its scheduler if any."""

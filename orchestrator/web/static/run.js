@@ -31,7 +31,10 @@ function renderRun(run) {
   badge.className = `state state-${run.state}`;
   setText("state-reason", run.state_reason || "");
   setText("t-workers", `${run.workers.live} / ${run.workers.desired}`);
+  // in DiLoCo mode a swarm epoch is one averaging round
+  setText("t-epoch-label", run.sync === "diloco" ? "rounds" : "swarm epoch");
   setText("t-epoch", String(swarmEpoch(run)));
+  setText("t-sync", `sync: ${run.sync || "gradients"}`);
   setText("t-speed", fmtNumber(run.reported.samples_per_s, 3));
   setText("t-loss", fmtNumber(run.reported.loss));
   const shown = chosenMetric() || validationMetric(Object.keys(run.reported.metrics || {}));
@@ -53,13 +56,18 @@ function renderRun(run) {
   document.getElementById("resume-button").hidden = !(run.state === "stopped" || run.state === "failed");
 }
 
-/** The averaged fraction over the recent window, its mean group size, and the warning when one is up. */
+/** The averaged fraction over the recent window, its mean group size, the share of time waiting on
+ * averaging with G (compute per round / the round's cost), and the warning when one is up. */
 function renderAveraging(window) {
   const epochs = window ? window.epochs : 0;
   setText("t-averaged", epochs ? `${Math.round(100 * (window.averaged_fraction || 0))}%` : "-");
   const group = window && window.mean_group_size ? `, groups of ${fmtNumber(window.mean_group_size, 2)}` : "";
   const batch = window && window.batch_ratio ? `, batch ${fmtNumber(window.batch_ratio, 2)}x` : "";
   setText("t-averaged-detail", epochs ? `of ${fmtInt(epochs)} worker-epochs${group}${batch}` : "");
+  const share = window ? window.waiting_share : null;
+  setText("t-waiting", share === null || share === undefined ? "-" : `${Math.round(100 * share)}%`);
+  const g = window && window.g !== null && window.g !== undefined ? `G ${fmtNumber(window.g, 2)}` : "";
+  setText("t-waiting-detail", share === null || share === undefined ? "" : g || "G unbounded (no waiting)");
   const warning = document.getElementById("averaging-warning");
   warning.hidden = !(window && window.warning);
   warning.textContent = window && window.warning ? `Averaging: ${window.warning}` : "";

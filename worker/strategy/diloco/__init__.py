@@ -12,5 +12,6 @@ rounds that come every ``sync_every_s`` seconds keep the peers computing most of
   to joiners.
 - ``schedule.py``: when a round is due (by the swarm's clock or by steps).
 - ``optimizer.py``: the optimizer Lightning steps: the inner step every batch, a round when due, its
-  checkpoint state.
+  checkpoint state (the outer state and the local weights).
+- ``model_state.py``: the module's state with the global weights, a checkpoint's ``state_dict``.
 """

@@ -33,7 +33,7 @@ from hivemind import DHT
 from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionBase
 
-from worker.strategy.checkpoint_format import LOCAL_EPOCH_KEY
+from worker.strategy.checkpoint_format import DILOCO_STATE_KEY, LOCAL_EPOCH_KEY
 from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverager, apply_hivemind_fixes
 from worker.strategy.diloco.outer import OuterStep
 from worker.strategy.diloco.schedule import RoundSchedule
@@ -43,8 +43,8 @@ from worker.strategy.outcomes import Outcome, OutcomeCounter, round_outcome
 from worker.strategy.shutdown import stop_tracker_keeping_record
 from worker.strategy.tracker import SwarmBatchTracker
 
-#: the outer state's key in this optimizer's checkpoint state (next to torch's "state" and "param_groups")
-DILOCO_STATE_KEY = "diloco"
+#: this peer's local weights in the outer state of its checkpoint (beside the outer step's own keys)
+LOCAL_WEIGHTS_KEY = "local_weights"
 SHUTDOWN_TIMEOUT_S = 5.0
 _TRACKER_JOIN_TIMEOUT_S = 10.0
 log = logging.getLogger(__name__)
@@ -58,8 +58,10 @@ class DiLoCoOutcomes:
         self.counting_downloads = False
 
     def start_counting_downloads(self) -> None:
-        """From now on a state download is an outcome (the download that joins a swarm is not)."""
+        """From now on a state download is an outcome (the download that joins a swarm is not), and
+        training time counts."""
         self.counting_downloads = True
+        self.counter.start()
 
 
 class DiLoCoOptimizer(torch.optim.Optimizer):
@@ -181,8 +183,10 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         try:
             return self._run_round()
         finally:
-            self.round_s_total += time.monotonic() - started
+            took_s = time.monotonic() - started
+            self.round_s_total += took_s
             self.rounds += 1
+            self.outcomes.counter.add_blocked(took_s)
 
     def _run_round(self) -> Outcome:
         if self.tracker.global_progress.epoch > self.local_epoch and self._has_peers():
@@ -304,15 +308,30 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self.tracker.join(_TRACKER_JOIN_TIMEOUT_S)
         quiet_abandoned_event_loops()  # the tracker's thread leaves pending tasks behind (hivemind 1.1.12)
 
+    def global_weights(self) -> list[torch.Tensor]:
+        """Copies of the global weights (the run's model), in the order of the inner optimizer's params."""
+        with self.outer.lock:
+            return [g.detach().clone() for g in self.outer.global_params]
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The local parameters this optimizer steps, in the order of :meth:`global_weights`."""
+        return list(self._params)
+
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state, the epoch in ``state`` (as hivemind's) and the outer state."""
+        """The inner optimizer's state, the epoch in ``state`` (as hivemind's) and the outer state with
+        this peer's local weights: the checkpoint's ``state_dict`` holds the global ones (the run's
+        model), so a resume takes the local ones from here."""
         saved = self.inner.state_dict()
         saved["state"] = {**saved["state"], LOCAL_EPOCH_KEY: self.local_epoch}
-        saved[DILOCO_STATE_KEY] = self.outer.state_dict()
+        local = [p.detach().to("cpu", copy=True) for p in self._params]
+        saved[DILOCO_STATE_KEY] = {**self.outer.state_dict(), LOCAL_WEIGHTS_KEY: local}
         return saved
 
+    @torch.no_grad()
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load :meth:`state_dict` output (the model's weights, the local ones, come from Lightning)."""
+        """Load :meth:`state_dict` output. Lightning loaded the model's weights (the global ones) first;
+        the local weights saved beside the outer state replace them, so training goes on where it was."""
         saved = dict(state_dict)
         state = dict(saved["state"])
         epoch = state.pop(LOCAL_EPOCH_KEY, None)
@@ -320,5 +339,8 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self.inner.load_state_dict({**saved, "state": state})
         if outer is not None:
             self.outer.load_state_dict(outer)
+            local = outer.get(LOCAL_WEIGHTS_KEY)  # None in a checkpoint whose state_dict was local
+            for param, value in zip(self._params, local or (), strict=local is not None):
+                param.copy_(value)
         if isinstance(epoch, int):
             self._set_epoch(epoch)
