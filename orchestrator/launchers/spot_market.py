@@ -158,6 +158,11 @@ class SpotMarket:
                 raise SpotMarketError(f"{settings.trace}: the trace has no events")
 
     @property
+    def end_s(self) -> float:
+        """The trace time of its last event (0 for an empty trace)."""
+        return self._schedule[-1][0] if self._schedule else 0.0
+
+    @property
     def started(self) -> bool:
         """Whether the trace's clock runs (it starts at the first :meth:`capacity`)."""
         return self._started_at is not None
