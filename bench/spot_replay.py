@@ -8,8 +8,8 @@ real time. Every second it samples the market's capacity, the running workers an
 (samples in completed swarm epochs), then prints:
 
 - goodput: progress / (the run's steady rate per worker x the capacity-time the market offered), where
-  the steady rate is the median rate per worker over the samples in which as many workers ran as the
-  market offered (from this run: a separate control run is not made yet);
+  the steady rate is the progress per worker-second over the seconds in which as many workers ran as
+  the market offered (from this run: a separate control run is not made yet);
 - lost work per preemption: samples the workers computed that no completed or current epoch holds,
   over the reclaims (an estimate from the run's totals);
 - notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
@@ -141,17 +141,14 @@ def sample(reader: RunReader, market: SpotMarket, duration_s: float) -> list[dic
 
 
 def steady_rate(samples: list[dict[str, Any]]) -> float:
-    """Median progress per worker-second over the intervals in which the workers matched the capacity."""
-    rates = []
+    """Progress per worker-second over the intervals in which as many workers ran as the market offered
+    (a ratio of sums: progress comes in whole swarm epochs, so one interval's rate says little)."""
+    progress, worker_s = 0.0, 0.0
     for before, after in itertools.pairwise(samples):
-        if (
-            before["running"] == after["running"] == before["capacity"] > 0
-            and after["progress"] >= before["progress"]
-        ):
-            rates.append(
-                (after["progress"] - before["progress"]) / (after["t_s"] - before["t_s"]) / before["running"]
-            )
-    return statistics.median(rates) if rates else 0.0
+        if before["running"] == after["running"] == before["capacity"] > 0:
+            progress += max(0, after["progress"] - before["progress"])
+            worker_s += before["running"] * (after["t_s"] - before["t_s"])
+    return progress / worker_s if worker_s else 0.0
 
 
 def report(
