@@ -14,6 +14,7 @@ real time. Every second it samples the market's capacity, the running workers an
   over the reclaims (an estimate from the run's totals);
 - notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
 - zero-worker time: seconds after the first registration during which no worker ran;
+- epoch rollbacks (the swarm's epoch in the DHT went back) and the states the run was seen in;
 - a plot of capacity, running workers and progress over time (``replay.svg`` in ``--out``, written by
   hand: no plotting library is needed).
 
@@ -134,6 +135,8 @@ def sample(reader: RunReader, market: SpotMarket, duration_s: float) -> list[dic
                 "progress": run["reported"]["swarm_epoch"] * run["spec"]["target_batch_size"],
                 "samples_total": run["reported"]["samples_total"],
                 "in_flight": swarm.get("samples_accumulated", 0),
+                "dht_epoch": swarm.get("epoch"),
+                "state": run["state"],
             }
         )
         time.sleep(max(0.0, SAMPLE_S - (time.monotonic() - started - samples[-1]["t_s"])))
@@ -182,6 +185,13 @@ def report(
     )
     print(f"notice to replacement: {_replacements(workers)}")
     print(f"zero-worker time: {zero_s:.0f} s")
+    epochs = [e["dht_epoch"] for e in samples if e["dht_epoch"] is not None]
+    rollbacks = sum(later < earlier for earlier, later in itertools.pairwise(epochs))
+    states = sorted({e["state"] for e in samples})
+    print(
+        f"epoch rollbacks: {rollbacks} (the swarm's epoch in the DHT went back); "
+        f"run states: {', '.join(states)}"
+    )
     (out / "samples.json").write_text(json.dumps(samples))
     (out / "replay.svg").write_text(svg(samples))
     print(f"plot: {out / 'replay.svg'}")

@@ -28,7 +28,13 @@ def test_spot_replay_quick_mode_prints_goodput_and_writes_its_plot(
     assert bench.popen.returncode == 0, out
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"goodput \d+\.\d\d \(mode gradients, slots 1, compress 6\)", last), out
-    for line in ("capacity offered:", "preemptions:", "notice to replacement:", "zero-worker time:"):
+    for line in (
+        "capacity offered:",
+        "preemptions:",
+        "notice to replacement:",
+        "zero-worker time:",
+        "rollbacks:",
+    ):
         assert line in out, out
     samples = json.loads((out_dir / "samples.json").read_text())
     assert {s["capacity"] for s in samples} == {0, 1}  # the trace's loss and return were sampled
