@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -152,15 +153,20 @@ def create_app(
 
 def build_launchers(settings: Settings, forkserver: ForkServer | None = None) -> dict[str, Launcher]:
     """The launchers this orchestrator offers, by name (the local one forks from ``forkserver``)."""
-    launchers: dict[str, Launcher] = {
-        "local": LocalLauncher(
-            settings.data_dir,
-            grace_s=settings.reconciler.retire_grace_s,
-            pass_env=settings.worker_env,
-            preload=settings.local_preload,
-            forkserver=forkserver,
-        ),
-    }
+    local = LocalLauncher(
+        settings.data_dir,
+        grace_s=settings.reconciler.retire_grace_s,
+        pass_env=settings.worker_env,
+        preload=settings.local_preload,
+        forkserver=forkserver,
+    )
+    launchers: dict[str, Launcher] = {"local": local}
+    if settings.local_spot_market is not None:
+        from orchestrator.launchers.spot_local import SpotMarketLauncher, load_market_settings
+        from orchestrator.launchers.spot_market import SpotMarket
+
+        market = SpotMarket(load_market_settings(settings.local_spot_market), time.time)
+        launchers["local"] = SpotMarketLauncher(local, market, time.time)
     if settings.ec2.launch_template:
         from orchestrator.launchers.ec2.launcher import Ec2Launcher  # imports boto3
 

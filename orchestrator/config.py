@@ -267,6 +267,12 @@ class Settings(BaseSettings):
         "(started at the first local launch), so each skips the about 5 s of CPU those imports take; "
         "false starts each worker in a fresh interpreter.",
     )
+    local_spot_market: Path | None = Field(
+        default=None,
+        description="A JSON file describing a simulated spot market the local launcher obeys (a capacity "
+        "trace or a seeded random market, its slots and time compression): launches beyond its capacity "
+        "fail as InsufficientInstanceCapacity, and workers it reclaims get a spot notice. Off when unset.",
+    )
     check_imports: bool = Field(
         default=True,
         description="Import each new run's module/datamodule in an isolated process to validate it.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
@@ -125,6 +126,20 @@ def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
     configure_logging(settings.log_level, settings.log_format, hivemind=hivemind, lightning=False)
 
 
+def check_spot_market(settings: Settings) -> None:
+    """Read ``local_spot_market`` before the app starts: a bad file is one line and exit 1, not the
+    traceback of a failed start."""
+    if settings.local_spot_market is None:
+        return
+    from orchestrator.launchers.spot_local import load_market_settings
+    from orchestrator.launchers.spot_market import SpotMarket, SpotMarketError
+
+    try:
+        SpotMarket(load_market_settings(settings.local_spot_market), time.time)
+    except SpotMarketError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @click.command()
 @_setting_options
 def serve(**options: Any) -> None:
@@ -147,6 +162,7 @@ def serve(**options: Any) -> None:
     announce_admin_token(settings)
     stop_stale_dht_peer(settings)  # the app checks too, but a failing lifespan prints a traceback
     check_swarm_authority(settings)
+    check_spot_market(settings)
     if problem := taken_port_problem(settings):
         raise click.ClickException(problem)
     warn_if_plain_http(settings)

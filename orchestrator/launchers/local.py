@@ -230,6 +230,15 @@ class LocalLauncher:
                 proc.signal_group(record.pid, signal.SIGTERM)
             self._schedule_escalation(record, self._grace_s)
 
+    def kill(self, request_id: str) -> None:
+        """SIGKILL the worker's process group now, as a machine that vanishes: not a requested stop, so
+        its exit is reported by :meth:`poll_errors` like any other death."""
+        with self._lock:
+            record = self._records.get(request_id)
+            if record is not None and record.alive and self._owns_group(record):
+                logger.info("worker %s (run %s, pid %s): SIGKILL", request_id, record.run_name, record.pid)
+                proc.signal_group(record.pid or 0, signal.SIGKILL)
+
     def describe(self) -> list[Instance]:
         """Every worker launched or adopted here that was not yet forgotten, alive or gone."""
         with self._lock:

@@ -282,7 +282,9 @@ def _keep_at_desired(
     missing = -surplus
     if missing > 0:
         last_failure = run.last_start_failure_at if plan.start_failures == 0 else now
-        wait_until = (last_failure or 0.0) + settings.backoff_s(streak)
+        # At least the first delay after any failure: a training worker ends the streak (the loop), and a
+        # market without capacity would otherwise be asked again at every tick while one worker trains.
+        wait_until = (last_failure or 0.0) + settings.backoff_s(max(streak, 1))
         if now < wait_until:
             plan.backoff_until = wait_until
         else:

@@ -77,6 +77,18 @@ def test_launch_backs_off_after_failures() -> None:
     assert later.launch == 1
 
 
+def test_a_launch_waits_the_first_backoff_after_a_failure_even_when_a_training_worker_ended_the_streak() -> (
+    None
+):
+    # A worker that trains resets the streak (the loop), so a market without capacity would be asked
+    # again at every tick while one worker trains: the last failure still holds launches off that long.
+    r = run(desired_workers=2, consecutive_start_failures=0, last_start_failure_at=NOW - 1)
+    plan = plan_run(r, [worker("a")], alive("a"), [], NOW, POLICY)
+    assert plan.launch == 0 and plan.backoff_until == NOW - 1 + POLICY.backoff_s(1)
+    later = plan_run(r, [worker("a")], alive("a"), [], NOW - 1 + POLICY.backoff_s(1), POLICY)
+    assert later.launch == 1
+
+
 def test_backoff_is_exponential_and_capped() -> None:
     delays = [POLICY.backoff_s(n) for n in range(1, 12)]
     assert delays[:3] == [2.0, 4.0, 8.0]

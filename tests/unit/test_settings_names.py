@@ -61,6 +61,7 @@ NAMES: list[tuple[str, str, str, Any]] = [
     ("PUBLIC_READS", "false", "public_reads", False),
     ("WORKER_ENV", "HF_TOKEN, WANDB_*", "worker_env", ["HF_TOKEN", "WANDB_*"]),
     ("LOCAL_PRELOAD", "false", "local_preload", False),
+    ("LOCAL_SPOT_MARKET", "/srv/market.json", "local_spot_market", Path("/srv/market.json")),
     ("CHECK_IMPORTS", "false", "check_imports", False),
     ("IMPORT_TIMEOUT_S", "90", "import_timeout_s", 90.0),
     ("SHUTDOWN_GRACE_S", "40", "shutdown_grace_s", 40.0),

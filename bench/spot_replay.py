@@ -1,0 +1,242 @@
+"""A spot trace replayed through a real orchestrator and local workers: how much of the capacity the
+market gave became training progress.
+
+A `spotswarm serve` (reconcile loop, local launcher in a simulated spot market: ``local_spot_market``,
+``docs/guides/spot-market.md``) trains the digits example with ``--slots`` desired workers while the
+market replays ``--trace`` (Parcae's JSON lines or a CSV of capacity), ``--compress`` times faster than
+real time. Every second it samples the market's capacity, the running workers and the swarm's progress
+(samples in completed swarm epochs), then prints:
+
+- goodput: progress / (the run's steady rate per worker x the capacity-time the market offered), where
+  the steady rate is the progress per worker-second over the seconds in which as many workers ran as
+  the market offered (from this run: a separate control run is not made yet);
+- lost work per preemption: samples the workers computed that no completed or current epoch holds,
+  over the reclaims (an estimate from the run's totals);
+- notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
+- zero-worker time: seconds after the first registration during which no worker ran;
+- epoch rollbacks (the swarm's epoch in the DHT went back) and the states the run was seen in;
+- a plot of capacity, running workers and progress over time (``replay.svg`` in ``--out``, written by
+  hand: no plotting library is needed).
+
+Its last line reads ``goodput <x> (mode <m>, slots <n>, compress <k>)``. ``--quick`` replays a built-in
+five-minute trace on one slot in about a minute, to check that the script works: it measures
+nothing at that size.
+
+``python bench/spot_replay.py --trace FILE --slots N --compress K [--sync MODE] [--out DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+from orchestrator.launchers.spot_market import SpotMarket, SpotMarketSettings
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
+
+SAMPLE_S = 1.0
+QUICK_TRACE = "minute,capacity\n0,1\n2,0\n3,1\n5,1\n"  # one slot: lost at 2 min, back at 3
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, help="Parcae JSON lines or a CSV of time,capacity")
+    parser.add_argument("--slots", type=int, default=2, help="workers at the trace's peak")
+    parser.add_argument("--compress", type=float, default=10.0, help="trace seconds per wall second")
+    parser.add_argument(
+        "--sync", default="gradients", choices=["gradients", "diloco"], help="the run's sync mode"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="folder for samples.json and replay.svg (default: a temporary one)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the market's seed")
+    parser.add_argument("--kill-share", type=float, default=0.0, help="share of reclaims without notice")
+    parser.add_argument(
+        "--quick", action="store_true", help="a built-in 5-minute trace on 1 slot, compressed 6x"
+    )
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="spotswarm-replay-") as tmp:
+        work = Path(tmp)
+        out = args.out or work
+        out.mkdir(parents=True, exist_ok=True)
+        if args.quick:
+            args.trace, args.slots, args.compress = work / "quick.csv", 1, 6.0
+            args.trace.write_text(QUICK_TRACE)
+        if args.trace is None:
+            raise SystemExit("--trace FILE is needed (or --quick)")
+        settings = SpotMarketSettings(
+            slots=args.slots, trace=args.trace.resolve(), compress=args.compress, seed=args.seed,
+            kill_share=args.kill_share,
+        )  # fmt: skip
+        samples, workers = replay(settings, args.sync, work)
+    report(samples, workers, settings, args.sync, out)
+
+
+def replay(
+    settings: SpotMarketSettings, sync: str, work: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the trace through a real orchestrator; the samples taken and the run's workers at the end."""
+    market_file = work / "market.json"
+    market_file.write_text(settings.model_dump_json())
+    env = {
+        "SPOTSWARM_LOCAL_SPOT_MARKET": str(market_file),
+        "SPOTSWARM_CHECK_IMPORTS": "false",
+        "SPOTSWARM_MAX_START_FAILURES": "1000",  # the most: a dry market is not a broken run
+        "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "1",
+        "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": "4",
+    }
+    processes, data_dir = ProcessRegistry(work), work / "orch"
+    schedule = SpotMarket(settings, time.time)  # the same trace, read here to know the capacity offered
+    duration_s = schedule.end_s / settings.compress + 10 * SAMPLE_S
+    try:
+        orch = start_loop_orchestrator(processes, data_dir, extra_env=env)
+        spec = digits_run(
+            "replay", desired_workers=settings.slots, max_workers=max(4, settings.slots),
+            stop={"target_epochs": 1_000_000}, checkpoint_every_epochs=1_000_000,
+            strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": sync},
+        )  # fmt: skip
+        admin_post(orch, "/api/v1/runs", spec)
+        reader = RunReader(orch, "replay")
+        schedule.capacity()  # the market's own trace starts at its first launch, about now
+        samples = sample(reader, schedule, duration_s)
+        return samples, reader.workers()
+    finally:
+        processes.kill_all()
+        kill_local_workers(data_dir)
+
+
+def sample(reader: RunReader, market: SpotMarket, duration_s: float) -> list[dict[str, Any]]:
+    """One sample a second until the trace ends: capacity, running workers, progress."""
+    samples: list[dict[str, Any]] = []
+    started = time.monotonic()
+    while time.monotonic() - started < duration_s:
+        run = reader.run()
+        swarm = run.get("swarm") or {}
+        samples.append(
+            {
+                "t_s": time.monotonic() - started,
+                "capacity": market.capacity(),
+                "running": run["workers"]["running"],
+                "progress": run["reported"]["swarm_epoch"] * run["spec"]["target_batch_size"],
+                "samples_total": run["reported"]["samples_total"],
+                "in_flight": swarm.get("samples_accumulated", 0),
+                "dht_epoch": swarm.get("epoch"),
+                "state": run["state"],
+            }
+        )
+        time.sleep(max(0.0, SAMPLE_S - (time.monotonic() - started - samples[-1]["t_s"])))
+    return samples
+
+
+def steady_rate(samples: list[dict[str, Any]]) -> float:
+    """Progress per worker-second over the intervals in which as many workers ran as the market offered
+    (a ratio of sums: progress comes in whole swarm epochs, so one interval's rate says little)."""
+    progress, worker_s = 0.0, 0.0
+    for before, after in itertools.pairwise(samples):
+        if before["running"] == after["running"] == before["capacity"] > 0:
+            progress += max(0, after["progress"] - before["progress"])
+            worker_s += before["running"] * (after["t_s"] - before["t_s"])
+    return progress / worker_s if worker_s else 0.0
+
+
+def report(
+    samples: list[dict[str, Any]],
+    workers: list[dict[str, Any]],
+    settings: SpotMarketSettings,
+    sync: str,
+    out: Path,
+) -> None:
+    capacity_s = sum(a["capacity"] * (b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples))
+    first = next((i for i, s in enumerate(samples) if s["running"]), len(samples))
+    after = samples[first:]
+    zero_s = sum(b["t_s"] - a["t_s"] for a, b in itertools.pairwise(after) if a["running"] == 0)
+    progress = samples[-1]["progress"] - samples[0]["progress"]
+    ideal = steady_rate(samples) * capacity_s
+    goodput = progress / ideal if ideal > 0 else 0.0
+    reclaimed = [w for w in workers if w["state"] in ("interrupted", "lost")]
+    lost = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
+    print(
+        f"trace: {settings.trace} ({settings.slots} slots, "
+        f"compressed {settings.compress:g}x, seed {settings.seed})"
+    )
+    print(f"capacity offered: {capacity_s:.0f} worker-seconds; progress: {progress} samples")
+    print(
+        f"preemptions: {len(reclaimed)} ({sum(w['state'] == 'interrupted' for w in reclaimed)} with notice)"
+    )
+    print(
+        f"lost work per preemption: ~{lost / len(reclaimed):.0f} samples"
+        if reclaimed
+        else "lost work: no preemption"
+    )
+    print(f"notice to replacement: {_replacements(workers)}")
+    print(f"zero-worker time: {zero_s:.0f} s")
+    epochs = [e["dht_epoch"] for e in samples if e["dht_epoch"] is not None]
+    rollbacks = sum(later < earlier for earlier, later in itertools.pairwise(epochs))
+    states = sorted({e["state"] for e in samples})
+    print(
+        f"epoch rollbacks: {rollbacks} (the swarm's epoch in the DHT went back); "
+        f"run states: {', '.join(states)}"
+    )
+    (out / "samples.json").write_text(json.dumps(samples))
+    (out / "replay.svg").write_text(svg(samples))
+    print(f"plot: {out / 'replay.svg'}")
+    print(f"goodput {goodput:.2f} (mode {sync}, slots {settings.slots}, compress {settings.compress:g})")
+
+
+def _replacements(workers: list[dict[str, Any]]) -> str:
+    """Median seconds from a reclaimed worker's end to the next registration after it."""
+    registered = sorted(datetime.fromisoformat(w["registered_at"]) for w in workers if w["registered_at"])
+    delays = []
+    for worker in workers:
+        if worker["state"] in ("interrupted", "lost") and worker["ended_at"]:
+            ended = datetime.fromisoformat(worker["ended_at"])
+            later = [r for r in registered if r > ended]
+            if later:
+                delays.append((later[0] - ended).total_seconds())
+    return f"{statistics.median(delays):.1f} s median of {len(delays)}" if delays else "none measured"
+
+
+def svg(samples: list[dict[str, Any]], width: int = 640, height: int = 240) -> str:
+    """Capacity and running workers (left scale) and progress (scaled to the height) over time."""
+    end_s = max(samples[-1]["t_s"], 1.0)
+    top = max(max(s["capacity"] for s in samples), max(s["running"] for s in samples), 1)
+    most = max(samples[-1]["progress"], 1)
+
+    def line(key: str, scale: float, colour: str) -> str:
+        points = " ".join(
+            f"{40 + s['t_s'] / end_s * (width - 60):.1f},{height - 30 - s[key] / scale * (height - 50):.1f}"
+            for s in samples
+        )
+        return f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
+
+    legend = [("capacity", "#888"), ("running workers", "#1f77b4"), ("progress", "#2ca02c")]
+    labels = "".join(
+        f'<text x="{50 + i * 150}" y="15" fill="{c}" font-size="12">{name}</text>'
+        for i, (name, c) in enumerate(legend)
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+        f'<rect width="{width}" height="{height}" fill="white"/>{labels}'
+        f"{line('capacity', top, '#888')}{line('running', top, '#1f77b4')}{line('progress', most, '#2ca02c')}"
+        f'<text x="40" y="{height - 10}" font-size="11">0 s</text>'
+        f'<text x="{width - 60}" y="{height - 10}" font-size="11">{end_s:.0f} s</text></svg>'
+    )
+
+
+if __name__ == "__main__":
+    main()
