@@ -17,6 +17,7 @@ from orchestrator.cli.output import (
     fmt_usd,
 )
 from orchestrator.domain.states import LIVE_WORKER_STATES
+from worker.wire import AVERAGING_OUTCOMES
 from worker.wire_trainer import LOSS_METRIC_NAMES
 
 LIVE_STATES = frozenset(state.value for state in LIVE_WORKER_STATES)  # as the API's JSON has them
@@ -53,7 +54,7 @@ def _averaged(worker: dict[str, Any]) -> str:
     fraction, counts = worker.get("averaged_fraction"), worker.get("averaging") or {}
     if fraction is None:
         return "-"
-    epochs = sum(v for k, v in counts.items() if k != "group_size_sum")
+    epochs = sum(int(counts.get(outcome, 0)) for outcome in AVERAGING_OUTCOMES)  # not sizes or seconds
     return f"{fraction:.0%} of {epochs}"
 
 

@@ -18,6 +18,7 @@ import pytest
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
+from worker.wire import AVERAGING_OUTCOMES
 
 pytestmark = [pytest.mark.swarm]
 ENV = {"SPOTSWARM_CHECK_IMPORTS": "false"}
@@ -29,7 +30,7 @@ def _counts(workers: list[dict[str, Any]]) -> dict[str, int]:
     total: dict[str, int] = {}
     for worker in workers:
         for key, value in (worker["averaging"] or {}).items():
-            if key != "group_size_sum":
+            if key in AVERAGING_OUTCOMES:  # epochs, not group sizes or seconds
                 total[key] = total.get(key, 0) + int(value)
     return total
 

@@ -23,6 +23,7 @@ import pytest
 from playwright.sync_api import Page, Request, expect
 
 from tests.support.browser import open_browser
+from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import HandWorker
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
@@ -157,7 +158,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         expect(leaver.locator("td.ended")).to_contain_text("interrupted: spot interruption notice")
 
         blob = tmp_path / "epoch-3.ckpt"
-        blob.write_bytes(b"weights" * 50_000)
+        blob.write_bytes(checkpoint_bytes(b"weights" * 50_000))  # what torch.save writes
         workers[0].upload(3, blob)
         link = page.locator('#checkpoints tr[data-epoch="3"] a')
         expect(link).to_have_text("download", timeout=15_000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from orchestrator.cli.client import MAX_DETAIL_CHARS, CliError, _detail, _read_config
 from orchestrator.cli.output import fmt_duration, format_table, text_chart
 from orchestrator.cli.runs import build_spec
+from orchestrator.cli.workers import worker_row
 from orchestrator.sizes import fmt_bytes
 
 
@@ -101,3 +103,9 @@ def test_the_demo_shows_the_admin_token_on_a_terminal_only() -> None:
     assert token_shown("ssa_secret", path, on_terminal=True).startswith("ssa_secret  (")
     redirected = token_shown("ssa_secret", path, on_terminal=False)
     assert "ssa_secret" not in redirected and "cat data/demo/admin_token" in redirected
+
+
+def test_workers_list_counts_a_workers_epochs_not_its_group_sizes_or_seconds() -> None:
+    counts = {"averaged": 9, "alone": 1, "group_size_sum": 18, "train_s": 120.5, "averaging_s": 6.0}
+    worker = {"id": 1, "state": "running", "samples": 0, "averaged_fraction": 0.9, "averaging": counts}
+    assert "90% of 10" in worker_row(worker, datetime.now(UTC))

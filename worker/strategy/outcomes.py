@@ -34,8 +34,8 @@ from enum import Enum
 from typing import Any
 
 import hivemind
-from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import StepControl
+from hivemind.optim.state_averager import TrainingStateAverager
 
 from worker.wire import AveragingCounts
 
@@ -155,8 +155,11 @@ class OutcomeRecorder:
         if averaging_round:
             if control is None or control.triggered or control.done():
                 averager = self._optimizer.state_averager
-                control = DecentralizedAverager.step(
-                    averager,
+                # the step after TrainingStateAverager's in the method order, as hivemind's own ``_do``
+                # calls it: our StateAverager records the round there (``last_round``), so that a peer
+                # told to leave can cancel it (``Optimizer.leave_rounds``)
+                next_step = super(TrainingStateAverager, averager).step  # type: ignore[misc]
+                control = next_step(
                     gather=averager.local_epoch,
                     require_trigger=True,
                     timeout=kwargs.get("timeout"),
