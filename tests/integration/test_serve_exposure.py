@@ -22,6 +22,7 @@ import pytest
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
+from tests.support.sockets import close_all, open_half_requests
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, register
@@ -37,7 +38,6 @@ ORCHESTRATOR_ENV = {
     "SPOTSWARM_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
     "SPOTSWARM_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
 }
-ATTACKER = "127.0.0.2"
 
 
 def _descendant_processes(root: int) -> dict[int, str]:
@@ -153,25 +153,6 @@ def test_a_request_naming_a_host_the_server_is_not_served_as_gets_400(orch: Orch
             assert http.get("/api/v1/runs", headers={"Host": host}).status_code == 200, host
 
 
-def _half_open(port: int, count: int) -> list[socket.socket]:
-    """``count`` connections from the attacker's address, each with half a request header, and no more."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.settimeout(5)
-            sock.bind((ATTACKER, 0))
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            sock.setblocking(False)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
 def _closed_by_server(sock: socket.socket) -> bool:
     try:
         return not sock.recv(65536)
@@ -186,7 +167,9 @@ def test_one_client_holding_half_open_connections_keeps_no_one_else_out(orch: Or
     """Without bounds, connections past limit_concurrency get every caller, /healthz included, a 503 for
     as long as one client holds them. Here the client's connections past its share are closed at once,
     and the rest once their header is late; /healthz answers 200 throughout."""
-    flood = _half_open(orch.port, 5 * LIMIT_CONCURRENCY)
+    flood = open_half_requests(
+        orch.port, 5 * LIMIT_CONCURRENCY, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    )
     try:
         opened_at = time.monotonic()
         with orch.client() as http:
@@ -198,5 +181,4 @@ def test_one_client_holding_half_open_connections_keeps_no_one_else_out(orch: Or
                    message="every half-open connection closed after the header timeout")  # fmt: skip
         assert time.monotonic() - opened_at >= HEADER_TIMEOUT_S - 0.5, "not before the header timeout"
     finally:
-        for sock in flood:
-            sock.close()
+        close_all(flood)

@@ -35,6 +35,7 @@ from orchestrator.config import Settings
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.ports import PORT_ATTEMPTS, free_port, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.sockets import ATTACKER, close_all, open_half_requests
 from tests.support.specs import run_spec
 from tests.support.terraform import (
     NGINX_TEMPLATE,
@@ -44,7 +45,6 @@ from tests.support.terraform import (
 )
 from tests.support.waiting import wait_until
 
-ATTACKER = "127.0.0.2"
 DOMAIN = "spotswarm.example.com"
 HEADER_TIMEOUT_S = 10  # client_header_timeout in the template
 ORCHESTRATOR_FILES = 1024
@@ -350,32 +350,6 @@ def test_a_code_package_over_the_json_limit_uploads_through_the_proxy(front_door
 
 
 # -- one client cannot starve the others ---------------------------------------------------------------
-
-
-def open_half_requests(
-    port: int, count: int, first_bytes: bytes, source: str = ATTACKER
-) -> list[socket.socket]:
-    """``count`` connections from ``source`` that send ``first_bytes`` and then nothing, ever."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.settimeout(5)
-            sock.bind((source, 0))
-            sock.connect(("127.0.0.1", port))
-            if first_bytes:
-                sock.sendall(first_bytes)
-            sock.setblocking(False)
-    except BaseException:
-        close_all(sockets)
-        raise
-    return sockets
-
-
-def close_all(sockets: list[socket.socket]) -> None:
-    for sock in sockets:
-        sock.close()
 
 
 def closed_by_peer(sock: socket.socket) -> bool:

@@ -5,6 +5,7 @@
   ``spotswarm-worker``, the test programs), seconds of CPU less per start.
 - ``waiting.py``: ``wait_until`` (a condition with a deadline), ``wait_for_file``, ``BOOT_S``.
 - ``ports.py``: free TCP ports.
+- ``sockets.py``: connections that hold a server's sockets with unfinished requests (one client's flood).
 - ``orchestrator.py``: ``spotswarm serve`` as a subprocess, ``ApiServer`` (what both kinds of
   orchestrator offer a test: API clients, the database), and the settings presets every test starts
   its orchestrator with (``TEST_ENV``, ``NO_RECONCILE``, ``HAND_ONLY``, ``LOOP_ENV``, ``FUZZ_ENV``).
