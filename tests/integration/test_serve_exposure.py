@@ -11,7 +11,6 @@ and 10 s for a header), so a few hundred sockets show what thousands would. The 
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import stat
 import time
@@ -19,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.processes import descendants
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
-from tests.support.processes import ProcessRegistry
+from tests.support.processes import ProcessRegistry, command_line
 from tests.support.sockets import close_all, open_half_requests
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -38,29 +38,6 @@ ORCHESTRATOR_ENV = {
     "SPOTSWARM_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
     "SPOTSWARM_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
 }
-
-
-def _descendant_processes(root: int) -> dict[int, str]:
-    """Command lines of the live processes below ``root`` (its children, theirs, ...): the server's DHT
-    peer runs in a process group of its own, so that a terminal's Ctrl-C reaches only the server."""
-    parents, commands = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            commands[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:  # it ended meanwhile
-            continue
-        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: dict[int, str] = {}
-    frontier = [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
-        found.update({pid: commands[pid] for pid in children})
-        frontier.extend(children)
-    return found
 
 
 @pytest.mark.timeout(240)
@@ -98,7 +75,8 @@ def test_serve_raises_its_open_files_limit_and_its_dht_maps_no_router_port(
     assert "open-files limit raised from 1024 to 4096" in orch.proc.log()
     assert "plain HTTP" not in orch.proc.log(), "loopback (the default) needs no warning"
 
-    daemons = [cmd for cmd in _descendant_processes(orch.proc.pid).values() if "p2pd" in cmd]
+    # below the server, in a process group of its own (a terminal's Ctrl-C reaches only the server)
+    daemons = [cmd for cmd in map(command_line, descendants(orch.proc.pid)) if "p2pd" in cmd]
     assert daemons, "the orchestrator's DHT daemon runs below it"
     assert all("-natPortMap=0" in cmd for cmd in daemons), daemons
 
