@@ -5,8 +5,6 @@ refused when it is created."""
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,13 +14,11 @@ from orchestrator.launchers.base import LaunchRequest
 from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.local_cpus import usable_cpus
 from orchestrator.processes import descendants
-from tests.integration.test_local_preload import registering
+from tests.integration.test_local_preload import registering, running_launcher
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-
-GRACE_S = 15.0
 
 
 def allowed_cpus(pid: int) -> str | None:
@@ -35,14 +31,8 @@ def allowed_cpus(pid: int) -> str | None:
 
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[LocalLauncher]:
-    launcher = LocalLauncher(tmp_path / "data", grace_s=GRACE_S)
-    try:
+    with running_launcher(tmp_path / "data") as launcher:
         yield launcher
-    finally:
-        for instance in launcher.describe():
-            if instance.alive:
-                os.killpg(int(instance.handle), signal.SIGKILL)
-        launcher.close()
 
 
 def pinned(request: LaunchRequest) -> LaunchRequest:

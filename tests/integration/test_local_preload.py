@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,10 @@ def instance_of(launcher: LocalLauncher, request_id: str):
 GRACE_S = 15.0
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory: pytest.TempPathFactory):
-    """One launcher (and fork server) for the tests that launch with distinct request ids."""
-    launcher = LocalLauncher(tmp_path_factory.mktemp("preload") / "data", grace_s=GRACE_S)
+@contextlib.contextmanager
+def running_launcher(data_dir: Path) -> Iterator[LocalLauncher]:
+    """A local launcher (with its fork server); at the end its live workers are killed by group."""
+    launcher = LocalLauncher(data_dir, grace_s=GRACE_S)
     try:
         yield launcher
     finally:
@@ -64,6 +65,13 @@ def launcher(tmp_path_factory: pytest.TempPathFactory):
             if instance.alive:
                 os.killpg(int(instance.handle), signal.SIGKILL)
         launcher.close()
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory):
+    """One launcher (and fork server) for the tests that launch with distinct request ids."""
+    with running_launcher(tmp_path_factory.mktemp("preload") / "data") as launcher:
+        yield launcher
 
 
 @pytest.mark.timeout(90)
