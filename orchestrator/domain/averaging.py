@@ -58,12 +58,19 @@ def run_totals(
         if not counts:  # not reported (a JSON null is not SQL NULL: filtered here, not in SQL)
             continue
         total = totals.setdefault(run_id, dict.fromkeys(SUMMED_COUNTS, 0))
-        for key in SUMMED_COUNTS:
-            total[key] += float(counts.get(key, 0)) if key in AVERAGING_TIMES else int(counts.get(key, 0))
+        add_counts(total, counts)
         if fresh_after is not None:
             live = heartbeat_at is not None and heartbeat_at >= fresh_after
             total[TRAINING_WORKERS] = total.get(TRAINING_WORKERS, 0) + int(live)
     return totals
+
+
+def add_counts(total: dict[str, Any], counts: Mapping[str, Any]) -> None:
+    """Add one worker's counts to a run's ``total`` (the seconds as floats, the rest as ints)."""
+    for key in SUMMED_COUNTS:
+        total[key] = total.get(key, 0) + (
+            float(counts.get(key, 0)) if key in AVERAGING_TIMES else int(counts.get(key, 0))
+        )
 
 
 def swarm_batch(samples: int, epochs: int, target_batch_size: int) -> dict[str, float | None]:

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import events
-from orchestrator.domain.averaging import ADVICE, EVENT_KIND, summarize
+from orchestrator.domain.averaging import ADVICE, EVENT_KIND, add_counts, summarize
 from worker.wire import AveragingCounts
 
 
@@ -47,11 +47,10 @@ def apart(live: Sequence[AveragingCounts], apart_epochs: int) -> bool:
     return len(live) >= 2 and not formed(live) and all(c.local >= apart_epochs for c in live)
 
 
-def _total(counts: Iterable[AveragingCounts]) -> dict[str, int]:
-    total: dict[str, int] = {}
+def _total(counts: Iterable[AveragingCounts]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
     for c in counts:
-        for key, value in c.model_dump().items():
-            total[key] = total.get(key, 0) + int(value)
+        add_counts(total, c.model_dump())
     return total
 
 
