@@ -35,7 +35,9 @@ WORKER_AVERAGED_SHARE = 0.5  # of each worker's own epochs, at least
 
 def _counts(worker: dict[str, Any]) -> dict[str, int]:
     """A worker's epochs by outcome (not its group sizes or seconds)."""
-    return {key: int(value) for key, value in (worker["averaging"] or {}).items() if key in AVERAGING_OUTCOMES}
+    return {
+        key: int(value) for key, value in (worker["averaging"] or {}).items() if key in AVERAGING_OUTCOMES
+    }
 
 
 def _by_worker(workers: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
