@@ -45,7 +45,7 @@ from orchestrator.reconciler.policy import (
     WorkerView,
     plan_run,
 )
-from worker.wire import RunState, WorkerState
+from worker.wire import LEAVING_PHASE, RunState, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -393,6 +393,7 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
         registered=worker.registered_at is not None,
         last_heartbeat_at=_ts(last),
         retire_requested_at=_ts(worker.retire_requested_at),
+        leaving=worker.phase == LEAVING_PHASE,
     )
 
 

@@ -104,6 +104,7 @@ class WorkerView:
     registered: bool  # it reached the orchestrator at least once
     last_heartbeat_at: float | None = None
     retire_requested_at: float | None = None
+    leaving: bool = False  # a spot notice: it trains on until it leaves, but no longer counts as desired
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,8 @@ def _keep_at_desired(
         if now - worker.retire_requested_at > settings.retire_grace_s:  # type: ignore[operator]
             plan.exited[worker.id] = "terminated: retired by scale-down"
             plan.terminate.append(worker.request_id)
-    active = [w for w in survivors if w.retire_requested_at is None]
+    # A worker with a spot notice is replaced now, while it still trains (the market bounds the launch).
+    active = [w for w in survivors if w.retire_requested_at is None and not w.leaving]
     surplus = len(active) - run.desired_workers
     if surplus > 0:
         plan.retire = [w.id for w in _retire_order(active)[:surplus]]

@@ -204,3 +204,13 @@ def test_registered_worker_whose_process_failed_is_lost_not_a_start_failure() ->
     plan = plan_run(run(), [worker("a"), worker("b")], alive("b"), [failure], NOW, POLICY)
     assert plan.lost == {"a": "ended without leaving: exit code -9"}
     assert not plan.failed and plan.start_failures == 0 and plan.launch == 1
+
+
+def test_a_worker_with_a_spot_notice_is_replaced_while_it_trains_and_never_retired() -> None:
+    noticed = worker("a", leaving=True)
+    plan = plan_run(run(desired_workers=1), [noticed], alive("a"), [], NOW, POLICY)
+    assert plan.launch == 1 and not plan.retire and not plan.terminate
+
+    replacement = worker("b", WorkerState.launching, registered=False, created_at=NOW - 1)
+    plan = plan_run(run(desired_workers=1), [noticed, replacement], alive("a", "b"), [], NOW, POLICY)
+    assert plan.is_empty(), "the replacement counts; the noticed worker is neither retired nor replaced twice"
