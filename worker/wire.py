@@ -459,6 +459,10 @@ AVERAGING_OUTCOMES = ("averaged", "alone", "no_group", "timeout", "failed", "dow
 AVERAGING_TIMES = ("train_s", "averaging_s")
 
 
+#: the heartbeat phase of a worker with a spot notice: it trains on, and its replacement is launched now
+LEAVING_PHASE = "leaving"
+
+
 class Heartbeat(StrictModel):
     """Progress a worker reports every few seconds."""
 
@@ -473,7 +477,12 @@ class Heartbeat(StrictModel):
     visible_maddrs: list[Annotated[str, Field(max_length=1024, pattern=NO_NUL_PATTERN)]] = Field(
         default_factory=list, max_length=16
     )
-    phase: str = Field(default="training", pattern=r"^(starting|training|stopping)$")
+    phase: str = Field(
+        default="training",
+        pattern=r"^(starting|training|leaving|stopping)$",
+        description="leaving: a spot notice came; the worker trains on through most of the notice period, "
+        "and the orchestrator launches its replacement now instead of when it is gone.",
+    )
     metrics: dict[MetricName, Annotated[float, Field(allow_inf_nan=False)]] = Field(
         default_factory=dict,
         max_length=MAX_REPORTED_METRICS,

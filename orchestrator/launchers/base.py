@@ -70,6 +70,9 @@ class LaunchFailure:
     run_name: str
     reason: str
     retryable: bool = True
+    #: the market had no machine to give (EC2's ``InsufficientInstanceCapacity``): the reconciler asks
+    #: again ever less often, and never fails a run for it; nothing is wrong with the run
+    capacity: bool = False
 
 
 @runtime_checkable

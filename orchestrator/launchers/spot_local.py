@@ -5,8 +5,8 @@
 on one machine with real workers:
 
 - a launch when every slot the market offers is taken starts nothing and is reported by
-  :meth:`poll_errors` as EC2's ``InsufficientInstanceCapacity`` is by the ``ec2`` launcher (so the
-  reconciler records a start failure and backs off);
+  :meth:`poll_errors` as EC2's ``InsufficientInstanceCapacity`` is by the ``ec2`` launcher (a capacity
+  failure: the reconciler asks again ever less often, and never fails the run for it);
 - when the market shrinks below the workers that hold slots, the workers it reclaims are chosen by the
   market's seeded draw (logged); each gets EC2's interruption notice through its own instance metadata
   (:mod:`orchestrator.launchers.spot_imds`, which its agent polls as on EC2) and is terminated after the
@@ -92,7 +92,9 @@ class SpotMarketLauncher:
                     f"{held} of {capacity} slots taken, trace at {self.market.trace_s():.0f} s)"
                 )
                 logger.warning("run %s request %s: %s", request.run_name, request.request_id, reason)
-                self._failures.append(LaunchFailure(request.request_id, request.run_name, reason))
+                self._failures.append(
+                    LaunchFailure(request.request_id, request.run_name, reason, capacity=True)
+                )
                 return ""
             url = self._metadata.url_for(request.request_id)
             return self._inner.launch(replace(request, env={**request.env, METADATA_URL_ENV: url}))

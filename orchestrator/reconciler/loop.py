@@ -45,7 +45,7 @@ from orchestrator.reconciler.policy import (
     WorkerView,
     plan_run,
 )
-from worker.wire import RunState, WorkerState
+from worker.wire import LEAVING_PHASE, RunState, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,9 @@ class Reconciler:
         self.busy_s = 0.0  # seconds spent in ticks, all together (the metrics' duty cycle)
         self.last_tick: TickStats | None = None
         self._orphans_terminated: set[str] = set()
+        # run name -> (launches the market refused in a row, when the last was): pacing, not run state, so
+        # kept here; a restarted orchestrator asks again from the first delay
+        self._capacity_refusals: dict[str, tuple[int, datetime]] = {}
         self.last_tick_at: datetime | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -208,6 +211,7 @@ class Reconciler:
             self._set_worker(session, worker, WorkerState.exited, reason, now)
 
     def _run_view(self, session: Session, run: Run) -> RunView:
+        refusals, last_refusal = self._capacity_refusals.get(run.name, (0, None))
         return RunView(
             name=run.name,
             state=run.state,
@@ -222,6 +226,8 @@ class Reconciler:
             else None,
             stop_requested_at=_ts(run.stop_requested_at),
             stop_cause=run.stop_cause,
+            capacity_refusals=refusals,
+            last_capacity_refusal_at=_ts(last_refusal),
         )
 
     def _record_plan(
@@ -233,6 +239,13 @@ class Reconciler:
             if worker.registered_at is None:
                 workers.record_start_failure(session, run, f"worker {worker.id}: {reason}", now)
             self._set_worker(session, worker, WorkerState.failed, reason, now)
+        for worker_id, reason in plan.refused.items():
+            worker = by_id[worker_id]
+            events.record_event(session, run.id, "run.no_capacity", f"worker {worker.id}: {reason}", now)
+            self._set_worker(session, worker, WorkerState.failed, reason, now)
+        if plan.refused:
+            refusals, _ = self._capacity_refusals.get(run.name, (0, now))
+            self._capacity_refusals[run.name] = (refusals + len(plan.refused), now)
         for worker_id, reason in plan.lost.items():
             self._set_worker(session, by_id[worker_id], WorkerState.lost, reason, now)
         for worker_id, reason in plan.exited.items():
@@ -342,6 +355,7 @@ class Reconciler:
             if not handle:
                 continue  # nothing started (e.g. no capacity): the launcher reports why through poll_errors
             self._record_launch(request, handle, None)
+            self._capacity_refusals.pop(request.run_name, None)  # the market had a machine again
             done += 1
         return done
 
@@ -379,11 +393,12 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
         registered=worker.registered_at is not None,
         last_heartbeat_at=_ts(last),
         retire_requested_at=_ts(worker.retire_requested_at),
+        leaving=worker.phase == LEAVING_PHASE,
     )
 
 
 def _failure_view(failure: LaunchFailure) -> FailureView:
-    return FailureView(failure.request_id, failure.reason, failure.retryable)
+    return FailureView(failure.request_id, failure.reason, failure.retryable, failure.capacity)
 
 
 def _copy_launch_details(rows: list[Worker], instances: dict[str, tuple[str, Instance]]) -> None:

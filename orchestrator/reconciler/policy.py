@@ -77,7 +77,11 @@ class ReconcileSettings(BaseModel):
         default=120.0, gt=0, le=86400, description="Longest delay between launches after start-up failures."
     )
     max_start_failures: int = Field(
-        default=5, ge=1, le=1000, description="Start-up failures in a row after which a run is marked failed."
+        default=5,
+        ge=1,
+        le=1000,
+        description="Start-up failures in a row after which a run is marked failed. Launches a market "
+        "refused for capacity never count: the run waits for capacity, asked ever less often.",
     )
 
     def backoff_s(self, consecutive_failures: int) -> float:
@@ -100,6 +104,7 @@ class WorkerView:
     registered: bool  # it reached the orchestrator at least once
     last_heartbeat_at: float | None = None
     retire_requested_at: float | None = None
+    leaving: bool = False  # a spot notice: it trains on until it leaves, but no longer counts as desired
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class FailureView:
     request_id: str
     reason: str
     retryable: bool = True
+    capacity: bool = False  # the market had no machine: back off, never fail the run
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,8 @@ class RunView:
     consecutive_start_failures: int = 0
     last_start_failure_at: float | None = None
     last_start_failure: str | None = None  # its event's message ("worker 7: ..."), when there is a streak
+    capacity_refusals: int = 0  # launches the market refused in a row (no capacity), since one succeeded
+    last_capacity_refusal_at: float | None = None
     stop_requested_at: float | None = None
     stop_cause: StopCause | None = None
 
@@ -140,6 +148,7 @@ class Plan:
 
     lost: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # never started: the market had no capacity
     exited: dict[str, str] = field(default_factory=dict)
     start_failures: int = 0  # how many of ``failed`` never reached the orchestrator
     launch: int = 0
@@ -154,6 +163,7 @@ class Plan:
         return not (
             self.lost
             or self.failed
+            or self.refused
             or self.exited
             or self.launch
             or self.relaunch
@@ -205,6 +215,8 @@ def _passive_transitions(
         if failure is not None and worker.registered:
             # It trained, then its process or machine ended without deregistering: lost, not failed.
             plan.lost[worker.id] = f"ended without leaving: {failure.reason.split('; log:')[0][:300]}"
+        elif failure is not None and failure.capacity:
+            plan.refused[worker.id] = failure.reason
         elif failure is not None:
             plan.failed[worker.id] = failure.reason
             plan.start_failures += 1
@@ -274,21 +286,36 @@ def _keep_at_desired(
         if now - worker.retire_requested_at > settings.retire_grace_s:  # type: ignore[operator]
             plan.exited[worker.id] = "terminated: retired by scale-down"
             plan.terminate.append(worker.request_id)
-    active = [w for w in survivors if w.retire_requested_at is None]
+    # A worker with a spot notice is replaced now, while it still trains (the market bounds the launch).
+    active = [w for w in survivors if w.retire_requested_at is None and not w.leaving]
     surplus = len(active) - run.desired_workers
     if surplus > 0:
         plan.retire = [w.id for w in _retire_order(active)[:surplus]]
         return
     missing = -surplus
     if missing > 0:
-        last_failure = run.last_start_failure_at if plan.start_failures == 0 else now
-        # At least the first delay after any failure: a training worker ends the streak (the loop), and a
-        # market without capacity would otherwise be asked again at every tick while one worker trains.
-        wait_until = (last_failure or 0.0) + settings.backoff_s(max(streak, 1))
+        wait_until = _backoff_until(run, streak, now, settings, plan)
         if now < wait_until:
             plan.backoff_until = wait_until
         else:
             plan.launch = min(missing, MAX_LAUNCHES_PER_TICK)
+
+
+def _backoff_until(run: RunView, streak: int, now: float, settings: ReconcileSettings, plan: Plan) -> float:
+    """When the next launch may go: the back-off grows with start-up failures and capacity refusals
+    together, so a market without capacity is asked ever less often (up to the cap), though only
+    start-up failures fail the run. At least the first delay after any failure: a training worker ends
+    the start-up streak (the loop), and a market without capacity would otherwise be asked again at
+    every tick while one worker trains."""
+    refusals = run.capacity_refusals + len(plan.refused)
+    if plan.start_failures or plan.refused:
+        last_failure: float | None = now
+    else:
+        known = [t for t in (run.last_start_failure_at, run.last_capacity_refusal_at) if t is not None]
+        last_failure = max(known) if known else None
+    if last_failure is None:
+        return 0.0
+    return last_failure + settings.backoff_s(max(streak + refusals, 1))
 
 
 def _start_failures_reason(streak: int, run: RunView, plan: Plan) -> str:

@@ -1,7 +1,8 @@
-"""A spot interruption end to end: a real worker agent training the digits example gets EC2's
-two-minute notice from a fake instance metadata service, saves and uploads a final checkpoint (it is
-the run's checkpointer), deregisters as ``interrupted``, and the orchestrator's reconcile loop replaces
-it at once, without waiting for a heartbeat timeout; the replacement resumes from that checkpoint and
+"""A spot interruption end to end: a real worker agent training the digits example gets a short spot
+notice (40 s: too short to train on, so it leaves at once) from a fake instance metadata service,
+saves and uploads a final checkpoint (it is the run's checkpointer), deregisters as ``interrupted``, and
+the orchestrator's reconcile loop replaces it at once, without waiting for a heartbeat timeout; the
+replacement resumes from that checkpoint and
 the run goes on. Checkpoints are kept in S3 (a moto server), as on AWS.
 
 The worker is local (``local`` launcher) and finds the metadata service through
@@ -152,7 +153,9 @@ def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
     [first] = wait_until(training, 180, interval_s=1, message="the first worker trains (swarm epoch 2)")
     assert reader.checkpoints() == []
 
-    metadata.interrupt(seconds_ahead=120)
+    # Too short to train on (agent.SPOT_LEAVE_BUDGET_S + SPOT_NOTICE_MARGIN_S): the worker leaves at
+    # once. With EC2's two minutes it trains on while its replacement starts (test_spot_prelaunch.py).
+    metadata.interrupt(seconds_ahead=40)
 
     assert metadata.delivered.wait(30), "the worker's spot watcher polls the metadata service"
 

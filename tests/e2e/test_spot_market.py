@@ -4,6 +4,7 @@
 
 1. the market offers one slot and the run wants two: the second launch is refused as EC2's
    ``InsufficientInstanceCapacity``, the run's events say so, and the loop backs off between tries;
+   (a second test: no capacity at all for longer than the start-up failures that fail a run, then some)
 2. the market takes the slot back: the worker on it gets EC2's notice through its own metadata service,
    leaves as ``interrupted``, and its process is gone by the end of the (compressed) notice period;
 3. the market gives two slots: the loop launches again and both workers train.
@@ -60,7 +61,6 @@ def test_market_refuses_launches_reclaims_with_notice_and_gives_capacity_back(
         "SPOTSWARM_CHECK_IMPORTS": "false",
         "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": str(BACKOFF_BASE_S),
         "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": str(2 * BACKOFF_BASE_S),
-        "SPOTSWARM_MAX_START_FAILURES": "1000",  # a market without capacity is not a broken run
     }
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     admin_post(
@@ -82,7 +82,7 @@ def test_market_refuses_launches_reclaims_with_notice_and_gives_capacity_back(
     assert any(
         "InsufficientInstanceCapacity" in e["message"]
         for e in reader.events()
-        if e["kind"] == "run.start_failure"
+        if e["kind"] == "run.no_capacity"
     )
 
     def training() -> list[dict[str, Any]]:
@@ -118,4 +118,61 @@ def test_market_refuses_launches_reclaims_with_notice_and_gives_capacity_back(
 
     pair = wait_until(two_training, BOOT_S, interval_s=1, message="two workers train once capacity is back")
     assert first["id"] not in {w["id"] for w in pair}
+    assert reader.run()["state"] == "running"
+
+
+@pytest.mark.swarm
+@pytest.mark.timeout(420)
+def test_a_market_without_capacity_is_asked_ever_less_often_never_fails_the_run_and_is_used_when_back(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
+    """No capacity for a while (more refusals than the start-failure budget that fails a run), then one
+    slot: the run waits, the launches it tries come ever further apart, and a worker trains soon after."""
+    trace = tmp_path / "market.jsonl"
+    trace.write_text('[0, "add", {"nodes": ["a"]}]\n[0, "remove", {"nodes": ["a"]}]\n')  # peak 1, none now
+    market = tmp_path / "market.json"
+    market.write_text(json.dumps({"trace": trace.name, "slots": 1, "compress": COMPRESS, "follow": True}))
+    cap_s = 8.0
+    env = {
+        "SPOTSWARM_LOCAL_SPOT_MARKET": str(market),
+        "SPOTSWARM_CHECK_IMPORTS": "false",
+        "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "1",
+        "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": str(cap_s),
+        "SPOTSWARM_MAX_START_FAILURES": "3",  # start-up failures this often fail a run; refusals never
+    }
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    admin_post(
+        orch, "/api/v1/runs", digits_run("dry-market", desired_workers=1, stop={"target_epochs": 100_000})
+    )
+    reader = RunReader(orch, "dry-market")
+
+    def six_refused() -> list[dict[str, Any]]:
+        rows = refused(reader.workers())
+        return rows if len(rows) >= 6 else []
+
+    refusals = wait_until(six_refused, 90, message="six launches refused for capacity")
+    assert reader.run()["state"] == "pending", reader.run()["state_reason"]
+    starts = [datetime.fromisoformat(w["created_at"]) for w in refusals]
+    gaps_s = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(starts)]
+    # 1, 2, 4, 8, 8 s (plus a tick each): the market is asked ever less often, up to the cap
+    assert gaps_s[2] >= 3.5 and gaps_s[-1] >= cap_s * 0.9, gaps_s
+    assert all(later >= earlier * 0.8 for earlier, later in itertools.pairwise(gaps_s)), gaps_s
+    print("gaps between launches the market refused (s):", [round(gap, 1) for gap in gaps_s])  # pytest -s
+    kinds = {e["kind"] for e in reader.events()}
+    assert "run.no_capacity" in kinds and "run.start_failure" not in kinds, kinds
+
+    with trace.open("a") as out:
+        out.write('[0, "add", {"nodes": ["a"]}]\n')
+    back_at = datetime.now().astimezone()
+
+    def launched() -> list[dict[str, Any]]:
+        return [w for w in reader.workers() if w["launcher_handle"]]
+
+    [worker] = wait_until(launched, cap_s + 10, message="a launch soon after capacity is back")
+    launch_after_s = (datetime.fromisoformat(worker["created_at"]) - back_at).total_seconds()
+    print(f"capacity back -> launch {launch_after_s:.1f} s")
+    assert launch_after_s <= cap_s + 2
+    wait_until(
+        lambda: [w for w in reader.running() if w["samples"] > 0], BOOT_S, interval_s=1, message="it trains"
+    )
     assert reader.run()["state"] == "running"

@@ -205,6 +205,7 @@ def test_no_spot_capacity_is_a_retryable_failure_then_on_demand_after_n(cloud: C
     assert launcher.launch(_request("req-1")) == ""
     [failure] = launcher.poll_errors()
     assert (failure.request_id, failure.run_name, failure.retryable) == ("req-1", "run-a", True)
+    assert failure.capacity, "a capacity failure: the reconciler waits for capacity, never fails the run"
     assert "InsufficientInstanceCapacity" in failure.reason and "g4dn.xlarge" in failure.reason
     assert launcher.poll_errors() == [], "each failure is reported once"
     assert cloud.instances_of("req-1") == []

@@ -100,6 +100,7 @@ def test_a_full_market_refuses_a_shrinking_one_notices_a_drawn_worker_and_a_grow
     [refused] = market.launcher.poll_errors()
     assert refused.request_id == "w3" and refused.retryable
     assert "InsufficientInstanceCapacity" in refused.reason
+    assert refused.capacity, "a capacity failure, as EC2's"
     wait_until(lambda: market.up("w1") and market.up("w2"), 60, message="both workers run")
 
     market.event("remove", "a")
@@ -136,5 +137,6 @@ def test_a_kill_share_of_one_kills_without_notice(market_of: Callable[..., Marke
     market.event("remove", "a", "b")
     wait_until(lambda: not market.alive(), 30, message="the worker is killed")
     [failure] = wait_until(market.launcher.poll_errors, 10, message="the death is reported")
+    assert not failure.capacity, "a worker that died is no capacity refusal"
     assert "SIGKILL" in failure.reason
     assert not market.noticed("w1")

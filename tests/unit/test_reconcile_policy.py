@@ -107,6 +107,26 @@ def test_run_fails_after_repeated_start_failures() -> None:
     assert plan.launch == 0
 
 
+def test_capacity_refusals_never_fail_a_run_and_back_off_together_with_start_failures() -> None:
+    starting = worker("a", WorkerState.launching, registered=False)
+    refusal = FailureView(request_id="req-a", reason="InsufficientInstanceCapacity", capacity=True)
+    r = run(desired_workers=1, consecutive_start_failures=2, capacity_refusals=40)
+    plan = plan_run(r, [starting], alive("a", is_alive=False), [refusal], NOW, POLICY)
+    assert plan.run_state is None, "a market without capacity is not a broken run"
+    assert plan.refused == {"a": "InsufficientInstanceCapacity"} and not plan.failed
+    assert plan.start_failures == 0 and plan.launch == 0
+    assert plan.backoff_until == NOW + POLICY.backoff_s(43)
+
+
+def test_after_capacity_refusals_the_next_launch_waits_a_growing_delay() -> None:
+    r = run(desired_workers=1, capacity_refusals=3, last_capacity_refusal_at=NOW - 1)
+    plan = plan_run(r, [], {}, [], NOW, POLICY)
+    assert plan.launch == 0 and plan.backoff_until == NOW - 1 + POLICY.backoff_s(3)
+    assert POLICY.backoff_s(3) > POLICY.backoff_s(2)
+    later = plan_run(r, [], {}, [], NOW - 1 + POLICY.backoff_s(3), POLICY)
+    assert later.launch == 1
+
+
 def test_a_run_failed_by_start_failures_reported_before_this_tick_names_the_last() -> None:
     # the third failure came as a deregistration (its event), not from the launcher in this tick
     r = run(desired_workers=1, consecutive_start_failures=3, last_start_failure="worker 9: cannot build x:Y")
@@ -184,3 +204,13 @@ def test_registered_worker_whose_process_failed_is_lost_not_a_start_failure() ->
     plan = plan_run(run(), [worker("a"), worker("b")], alive("b"), [failure], NOW, POLICY)
     assert plan.lost == {"a": "ended without leaving: exit code -9"}
     assert not plan.failed and plan.start_failures == 0 and plan.launch == 1
+
+
+def test_a_worker_with_a_spot_notice_is_replaced_while_it_trains_and_never_retired() -> None:
+    noticed = worker("a", leaving=True)
+    plan = plan_run(run(desired_workers=1), [noticed], alive("a"), [], NOW, POLICY)
+    assert plan.launch == 1 and not plan.retire and not plan.terminate
+
+    replacement = worker("b", WorkerState.launching, registered=False, created_at=NOW - 1)
+    plan = plan_run(run(desired_workers=1), [noticed, replacement], alive("a", "b"), [], NOW, POLICY)
+    assert plan.is_empty(), "the replacement counts; the noticed worker is neither retired nor replaced twice"

@@ -57,6 +57,9 @@ from worker.wire import DeregisterReason, RunSpec
 logger = logging.getLogger("worker.agent")
 
 SPOT_NOTICE_MARGIN_S = 15.0  # leave this long before the announced interruption time
+# After a notice the worker trains on (its replacement starts meanwhile) and begins to leave this long
+# before it must be gone: finish the batch, leave the averaging round, a final checkpoint, deregister.
+SPOT_LEAVE_BUDGET_S = 30.0
 SPOT_DEFAULT_WINDOW_S = 120.0  # EC2's usual notice when the notice's time cannot be read
 EXIT_GUARD_S = 10.0  # interpreter shutdown (atexit joins of hivemind's processes) gets this long
 
@@ -343,12 +346,27 @@ class Agent:
         self.state.request_stop(DeregisterReason.stopped, f"received {signal.Signals(signum).name}")
 
     def _on_spot_notice(self, notice: Any) -> None:
+        """Say ``leaving`` in heartbeats at once (the orchestrator launches the replacement now), train
+        on, and start to leave :data:`SPOT_LEAVE_BUDGET_S` before the process must be gone; a notice too
+        short for that is a stop now."""
         until_s = seconds_until(notice.time)
         window_s = SPOT_DEFAULT_WINDOW_S if until_s is None else until_s
         within_s = max(5.0, window_s - SPOT_NOTICE_MARGIN_S)
+        train_on_s = max(0.0, within_s - SPOT_LEAVE_BUDGET_S)
         message = f"spot interruption notice: {notice.action} at {notice.time or 'unknown time'}"
-        logger.warning("%s; leaving within %.0f s", message, within_s)
-        self.state.request_stop(DeregisterReason.interrupted, message, within_s=within_s)
+        logger.warning("%s; training on for %.0f s, gone within %.0f s", message, train_on_s, within_s)
+        if train_on_s <= 0:  # too short to train on: leave now, and be replaced when gone
+            self.state.request_stop(DeregisterReason.interrupted, message, within_s=within_s)
+            return
+        self.state.mark_leaving()
+        leave = threading.Timer(
+            train_on_s,
+            self.state.request_stop,
+            args=(DeregisterReason.interrupted, message),
+            kwargs={"within_s": within_s - train_on_s},
+        )
+        leave.name, leave.daemon = "spot-leave", True
+        leave.start()
 
     def _on_orchestrator_lost(self, silent_s: float) -> None:
         """No heartbeat answered for ``orchestrator_lost_timeout_s``: leave, nobody collects this work."""

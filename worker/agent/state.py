@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from worker import context
-from worker.wire import AveragingCounts, DeregisterReason, Heartbeat, HeartbeatReply, WorkerAction
+from worker.wire import (
+    LEAVING_PHASE,
+    AveragingCounts,
+    DeregisterReason,
+    Heartbeat,
+    HeartbeatReply,
+    WorkerAction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ class AgentState:
         self._checkpoint_every_epochs = checkpoint_every_epochs
         self._latest_checkpoint_epoch = latest_checkpoint_epoch
         self._stop_requested_at = float("inf")
+        self._leaving = False
 
     def configure(self, checkpoint_every_epochs: int, latest_checkpoint_epoch: int | None) -> None:
         """Take the run's checkpoint cadence and latest stored checkpoint (from the registration)."""
@@ -83,9 +91,17 @@ class AgentState:
         with self._lock:
             return self._progress
 
+    def mark_leaving(self) -> None:
+        """A spot notice came: heartbeats say ``leaving`` (until ``stopping``), so that the orchestrator
+        launches the replacement while this worker still trains."""
+        with self._lock:
+            self._leaving = True
+
     def heartbeat(self) -> Heartbeat:
         """The heartbeat body for the current progress."""
-        progress = self.progress
+        with self._lock:
+            progress, leaving = self._progress, self._leaving
+        phase = LEAVING_PHASE if leaving and progress.phase != "stopping" else progress.phase
         return Heartbeat(
             local_step=progress.local_step,
             swarm_epoch=progress.swarm_epoch,
@@ -94,7 +110,7 @@ class AgentState:
             samples_per_s=progress.samples_per_s,
             num_peers=progress.num_peers,
             visible_maddrs=list(progress.visible_maddrs[:16]),
-            phase=progress.phase,
+            phase=phase,
             metrics=dict(progress.metrics),
             averaging=progress.averaging,
         )

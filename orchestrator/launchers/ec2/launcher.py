@@ -7,7 +7,8 @@ How a launch goes (see :mod:`orchestrator.launchers.ec2.fleet` for the request i
 2. Idempotency: an instance already tagged with the request id (this orchestrator's) is the answer.
    Otherwise one ``CreateFleet`` (type ``instant``) asks for one spot instance over every
    (instance type, subnet) pool of the run, with the worker's user data and a per-attempt client token.
-3. No capacity anywhere: the failure is queued for :meth:`Ec2Launcher.poll_errors` (retryable), and after
+3. No capacity anywhere: the failure is queued for :meth:`Ec2Launcher.poll_errors` (retryable, and a
+   capacity failure when every pool said so: the run waits for capacity, it does not fail), and after
    ``on_demand_fallback_after`` consecutive spot failures of the run the same call tries on-demand.
 
 Every instance carries ``spotswarm:orchestrator``, ``spotswarm:run``, ``spotswarm:request-id`` and
@@ -78,6 +79,7 @@ def make_ec2_client(region: str | None, endpoint_url: str | None = None) -> Any:
 class _Attempt:
     instance_id: str | None
     reason: str = ""
+    capacity: bool = False  # nothing launched because no pool had capacity (or quota) for it
 
 
 class Ec2Launcher:
@@ -161,7 +163,7 @@ class Ec2Launcher:
     def _launch_with_fallback(self, request: LaunchRequest, plan: LaunchPlan, user_data: str) -> str:
         run = request.run_name
         threshold = plan.on_demand_fallback_after
-        reasons = []
+        reasons, capacity = [], True
         if threshold != 0:
             spot = self._create_one(request, plan, Market.spot, user_data)
             if spot.instance_id:
@@ -169,6 +171,7 @@ class Ec2Launcher:
                 return spot.instance_id
             self._spot_failures[run] = self._spot_failures.get(run, 0) + 1
             reasons.append(spot.reason)
+            capacity = capacity and spot.capacity
         if threshold is not None and self._spot_failures.get(run, 0) >= threshold:
             log.warning("run %s request %s: trying on-demand (%d spot failures in a row)",
                         run, request.request_id, self._spot_failures.get(run, 0))  # fmt: skip
@@ -176,7 +179,10 @@ class Ec2Launcher:
             if on_demand.instance_id:
                 return on_demand.instance_id
             reasons.append(on_demand.reason)
-        failure = LaunchFailure(request.request_id, run, "; ".join(reasons), retryable=True)
+            capacity = capacity and on_demand.capacity
+        failure = LaunchFailure(
+            request.request_id, run, "; ".join(reasons), retryable=True, capacity=capacity
+        )
         log.warning("run %s request %s: launch failed: %s", run, request.request_id, failure.reason)
         self._failures.append(failure)
         return ""
@@ -198,7 +204,8 @@ class Ec2Launcher:
                 raise LauncherConfigError(
                     f"EC2 refused the {market.value} launch: {code}: {message}"
                 ) from exc
-            return _Attempt(None, f"{market.value}: {code}: {message}")
+            capacity = classify(code) is ErrorKind.capacity
+            return _Attempt(None, f"{market.value}: {code}: {message}", capacity)
         ids = launched_instance_ids(response)
         errors = pool_errors(response)
         if ids:
@@ -217,7 +224,8 @@ class Ec2Launcher:
             detail = "; ".join(f"{e.describe()} ({e.message})" for e in errors)
             raise LauncherConfigError(f"EC2 refused every pool of the {market.value} launch: {detail}")
         summary = ", ".join(e.describe() for e in errors) or "nothing launched, no error given"
-        return _Attempt(None, f"no {market.value} capacity ({summary})")
+        capacity = bool(errors) and all(classify(e.code) is ErrorKind.capacity for e in errors)
+        return _Attempt(None, f"no {market.value} capacity ({summary})", capacity)
 
     def terminate(self, request_id: str) -> None:
         """Terminate the instances of ``request_id``; a no-op when none live. AWS errors are logged."""

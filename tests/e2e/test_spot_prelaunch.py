@@ -1,0 +1,88 @@
+"""Replacement at the notice: a worker the simulated spot market reclaims keeps training through its
+notice period, and the reconcile loop launches its replacement at the notice (as far as the market has
+capacity), so the replacement trains before the reclaimed worker is gone.
+
+The market (``local_spot_market``) follows a trace the test writes: one slot, then none (the worker on
+it gets EC2's two-minute notice, in real time), then one again a few seconds later (capacity elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import ProcessRegistry
+from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.waiting import BOOT_S, wait_until
+
+pytestmark = [pytest.mark.swarm]
+
+NOTICE_S = 120.0  # EC2's notice, not compressed: the replacement's start-up has to fit in it
+
+
+@pytest.mark.timeout(600)
+def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is_gone(
+    processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
+) -> None:
+    trace = tmp_path / "market.jsonl"
+    trace.write_text('[0, "add", {"nodes": ["a"]}]\n')
+    market = tmp_path / "market.json"
+    market.write_text(
+        json.dumps({"trace": trace.name, "slots": 1, "notice_s": NOTICE_S, "seed": 3, "follow": True})
+    )
+    env = {"SPOTSWARM_LOCAL_SPOT_MARKET": str(market), "SPOTSWARM_CHECK_IMPORTS": "false"}
+    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
+    created_at = time.time()  # the trace starts at the first launch, a moment later
+    admin_post(
+        orch, "/api/v1/runs", digits_run("prelaunch", desired_workers=1, stop={"target_epochs": 100_000})
+    )
+    reader = RunReader(orch, "prelaunch")
+
+    def training() -> list[dict[str, Any]]:
+        return [w for w in reader.running() if w["samples"] > 0]
+
+    [first] = wait_until(training, BOOT_S, interval_s=1, message="the worker on the one slot trains")
+
+    # The slot is reclaimed (a notice for the only worker), and another is free 5 trace seconds later.
+    back_at_ms = int(((time.time() - created_at) + 5) * 1000)
+    with trace.open("a") as out:
+        out.write(f'[0, "remove", {{"nodes": ["a"]}}]\n[{back_at_ms}, "add", {{"nodes": ["b"]}}]\n')
+    noticed_at = time.time()
+
+    replacement_trained_at = None
+    first_row = first
+    while replacement_trained_at is None and time.time() - noticed_at < NOTICE_S + 30:
+        rows = reader.workers()
+        first_row = next(w for w in rows if w["id"] == first["id"])
+        others = [w for w in rows if w["id"] != first["id"] and w["registered_at"] and w["samples"] > 0]
+        if others:
+            replacement_trained_at = time.time()
+            break
+        if first_row["state"] != "running":
+            break
+        time.sleep(0.5)
+    assert replacement_trained_at is not None, (
+        f"no replacement trained while the noticed worker ran (it is {first_row['state']}: "
+        f"{first_row['exit_reason']}, {time.time() - noticed_at:.0f} s after the notice)"
+    )
+    assert first_row["state"] == "running", "the noticed worker was still there"
+    assert replacement_trained_at - noticed_at < NOTICE_S
+
+    def left() -> dict[str, Any]:
+        row = next(w for w in reader.workers() if w["id"] == first["id"])
+        return row if row["state"] != "running" else {}
+
+    gone = wait_until(left, NOTICE_S + 30, message="the noticed worker leaves by the end of its notice")
+    assert gone["state"] == "interrupted", gone
+    ended_at = datetime.fromisoformat(gone["ended_at"]).timestamp()
+    assert ended_at - noticed_at <= NOTICE_S, "it left before the market took the machine back"
+    print(  # the figures (pytest -s)
+        f"notice -> replacement trains {replacement_trained_at - noticed_at:.1f} s; "
+        f"notice -> noticed worker gone {ended_at - noticed_at:.1f} s (notice {NOTICE_S:.0f} s)"
+    )
+    assert reader.run()["state"] == "running"
