@@ -301,10 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus-per-worker", type=int, default=None, help="default: cores // workers")
     parser.add_argument("--target-loss", type=float, default=None)
     parser.add_argument("--eval-every-s", type=float, default=5.0)
-    parser.add_argument("--sync-every-s", type=float, default=30.0)
+    parser.add_argument(
+        "--sync-every-s", type=float, default=5.0, help="about 50 steps of this model on a core"
+    )
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-3, help="the best of 1e-3, 3e-3, 5e-3 for one worker")
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
