@@ -123,7 +123,7 @@ def main() -> int:
             (f"diloco1 H={every}", 1, args.batch_size, every),
             (f"diloco H={every}", n, args.batch_size, every),
         ]
-    load_before = os.getloadavg()[0]
+    load_before, at_commit = os.getloadavg()[0], commit()  # the code that ran, should HEAD move meanwhile
     curves: dict[str, Curve] = {}
     for name, workers, batch, every in arms:
         started = time.monotonic()
@@ -138,7 +138,7 @@ def main() -> int:
     t1 = min(step for name in single_arms if (step := first_at(curves[name], target)) is not None)
     print(
         f"\nmachine: {machine()}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after;",
-        f"commit {commit()}",
+        f"commit {at_commit}",
     )
     print(
         f"settings: N={n}, {args.steps} steps per worker, batch {args.batch_size} per worker, "
