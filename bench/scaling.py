@@ -336,7 +336,7 @@ def main() -> int:
     model = ByteTransformer(args.width, args.layers, args.heads, args.context)
     payload = 2 * sum(p.numel() for p in model.parameters())
     curves: dict[str, list[list[dict[str, Any]]]] = {arm: [] for arm in args.arms}
-    load_before = os.getloadavg()[0]
+    load_before, at_commit = os.getloadavg()[0], commit()  # the code that ran, should HEAD move meanwhile
     with tempfile.TemporaryDirectory(prefix="spotswarm-scaling-") as tmp:
         for trial in range(args.trials):
             for arm in args.arms:
@@ -350,7 +350,7 @@ def main() -> int:
     load_after = os.getloadavg()[0]
     print(
         f"\nmachine: {machine()}; load average {load_before:.1f} before, {load_after:.1f} after; "
-        f"commit {commit()}"
+        f"commit {at_commit}"
     )
     print(
         f"settings: N={args.workers}, {args.cpus_per_worker} core(s) per worker, "
