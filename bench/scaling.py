@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-loss", type=float, default=None)
     parser.add_argument("--eval-every-s", type=float, default=5.0)
     parser.add_argument(
-        "--sync-every-s", type=float, default=5.0, help="about 50 steps of this model on a core"
+        "--sync-every-s", type=float, default=5.0, help="some 50-75 steps of this model on a core"
     )
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
     parser.add_argument("--batch-size", type=int, default=32)
