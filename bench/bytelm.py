@@ -8,6 +8,7 @@ offset; the model predicts each next byte (cross-entropy in nats per byte).
 
 from __future__ import annotations
 
+import argparse
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,14 @@ class ByteTransformer(nn.Module):
         """Mean next-byte cross-entropy (nats) of a batch of windows."""
         logits = self(batch[:, :-1])
         return nn.functional.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1))
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's and the data's options, alike in every benchmark that trains this model."""
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--train-bytes", type=int, default=4_000_000)
+    parser.add_argument("--val-bytes", type=int, default=400_000)
+    parser.add_argument("--val-windows", type=int, default=128)

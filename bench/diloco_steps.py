@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.bytelm import add_model_arguments
 from bench.time_to_accuracy import commit, machine
 
 Curve = list[tuple[int, float]]
@@ -90,13 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--train-bytes", type=int, default=4_000_000)
-    parser.add_argument("--val-bytes", type=int, default=400_000)
-    parser.add_argument("--val-windows", type=int, default=128)
+    add_model_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (figures do not depend on it)")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the script works")

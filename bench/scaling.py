@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.bytelm import add_model_arguments
 from bench.forked_peers import become_peer, kill_peers
 from bench.time_to_accuracy import commit, log_tail, machine, run_bootstrap
 
@@ -307,13 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="the best of 1e-3, 3e-3, 5e-3 for one worker")
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--train-bytes", type=int, default=4_000_000)
-    parser.add_argument("--val-bytes", type=int, default=400_000)
-    parser.add_argument("--val-windows", type=int, default=128)
+    add_model_arguments(parser)
     parser.add_argument("--matchmaking-time", type=float, default=1.0)
     parser.add_argument("--averaging-timeout", type=float, default=10.0)
     parser.add_argument("--start-timeout-s", type=float, default=180.0)
