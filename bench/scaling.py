@@ -5,8 +5,10 @@ downloaded). Arms, each worker a forked process pinned to ``--cpus-per-worker`` 
 torch's threads set to match:
 
 - A: 1 worker, plain Lightning (no swarm);
-- B: 1 worker, HivemindStrategy ``sync="diloco"`` (the outer step alone can help: the fair baseline);
-- C: N workers, ``sync="gradients"``; D: N workers, ``sync="local"``; E: N workers, ``sync="diloco"``;
+- B: 1 worker, HivemindStrategy ``sync="diloco"`` with the strategy's outer step (Nesterov, lr 0.7,
+  momentum 0.9: the outer step alone can help, so this is the fair baseline);
+- C: N workers, ``sync="gradients"``; D: N workers, ``sync="local"``; E: N workers, ``sync="diloco"``
+  (``--outer-lr`` and ``--outer-momentum``, the strategy's by default);
 - F: N workers, ``torch.distributed`` DDP (gloo) on the same cores: the reference.
 
 Every arm trains for ``--budget-s`` seconds from its first worker's first step; worker 0 evaluates the
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bytelm import add_model_arguments
 from bench.forked_peers import become_peer, kill_peers
 from bench.time_to_accuracy import commit, log_tail, machine, run_bootstrap
+from worker.strategy.diloco.settings import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 
 ARMS = {
     "A": "1 worker, plain Lightning",
@@ -147,6 +150,8 @@ def lightning_worker(
         options: dict[str, Any] = {"sync": SYNC[arm]}
         if SYNC[arm] == "diloco":
             options["sync_every_s"] = args.sync_every_s
+        if arm == "E":
+            options.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
         if SYNC[arm] == "local":
             options["average_state_every"] = 1  # hivemind's own local SGD: parameters every epoch
         strategy = HivemindStrategy(
@@ -305,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sync-every-s", type=float, default=5.0, help="some 50-75 steps of this model on a core"
     )
+    parser.add_argument("--outer-lr", type=float, default=DEFAULT_OUTER_LR, help="arm E")
+    parser.add_argument("--outer-momentum", type=float, default=DEFAULT_OUTER_MOMENTUM, help="arm E")
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3, help="the best of 1e-3, 3e-3, 5e-3 for one worker")
@@ -352,7 +359,7 @@ def main() -> int:
         f"budget {args.budget_s:.0f} s per arm, {args.trials} trial(s), medians; "
         f"model width {args.width}, {args.layers} layer(s), "
         f"context {args.context}, batch {args.batch_size}, AdamW lr {args.lr}; DiLoCo sync_every_s "
-        f"{args.sync_every_s}"
+        f"{args.sync_every_s}, arm E's outer lr {args.outer_lr} and momentum {args.outer_momentum}"
     )
     print(summary(curves, args, payload))
     return 0 if all(any(run) for run in curves.values()) else 1
