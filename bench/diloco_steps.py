@@ -121,9 +121,9 @@ def main() -> int:
         ]
     load_before, at_commit = os.getloadavg()[0], commit()  # the code that ran, should HEAD move meanwhile
     curves: dict[str, Curve] = {}
-    for name, workers, batch, every in arms:
+    for name, workers, batch, round_steps in arms:
         started = time.monotonic()
-        curves[name] = train_arm(args, workers, batch, every, data, val)
+        curves[name] = train_arm(args, workers, batch, round_steps, data, val)
         print(
             f"arm {name}: best {min(loss for _, loss in curves[name]):.4f}",
             f"({time.monotonic() - started:.0f} s)",
