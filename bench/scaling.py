@@ -6,7 +6,8 @@ torch's threads set to match:
 
 - A: 1 worker, plain Lightning (no swarm);
 - B: 1 worker, HivemindStrategy ``sync="diloco"`` with the strategy's outer step (Nesterov, lr 0.7,
-  momentum 0.9: the outer step alone can help, so this is the fair baseline);
+  momentum 0.9, rounds every ``--single-sync-every-s``: the outer step alone can help, so this is
+  the fair baseline);
 - C: N workers, ``sync="gradients"``; D: N workers, ``sync="local"``; E: N workers, ``sync="diloco"``
   (``--outer-lr`` and ``--outer-momentum``, the strategy's by default);
 - F: N workers, ``torch.distributed`` DDP (gloo) on the same cores: the reference.
@@ -149,7 +150,7 @@ def lightning_worker(
 
         options: dict[str, Any] = {"sync": SYNC[arm]}
         if SYNC[arm] == "diloco":
-            options["sync_every_s"] = args.sync_every_s
+            options["sync_every_s"] = args.single_sync_every_s if arm == "B" else args.sync_every_s
         if arm == "E":
             options.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
         if SYNC[arm] == "local":
@@ -310,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sync-every-s", type=float, default=5.0, help="some 50-75 steps of this model on a core"
     )
+    parser.add_argument(
+        "--single-sync-every-s", type=float, default=5.0, help="arm B: its own best round length"
+    )
     parser.add_argument("--outer-lr", type=float, default=DEFAULT_OUTER_LR, help="arm E")
     parser.add_argument("--outer-momentum", type=float, default=DEFAULT_OUTER_MOMENTUM, help="arm E")
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
@@ -359,7 +363,8 @@ def main() -> int:
         f"budget {args.budget_s:.0f} s per arm, {args.trials} trial(s), medians; "
         f"model width {args.width}, {args.layers} layer(s), "
         f"context {args.context}, batch {args.batch_size}, AdamW lr {args.lr}; DiLoCo sync_every_s "
-        f"{args.sync_every_s}, arm E's outer lr {args.outer_lr} and momentum {args.outer_momentum}"
+        f"{args.sync_every_s} (arm B {args.single_sync_every_s}), "
+        f"arm E's outer lr {args.outer_lr} and momentum {args.outer_momentum}"
     )
     print(summary(curves, args, payload))
     return 0 if all(any(run) for run in curves.values()) else 1
