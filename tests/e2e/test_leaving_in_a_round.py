@@ -25,6 +25,24 @@ AVERAGING_TIMEOUT_S = 60.0
 #: machine too. Without the cancellation the agent's own bound ends it: 15 s after the stop request it
 #: leaves whatever its trainer does (``worker/agent/agent.py``)
 LEFT_WITHIN_S = 10.0
+#: a swarm epoch that has not moved for this long, its batch full, is waiting in a round (an epoch of
+#: these workers takes a fraction of a second, a round that forms about one matchmaking_time)
+WAITING_S = 5.0
+
+
+class _EpochStill:
+    """Whether an epoch has stood still for ``seconds``, from the polls that saw it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.epoch: int | None = None
+        self.since = 0.0
+
+    def still(self, epoch: int) -> bool:
+        now = time.monotonic()
+        if epoch != self.epoch:
+            self.epoch, self.since = epoch, now
+        return now - self.since >= self.seconds
 
 
 #: the rounds the workers wait in: the model that keeps them apart there, and its strategy options
@@ -54,15 +72,17 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(loop_orch: Orchestrator, rou
         BOOT_S,
         message="two workers train",
     )
-    # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S,
-    # its progress record (as the orchestrator reads the DHT) at its epoch's samples and a rate of 0 (the
-    # wait is the rounds' length: a worker that reaches its first round late still waits in it then)
+    # an epoch takes a fraction of a second; then each worker waits in its round for AVERAGING_TIMEOUT_S
+    # with its epoch's samples done: the swarm (as the orchestrator reads the DHT) holds a full batch and
+    # its epoch stands still for WAITING_S (a worker that reaches its first round late still waits in it
+    # then). Not the reported rate: a record can keep the rate of its last update well into the wait.
+    waiting = _EpochStill(WAITING_S)
     wait_until(
         lambda: (
             (swarm := reader.run()["swarm"]) is not None
             and swarm["num_peers"] == 2
-            and swarm["samples_accumulated"] > 0
-            and swarm["samples_per_s"] == 0.0
+            and swarm["samples_accumulated"] >= swarm["target_batch_size"]
+            and waiting.still(swarm["epoch"])
         ),
         60,
         message=lambda: (
