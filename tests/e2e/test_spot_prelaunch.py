@@ -54,18 +54,21 @@ def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is
         out.write(f'[0, "remove", {{"nodes": ["a"]}}]\n[{back_at_ms}, "add", {{"nodes": ["b"]}}]\n')
     noticed_at = time.time()
 
-    replacement_trained_at = None
-    first_row = first
-    while replacement_trained_at is None and time.time() - noticed_at < NOTICE_S + 30:
+    def replaced_or_gone() -> tuple[float | None, dict[str, Any]] | None:
+        """(when a replacement trained, or None if the noticed worker left first; its row), once either."""
         rows = reader.workers()
         first_row = next(w for w in rows if w["id"] == first["id"])
         others = [w for w in rows if w["id"] != first["id"] and w["registered_at"] and w["samples"] > 0]
         if others:
-            replacement_trained_at = time.time()
-            break
-        if first_row["state"] != "running":
-            break
-        time.sleep(0.5)
+            return time.time(), first_row
+        return (None, first_row) if first_row["state"] != "running" else None
+
+    replacement_trained_at, first_row = wait_until(
+        replaced_or_gone,
+        NOTICE_S + 30,
+        interval_s=0.5,
+        message="a replacement trains or the noticed worker leaves",
+    )
     assert replacement_trained_at is not None, (
         f"no replacement trained while the noticed worker ran (it is {first_row['state']}: "
         f"{first_row['exit_reason']}, {time.time() - noticed_at:.0f} s after the notice)"
