@@ -32,12 +32,11 @@ STOP_WAIT_S = 60.0
 
 
 def demo_spec(workers: int) -> dict[str, Any]:
-    """The demo run: digits on 2 CPU workers, short hivemind timeouts for a one-machine swarm.
+    """The demo run: digits on 2 CPU workers, in the sync mode new runs get (DiLoCo: it names none).
 
-    A swarm epoch of 16,384 samples is a second or two of compute for two CPU workers, long enough for
-    its averaging round to be scheduled while they compute: about a third of the time goes to rounds, where
-    256 samples (tens of milliseconds) spent nine tenths waiting for them (``bench/swarm_batch.py``); the
-    loss still falls within a minute."""
+    Rounds every 10 s, a few hundred steps of each worker, so the page counts a round every 10 s and a
+    round's cost (about a second with the short hivemind timeouts of a one-machine swarm) stays a small
+    share of the time; a checkpoint every 6 rounds, one a minute."""
     return {
         "name": DEMO_RUN,
         "module": "worker.examples.digits:DigitsModule",
@@ -45,11 +44,11 @@ def demo_spec(workers: int) -> dict[str, Any]:
         "datamodule": "worker.examples.digits:DigitsDataModule",
         "target_batch_size": 16384,
         "batch_size": 32,
-        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
+        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync_every_s": 10.0},
         "min_workers": 0,
         "max_workers": max(8, workers),
         "desired_workers": workers,
-        "checkpoint_every_epochs": 10,
+        "checkpoint_every_epochs": 6,
         "keep_checkpoints": 3,
         "launcher": "local",
     }

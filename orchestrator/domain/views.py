@@ -32,10 +32,8 @@ from orchestrator.schemas import (
     WorkerOut,
 )
 from orchestrator.swarm.dht import SwarmProgressCache
+from worker.strategy.diloco.settings import DEFAULT_SYNC  # a run stored before runs named their mode
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
-
-#: the sync mode of a run whose strategy_options name none (HivemindStrategy's default)
-DEFAULT_SYNC = "gradients"
 
 T = TypeVar("T")
 MAX_WORKER_PEERS = 16

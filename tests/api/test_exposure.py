@@ -34,7 +34,7 @@ from tests.support.specs import run_spec
 FREE_FORM = {
     "module_args": {"api_key": "sk-not-for-anonymous-eyes"},
     "datamodule_args": {"bucket": "s3://private-bucket/data"},
-    "strategy_options": {"matchmaking_time": 2.0},
+    "strategy_options": {"matchmaking_time": 2.0, "sync": "diloco"},  # named: else the run names its mode
     # launcher_options are left out the same way; the local launcher refuses any at create time
     "env": {"DATA_URL": "s3://private-bucket/raw"},
 }

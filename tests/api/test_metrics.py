@@ -33,7 +33,8 @@ TARGET_SAMPLES = 2256
 
 @pytest.mark.timeout(180)
 def test_metrics_match_the_api_and_vanish_with_the_run(orch: Orchestrator, tmp_path: Path) -> None:
-    name, join_token = create(orch, desired_workers=1, stop={"target_samples": TARGET_SAMPLES})
+    in_samples = {"stop": {"target_samples": TARGET_SAMPLES}, "strategy_options": {"sync": "gradients"}}
+    name, join_token = create(orch, desired_workers=1, **in_samples)
     prices = {"price_usd_per_hour": PRICE_USD_PER_HOUR, "price_per_hour": OTHER_PRICE_PER_HOUR}
     request_id, launch_token = launch_intent(orch, name, prices)
     worker = join(orch, launch_token, request_id)

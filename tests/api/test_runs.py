@@ -8,8 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.orm import Session
 
+from orchestrator.db.models import Run
 from tests.api.conftest import BOTH_BACKENDS
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import NO_RECONCILE
@@ -72,15 +74,29 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
 
 
 @pytest.mark.timeout(60)
-def test_the_run_view_names_its_sync_mode_gradients_unless_the_spec_chooses_another(
-    orch: Orchestrator,
-) -> None:
+def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one(orch: Orchestrator) -> None:
     plain = create(orch, new_name())
+    named = create(orch, new_name(), strategy_options={"sync": "gradients"})
     diloco = create(orch, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
-    assert (plain["sync"], diloco["sync"]) == ("gradients", "diloco")
+    assert (plain["sync"], named["sync"], diloco["sync"]) == ("diloco", "gradients", "diloco")
+    with orch.admin() as http:  # written into the run, so a later change of the default never changes it
+        stored = http.get(f"/api/v1/runs/{plain['name']}").json()["spec"]["strategy_options"]
+    assert stored == {"sync": "diloco"}
     with orch.client() as http:  # the public view says it too: a mode is no secret
         listed = {r["name"]: r["sync"] for r in http.get("/api/v1/runs").json()["items"]}
-    assert listed[plain["name"]] == "gradients" and listed[diloco["name"]] == "diloco"
+    assert (listed[plain["name"]], listed[named["name"]]) == ("diloco", "gradients")
+
+    # a run stored before runs named their mode trains, and reads, as it always did
+    engine = create_engine(orch.database_url())
+    try:
+        with Session(engine) as session:
+            row = session.scalars(select(Run).where(Run.name == plain["name"])).one()
+            row.strategy_options = {}
+            session.commit()
+    finally:
+        engine.dispose()
+    with orch.client() as http:
+        assert http.get(f"/api/v1/runs/{plain['name']}").json()["sync"] == "gradients"
 
 
 @pytest.mark.timeout(60)
@@ -228,8 +244,16 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
                     "strategy_options: matchmaking_time: expected float, got 'fast'",
                 ),
                 ({"datamodule_args": {"size": 8.5}}, "datamodule_args.size: expected int, got 8.5"),
+                (  # what only "gradients" mode does, asked of a spec that names no mode: it must name one
+                    {"stop": {"target_samples": 4096}},
+                    "stop.target_samples needs a sync mode: new runs train with sync='diloco'",
+                ),
                 (
-                    {"strategy_options": {"delay_optimizer_step": True}},
+                    {"strategy_options": {"use_local_updates": True}},
+                    "strategy_options.use_local_updates needs a sync mode",
+                ),
+                (
+                    {"strategy_options": {"sync": "gradients", "delay_optimizer_step": True}},
                     (
                         "strategy_options: a delayed optimizer step (delay_optimizer_step or "
                         "delay_grad_averaging) needs delay_state_averaging=True"

@@ -32,6 +32,7 @@ from orchestrator.config import Settings
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
 from orchestrator.domain import packages, runs, views, workers
+from orchestrator.domain.sync import with_sync
 from orchestrator.errors import InvalidRequest, RunExists, ServiceError
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher, LauncherConfigError
@@ -127,7 +128,9 @@ def _checked_and_created(
     imports: ImportChecker | None,
     launchers: Mapping[str, Launcher],
 ) -> _Created:
-    """The checks of :func:`create_run`, then the insert; raises the typed error of the first that fails."""
+    """The checks of :func:`create_run`, then the insert; raises the typed error of the first that fails.
+    The spec is checked and stored with its sync mode named (:func:`~orchestrator.domain.sync.with_sync`)."""
+    spec = with_sync(spec)
     with db.read() as session:
         if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
             raise RunExists(f"a run named {spec.name!r} exists already")

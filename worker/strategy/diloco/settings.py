@@ -13,7 +13,12 @@ from typing import Any
 #: mode), ``local`` is hivemind's local SGD (``use_local_updates``: parameters averaged every swarm
 #: epoch), ``diloco`` averages pseudo-gradients every ``sync_every_s`` and takes an outer step.
 SYNC_MODES = ("gradients", "local", "diloco")
+#: ``HivemindStrategy(sync=...)`` left out: lightning-hivemind's behaviour, so the strategy stays a drop-in
+#: for it (and runs stored without a mode keep theirs).
 DEFAULT_SYNC = "gradients"
+#: The mode the orchestrator writes into a new run whose spec names none (``orchestrator/domain/sync.py``):
+#: DiLoCo, the one mode in which more workers reached a target sooner than one (docs/benchmarks/scaling.md).
+NEW_RUN_SYNC = "diloco"
 #: Seconds of compute between DiLoCo rounds. A round's blocking part on one machine (the all-reduce of a
 #: small model and the wait for the slowest peer; matchmaking is scheduled ahead and overlaps compute) is
 #: of the order of a second or two, so 30 s keeps compute at least ten times the round's cost (G >= 10),
