@@ -15,7 +15,7 @@ from tests.support.browser import open_browser
 from tests.support.cli import cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm, pytest.mark.browser]
@@ -40,7 +40,7 @@ def test_a_run_whose_rounds_all_time_out_shows_the_averaging_warning_everywhere(
 ) -> None:
     env = {"SPOTSWARM_AVERAGING_WINDOW_S": str(WINDOW_S), "SPOTSWARM_PROGRESS_SAMPLE_INTERVAL_S": "2"}
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
-    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0}  # admission left at its default (on)
+    options = dict(GRADIENTS)  # its gradient rounds are refused; admission left at its default (on)
     spec = digits_run("apart", module=f"{MODELS}:NoAveragingDigitsModule", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
     admin_post(orch, "/api/v1/runs", spec)

@@ -161,7 +161,6 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         stop={"target_epochs": TARGET_EPOCHS},
         target_batch_size=TARGET_BATCH_SIZE,
         batch_size=BATCH_SIZE,
-        strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0},  # admission on: the default
     )
     admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "chaos")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.support.orchestrator import Orchestrator
-from tests.support.runs import RunReader, admin_post, digits_run
+from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = pytest.mark.swarm
@@ -61,7 +61,7 @@ ROUNDS = {
 def test_a_stop_ends_the_rounds_its_workers_wait_in(loop_orch: Orchestrator, rounds: str) -> None:
     orch, name = loop_orch, f"apart-{rounds}"
     model, extra_options = ROUNDS[rounds]
-    options = {"matchmaking_time": 1.0, "averaging_timeout": AVERAGING_TIMEOUT_S, **extra_options}
+    options = {**GRADIENTS, "averaging_timeout": AVERAGING_TIMEOUT_S, **extra_options}
     spec = digits_run(name, module=f"{MODELS}:{model}", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
     admin_post(orch, "/api/v1/runs", spec)

@@ -18,7 +18,7 @@ from tests.support.failover_proxy import FailoverProxy
 from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
 from tests.support.ports import free_port
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers
+from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, kill_local_workers
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm, pytest.mark.postgres]
@@ -79,7 +79,7 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
             )
         leader, standby = _roles(started)
         reader = RunReader(leader, "ha")
-        spec = digits_run("ha", desired_workers=1, strategy_options={"matchmaking_time": 1.0})
+        spec = digits_run("ha", desired_workers=1, strategy_options=dict(ROUNDS))
         admin_post(leader, "/api/v1/runs", spec)
         # training, not only registered: past joining the swarm through the leader's DHT peer (a worker
         # still starting when the leader dies joins through the new leader's: test_dht_bootstrap_retry)

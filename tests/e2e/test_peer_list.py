@@ -24,7 +24,7 @@ from tests.support.dht_reads import read_latest
 from tests.support.monitor_peer import monitor_dht
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
@@ -79,7 +79,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
-    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0}  # swarm admission on: the default
+    options = dict(GRADIENTS)  # the hand-started worker is a plain HivemindStrategy; admission on
     spec = digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE, strategy_options=options)
     created = admin_post(orch, "/api/v1/runs", spec).json()
     swarm_id = created["swarm_id"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -39,8 +39,7 @@ def test_workers_of_an_opted_out_run_average_with_each_other_from_the_start(
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
     options = {
-        "matchmaking_time": 1.0,
-        "averaging_timeout": 10.0,
+        **ROUNDS,
         "swarm_admission": False,
         "ensure_bootstrap_success": False,  # a worker nobody answers trains alone instead of giving up
     }

@@ -40,7 +40,7 @@ def test_a_run_whose_workers_never_average_is_warned_within_seconds_and_ends_say
     processes: ProcessRegistry, loop_data_dir: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
-    options = {"matchmaking_time": 1.0, "averaging_timeout": 5.0}
+    options = {"sync": "gradients", "matchmaking_time": 1.0, "averaging_timeout": 5.0}  # split: its records
     spec = digits_run("split", module=f"{MODELS}:SplitDigitsModule", strategy_options=options)
     spec.update(datamodule=f"{MODELS}:DigitsDataModule", target_batch_size=512)
     admin_post(orch, "/api/v1/runs", spec)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 from tests.support.workers import wait_ticks
 
@@ -117,7 +117,11 @@ def test_a_run_with_a_sample_target_completes_at_the_first_epoch_past_it(loop_or
     # 3 epochs of 128 samples are 384: one short of the target, so the run ends at epoch 4 (512 samples)
     orch = loop_orch
     admin_post(
-        orch, "/api/v1/runs", digits_run("by-samples", desired_workers=1, stop={"target_samples": 385})
+        orch,
+        "/api/v1/runs",
+        digits_run(
+            "by-samples", desired_workers=1, stop={"target_samples": 385}, strategy_options=dict(GRADIENTS)
+        ),
     )
     reader = RunReader(orch, "by-samples")
     run = wait_until(

@@ -101,7 +101,7 @@ def shown_value(text: str, key: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_list_show_scale_stop_resume(orch: Orchestrator) -> None:
-    join = create(orch, "steer", stop={"target_samples": 100_000})
+    join = create(orch, "steer", stop={"target_samples": 100_000}, strategy_options={"sync": "gradients"})
     worker = HandWorker(orch, join, validates=True)
 
     def beat_until_charted() -> bool:  # a heartbeat per poll until a few progress samples are stored

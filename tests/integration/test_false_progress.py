@@ -92,7 +92,9 @@ def leave(orch: Orchestrator, worker: dict[str, Any], reason: str = "completed")
 def test_a_heartbeat_claiming_the_target_does_not_end_the_run(orch: Orchestrator) -> None:
     """Before, one heartbeat claiming swarm_epoch >= target_epochs (or samples >= target_samples)
     completed the run within seconds, for good."""
-    run = create(orch, stop={"target_epochs": 100, "target_samples": 10**9})
+    run = create(
+        orch, stop={"target_epochs": 100, "target_samples": 10**9}, strategy_options={"sync": "gradients"}
+    )
     liar = register(orch, run["join_token"])
     heartbeat(orch, liar, swarm_epoch=100, samples=10**12)
     wait_until(lambda: get_run(orch, run["name"])["reported"]["swarm_epoch"] == 100, 10, message="written")
@@ -149,7 +151,13 @@ def test_a_checkpointer_that_falls_behind_the_swarm_hands_the_role_on(
 def test_the_dht_epoch_completes_the_run_and_a_completed_run_resumes_with_a_higher_target(
     orch: Orchestrator, progress_peer: ProgressPeer, processes: ProcessRegistry
 ) -> None:
-    run = create(orch, stop={"target_samples": 1000}, target_batch_size=64, checkpoint_every_epochs=4)
+    run = create(
+        orch,
+        stop={"target_samples": 1000},
+        target_batch_size=64,
+        checkpoint_every_epochs=4,
+        strategy_options={"sync": "gradients"},
+    )
     watch = [str(VENV_BIN / "spotswarm"), "runs", "watch", run["name"], "--interval", "0.2"]
     watcher = processes.start("watch", [*watch, "--url", orch.url, "--token", orch.admin_token])
     worker = register(orch, run["join_token"])

@@ -23,8 +23,18 @@ def start_loop_orchestrator(
     return start_orchestrator(processes, data_dir, extra_env={**LOOP_ENV, **(extra_env or {})}, **kwargs)
 
 
+#: Strategy options of the tests' runs: the sync mode new runs get (none named: DiLoCo), with rounds every
+#: 3 s so that a test sees rounds within seconds, and the short hivemind timeouts of a one-machine swarm.
+#: Swarm admission stays at its default (on): the configuration users get.
+ROUNDS = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync_every_s": 3.0}
+#: The same for the tests of hivemind's gradient averaging (``sync: gradients``), whose swarm epoch is a
+#: run's ``target_batch_size`` samples.
+GRADIENTS = {"sync": "gradients", "matchmaking_time": 1.0, "averaging_timeout": 10.0}
+
+
 def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
-    """A run of the digits example sized for two CPU workers on a busy 2-core machine."""
+    """A run of the digits example sized for two CPU workers on a busy 2-core machine, in the default
+    sync mode (:data:`ROUNDS`)."""
     spec: dict[str, Any] = {
         "name": name,
         "module": "worker.examples.digits:DigitsModule",
@@ -32,8 +42,7 @@ def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
         "datamodule": "worker.examples.digits:DigitsDataModule",
         "target_batch_size": 128,
         "batch_size": 32,
-        # swarm admission at its default (on): the configuration users get
-        "strategy_options": {"matchmaking_time": 1.0, "averaging_timeout": 10.0},
+        "strategy_options": dict(ROUNDS),
         "min_workers": 0,
         "max_workers": 4,
         "desired_workers": 2,
