@@ -215,7 +215,8 @@ class RunSpec(StrictModel):
     strategy_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra HivemindStrategy keywords (matchmaking_time, averaging_timeout, ...). sync "
-        "chooses how workers train together: gradients (the default), local or diloco (then sync_every_s or "
+        "chooses how workers train together: diloco (what a run that names none is created with), gradients "
+        "or local (with diloco: sync_every_s or "
         "sync_every_steps, outer_lr, outer_momentum); in diloco mode a swarm epoch is one averaging round, "
         "so target_epochs and checkpoint_every_epochs count rounds. The run view shows the mode (sync).",
     )

@@ -245,9 +245,10 @@ def _follow(client: httpx.Client, server: Any, every_s: float = 5.0) -> None:
         loss_text = (
             "-" if loss is None else f"{loss:.3f}" + (f" (from {first_loss:.3f})" if first_loss else "")
         )
+        epoch = "round" if run.get("sync") == "diloco" else "swarm epoch"  # a DiLoCo epoch is a round
         click.echo(
             f"  {time.strftime('%H:%M:%S')} {run['state']:<9} workers {counts['running']}/{counts['desired']}"
-            f"  swarm epoch {reported['swarm_epoch']:<5} loss {loss_text:<22}"
+            f"  {epoch} {reported['swarm_epoch']:<5} loss {loss_text:<22}"
             f" {reported['samples_per_s']:.0f} samples/s"
         )
 

@@ -1,15 +1,17 @@
 """Workers with the default strategy options train one model: once their swarm has formed, at most a tenth
 of their epochs are trained apart (``alone``, ``no_group``, ``timeout``, ``failed``) and every worker averages
-in most of its own epochs. Four workers with admission on (digits, ``target_batch_size`` 2048), and two
-with admission off, the configurations in which a split swarm was reported (every epoch ``alone``).
+in most of its own epochs. Four workers with nothing in ``strategy_options`` (DiLoCo rounds every 30 s, the
+mode and interval new runs get); and in hivemind's gradient averaging (``sync: gradients``), four workers
+with admission on (digits, ``target_batch_size`` 2048) and two with admission off, the configurations in
+which a split swarm was reported (every epoch ``alone``).
 
 An epoch ``downloaded`` is a straggler catching up: it missed the group by a moment (four workers on two
 busy cores), found the swarm an epoch ahead and loaded its state, so it still holds the swarm's model. A
 worker cut off for good would download (or train alone) every epoch: the per-worker share catches that.
 
-Real `spotswarm serve` with the reconcile loop and local digits workers, nothing in ``strategy_options``
-but ``swarm_admission``. The share is counted from the moment each worker has averaged once: epochs a
-worker trains before its partners are up are ``alone`` by necessity, not a split.
+Real `spotswarm serve` with the reconcile loop and local digits workers. The share is counted from the
+moment each worker has averaged once: epochs a worker trains before its partners are up are ``alone`` by
+necessity, not a split.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from worker.wire import AVERAGING_OUTCOMES
 
 pytestmark = [pytest.mark.swarm]
 ENV = {"SPOTSWARM_CHECK_IMPORTS": "false"}
-EPOCHS_PER_WORKER = 6  # measured after the swarm formed: each at least 5 s with the default matchmaking
+#: epochs (DiLoCo: rounds, 30 s each) measured per worker after the swarm formed; a gradient epoch takes
+#: at least 5 s with the default matchmaking
+EPOCHS_PER_WORKER = {"diloco": 3, "gradients": 6}
 APART = ("alone", "no_group", "timeout", "failed")  # epochs whose gradients no other peer saw
 APART_SHARE = 0.1  # of all epochs, at most
 WORKER_AVERAGED_SHARE = 0.5  # of each worker's own epochs, at least
@@ -53,8 +57,12 @@ def _all_averaged_once(reader: RunReader, workers: int) -> list[dict[str, Any]] 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
     ("workers", "target_batch_size", "options"),
-    [(4, 2048, {}), (2, 256, {"swarm_admission": False})],
-    ids=["four-admission-on", "two-admission-off"],
+    [
+        (4, 2048, {}),
+        (4, 2048, {"sync": "gradients"}),
+        (2, 256, {"sync": "gradients", "swarm_admission": False}),
+    ],
+    ids=["four-default", "four-gradients", "two-gradients-admission-off"],
 )
 def test_workers_with_default_options_average_nearly_every_epoch(
     processes: ProcessRegistry,
@@ -88,7 +96,9 @@ def test_workers_with_default_options_average_nearly_every_epoch(
     def total(per_worker: dict[int, dict[str, int]]) -> int:
         return sum(sum(counts.values()) for counts in per_worker.values())
 
-    wanted = EPOCHS_PER_WORKER * workers
+    sync = reader.run()["sync"]
+    assert sync == options.get("sync", "diloco"), "a run that names no mode trains in DiLoCo's rounds"
+    wanted = EPOCHS_PER_WORKER[sync] * workers
     per_worker = wait_until(
         lambda: (w := window()) and total(w) >= wanted and w,
         180,
