@@ -9,16 +9,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.clock import utc_now
-from orchestrator.db.models import Worker
-from orchestrator.db.session import Database
-from orchestrator.domain import runs
 from tests.api.conftest import BOTH_BACKENDS
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
-from tests.support.workers import heartbeat, register
-from worker.wire import WorkerState
+from tests.support.workers import heartbeat, mark_lost, register
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 TARGET_BATCH = 64
@@ -29,18 +24,6 @@ def progress(orch: Orchestrator, name: str) -> dict[str, Any]:
         response = http.get(f"/api/v1/runs/{name}/progress")
     assert response.status_code == 200, response.text
     return dict(response.json())
-
-
-def lose(orch: Orchestrator, worker_id: str, reason: str) -> None:
-    """Mark the worker lost as the reconcile loop does when its heartbeats stop."""
-    database = Database(orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}")
-    try:
-        with database.begin() as session:
-            worker = session.get(Worker, int(worker_id))
-            assert worker is not None
-            runs.set_worker_state(session, worker, WorkerState.lost, reason, utc_now())
-    finally:
-        database.close()
 
 
 @pytest.mark.timeout(60)
@@ -58,7 +41,7 @@ def test_progress_shows_desired_workers_notice_and_loss_marks(orch: Orchestrator
             json={"reason": "interrupted", "message": "spot interruption notice: terminate at 12:00:00Z"},
         )
     assert left.status_code == 204, left.text
-    lose(orch, lost["worker_id"], "no heartbeat for 10 s")
+    mark_lost(orch, lost["worker_id"], "no heartbeat for 10 s")
 
     def sampled_after_scaling() -> dict[str, Any] | None:
         series = progress(orch, name)

@@ -1,6 +1,8 @@
 // Line charts as inline SVG, drawn from plain arrays: no library, no canvas, no build step.
 // drawLineChart(svg, series, options): series = [{ name, points: [[timeMs, value|null], ...], main }];
-// options.xRange = [t0, t1] widens the time axis (so charts of one run share it).
+// options.xRange = [t0, t1] widens the time axis (so charts of one run share it); options.marks shades
+// time spans ([t0, t1, title]); options.events draws a vertical rule per moment ({ at, kind, title }:
+// class "event event-<kind>", counted in svg.dataset.events).
 // Points beyond two per pixel column are decimated (min and max kept per column), so thousands of
 // points cost no more to draw than the chart's width. The chart records its point count in
 // svg.dataset.points (what the browser test reads).
@@ -130,7 +132,8 @@ function drawLegend(svg, series, box) {
 
 /** Draw series into svg (replacing what was there). */
 export function drawLineChart(
-  svg, series, { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet", marks = [] } = {},
+  svg, series,
+  { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet", marks = [], events = [] } = {},
 ) {
   const width = Math.max(240, Math.round(svg.clientWidth || svg.parentNode.clientWidth || 600));
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -138,6 +141,7 @@ export function drawLineChart(
   svg.replaceChildren();
   const ext = extent(series, zeroBased, xRange);
   svg.dataset.points = String(ext ? ext.count : 0);
+  svg.dataset.events = "0";
   if (!ext) {
     svg.append(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, empty));
     return;
@@ -158,6 +162,7 @@ export function drawLineChart(
     rect.append(svgEl("title", {}, title));
     svg.append(rect);
   }
+  drawEvents(svg, events, box, ext);
   series.forEach((s, i) => {
     const points = decimate(s.points, ext.x0, ext.x1, plotW);
     const color = s.main ? "#111827" : PALETTE[i % PALETTE.length];
@@ -167,6 +172,21 @@ export function drawLineChart(
   });
   drawLegend(svg, series, box);
   addHover(svg, series.find((s) => s.main) || series[0], box, formatY);
+}
+
+/** A vertical rule per event within the time axis, under the lines, with its title on hover. */
+function drawEvents(svg, events, box, ext) {
+  let drawn = 0;
+  for (const { at, kind, title } of events) {
+    if (at < ext.x0 || at > ext.x1) continue;
+    const x = box.x(at);
+    const rule = svgEl("line", { x1: x, x2: x, y1: MARGIN.top, y2: box.height - MARGIN.bottom,
+      class: `event event-${kind}`, "data-kind": kind });
+    rule.append(svgEl("title", {}, title));
+    svg.append(rule);
+    drawn += 1;
+  }
+  svg.dataset.events = String(drawn);
 }
 
 /** A vertical rule and the nearest value of `main` under the mouse. */
