@@ -262,9 +262,13 @@ class Goodput(BaseModel):
         "comes in whole epochs, so it can read a little above 1."
     )
     window_s: float = Field(description="Seconds of samples measured (at most an hour, up to the latest).")
-    progress_samples: int = Field(description="Samples of progress in completed swarm epochs over the window.")
+    progress_samples: int = Field(
+        description="Samples of progress in completed swarm epochs over the window."
+    )
     worker_s: float = Field(description="Live worker-seconds the run held over the window.")
-    steady_samples_per_worker_s: float = Field(description="The steady per-worker rate goodput compares with.")
+    steady_samples_per_worker_s: float = Field(
+        description="The steady per-worker rate goodput compares with."
+    )
 
 
 class ProgressSeries(BaseModel):

@@ -267,7 +267,9 @@ def progress_series(session: Session, run: Run, max_points: int) -> ProgressSeri
     )
     rows = session.scalars(query).all()
     shown = downsample(rows, max_points)
-    desired = churn.desired_at([p.at for p in shown], churn.scaled_events(session, run.id), run.desired_workers)
+    desired = churn.desired_at(
+        [p.at for p in shown], churn.scaled_events(session, run.id), run.desired_workers
+    )
     points = [
         ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {}), desired_workers=d))
         for p, d in zip(shown, desired, strict=True)
@@ -275,7 +277,9 @@ def progress_series(session: Session, run: Run, max_points: int) -> ProgressSeri
     samples = [churn.Sample(p.at, max(p.swarm_epoch, p.dht_epoch or 0), p.live_workers) for p in rows]
     measured = churn.goodput(samples, run.target_batch_size)
     marks = [
-        ChurnMark(at=m.at, kind=m.kind, worker_id=None if m.worker_id is None else str(m.worker_id), reason=m.reason)
+        ChurnMark(
+            at=m.at, kind=m.kind, worker_id=None if m.worker_id is None else str(m.worker_id), reason=m.reason
+        )
         for m in churn.marks(session, run.id)
     ]
     return ProgressSeries(

@@ -48,7 +48,9 @@ def test_page_charts_live_against_desired_marks_notice_and_loss_and_shows_goodpu
         with open_browser() as browser:
             page = browser.page
             page.goto(f"{orch.url}/runs/{RUN}")
-            wait_until(lambda: chart_points(page, "workers-chart") >= 6, 30, message="workers chart has points")
+            wait_until(
+                lambda: chart_points(page, "workers-chart") >= 6, 30, message="workers chart has points"
+            )
             expect(page.locator('#workers-chart path[data-series="live"]')).to_have_count(1)
             expect(page.locator('#workers-chart path[data-series="desired"]')).to_have_count(1)
             assert chart_points(page, "progress-chart") >= 3
