@@ -3,8 +3,8 @@
 The first test joins workers by hand (through the real API) and drives every control of the page:
 it renders, the charts have points, the token panel, the scale button, a leaving worker, a checkpoint
 download, the copy button and the stop button. The second runs a real training run through the
-reconcile loop and the local launcher, kills a worker on purpose and watches the page show it lost and
-then replaced.
+reconcile loop and the local launcher, kills a worker on purpose and watches the page show it lost (in
+the table and as a mark on the charts) and then replaced.
 """
 
 from __future__ import annotations
@@ -313,6 +313,10 @@ def test_frozen_worker_shows_lost_then_replaced(
         expect(row).to_have_attribute("data-state", "lost", timeout=(HEARTBEAT_TIMEOUT_S + 30) * 1000)
         expect(row.locator("td.ended")).to_contain_text("lost: no heartbeat")
         expect(page.locator("#events")).to_contain_text("lost")
+        # the loss is marked on the progress and workers charts, naming the worker
+        for chart in ("progress-chart", "workers-chart"):
+            mark = page.locator(f"#{chart} line.event-loss title", has_text=f"lost: worker {victim['id']} ")
+            expect(mark).to_have_count(1, timeout=20_000)
         expect(running).to_have_count(2, timeout=120_000)  # the replacement
         ids = {w["id"] for w in workers_of(orch, "live-digits") if w["state"] == "running"}
         assert victim["id"] not in ids and len(ids) == 2

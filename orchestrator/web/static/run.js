@@ -261,10 +261,10 @@ function drawCharts() {
     { xRange, zeroBased: true, empty: "no progress yet", events });
   const workers = [
     { name: "live", main: true, points: points.map((p, i) => [times[i], p.live_workers]) },
-    { name: "desired", points: points.map((p, i) => [times[i], p.desired_workers]) },
+    { name: "desired", color: "#2563eb", points: points.map((p, i) => [times[i], p.desired_workers]) },
   ];
   drawLineChart(document.getElementById("workers-chart"), workers,
-    { xRange, zeroBased: true, empty: "no workers yet", events, formatY: (v) => String(Math.round(v)) });
+    { xRange, zeroBased: true, integer: true, empty: "no workers yet", events });
   drawLineChart(document.getElementById("loss-chart"), loss,
     { xRange, empty: "no loss reported yet", marks: localSpans(points, times) });
   drawLineChart(document.getElementById("metric-chart"), metric,
