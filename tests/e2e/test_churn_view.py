@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.test_status_page import Beater, api_get, chart_points
-from tests.support.browser import open_browser
-from tests.support.cli import HandWorker
+from tests.support.browser import chart_points, open_browser
+from tests.support.cli import Beater, HandWorker
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
@@ -26,6 +26,13 @@ from worker.wire import DeregisterReason
 
 pytestmark = pytest.mark.browser
 RUN = "churn-demo"
+
+
+def last_point(orch: Orchestrator) -> dict[str, Any]:
+    with orch.client() as http:
+        response = http.get(f"/api/v1/runs/{RUN}/progress")
+    response.raise_for_status()
+    return dict(response.json()["points"][-1])
 
 
 def events_drawn(page: Page, chart_id: str) -> int:
@@ -71,12 +78,11 @@ def test_page_charts_live_against_desired_marks_notice_and_loss_and_shows_goodpu
             )
             # the live line falls to 1 while desired stays at 3
             wait_until(
-                lambda: api_get(orch, f"/runs/{RUN}/progress")["points"][-1]["live_workers"] == 1,
+                lambda: last_point(orch)["live_workers"] == 1,
                 20,
                 message="a sample with one live worker",
             )
-            last = api_get(orch, f"/runs/{RUN}/progress")["points"][-1]
-            assert last["desired_workers"] == 3
+            assert last_point(orch)["desired_workers"] == 3
             # one steady worker completes epochs: goodput is measured and shown
             expect(page.locator("#t-goodput")).to_have_text(re.compile(r"^\d+%$"), timeout=30_000)
             expect(page.locator("#t-goodput-detail")).to_contain_text("samples/s per worker")

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,9 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, Request, expect
 
-from tests.support.browser import open_browser
+from tests.support.browser import chart_points, open_browser
 from tests.support.checkpoint_files import checkpoint_bytes
-from tests.support.cli import HandWorker
+from tests.support.cli import Beater, HandWorker
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
 from tests.support.runs import digits_run, start_loop_orchestrator
@@ -35,41 +34,11 @@ from worker.wire import DeregisterReason
 pytestmark = pytest.mark.browser
 
 
-class Beater(threading.Thread):
-    """Sends a heartbeat for each of ``workers`` every ``interval_s`` until stopped."""
-
-    def __init__(self, workers: list[HandWorker], interval_s: float = 0.3) -> None:
-        super().__init__(daemon=True)
-        self.workers = list(workers)
-        self.interval_s = interval_s
-        self.halt = threading.Event()
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        while not self.halt.wait(self.interval_s):
-            with self.lock:
-                for worker in self.workers:
-                    worker.beat(40.0 + 10 * (worker.step % 7))
-
-    def drop(self, worker: HandWorker) -> None:
-        """Stop beating for ``worker`` (returns after any heartbeat in flight)."""
-        with self.lock:
-            self.workers.remove(worker)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=10)
-
-
 def api_get(orch: Orchestrator, path: str) -> dict:
     with orch.client() as http:
         response = http.get("/api/v1" + path)
         response.raise_for_status()
         return dict(response.json())
-
-
-def chart_points(page: Page, chart_id: str) -> int:
-    return int(page.locator(f"#{chart_id}").get_attribute("data-points") or 0)
 
 
 @pytest.fixture
