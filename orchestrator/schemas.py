@@ -12,6 +12,7 @@ public view (``redacted``) for callers without the admin token.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -223,7 +224,10 @@ class ProgressPoint(BaseModel):
     samples_total: int
     loss: float | None
     samples_per_s: float
-    live_workers: int
+    live_workers: int = Field(description="Workers running with a fresh heartbeat at that moment.")
+    desired_workers: int = Field(
+        description="The run's desired worker count at that moment (from its scale events)."
+    )
     dht_epoch: int | None
     dht_samples: int | None
     dht_peers: int | None
@@ -238,9 +242,46 @@ class ProgressPoint(BaseModel):
     )
 
 
+class ChurnMark(BaseModel):
+    at: datetime = Field(description="When the worker left or was found lost.")
+    kind: Literal["notice", "loss"] = Field(
+        description="notice: the worker left after a spot interruption notice (its replacement could start "
+        "before it went); loss: the worker was lost without leaving (no heartbeat, its process or instance "
+        "gone, killed without notice)."
+    )
+    worker_id: str | None
+    reason: str = Field(description="The reason of its state change, as its event says.")
+
+
+class Goodput(BaseModel):
+    value: float = Field(
+        description="Training progress over the last hour (swarm epochs completed x target_batch_size) "
+        "divided by what a steady swarm of the workers the run held would have made: live worker-seconds "
+        "x the best samples per worker-second the run kept up in that hour while its live worker count "
+        "stood still (measured from one epoch boundary to another). 1 means churn cost nothing; progress "
+        "comes in whole epochs, so it can read a little above 1."
+    )
+    window_s: float = Field(description="Seconds of samples measured (at most an hour, up to the latest).")
+    progress_samples: int = Field(
+        description="Samples of progress in completed swarm epochs over the window."
+    )
+    worker_s: float = Field(description="Live worker-seconds the run held over the window.")
+    steady_samples_per_worker_s: float = Field(
+        description="The steady per-worker rate goodput compares with."
+    )
+
+
 class ProgressSeries(BaseModel):
     points: list[ProgressPoint]
     stored_points: int = Field(description="Samples stored for the run before downsampling.")
+    marks: list[ChurnMark] = Field(
+        default_factory=list, description="Workers that left after a spot notice or were lost, oldest first."
+    )
+    goodput: Goodput | None = Field(
+        default=None,
+        description="Goodput over the last hour; null until the run has a stretch of at least two epochs "
+        "with a steady live worker count.",
+    )
 
 
 class WorkerOut(BaseModel):

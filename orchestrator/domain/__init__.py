@@ -14,5 +14,6 @@ typed errors of ``orchestrator/errors.py`` and never commit (the caller's transa
 - ``swarm_forming.py``: whether its swarm formed at all: the warning within seconds, the note it ends with.
 - ``reported.py``: a run's loss and metrics from its workers' latest reports.
 - ``progress_samples.py``: one aggregated progress point per run and interval, thinned.
+- ``churn.py``: desired workers over time, notice and loss marks, and goodput (defined there alone).
 - ``deployment_facts.py``: what every orchestrator on one database must agree on (the swarm authority).
 """

@@ -16,12 +16,14 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, estimates, reported, runs
+from orchestrator.domain import averaging, checkpoints, churn, estimates, reported, runs
 from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.schemas import (
+    ChurnMark,
     EventOut,
     EventPage,
+    Goodput,
     ProgressPoint,
     ProgressSeries,
     ReportedProgress,
@@ -254,19 +256,38 @@ def downsample(items: Sequence[T], max_points: int) -> list[T]:
     return [items[i] for i in picks]
 
 
-def progress_series(session: Session, run_id: int, max_points: int) -> ProgressSeries:
-    """The run's stored progress samples, oldest first, downsampled to ``max_points``."""
+def progress_series(session: Session, run: Run, max_points: int) -> ProgressSeries:
+    """The run's stored progress samples, oldest first, downsampled to ``max_points``, with the desired
+    worker count at each, its notice and loss marks and its goodput over the last hour (``churn.py``:
+    goodput reads every stored sample, not the downsampled ones)."""
     query = (
         select(ProgressSample)
-        .where(ProgressSample.run_id == run_id)
+        .where(ProgressSample.run_id == run.id)
         .order_by(ProgressSample.at, ProgressSample.id)
     )
     rows = session.scalars(query).all()
+    shown = downsample(rows, max_points)
+    desired = churn.desired_at(
+        [p.at for p in shown], churn.scaled_events(session, run.id), run.desired_workers
+    )
     points = [
-        ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {})))
-        for p in downsample(rows, max_points)
+        ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {}), desired_workers=d))
+        for p, d in zip(shown, desired, strict=True)
     ]
-    return ProgressSeries(points=points, stored_points=len(rows))
+    samples = [churn.Sample(p.at, max(p.swarm_epoch, p.dht_epoch or 0), p.live_workers) for p in rows]
+    measured = churn.goodput(samples, run.target_batch_size)
+    marks = [
+        ChurnMark(
+            at=m.at, kind=m.kind, worker_id=None if m.worker_id is None else str(m.worker_id), reason=m.reason
+        )
+        for m in churn.marks(session, run.id)
+    ]
+    return ProgressSeries(
+        points=points,
+        stored_points=len(rows),
+        marks=marks,
+        goodput=Goodput.model_validate(measured, from_attributes=True) if measured else None,
+    )
 
 
 def worker_out(worker: Worker, run: Run, now: datetime, full: bool = True) -> WorkerOut:

@@ -3,8 +3,8 @@
 The first test joins workers by hand (through the real API) and drives every control of the page:
 it renders, the charts have points, the token panel, the scale button, a leaving worker, a checkpoint
 download, the copy button and the stop button. The second runs a real training run through the
-reconcile loop and the local launcher, kills a worker on purpose and watches the page show it lost and
-then replaced.
+reconcile loop and the local launcher, kills a worker on purpose and watches the page show it lost (in
+the table and as a mark on the charts) and then replaced.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,9 +21,9 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, Request, expect
 
-from tests.support.browser import open_browser
+from tests.support.browser import chart_points, open_browser
 from tests.support.checkpoint_files import checkpoint_bytes
-from tests.support.cli import HandWorker
+from tests.support.cli import Beater, HandWorker
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
 from tests.support.runs import digits_run, start_loop_orchestrator
@@ -35,41 +34,11 @@ from worker.wire import DeregisterReason
 pytestmark = pytest.mark.browser
 
 
-class Beater(threading.Thread):
-    """Sends a heartbeat for each of ``workers`` every ``interval_s`` until stopped."""
-
-    def __init__(self, workers: list[HandWorker], interval_s: float = 0.3) -> None:
-        super().__init__(daemon=True)
-        self.workers = list(workers)
-        self.interval_s = interval_s
-        self.halt = threading.Event()
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        while not self.halt.wait(self.interval_s):
-            with self.lock:
-                for worker in self.workers:
-                    worker.beat(40.0 + 10 * (worker.step % 7))
-
-    def drop(self, worker: HandWorker) -> None:
-        """Stop beating for ``worker`` (returns after any heartbeat in flight)."""
-        with self.lock:
-            self.workers.remove(worker)
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=10)
-
-
 def api_get(orch: Orchestrator, path: str) -> dict:
     with orch.client() as http:
         response = http.get("/api/v1" + path)
         response.raise_for_status()
         return dict(response.json())
-
-
-def chart_points(page: Page, chart_id: str) -> int:
-    return int(page.locator(f"#{chart_id}").get_attribute("data-points") or 0)
 
 
 @pytest.fixture
@@ -313,6 +282,10 @@ def test_frozen_worker_shows_lost_then_replaced(
         expect(row).to_have_attribute("data-state", "lost", timeout=(HEARTBEAT_TIMEOUT_S + 30) * 1000)
         expect(row.locator("td.ended")).to_contain_text("lost: no heartbeat")
         expect(page.locator("#events")).to_contain_text("lost")
+        # the loss is marked on the progress and workers charts, naming the worker
+        for chart in ("progress-chart", "workers-chart"):
+            mark = page.locator(f"#{chart} line.event-loss title", has_text=f"lost: worker {victim['id']} ")
+            expect(mark).to_have_count(1, timeout=20_000)
         expect(running).to_have_count(2, timeout=120_000)  # the replacement
         ids = {w["id"] for w in workers_of(orch, "live-digits") if w["state"] == "running"}
         assert victim["id"] not in ids and len(ids) == 2

@@ -73,3 +73,8 @@ def open_browser(
             yield wrapped
         finally:
             browser.close()
+
+
+def chart_points(page: Page, chart_id: str) -> int:
+    """The points a chart of the page drew (``drawLineChart`` records them in ``data-points``)."""
+    return int(page.locator(f"#{chart_id}").get_attribute("data-points") or 0)

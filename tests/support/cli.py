@@ -3,13 +3,15 @@
 :func:`cli` runs a command in-process (click's CliRunner) against a real orchestrator URL, with a
 config file path that does not exist, so the developer's own ``~/.config/spotswarm`` never leaks in.
 :class:`HandWorker` joins a run through the real API with the run's join token and reports progress
-like an agent would (register, heartbeats, checkpoint upload, deregister), without training anything.
+like an agent would (register, heartbeats, checkpoint upload, deregister), without training anything;
+:class:`Beater` sends their heartbeats from a thread.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -91,3 +93,29 @@ class HandWorker:
     def leave(self, reason: DeregisterReason, message: str | None = None) -> None:
         self.client.deregister(self.worker_id, reason, message)
         self.client.close()
+
+
+class Beater(threading.Thread):
+    """Sends a heartbeat for each of ``workers`` every ``interval_s`` until stopped."""
+
+    def __init__(self, workers: list[HandWorker], interval_s: float = 0.3) -> None:
+        super().__init__(daemon=True)
+        self.workers = list(workers)
+        self.interval_s = interval_s
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.interval_s):
+            with self.lock:
+                for worker in self.workers:
+                    worker.beat(40.0 + 10 * (worker.step % 7))
+
+    def drop(self, worker: HandWorker) -> None:
+        """Stop beating for ``worker`` (returns after any heartbeat in flight)."""
+        with self.lock:
+            self.workers.remove(worker)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=10)

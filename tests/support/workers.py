@@ -1,7 +1,7 @@
 """Helpers of the tests that act as workers over the API (a server in a subprocess or in-process):
 register, heartbeat, become the checkpointer, get a swarm token (whose peer id the worker's announced
-addresses must carry), and count reconcile ticks (to wait for the loop to have judged a run several
-times)."""
+addresses must carry), count reconcile ticks (to wait for the loop to have judged a run several
+times), and mark a worker lost on the server's database as the reconcile loop does."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from orchestrator.clock import utc_now
+from orchestrator.db.models import Worker
+from orchestrator.db.session import Database
+from orchestrator.domain import runs
 from tests.support.orchestrator import ApiServer
 from tests.support.waiting import wait_until
 from worker.admission.tokens import openssh_public_key
+from worker.wire import WorkerState
 
 
 def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:
@@ -73,3 +78,16 @@ def wait_ticks(orch: ApiServer, ticks: int, timeout_s: float = 60) -> None:
     """Wait until the reconcile loop has ticked ``ticks`` more times."""
     start = reconcile_ticks(orch)
     wait_until(lambda: reconcile_ticks(orch) >= start + ticks, timeout_s, message=f"{ticks} reconcile ticks")
+
+
+def mark_lost(orch: ApiServer, worker_id: str, reason: str) -> None:
+    """Move the worker to ``lost`` on ``orch``'s database with ``reason``, through the function the
+    reconcile loop calls when a worker's heartbeats stop (for servers that run no loop: joins by hand)."""
+    database = Database(orch.database_url())
+    try:
+        with database.begin() as session:
+            worker = session.get(Worker, int(worker_id))
+            assert worker is not None, f"no worker {worker_id}"
+            runs.set_worker_state(session, worker, WorkerState.lost, reason, utc_now())
+    finally:
+        database.close()

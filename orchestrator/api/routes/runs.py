@@ -314,8 +314,11 @@ def progress(
     _: Reader,
     max_points: Annotated[int, Query(ge=1, le=10_000, description="Downsample to at most this.")] = 500,
 ) -> ProgressSeries:
+    """Progress samples (live and desired workers at each), the marks of workers that left after a spot
+    notice or were lost, and goodput over the last hour: the progress made divided by what a steady
+    swarm of the workers held would have made at the run's own best steady per-worker rate."""
     run = runs.get_run(session, name)
-    return views.progress_series(session, run.id, max_points)
+    return views.progress_series(session, run, max_points)
 
 
 @router.get(ApiPath.run_workers, summary="A run's workers")

@@ -1,6 +1,9 @@
 // Line charts as inline SVG, drawn from plain arrays: no library, no canvas, no build step.
-// drawLineChart(svg, series, options): series = [{ name, points: [[timeMs, value|null], ...], main }];
-// options.xRange = [t0, t1] widens the time axis (so charts of one run share it).
+// drawLineChart(svg, series, options): series = [{ name, points: [[timeMs, value|null], ...], main, color }];
+// options.xRange = [t0, t1] widens the time axis (so charts of one run share it); options.marks shades
+// time spans ([t0, t1, title]); options.events draws a vertical rule per moment ({ at, kind, title }:
+// class "event event-<kind>", counted in svg.dataset.events); options.integer keeps the y ticks on whole
+// numbers (counts) with a unit of headroom above the highest value.
 // Points beyond two per pixel column are decimated (min and max kept per column), so thousands of
 // points cost no more to draw than the chart's width. The chart records its point count in
 // svg.dataset.points (what the browser test reads).
@@ -68,7 +71,7 @@ export function decimate(points, x0, x1, columns) {
   return out;
 }
 
-function extent(series, zeroBased, xRange) {
+function extent(series, zeroBased, xRange, integer) {
   let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity, count = 0;
   for (const s of series) {
     for (const [x, y] of s.points) {
@@ -81,14 +84,15 @@ function extent(series, zeroBased, xRange) {
   if (!count) return null;
   if (xRange) { x0 = Math.min(x0, xRange[0]); x1 = Math.max(x1, xRange[1]); }
   if (zeroBased) { y0 = Math.min(0, y0); y1 = Math.max(0, y1); }
+  if (integer) y1 = Math.floor(y1) + 1; // a line at the highest count stays clear of the top edge
   if (x1 === x0) { x0 -= 30e3; x1 += 30e3; }
   if (y1 === y0) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
   return { x0, x1, y0, y1, count };
 }
 
-function drawAxes(svg, box, ext, formatY) {
+function drawAxes(svg, box, ext, formatY, integer) {
   const { x0, x1, y0, y1 } = ext;
-  const yStep = niceStep(y1 - y0, 4);
+  const yStep = integer ? Math.max(1, Math.round(niceStep(y1 - y0, 4))) : niceStep(y1 - y0, 4);
   for (let v = Math.ceil(y0 / yStep) * yStep; v <= y1 + yStep * 1e-9; v += yStep) {
     const y = box.y(v);
     svg.append(svgEl("line", { x1: MARGIN.left, x2: box.width - MARGIN.right, y1: y, y2: y, class: "grid" }));
@@ -119,7 +123,7 @@ function drawLegend(svg, series, box) {
   if (series.length < 2) return;
   let x = MARGIN.left + 8;
   series.forEach((s, i) => {
-    const color = s.main ? "#111827" : PALETTE[i % PALETTE.length];
+    const color = s.color || (s.main ? "#111827" : PALETTE[i % PALETTE.length]);
     svg.append(svgEl("rect", { x, y: 6, width: 10, height: 3, fill: color }));
     const label = svgEl("text", { x: x + 14, y: 11, class: "legend" }, s.name);
     svg.append(label);
@@ -130,14 +134,19 @@ function drawLegend(svg, series, box) {
 
 /** Draw series into svg (replacing what was there). */
 export function drawLineChart(
-  svg, series, { height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet", marks = [] } = {},
+  svg, series,
+  {
+    height = 220, formatY, zeroBased = false, xRange = null, empty = "no data yet", marks = [], events = [],
+    integer = false,
+  } = {},
 ) {
   const width = Math.max(240, Math.round(svg.clientWidth || svg.parentNode.clientWidth || 600));
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   svg.setAttribute("height", String(height));
   svg.replaceChildren();
-  const ext = extent(series, zeroBased, xRange);
+  const ext = extent(series, zeroBased, xRange, integer);
   svg.dataset.points = String(ext ? ext.count : 0);
+  svg.dataset.events = "0";
   if (!ext) {
     svg.append(svgEl("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, empty));
     return;
@@ -149,7 +158,7 @@ export function drawLineChart(
     x: (t) => MARGIN.left + ((t - ext.x0) / (ext.x1 - ext.x0)) * plotW,
     y: (v) => MARGIN.top + (1 - (v - ext.y0) / (ext.y1 - ext.y0)) * plotH,
   };
-  drawAxes(svg, box, ext, formatY);
+  drawAxes(svg, box, ext, formatY, integer);
   for (const [t0, t1, title] of marks) { // shaded time spans, drawn under the lines
     const x0 = Math.max(MARGIN.left, box.x(t0));
     const x1 = Math.min(width - MARGIN.right, box.x(t1));
@@ -158,15 +167,31 @@ export function drawLineChart(
     rect.append(svgEl("title", {}, title));
     svg.append(rect);
   }
+  drawEvents(svg, events, box, ext);
   series.forEach((s, i) => {
     const points = decimate(s.points, ext.x0, ext.x1, plotW);
-    const color = s.main ? "#111827" : PALETTE[i % PALETTE.length];
+    const color = s.color || (s.main ? "#111827" : PALETTE[i % PALETTE.length]);
     const d = pathOf(points, box);
     if (d) svg.append(svgEl("path", { d, fill: "none", stroke: color, "stroke-width": s.main ? 2 : 1.25,
       class: s.main ? "series main" : "series", "data-series": s.name }));
   });
   drawLegend(svg, series, box);
   addHover(svg, series.find((s) => s.main) || series[0], box, formatY);
+}
+
+/** A vertical rule per event within the time axis, under the lines, with its title on hover. */
+function drawEvents(svg, events, box, ext) {
+  let drawn = 0;
+  for (const { at, kind, title } of events) {
+    if (at < ext.x0 || at > ext.x1) continue;
+    const x = box.x(at);
+    const rule = svgEl("line", { x1: x, x2: x, y1: MARGIN.top, y2: box.height - MARGIN.bottom,
+      class: `event event-${kind}`, "data-kind": kind });
+    rule.append(svgEl("title", {}, title));
+    svg.append(rule);
+    drawn += 1;
+  }
+  svg.dataset.events = String(drawn);
 }
 
 /** A vertical rule and the nearest value of `main` under the mouse. */

@@ -33,6 +33,7 @@ function renderRun(run) {
   setText("t-workers", `${run.workers.live} / ${run.workers.desired}`);
   // in DiLoCo mode a swarm epoch is one averaging round
   setText("t-epoch-label", run.sync === "diloco" ? "rounds" : "swarm epoch");
+  setText("progress-unit", run.sync === "diloco" ? "rounds" : "swarm epoch");
   setText("t-epoch", String(swarmEpoch(run)));
   setText("t-sync", `sync: ${run.sync || "gradients"}`);
   setText("t-speed", fmtNumber(run.reported.samples_per_s, 3));
@@ -253,14 +254,43 @@ function drawCharts() {
   const metric = [{ name: name || "metric", main: true,
     points: points.map((p, i) => [times[i], (p.metrics || {})[name] ?? null]) }];
   const xRange = times.length ? [times[0], times[times.length - 1]] : null; // one time axis for all
+  const events = churnEvents(state.progress ? state.progress.marks : []);
+  const epochs = [{ name: "epoch", main: true,
+    points: points.map((p, i) => [times[i], Math.max(p.swarm_epoch, p.dht_epoch || 0)]) }];
+  drawLineChart(document.getElementById("progress-chart"), epochs,
+    { xRange, zeroBased: true, empty: "no progress yet", events });
+  const workers = [
+    { name: "live", main: true, points: points.map((p, i) => [times[i], p.live_workers]) },
+    { name: "desired", color: "#2563eb", points: points.map((p, i) => [times[i], p.desired_workers]) },
+  ];
+  drawLineChart(document.getElementById("workers-chart"), workers,
+    { xRange, zeroBased: true, integer: true, empty: "no workers yet", events });
   drawLineChart(document.getElementById("loss-chart"), loss,
     { xRange, empty: "no loss reported yet", marks: localSpans(points, times) });
   drawLineChart(document.getElementById("metric-chart"), metric,
     { xRange, empty: name ? `no ${name} yet` : "no metric reported yet (report_metrics)" });
   drawLineChart(document.getElementById("speed-chart"), speed, { xRange, zeroBased: true, empty: "no throughput yet" });
   if (state.progress) {
+    renderGoodput(state.progress.goodput);
     setText("points-note", `${points.length} of ${state.progress.stored_points} stored points`);
   }
+}
+
+/** Notice and loss marks as chart events. */
+function churnEvents(marks) {
+  return (marks || []).map((m) => ({
+    at: parseTime(m.at), kind: m.kind,
+    title: `${m.kind === "notice" ? "left after a spot notice" : "lost"}: worker ${m.worker_id ?? "?"} at ` +
+      `${new Date(parseTime(m.at)).toLocaleTimeString()} (${m.reason})`,
+  }));
+}
+
+/** Goodput over the last hour as a percentage, and the steady rate it is measured against. */
+function renderGoodput(goodput) {
+  setText("t-goodput", goodput ? `${Math.round(100 * goodput.value)}%` : "-");
+  setText("t-goodput-detail", goodput
+    ? `vs ${fmtNumber(goodput.steady_samples_per_worker_s, 3)} samples/s per worker`
+    : "needs two epochs at a steady worker count");
 }
 
 async function refreshProgress() {

@@ -1,0 +1,88 @@
+"""``GET /api/v1/runs/{name}/progress`` shows churn: the desired worker count at each point, the marks of
+a worker that left after a spot notice and of one that was lost, and the run's goodput. The app
+in-process, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import BOTH_BACKENDS
+from tests.support.inprocess import InProcessOrchestrator as Orchestrator
+from tests.support.specs import create_run
+from tests.support.waiting import wait_until
+from tests.support.workers import heartbeat, mark_lost, register
+
+pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
+TARGET_BATCH = 64
+
+
+def progress(orch: Orchestrator, name: str) -> dict[str, Any]:
+    with orch.client() as http:
+        response = http.get(f"/api/v1/runs/{name}/progress")
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@pytest.mark.timeout(60)
+def test_progress_shows_desired_workers_notice_and_loss_marks(orch: Orchestrator) -> None:
+    name, join = create_run(orch, "churn", desired_workers=2, max_workers=4)
+    noticed, lost = register(orch, join), register(orch, join)
+    for worker in (noticed, lost):
+        heartbeat(orch, worker, swarm_epoch=1, samples=10)
+    wait_until(lambda: progress(orch, name)["points"], 20, message="a first progress sample")
+    with orch.admin() as http:
+        assert http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).status_code == 200
+    with orch.client(noticed["worker_token"]) as http:
+        left = http.post(
+            f"/api/v1/workers/{noticed['worker_id']}/deregister",
+            json={"reason": "interrupted", "message": "spot interruption notice: terminate at 12:00:00Z"},
+        )
+    assert left.status_code == 204, left.text
+    mark_lost(orch, lost["worker_id"], "no heartbeat for 10 s")
+
+    def sampled_after_scaling() -> dict[str, Any] | None:
+        series = progress(orch, name)
+        return series if series["points"][-1]["desired_workers"] == 3 else None
+
+    series = wait_until(sampled_after_scaling, 20, message="a progress sample after the scale")
+    desired = [p["desired_workers"] for p in series["points"]]
+    assert desired[0] == 2 and desired == sorted(desired)
+    marks = [(m["kind"], m["worker_id"]) for m in series["marks"]]
+    assert marks == [("notice", noticed["worker_id"]), ("loss", lost["worker_id"])]
+    assert "spot interruption notice" in series["marks"][0]["reason"]
+    assert series["marks"][1]["reason"] == "no heartbeat for 10 s"
+    assert series["marks"][0]["at"] <= series["marks"][1]["at"]
+
+
+@pytest.mark.timeout(60)
+def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestrator) -> None:
+    name, join = create_run(orch, "goodput", target_batch_size=TARGET_BATCH)
+    worker = register(orch, join)
+    assert progress(orch, name)["goodput"] is None
+    epochs = itertools.count(1)
+
+    def measured() -> dict[str, Any] | None:
+        epoch = next(epochs)
+        heartbeat(orch, worker, swarm_epoch=epoch, samples=TARGET_BATCH * epoch, samples_per_s=10.0)
+        series = progress(orch, name)
+        return series if series["goodput"] else None
+
+    series = wait_until(measured, 40, interval_s=0.4, message="goodput over steady epochs")
+    goodput, points = series["goodput"], series["points"]
+    assert len(points) == series["stored_points"]  # not downsampled: the figures can be checked here
+    times = [datetime.fromisoformat(p["at"]) for p in points]
+    spans = [(times[i] - times[i - 1]).total_seconds() for i in range(1, len(times))]
+    held = sum(p["live_workers"] * span for p, span in zip(points, spans, strict=False))
+    assert goodput["worker_s"] == pytest.approx(held)
+    assert goodput["window_s"] == pytest.approx((times[-1] - times[0]).total_seconds())
+    assert (
+        goodput["progress_samples"] == (points[-1]["swarm_epoch"] - points[0]["swarm_epoch"]) * TARGET_BATCH
+    )
+    rate = goodput["steady_samples_per_worker_s"]
+    assert goodput["value"] == pytest.approx(goodput["progress_samples"] / (rate * held))
+    # one worker heartbeating an epoch at a time: about its steady pace throughout
+    assert 0.3 < goodput["value"] < 1.5
