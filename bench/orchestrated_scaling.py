@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def spotswarm(orch: Orchestrator, *args: str, timeout_s: float = 600) -> str:
         [str(VENV_BIN / "spotswarm"), *args], capture_output=True, text=True, env=env, timeout=timeout_s
     )
     if done.returncode != 0:
-        raise RuntimeError(f"spotswarm {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
+        raise RuntimeError(
+            f"spotswarm {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}"
+        )
     return done.stdout
 
 
@@ -100,13 +103,17 @@ def curve_of(points: list[dict[str, Any]]) -> tuple[Curve, float | None]:
     if not trained:
         return [], None
     start = seconds(trained[0]["at"])
-    curve = [(seconds(p["at"]) - start, p["metrics"]["val_loss"]) for p in trained if "val_loss" in p["metrics"]]
+    curve = [
+        (seconds(p["at"]) - start, p["metrics"]["val_loss"]) for p in trained if "val_loss" in p["metrics"]
+    ]
     last = trained[-1].get("averaging") or {}
     busy = float(last.get("train_s", 0.0)) + float(last.get("averaging_s", 0.0))
     return curve, (float(last.get("averaging_s", 0.0)) / busy if busy else None)
 
 
-def run_arm(orch: Orchestrator, project: Path, name: str, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_arm(
+    orch: Orchestrator, project: Path, name: str, workers: int, args: argparse.Namespace
+) -> dict[str, Any]:
     """Create the run with the CLI, let it train ``--budget-s`` from its first sample, stop it and wait
     until its workers have left; its curve and figures."""
     spec_path = project.parent / f"{name}.json"
@@ -160,7 +167,9 @@ def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None)
     if target_loss is None and len(known_bests) != len(single_bests):
         return ["a 1-worker run reported no val_loss: no target"]
     target = target_loss if target_loss is not None else max(known_bests)
-    times = {arm: median_or_none([time_to(r["curve"], target) for r in runs]) for arm, runs in results.items()}
+    times = {
+        arm: median_or_none([time_to(r["curve"], target) for r in runs]) for arm, runs in results.items()
+    }
     t1 = times.get(1)
     lines = [
         f"target validation loss {target:.4f} nats/byte"
@@ -177,9 +186,8 @@ def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None)
         wait = f"{statistics.median(waits):.1%}" if waits else "-"
         rounds = statistics.median(r["rounds"] for r in runs)
         best = min((loss for r in runs for _, loss in r["curve"]), default=float("nan"))
-        lines.append(
-            f"| {arm}: {ARMS[arm]} | {arm} | {shown} | {speed} | {start:.1f} s | {wait} | {rounds:g} | {best:.4f} |"
-        )
+        cells = [f"{arm}: {ARMS[arm]}", str(arm), shown, speed, f"{start:.1f} s", wait, f"{rounds:g}"]
+        lines.append(f"| {' | '.join(cells)} | {best:.4f} |")
     t2 = times.get(2)
     shown_t1 = f"{t1:.1f} s" if t1 is not None else "not reached"
     shown_t2 = f"{t2:.1f} s" if t2 is not None else "not reached"
@@ -237,6 +245,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[int, list[dict[str, Any
 
 def main() -> int:
     args = build_parser().parse_args()
+    # a SIGTERM (a test's time-out) still stops the orchestrator and the workers: they run in sessions of
+    # their own, so killing this process's group would leave them behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.trials, args.budget_s, args.sync_every_s, args.val_every_batches = 1, 20.0, 3.0, 10
         args.width, args.layers, args.batch_size, args.val_windows = 32, 1, 16, 16
