@@ -121,18 +121,16 @@ def run_arm(
     created_at = time.time()
     spotswarm(orch, "runs", "create", "-f", str(spec_path), "--workdir", str(project))
     reader = RunReader(orch, name)
-    try:
-        wait_until(
-            lambda: [w for w in reader.workers() if (w.get("samples") or 0) > 0],
-            args.start_timeout_s,
-            interval_s=0.5,
-            message=f"a worker of {name} trains",
-        )
-        started_s = time.time() - created_at
-        time.sleep(args.budget_s)
-        points = reader.get("/progress?max_points=10000")["points"]
-    finally:
-        stop(orch, reader)
+    wait_until(
+        lambda: [w for w in reader.workers() if (w.get("samples") or 0) > 0],
+        args.start_timeout_s,
+        interval_s=0.5,
+        message=f"a worker of {name} trains",
+    )
+    started_s = time.time() - created_at
+    time.sleep(args.budget_s)
+    points = reader.get("/progress?max_points=10000")["points"]
+    stop(orch, reader)  # on an error instead, measure() kills the server and every worker at once
     curve, waiting = curve_of(points)
     epoch = max((p["swarm_epoch"] for p in points), default=0)
     return {"curve": curve, "start_s": started_s, "waiting": waiting, "rounds": epoch}

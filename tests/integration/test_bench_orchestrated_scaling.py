@@ -6,7 +6,11 @@ between benchmark runs. It measures nothing at this size."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +33,22 @@ def processes_with_env(entry: str) -> list[int]:
     return found
 
 
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """The script's TMPDIR; afterwards, whatever still runs with it (when a test failed) is killed by PID:
+    every process the script starts inherits it, the orchestrator's and the workers' sessions too."""
+    path = tmp_path / "scratch"
+    path.mkdir()
+    yield path
+    for pid in processes_with_env(f"TMPDIR={path}"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.timeout(300)
 def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running(
-    processes: ProcessRegistry, tmp_path: Path
+    processes: ProcessRegistry, scratch: Path
 ) -> None:
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
     bench = processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
     try:
@@ -56,3 +70,31 @@ def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_run
         30,
         message=lambda: f"the orchestrator and workers are gone: {processes_with_env(f'TMPDIR={scratch}')}",
     )
+
+
+@pytest.mark.timeout(300)
+def test_orchestrated_scaling_stopped_by_sigterm_mid_run_leaves_nothing_running(
+    processes: ProcessRegistry, scratch: Path
+) -> None:
+    args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
+    bench = processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
+
+    def agents() -> list[int]:
+        return [pid for pid in processes_with_env(f"TMPDIR={scratch}") if b"worker.agent" in cmdline(pid)]
+
+    wait_until(agents, 200, interval_s=0.5, message=lambda: f"a worker agent runs: {bench.log()[-3000:]}")
+    exit_code = bench.terminate(timeout_s=60)  # SIGTERM, as a test's time-out or Ctrl-C in a pipeline
+
+    assert exit_code == 143, bench.log()[-3000:]  # its own exit, not the SIGKILL after the grace time
+    wait_until(
+        lambda: not processes_with_env(f"TMPDIR={scratch}"),
+        30,
+        message=lambda: f"the orchestrator and workers are gone: {processes_with_env(f'TMPDIR={scratch}')}",
+    )
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
