@@ -15,8 +15,8 @@ stop`` and waited on until its workers have left. The run's progress series (``G
 /api/v1/runs/NAME/progress``: the mean of its workers' latest ``val_loss``) gives the validation loss
 over time; the target is the best loss every arm-1 trial reaches (or ``--target-loss``), and each arm's
 time is its first point at or below it. Prints T1, T2 and T1/T2 (medians over trials), the time from
-``runs create`` to the first sample, the share of worker time spent waiting on averaging, with the
-machine, load average and commit.
+``runs create`` to the first sample, the share of worker time spent waiting on averaging and of rounds
+averaged with a peer, with the machine, load average and commit.
 
 ``.venv/bin/python bench/orchestrated_scaling.py [--trials 3] [--budget-s 150] [--quick]``
 """
@@ -44,6 +44,7 @@ from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.runs import RunReader, kill_local_workers, start_loop_orchestrator
 from tests.support.waiting import wait_until
 from worker.strategy.diloco.settings import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
+from worker.wire import AVERAGING_OUTCOMES
 
 ARMS = {1: "1 worker, DiLoCo", 2: "2 workers, DiLoCo"}
 ENDED_RUN_STATES = ("stopped", "completed", "failed")
@@ -97,18 +98,27 @@ def seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def curve_of(points: list[dict[str, Any]]) -> tuple[Curve, float | None]:
-    """(val_loss over time since the first sample, the share of worker time waiting on averaging)."""
+def curve_of(points: list[dict[str, Any]]) -> Curve:
+    """val_loss over time since the run's first sample."""
     trained = [p for p in points if p["samples_total"] > 0]
     if not trained:
-        return [], None
+        return []
     start = seconds(trained[0]["at"])
-    curve = [
+    return [
         (seconds(p["at"]) - start, p["metrics"]["val_loss"]) for p in trained if "val_loss" in p["metrics"]
     ]
-    last = trained[-1].get("averaging") or {}
+
+
+def averaging_of(points: list[dict[str, Any]]) -> dict[str, float | None]:
+    """From the last point's counts, summed over the run's workers: the share of their time spent waiting
+    on averaging, and the share of their rounds averaged with a peer (not alone, failed or timed out)."""
+    last = (points[-1].get("averaging") if points else None) or {}
     busy = float(last.get("train_s", 0.0)) + float(last.get("averaging_s", 0.0))
-    return curve, (float(last.get("averaging_s", 0.0)) / busy if busy else None)
+    rounds = sum(int(last.get(key, 0)) for key in AVERAGING_OUTCOMES)
+    return {
+        "waiting": float(last.get("averaging_s", 0.0)) / busy if busy else None,
+        "averaged": int(last.get("averaged", 0)) / rounds if rounds else None,
+    }
 
 
 def run_arm(
@@ -131,9 +141,8 @@ def run_arm(
     time.sleep(args.budget_s)
     points = reader.get("/progress?max_points=10000")["points"]
     stop(orch, reader)  # on an error instead, measure() kills the server and every worker at once
-    curve, waiting = curve_of(points)
     epoch = max((p["swarm_epoch"] for p in points), default=0)
-    return {"curve": curve, "start_s": started_s, "waiting": waiting, "rounds": epoch}
+    return {"curve": curve_of(points), "start_s": started_s, "rounds": epoch, **averaging_of(points)}
 
 
 def stop(orch: Orchestrator, reader: RunReader) -> None:
@@ -158,6 +167,11 @@ def median_or_none(values: list[float | None]) -> float | None:
     return statistics.median(known) if known and len(known) == len(values) else None
 
 
+def median_share(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.1%}" if known else "-"
+
+
 def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None) -> list[str]:
     """The table: per arm time to target, T1/T, start-up time, waiting share, best loss."""
     single_bests = [min((loss for _, loss in r["curve"]), default=None) for r in results[1]]
@@ -172,19 +186,22 @@ def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None)
     lines = [
         f"target validation loss {target:.4f} nats/byte"
         + (" (given)" if target_loss is not None else " (the best loss every 1-worker trial reaches)"),
-        "| arm | workers | time to target | T1/T | start-up | waiting on averaging | rounds | best loss |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        (
+            "| arm | workers | time to target | T1/T | start-up | waiting on averaging | rounds "
+            "| averaged with a peer | best loss |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for arm, runs in results.items():
         t = times[arm]
         shown = f"{t:.1f} s" if t is not None else "not reached"
         speed = f"{t1 / t:.2f}" if t and t1 else "-"
         start = statistics.median(r["start_s"] for r in runs)
-        waits = [r["waiting"] for r in runs if r["waiting"] is not None]
-        wait = f"{statistics.median(waits):.1%}" if waits else "-"
         rounds = statistics.median(r["rounds"] for r in runs)
         best = min((loss for r in runs for _, loss in r["curve"]), default=float("nan"))
-        cells = [f"{arm}: {ARMS[arm]}", str(arm), shown, speed, f"{start:.1f} s", wait, f"{rounds:g}"]
+        cells = [f"{arm}: {ARMS[arm]}", str(arm), shown, speed, f"{start:.1f} s"]
+        cells += [median_share([r["waiting"] for r in runs]), f"{rounds:g}"]
+        cells.append(median_share([r["averaged"] for r in runs]))
         lines.append(f"| {' | '.join(cells)} | {best:.4f} |")
     t2 = times.get(2)
     shown_t1 = f"{t1:.1f} s" if t1 is not None else "not reached"
@@ -212,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--val-windows", type=int, default=128)
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
+    parser.add_argument("--curves", type=Path, default=None, help="write every run's curve here (JSON)")
     parser.add_argument("--quick", action="store_true", help="a small run that checks the script works")
     return parser
 
@@ -269,6 +287,8 @@ def main() -> int:
         f"batch {args.batch_size}, AdamW lr {args.lr}; validation every {args.val_every_batches} batches "
         f"on {args.val_windows} windows"
     )
+    if args.curves is not None:
+        args.curves.write_text(json.dumps({arm: [r["curve"] for r in runs] for arm, runs in results.items()}))
     print("\n".join(summary(results, args.target_loss)))
     return 0 if all(r["curve"] for runs in results.values() for r in runs) else 1
 
