@@ -15,8 +15,8 @@ stop`` and waited on until its workers have left. The run's progress series (``G
 /api/v1/runs/NAME/progress``: the mean of its workers' latest ``val_loss``) gives the validation loss
 over time; the target is the best loss every arm-1 trial reaches (or ``--target-loss``), and each arm's
 time is its first point at or below it. Prints T1, T2 and T1/T2 (medians over trials), the time from
-``runs create`` to the first sample, the share of worker time spent waiting on averaging and of rounds
-averaged with a peer, with the machine, load average and commit.
+``runs create`` to the first sample, the samples per second of all workers, the share of worker time
+spent waiting on averaging and of rounds averaged with a peer, with the machine, load average and commit.
 
 ``.venv/bin/python bench/orchestrated_scaling.py [--trials 3] [--budget-s 150] [--quick]``
 """
@@ -109,6 +109,15 @@ def curve_of(points: list[dict[str, Any]]) -> Curve:
     ]
 
 
+def samples_per_s(points: list[dict[str, Any]]) -> float | None:
+    """Samples per second of all the run's workers together, from its first sample to its last point."""
+    trained = [p for p in points if p["samples_total"] > 0]
+    if len(trained) < 2:
+        return None
+    span_s = seconds(trained[-1]["at"]) - seconds(trained[0]["at"])
+    return (trained[-1]["samples_total"] - trained[0]["samples_total"]) / span_s if span_s > 0 else None
+
+
 def averaging_of(points: list[dict[str, Any]]) -> dict[str, float | None]:
     """From the last point's counts, summed over the run's workers: the share of their time spent waiting
     on averaging, and the share of their rounds averaged with a peer (not alone, failed or timed out)."""
@@ -142,7 +151,8 @@ def run_arm(
     points = reader.get("/progress?max_points=10000")["points"]
     stop(orch, reader)  # on an error instead, measure() kills the server and every worker at once
     epoch = max((p["swarm_epoch"] for p in points), default=0)
-    return {"curve": curve_of(points), "start_s": started_s, "rounds": epoch, **averaging_of(points)}
+    figures = {"start_s": started_s, "rounds": epoch, "samples_per_s": samples_per_s(points)}
+    return {"curve": curve_of(points), **figures, **averaging_of(points)}
 
 
 def stop(orch: Orchestrator, reader: RunReader) -> None:
@@ -187,10 +197,10 @@ def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None)
         f"target validation loss {target:.4f} nats/byte"
         + (" (given)" if target_loss is not None else " (the best loss every 1-worker trial reaches)"),
         (
-            "| arm | workers | time to target | T1/T | start-up | waiting on averaging | rounds "
-            "| averaged with a peer | best loss |"
+            "| arm | workers | time to target | T1/T | start-up | samples/s | waiting on averaging "
+            "| rounds | averaged with a peer | best loss |"
         ),
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for arm, runs in results.items():
         t = times[arm]
@@ -199,7 +209,9 @@ def summary(results: dict[int, list[dict[str, Any]]], target_loss: float | None)
         start = statistics.median(r["start_s"] for r in runs)
         rounds = statistics.median(r["rounds"] for r in runs)
         best = min((loss for r in runs for _, loss in r["curve"]), default=float("nan"))
-        cells = [f"{arm}: {ARMS[arm]}", str(arm), shown, speed, f"{start:.1f} s"]
+        rates = [r["samples_per_s"] for r in runs if r["samples_per_s"] is not None]
+        rate = f"{statistics.median(rates):.0f}" if rates else "-"
+        cells = [f"{arm}: {ARMS[arm]}", str(arm), shown, speed, f"{start:.1f} s", rate]
         cells += [median_share([r["waiting"] for r in runs]), f"{rounds:g}"]
         cells.append(median_share([r["averaged"] for r in runs]))
         lines.append(f"| {' | '.join(cells)} | {best:.4f} |")

@@ -63,7 +63,7 @@ def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_run
     assert rows[0].startswith("| arm |"), out
     assert [row.split("|")[1].strip()[:2] for row in rows[1:]] == ["1:", "2:"], out
     assert rows[1].split("|")[3].strip().endswith(" s"), out  # the 1-worker run reaches its own best
-    assert rows[2].split("|")[8].strip() not in ("-", "0.0%"), out  # the two workers averaged together
+    assert rows[2].split("|")[9].strip() not in ("-", "0.0%"), out  # the two workers averaged together
     assert "target validation loss" in out and "T1 " in out and "T2 " in out and "T1/T2" in out, out
     assert "machine:" in out and "load average" in out and "commit" in out, out
     assert "spotswarm runs create --workdir" in out and "sync=diloco" in out, out
