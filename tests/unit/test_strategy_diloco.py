@@ -17,6 +17,8 @@ from tests.support.strategy import SGDDigits, fixed_loader, flat_params, make_st
 from worker.strategy import HivemindStrategyError
 from worker.strategy.checkpoint_format import exported
 from worker.strategy.diloco.outer import OuterStep, weighted_mean
+from worker.strategy.diloco.schedule import RoundSchedule
+from worker.strategy.diloco.settings import DiLoCoSettings, round_matchmaking_s
 from worker.strategy.options import strategy_option_problem
 
 pytestmark = pytest.mark.timeout(240)
@@ -169,3 +171,22 @@ def test_local_sync_steps_the_optimizer_every_batch_between_swarm_epochs(tmp_pat
     assert strategy.optimizer.use_local_updates  # type: ignore[union-attr]
     assert len(seen) == 6
     assert all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))  # every batch moved it
+
+
+def test_rounds_by_time_come_every_interval_however_long_the_matchmaking_time() -> None:
+    # hivemind's default matchmaking (5 s) as long as the interval: the lead is cut to half the interval,
+    # so a round that ends just after its boundary is followed by the next boundary, not the one after
+    now = [100.2]
+    settings = DiLoCoSettings(sync_every_s=5.0)
+    lead = round_matchmaking_s(settings, 5.0)
+    assert lead == 2.5 and round_matchmaking_s(settings, 1.0) == 1.0
+    assert round_matchmaking_s(DiLoCoSettings(sync_every_steps=10), 5.0) == 5.0  # by steps: no clock
+    schedule = RoundSchedule(settings, lead_s=lead, clock=lambda: now[0])
+    rounds = []
+    while now[0] < 130:
+        now[0] += 0.1  # a step
+        if schedule.due():
+            rounds.append(schedule.round_at)
+            now[0] += 0.5  # the round itself
+            schedule.next_round()
+    assert rounds == [105.0, 110.0, 115.0, 120.0, 125.0, 130.0]

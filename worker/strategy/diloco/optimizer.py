@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,7 +38,7 @@ from worker.strategy.checkpoint_format import DILOCO_STATE_KEY, LOCAL_EPOCH_KEY
 from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverager, apply_hivemind_fixes
 from worker.strategy.diloco.outer import OuterStep
 from worker.strategy.diloco.schedule import RoundSchedule
-from worker.strategy.diloco.settings import DiLoCoSettings
+from worker.strategy.diloco.settings import DiLoCoSettings, round_matchmaking_s
 from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
 from worker.strategy.outcomes import Outcome, OutcomeCounter, round_outcome
 from worker.strategy.shutdown import stop_tracker_keeping_record
@@ -90,7 +91,10 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self.dht = dht
         self.run_id = run_id
         self.settings = settings
-        self.matchmaking_time = matchmaking_time
+        self.matchmaking_time = matchmaking_time = round_matchmaking_s(settings, matchmaking_time)
+        # hivemind's averager wants its requests to time out within the matchmaking window
+        request_timeout = min(averager_opts.get("request_timeout", math.inf), matchmaking_time / 2)
+        averager_opts = {**averager_opts, "request_timeout": request_timeout}
         self.averaging_timeout = averaging_timeout
         self.local_epoch = 0
         #: samples of the coming step, set by the strategy before each ``step``

@@ -3,8 +3,9 @@
 By time, rounds fall on the multiples of ``sync_every_s`` of hivemind's DHT time (the wall clock every
 peer shares), so peers that started, joined or stalled at different moments still reach the same round
 together, with nothing negotiated; a peer computes ``sync_every_s`` less the round's own cost between
-two. A round less than ``lead_s`` away when the last one ended is skipped for the next boundary: its
-matchmaking could not be scheduled ahead of it. By steps, peers of equal speed meet because they count
+two. A round less than ``lead_s`` (at most half the interval: ``settings.round_matchmaking_s``) away
+when the last one ended is skipped for the next boundary: its matchmaking could not be scheduled ahead
+of it. By steps, peers of equal speed meet because they count
 alike (tests, benchmarks of identical workers).
 """
 
