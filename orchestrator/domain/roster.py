@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run, Worker
@@ -27,12 +27,20 @@ T = TypeVar("T")
 
 @dataclass
 class Roster:
-    """A run's live workers as its registrations see them: counts and the slots held (slot -> worker)."""
+    """A run's live workers as its registrations see them: how many, how many run, and the slots held.
+
+    The slots held are read only when needed: while they are dense (0..n-1, the usual case in a burst
+    of joins) the next free slot is n, known from two aggregates; a gap (a worker left) makes the first
+    registration that needs a slot read them all, once per transaction.
+    """
 
     live: int
     running: int
-    slots: dict[int, int]
-    next_free: int = 0  # no slot below this one is free
+    held: int  # live workers with a slot
+    top: int  # their highest slot (-1: none)
+    read_slots: Callable[[], dict[int, int]]  # slot -> worker id, from the database
+    _slots: dict[int, int] | None = None
+    _next_free: int = 0  # no slot below this one is free
 
     def became(self, old: WorkerState | None, new: WorkerState) -> None:
         """Count a worker that went from ``old`` (None: a new row) to ``new``."""
@@ -41,14 +49,20 @@ class Roster:
 
     def take_slot(self, worker_id: int, own: int | None) -> int:
         """``own`` while no other live worker holds it, else the lowest free slot; now held by
-        ``worker_id`` (it gives up ``own`` if it moves)."""
-        if own is not None and self.slots.get(own, worker_id) == worker_id:
-            self.slots[own] = worker_id
+        ``worker_id``."""
+        if own is None and self._slots is None and self.held == self.top + 1:
+            self.held, self.top = self.held + 1, self.top + 1  # dense: the next slot is free
+            return self.top
+        if self._slots is None:
+            self._slots = self.read_slots()
+        slots = self._slots
+        if own is not None and slots.get(own, worker_id) == worker_id:
+            slots[own] = worker_id
             return own
-        while self.next_free in self.slots:
-            self.next_free += 1
-        self.slots[self.next_free] = worker_id
-        return self.next_free
+        while self._next_free in slots:
+            self._next_free += 1
+        slots[self._next_free] = worker_id
+        return self._next_free
 
 
 def per_transaction(session: Session, key: tuple[object, ...], read: Callable[[], T]) -> T:
@@ -73,16 +87,18 @@ def lock_run(session: Session, run_id: int) -> None:
 
 def roster(session: Session, run_id: int) -> Roster:
     """The run's :class:`Roster`, read at its first use in this transaction (under :func:`lock_run`)."""
+    live = Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES)
+
+    def read_slots() -> dict[int, int]:
+        query = select(Worker.worker_index, Worker.id).where(*live, Worker.worker_index.is_not(None))
+        return {index: worker_id for index, worker_id in session.execute(query) if index is not None}
 
     def read() -> Roster:
         lock_run(session, run_id)
-        rows = session.execute(
-            select(Worker.id, Worker.state, Worker.worker_index).where(
-                Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES)
-            )
-        ).all()
-        slots = {index: worker_id for worker_id, _, index in rows if index is not None}
-        running = sum(1 for _, state, _ in rows if state == WorkerState.running)
-        return Roster(live=len(rows), running=running, slots=slots)
+        running = func.count(case((Worker.state == WorkerState.running, 1)))
+        query = select(func.count(), running, func.count(Worker.worker_index), func.max(Worker.worker_index))
+        counts = session.execute(query.where(*live)).one()
+        top = -1 if counts[3] is None else int(counts[3])
+        return Roster(int(counts[0]), int(counts[1]), int(counts[2]), top, read_slots)
 
     return per_transaction(session, ("roster", run_id), read)
