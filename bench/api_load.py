@@ -1,9 +1,11 @@
 """Heartbeat load on a real orchestrator: N simulated workers, one heartbeat every ``--interval-s`` each.
 
-Registers N manual workers with a run's join token, then heartbeats as all of them for ``--duration-s``
-(after one interval of warm-up) from ``--processes`` client processes with a bounded pool of keep-alive
-connections each, and prints the sustained requests/s, p50/p90/p99/max latency, the error rate, the
-server's CPU time per heartbeat and the machine's load average.
+Registers N manual workers with a run's join token (the registration burst: ``--register-concurrency``
+joins in flight from the client processes, refusals retried where the server says when; it prints the
+registrations/s), then heartbeats as all of them for ``--duration-s`` (after one interval of warm-up)
+from ``--processes`` client processes with a bounded pool of keep-alive connections each, and prints
+the sustained requests/s, p50/p90/p99/max latency, the error rate, the server's CPU time per heartbeat
+and the machine's load average.
 
     python bench/api_load.py --workers 1000,10000                       # SQLite, own orchestrator
     python bench/api_load.py --workers 10000 --db postgres              # own throwaway PostgreSQL
@@ -12,9 +14,9 @@ server's CPU time per heartbeat and the machine's load average.
 The orchestrator it starts runs with production time scales (1 s heartbeat flush, 10 s progress
 samples, 2 s reconcile ticks): the batch writer and the reconcile loop are part of what is measured.
 Its heartbeat timeout (``--heartbeat-timeout-s``, 600 s) outlasts the registration of 10,000 workers
-(about 2 minutes): real workers heartbeat from the moment they register, but these start only once all
-are registered, and a shorter timeout would have the first thousands marked lost meanwhile and measure
-their revival instead of the steady state.
+(under a minute to about 2 minutes, with the machine's load): real workers heartbeat from the moment
+they register, but these start only once all are registered, and a shorter timeout would have the
+first thousands marked lost meanwhile and measure their revival instead of the steady state.
 Not a test (it takes minutes); tests/integration/test_api_load_smoke.py runs it with 50 workers.
 """
 
