@@ -300,16 +300,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one(url: str, token: str, pid: int | None, count: int, args: argparse.Namespace) -> dict[str, Any]:
-    started, load_before = time.monotonic(), os.getloadavg()
+    started, load_before, cpu_before = time.monotonic(), os.getloadavg(), cpu_seconds(pid)
     workers, refused = register(url, token, count, args.register_concurrency, args.processes)
-    took_s = time.monotonic() - started
+    took_s, cpu_after = time.monotonic() - started, cpu_seconds(pid)
+    cpu_ms = None if cpu_before is None or cpu_after is None else 1000 * (cpu_after - cpu_before) / count
     print(
         f"registered {count} workers in {took_s:.1f} s ({count / took_s:.0f}/s, {refused} tries refused "
-        f"and retried, load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f})",
+        f"and retried, server CPU {'?' if cpu_ms is None else f'{cpu_ms:.2f}'} ms/registration, "
+        f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f})",
         flush=True,
     )
     figures = measure(url, workers, args, pid)
     figures.update(register_s=took_s, register_per_s=count / took_s, register_refused=refused)
+    figures["server_cpu_ms_per_registration"] = cpu_ms
     return figures
 
 

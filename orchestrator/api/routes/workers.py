@@ -77,7 +77,8 @@ def register(
     ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
 
     def join(session: Session) -> tuple[WorkerRegistered, tuple[WorkerEntry, RunEntry]]:
-        # may run twice (its batch again, in savepoints): it only reads and writes the session
+        # may run twice (its batch again, in savepoints): it only reads and writes the session (and the
+        # join token's limiter, charged again then)
         reg = workers.register_worker(session, token, body, clock(), join_limiter)
         run_id = reg.run.id
         peers = per_transaction(session, ("peers", run_id), lambda: views.worker_peers(session, run_id))
