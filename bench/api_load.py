@@ -1,9 +1,11 @@
 """Heartbeat load on a real orchestrator: N simulated workers, one heartbeat every ``--interval-s`` each.
 
-Registers N manual workers with a run's join token, then heartbeats as all of them for ``--duration-s``
-(after one interval of warm-up) from ``--processes`` client processes with a bounded pool of keep-alive
-connections each, and prints the sustained requests/s, p50/p90/p99/max latency, the error rate, the
-server's CPU time per heartbeat and the machine's load average.
+Registers N manual workers with a run's join token (the registration burst: ``--register-concurrency``
+joins in flight from the client processes, refusals retried where the server says when; it prints the
+registrations/s), then heartbeats as all of them for ``--duration-s`` (after one interval of warm-up)
+from ``--processes`` client processes with a bounded pool of keep-alive connections each, and prints
+the sustained requests/s, p50/p90/p99/max latency, the error rate, the server's CPU time per heartbeat
+and the machine's load average.
 
     python bench/api_load.py --workers 1000,10000                       # SQLite, own orchestrator
     python bench/api_load.py --workers 10000 --db postgres              # own throwaway PostgreSQL
@@ -12,9 +14,9 @@ server's CPU time per heartbeat and the machine's load average.
 The orchestrator it starts runs with production time scales (1 s heartbeat flush, 10 s progress
 samples, 2 s reconcile ticks): the batch writer and the reconcile loop are part of what is measured.
 Its heartbeat timeout (``--heartbeat-timeout-s``, 600 s) outlasts the registration of 10,000 workers
-(about 2 minutes): real workers heartbeat from the moment they register, but these start only once all
-are registered, and a shorter timeout would have the first thousands marked lost meanwhile and measure
-their revival instead of the steady state.
+(under a minute to about 2 minutes, with the machine's load): real workers heartbeat from the moment
+they register, but these start only once all are registered, and a shorter timeout would have the
+first thousands marked lost meanwhile and measure their revival instead of the steady state.
 Not a test (it takes minutes); tests/integration/test_api_load_smoke.py runs it with 50 workers.
 """
 
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -87,8 +91,17 @@ def own_orchestrator(db: str, reconcile: bool, heartbeat_timeout_s: float) -> It
                 cluster.stop()
 
 
-async def register(url: str, admin_token: str, count: int, concurrency: int = 16) -> list[tuple[str, str]]:
-    """Create a run and join ``count`` manual workers to it: [(worker id, worker token)]."""
+# A registration refused for overload (429/503 with Retry-After, or a dropped connection) is tried
+# again, as the agent does, until this long has passed since its first try; then it has failed for good.
+REGISTER_GIVE_UP_S = 300.0
+
+
+def register(
+    url: str, admin_token: str, count: int, concurrency: int = 64, processes: int = 2
+) -> tuple[list[tuple[str, str]], int]:
+    """Create a run and join ``count`` manual workers to it from ``processes`` client processes (one
+    would be the bottleneck): [(worker id, worker token)] and how many tries were refused on the way
+    (and retried)."""
     spec = {
         "name": f"load-{os.getpid()}-{int(time.time())}",
         "module": "worker.examples.digits:DigitsModule",
@@ -99,38 +112,70 @@ async def register(url: str, admin_token: str, count: int, concurrency: int = 16
         "max_workers": 10_000,
         "desired_workers": 0,
     }
-    limits = httpx.Limits(max_connections=concurrency)
-    retried: list[int] = []
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
-        created = await http.post(
-            "/api/v1/runs", json=spec, headers={"Authorization": f"Bearer {admin_token}"}
-        )
+    with httpx.Client(base_url=url, timeout=120) as http:
+        created = http.post("/api/v1/runs", json=spec, headers={"Authorization": f"Bearer {admin_token}"})
         created.raise_for_status()
-        join = {"Authorization": f"Bearer {created.json()['join_token']}"}
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(index: int) -> tuple[str, str]:
-            async with gate:
-                for attempt in range(5):  # as workers do: a 503, 429 or dropped connection is retried
-                    try:
-                        reply = await http.post(
-                            "/api/v1/workers/register", json={"hostname": f"sim-{index}"}, headers=join
-                        )
-                    except httpx.TransportError:
-                        retried.append(index)
-                        continue
-                    if reply.status_code not in (429, 503):
-                        break
-                    retried.append(index)
-                    retry_after_s = float(reply.headers.get("Retry-After", "0"))
-                    await asyncio.sleep(max(retry_after_s, 0.5 * 2**attempt))
-                reply.raise_for_status()
-                return reply.json()["worker_id"], reply.json()["worker_token"]
-
-        registered = list(await asyncio.gather(*(one(i) for i in range(count))))
+    join_token = created.json()["join_token"]
+    shares = [list(range(count))[i::processes] for i in range(processes)]
+    per_process = max(1, concurrency // processes)
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        jobs = [(url, join_token, share, per_process) for share in shares]
+        results = pool.starmap(_register_share, jobs)
+    registered = [worker for workers, _ in results for worker in workers]
+    retried = [why for _, whys in results for why in whys]
     if retried:
-        print(f"registration: {len(retried)} request(s) retried (503, 429 or connection lost)", flush=True)
-    return registered
+        kinds = ", ".join(f"{kind} x{retried.count(kind)}" for kind in sorted(set(retried)))
+        print(f"registration: {len(retried)} tries refused and retried ({kinds})", flush=True)
+    return registered, len(retried)
+
+
+def _register_share(
+    url: str, join_token: str, indexes: list[int], concurrency: int
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """One client process's share of the registrations (see :func:`register`)."""
+
+    async def share() -> tuple[list[tuple[str, str]], list[str]]:
+        retried: list[str] = []
+        limits = httpx.Limits(max_connections=concurrency)
+        join = {"Authorization": f"Bearer {join_token}"}
+        gate = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+
+            async def one(index: int) -> tuple[str, str]:
+                async with gate:
+                    return await _register_one(http, join, f"sim-{index}", retried)
+
+            return list(await asyncio.gather(*(one(i) for i in indexes))), retried
+
+    return asyncio.run(share())
+
+
+async def _register_one(
+    http: httpx.AsyncClient, join: dict[str, str], hostname: str, retried: list[str]
+) -> tuple[str, str]:
+    """One worker's registration, retried where the server says when (Retry-After) or the connection
+    dropped, with exponential back-off and jitter, for up to :data:`REGISTER_GIVE_UP_S`."""
+    give_up_at = time.monotonic() + REGISTER_GIVE_UP_S
+    reply: httpx.Response | None = None
+    for attempt in itertools.count():
+        told_s = 0.0
+        try:
+            reply = await http.post("/api/v1/workers/register", json={"hostname": hostname}, headers=join)
+        except httpx.TransportError as exc:
+            reply, why = None, type(exc).__name__
+        else:
+            if reply.status_code not in (429, 503):
+                break
+            why, told_s = str(reply.status_code), float(reply.headers.get("Retry-After", "0"))
+        if time.monotonic() >= give_up_at:
+            break
+        retried.append(why)
+        backoff_s = min(10.0, 0.25 * 2**attempt) * random.uniform(0.5, 1.0)
+        await asyncio.sleep(max(told_s, backoff_s))
+    if reply is None:
+        raise RuntimeError(f"{hostname}: no answer from the server after {REGISTER_GIVE_UP_S:.0f} s")
+    reply.raise_for_status()
+    return reply.json()["worker_id"], reply.json()["worker_token"]
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -225,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections per process")
+    parser.add_argument(
+        "--register-concurrency", type=int, default=64, help="registrations in flight at once"
+    )
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--no-reconcile", action="store_true", help="own orchestrator without the loop")
     parser.add_argument("--url", help="an orchestrator already running (else one is started per count)")
@@ -252,10 +300,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one(url: str, token: str, pid: int | None, count: int, args: argparse.Namespace) -> dict[str, Any]:
-    started = time.monotonic()
-    workers = asyncio.run(register(url, token, count))
-    print(f"registered {count} workers in {time.monotonic() - started:.1f} s", flush=True)
-    return measure(url, workers, args, pid)
+    started, load_before, cpu_before = time.monotonic(), os.getloadavg(), cpu_seconds(pid)
+    workers, refused = register(url, token, count, args.register_concurrency, args.processes)
+    took_s, cpu_after = time.monotonic() - started, cpu_seconds(pid)
+    cpu_ms = None if cpu_before is None or cpu_after is None else 1000 * (cpu_after - cpu_before) / count
+    print(
+        f"registered {count} workers in {took_s:.1f} s ({count / took_s:.0f}/s, {refused} tries refused "
+        f"and retried, server CPU {'?' if cpu_ms is None else f'{cpu_ms:.2f}'} ms/registration, "
+        f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
+    figures = measure(url, workers, args, pid)
+    figures.update(register_s=took_s, register_per_s=count / took_s, register_refused=refused)
+    figures["server_cpu_ms_per_registration"] = cpu_ms
+    return figures
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
+from orchestrator.db.batch import TransactionBatcher
 from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
@@ -52,6 +53,11 @@ class AppContext:
     uploads: UploadSlots = field(default_factory=UploadSlots)  # checkpoint uploads in progress
     package_claims: PackageClaims = field(default_factory=PackageClaims)  # packages creates are checking
     forwarder: Forwarder | None = None  # progress samples to TensorBoard (tensorboard_dir)
+    # registrations arriving together share a transaction (one run-row lock, one commit)
+    registrations: TransactionBatcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registrations = TransactionBatcher(self.db)
 
     def read_swarm_now(self, run_id: int) -> None:
         """Read one active run's swarm progress from the DHT now, into the progress cache (blocking, at

@@ -40,6 +40,7 @@ from orchestrator import tokens
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
 from orchestrator.context import AppContext
+from orchestrator.db.batch import TransactionBatcher
 from orchestrator.db.models import Run, Worker
 from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
@@ -103,6 +104,7 @@ get_imports = _part("imports")
 get_launchers = _part("launchers")
 get_admission = _part("swarm_admission")
 get_join_limiter = _part("join_limiter")
+get_registrations = _part("registrations")
 get_uploads = _part("uploads")
 get_package_claims = _part("package_claims")
 get_crash_policy = _part("crash_policy")
@@ -137,6 +139,7 @@ PackageClaimsDep = Annotated[PackageClaims, Depends(get_package_claims)]
 LaunchersDep = Annotated[Mapping[str, Launcher], Depends(get_launchers)]
 AdmissionDep = Annotated[SwarmAdmission | None, Depends(get_admission)]
 JoinLimiterDep = Annotated[RateLimiter | None, Depends(get_join_limiter)]
+RegistrationsDep = Annotated[TransactionBatcher, Depends(get_registrations)]
 UploadsDep = Annotated[UploadSlots, Depends(get_uploads)]
 CrashPolicyDep = Annotated[CrashPolicy, Depends(get_crash_policy)]
 AdminTokenHash = Annotated[str, Depends(get_admin_token_hash)]

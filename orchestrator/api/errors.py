@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from orchestrator import errors
 from orchestrator.schemas import ErrorOut
@@ -38,7 +39,11 @@ ERROR_STATUS: dict[type[Exception], int] = {
     errors.TooManyRequests: 429,
     DHTUnavailable: 503,
     OperationalError: 503,
+    PoolTimeout: 503,  # every database connection busy: overload, not a fault
 }
+# When a 503 of the database asks the client to come back (``Retry-After``): the agent and the
+# benchmark wait that long (and back off further) rather than give up.
+DATABASE_RETRY_AFTER_S = 1
 
 
 def _status_of(exc: Exception) -> int:
@@ -64,8 +69,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
         status = _status_of(exc)
         logger.error("%s %s: database error: %s", request.method, request.url.path, exc, exc_info=exc)
-        detail = "database unavailable, retry later" if status == 503 else "internal database error"
-        return JSONResponse({"detail": detail}, status_code=status)
+        unavailable = status == 503
+        detail = "database unavailable, retry later" if unavailable else "internal database error"
+        headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)} if unavailable else None
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("%s %s: unexpected error", request.method, request.url.path, exc_info=exc)

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import crash_budget, events, runs
+from orchestrator.domain.roster import lock_run, per_transaction, roster
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
@@ -139,7 +140,12 @@ def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple
     to hand back. See the module docstring for what each kind of token may bind."""
     digest = tokens.hash_token(token)
     if token.startswith(tokens.JOIN_PREFIX):
-        run = session.scalar(select(Run).where(Run.join_token_hash == digest))
+        # the same join token, again and again in a burst: looked up once per transaction
+        run = per_transaction(
+            session,
+            ("join-token", digest),
+            lambda: session.scalar(select(Run).where(Run.join_token_hash == digest)),
+        )
         if run is None:
             raise Unauthorized("unknown join token")
         if body.request_id and session.scalar(select(Worker.id).where(Worker.request_id == body.request_id)):
@@ -172,7 +178,8 @@ def _new_manual_worker(
     :class:`Conflict` when the run already has ``max_workers`` live workers."""
     if limiter is not None:
         limiter.take(f"join:{run.id}", "registrations with this join token")
-    live = runs.count_live_workers(session, run.id)
+    known = roster(session, run.id)
+    live = known.live
     if live >= run.max_workers:
         raise Conflict(
             f"run {run.name!r} has {live} live workers, its max_workers: no room for another one "
@@ -181,10 +188,8 @@ def _new_manual_worker(
     request_id = body.request_id or f"manual-{new_request_id(run)}"[:64]
     worker = _new_worker(run, request_id, "manual", WorkerState.running, now)
     worker.manual = True
-    session.add(worker)
-    session.flush()
-    message = f"manual worker from {body.hostname}"
-    events.record_event(session, run.id, "worker.joined", message, now, worker.id)
+    session.add(worker)  # written with the rest of the registration (register_worker)
+    known.became(None, WorkerState.running)
     return worker
 
 
@@ -199,14 +204,18 @@ def register_worker(
     id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
     """
     run, worker, worker_token = _resolve_caller(session, token, body)
+    lock_run(session, run.id)  # before any row naming the run is written (see lock_run)
     if run.state not in ACCEPTING_RUN_STATES:
         raise RunNotAcceptingWorkers(f"run {run.name!r} is {run.state}; it takes no new workers")
+    joined = worker is None
     if worker is None:
         worker = _new_manual_worker(session, run, body, now, limiter)
     elif worker.state in ENDED_WORKER_STATES:
         raise Conflict(f"worker {worker.id} has ended ({worker.state}); join as a new worker")
     else:
+        known, old = roster(session, run.id), worker.state
         runs.set_worker_state(session, worker, WorkerState.running, "registered", now)
+        known.became(old, WorkerState.running)
     worker.token_hash = tokens.hash_token(worker_token)
     worker.hostname = events.without_secrets(run, body.hostname)
     if body.launcher_handle:
@@ -214,6 +223,10 @@ def register_worker(
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
     assign_worker_index(session, worker)
+    session.flush()  # one INSERT (or UPDATE) of the worker, whose id its events name
+    if joined:
+        message = f"manual worker from {body.hostname}"
+        events.record_event(session, run.id, "worker.joined", message, now, worker.id)
     # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
     # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending:
@@ -284,21 +297,11 @@ def assign_worker_index(session: Session, worker: Worker) -> int:
     its replacement there), else the lowest slot free among the run's live workers.
 
     Slots of ended workers are free again, so a replacement takes its predecessor's. Registrations of one
-    run are serialized by a lock on its row, so two live workers never hold the same slot.
+    run are serialized by a lock on its row, so two live workers never hold the same slot; the slots held
+    are read once per transaction (:mod:`orchestrator.domain.roster`).
     """
-    session.execute(select(Run.id).where(Run.id == worker.run_id).with_for_update())
-    held = set(
-        session.scalars(
-            select(Worker.worker_index).where(
-                Worker.run_id == worker.run_id,
-                Worker.state.in_(LIVE_WORKER_STATES),
-                Worker.id != worker.id,
-                Worker.worker_index.is_not(None),
-            )
-        )
-    )
-    if worker.worker_index is None or worker.worker_index in held:
-        worker.worker_index = next(i for i in range(len(held) + 1) if i not in held)
+    holder = worker.id if worker.id is not None else -1  # a row not yet written: its slot is new anyway
+    worker.worker_index = roster(session, worker.run_id).take_slot(holder, worker.worker_index)
     return worker.worker_index
 
 

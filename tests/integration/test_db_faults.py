@@ -196,6 +196,9 @@ def test_postgres_restart_gives_503_then_recovers(
 
     own_postgres.stop_server()
     outage = _during_outage(orch, name, worker)
+    with orch.client(join) as http:  # a joining worker is told when to come back, and retries then
+        refused = http.post("/api/v1/workers/register", json={"hostname": "w2"})
+    assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, refused.headers
     assert outage.pop("heartbeat") == 200, "heartbeats are answered from memory while the database is away"
     assert outage.pop("metrics") in (200, 503)  # per-run values are skipped when the database is away
     assert set(outage.values()) == {503}, outage

@@ -13,7 +13,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.domain.crash_budget import CrashPolicy
 from tests.unit.test_runs_lifecycle import T0, join, new_run
-from worker.wire import DeregisterReason
+from worker.wire import DeregisterReason, WorkerRegister
 
 BUG = "training failed: RuntimeError: the model diverged in a buggy layer"
 
@@ -55,6 +55,22 @@ def test_worker_index_is_the_lowest_free_slot_and_a_replacement_takes_it_again(d
     with db.begin() as session:  # the same worker registering again keeps its slot
         worker = runs.get_worker(session, third)
         assert workers.assign_worker_index(session, worker) == 2
+
+
+@pytest.mark.timeout(30)
+def test_joins_in_one_transaction_fill_the_free_slots_then_go_past_the_highest(db: Database) -> None:
+    """A batch of registrations shares one transaction and reads the run's slots once
+    (domain/roster.py): each still gets the lowest free slot, gaps first."""
+    name, token = new_run(db, max_workers=10)
+    joined = [join(db, token) for _ in range(4)]
+    leave(db, joined[0], DeregisterReason.interrupted, None)
+    leave(db, joined[2], DeregisterReason.interrupted, None)
+    with db.begin() as session:
+        batch = [workers.register_worker(session, token, WorkerRegister(), T0).worker for _ in range(4)]
+        assert [w.worker_index for w in batch] == [0, 2, 4, 5]
+        assert workers.count_running_workers(session, runs.get_run(session, name).id) == 6
+    with db.begin() as session:  # the next transaction reads them back: dense again, 6 is next
+        assert workers.register_worker(session, token, WorkerRegister(), T0).worker.worker_index == 6
 
 
 @pytest.mark.timeout(30)

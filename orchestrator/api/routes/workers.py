@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import (
     MAX_ID,
@@ -24,6 +25,7 @@ from orchestrator.api.deps import (
     HubDep,
     JoinLimiterDep,
     OwnPeers,
+    RegistrationsDep,
     RegistrationToken,
     SettingsDep,
     SwarmReader,
@@ -34,9 +36,10 @@ from orchestrator.clock import Clock
 from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs, views, workers
 from orchestrator.domain.crash_budget import CrashPolicy
+from orchestrator.domain.roster import per_transaction, roster
 from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
-from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.heartbeats.hub import HeartbeatHub, RunEntry, WorkerEntry
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from worker.wire import (
     ApiPath,
@@ -65,32 +68,39 @@ def register(
     own: OwnPeers,
     join_limiter: JoinLimiterDep,
     admission: AdmissionDep,
+    registrations: RegistrationsDep,
     token: RegistrationToken,
 ) -> JSONResponse:
     """A launch token binds its own launch row (and gets a fresh worker token), a worker token its own
     row again; a join token always creates a new manual worker. 401 for an unknown token, 409 when the
     run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
     ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
-    with db.begin() as session:
+
+    def join(session: Session) -> tuple[WorkerRegistered, tuple[WorkerEntry, RunEntry]]:
+        # may run twice (its batch again, in savepoints): it only reads and writes the session (and the
+        # join token's limiter, charged again then)
         reg = workers.register_worker(session, token, body, clock(), join_limiter)
-        others = [m for m in views.worker_peers(session, reg.run.id) if m not in own]
-        stored = checkpoints.list_checkpoints(session, reg.run.id)  # newest first
+        run_id = reg.run.id
+        peers = per_transaction(session, ("peers", run_id), lambda: views.worker_peers(session, run_id))
+        stored = per_transaction(  # newest first
+            session, ("checkpoints", run_id), lambda: checkpoints.list_checkpoints(session, run_id)
+        )
         reply = WorkerRegistered(
             worker_id=str(reg.worker.id),
             worker_token=reg.token,
             run=runs.run_spec(reg.run),
             swarm_id=reg.run.swarm_id,
-            initial_peers=own + others,
+            initial_peers=own + [m for m in peers if m not in own],
             heartbeat_interval_s=settings.heartbeat_interval_s,
             resume_checkpoint=checkpoints.to_ref(reg.run, stored[0]) if stored else None,
             older_checkpoints=[checkpoints.to_ref(reg.run, c) for c in stored[1:]],
             secret_env=runs.secret_values(reg.run, reg.worker),
             worker_index=reg.worker.worker_index or 0,
-            num_workers=workers.shard_count(
-                workers.count_running_workers(session, reg.run.id), reg.run.desired_workers
-            ),
+            num_workers=workers.shard_count(roster(session, run_id).running, reg.run.desired_workers),
         )
-        cached = hub.entries_of(reg.worker)
+        return reply, hub.entries_of(reg.worker)
+
+    reply, cached = registrations.run(join)  # with the registrations that arrive meanwhile
     hub.note(cached)
     if admission is not None and not swarm_admission_requested(reply.run.strategy_options):
         # before the worker knocks on the DHT peer: one it refuses at first contact cannot join through it

@@ -1,0 +1,82 @@
+"""Group commit (orchestrator/db/batch.py) on a real SQLite database: units that arrive together share a
+transaction, and one that fails, before or after writing, is undone alone."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.db.batch import TransactionBatcher
+from orchestrator.db.models import Event
+from orchestrator.db.session import Database
+from orchestrator.domain import events, runs
+from orchestrator.errors import Conflict
+from tests.support.waiting import wait_until
+from tests.unit.test_runs_lifecycle import T0, new_run
+
+
+def _writer(run_id: int, kind: str, fail: str | None = None) -> Callable[[Session], str]:
+    """A unit that records an event ``kind``, then raises Conflict if ``fail`` is "after"; with "before"
+    it raises before writing."""
+
+    def work(session: Session) -> str:
+        if fail == "before":
+            raise Conflict(f"{kind}: refused before writing")
+        events.record_event(session, run_id, kind, kind, T0)
+        session.flush()
+        if fail == "after":
+            raise Conflict(f"{kind}: refused after writing")
+        return kind
+
+    return work
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fail", ["before", "after"])
+def test_units_arriving_together_share_a_transaction_and_a_failing_one_is_undone_alone(
+    db: Database, fail: str
+) -> None:
+    name, _ = new_run(db)
+    with db.read() as session:
+        run_id = runs.get_run(session, name).id
+    batcher = TransactionBatcher(db)
+    release = threading.Event()
+    transactions: list[int] = []  # the transaction (session) each unit ran in, numbered
+    numbers = itertools.count()
+
+    def number(session: Session) -> int:
+        return int(session.info.setdefault("test-number", next(numbers)))
+
+    def first(session: Session) -> str:  # holds the lead until the three others wait together
+        transactions.append(number(session))
+        release.wait(10)
+        return "first"
+
+    def counted(work: Callable[[Session], str]) -> Callable[[Session], str]:
+        def unit(session: Session) -> str:
+            transactions.append(number(session))
+            return work(session)
+
+        return unit
+
+    with ThreadPoolExecutor(4) as pool:
+        futures: list[Future[str]] = [pool.submit(batcher.run, first)]
+        wait_until(lambda: transactions != [], 10, message="the first unit runs")
+        for kind, fails in (("ok-1", None), ("bad", fail), ("ok-2", None)):
+            futures.append(pool.submit(batcher.run, counted(_writer(run_id, kind, fails))))
+        wait_until(lambda: batcher.waiting == 3, 10, message="the three others queued")
+        release.set()
+        assert futures[0].result(10) == "first"
+        assert futures[1].result(10) == "ok-1" and futures[3].result(10) == "ok-2"
+        with pytest.raises(Conflict, match="refused"):
+            futures[2].result(10)
+    assert len(set(transactions[1:])) == 1 + (fail == "after")  # one shared transaction (run again)
+    with db.read() as session:
+        kinds = set(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
+    assert {"ok-1", "ok-2"} <= kinds and "bad" not in kinds
