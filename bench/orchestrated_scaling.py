@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.byte_project import DATAMODULE, MODULE, write_project
+from bench.bytelm import add_model_arguments
 from bench.time_to_accuracy import commit, machine
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
@@ -76,7 +77,12 @@ def spec(name: str, workers: int, cpus: int, args: argparse.Namespace) -> dict[s
         "module": MODULE,
         "module_args": {**model_args, "context": args.context},
         "datamodule": DATAMODULE,
-        "datamodule_args": {"context": args.context, "val_windows": args.val_windows},
+        "datamodule_args": {
+            "context": args.context,
+            "val_windows": args.val_windows,
+            "train_bytes": args.train_bytes,
+            "val_bytes": args.val_bytes,
+        },
         "batch_size": args.batch_size,
         "target_batch_size": 256,  # not read in DiLoCo mode: rounds come by time
         "desired_workers": workers,
@@ -235,11 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-every-batches", type=int, default=60, help="about 5 s on a core")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--val-windows", type=int, default=128)
+    add_model_arguments(parser)
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     parser.add_argument("--curves", type=Path, default=None, help="write every run's curve here (JSON)")
     parser.add_argument("--quick", action="store_true", help="a small run that checks the script works")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO_ROOT, ProcessRegistry
+from tests.support.processes import REPO_ROOT, ManagedProcess, ProcessRegistry
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.swarm
@@ -46,12 +46,17 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
             os.kill(pid, signal.SIGKILL)
 
 
+def start_quick(processes: ProcessRegistry, scratch: Path) -> ManagedProcess:
+    """``bench/orchestrated_scaling.py --quick`` with ``scratch`` as its TMPDIR (and its children's)."""
+    args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
+    return processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
+
+
 @pytest.mark.timeout(300)
 def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running(
     processes: ProcessRegistry, scratch: Path
 ) -> None:
-    args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
-    bench = processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
+    bench = start_quick(processes, scratch)
     try:
         out = bench.wait_for_exit(250, "the benchmark")
     finally:
@@ -78,8 +83,7 @@ def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_run
 def test_orchestrated_scaling_stopped_by_sigterm_mid_run_leaves_nothing_running(
     processes: ProcessRegistry, scratch: Path
 ) -> None:
-    args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
-    bench = processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
+    bench = start_quick(processes, scratch)
 
     def agents() -> list[int]:
         return [pid for pid in processes_with_env(f"TMPDIR={scratch}") if b"worker.agent" in cmdline(pid)]
