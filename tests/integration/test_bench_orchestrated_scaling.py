@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,15 +37,17 @@ def processes_with_env(entry: str) -> list[int]:
 
 
 @pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[Path]:
+def scratch() -> Iterator[Path]:
     """The script's TMPDIR; afterwards, whatever still runs with it (when a test failed) is killed by PID:
-    every process the script starts inherits it, the orchestrator's and the workers' sessions too."""
-    path = tmp_path / "scratch"
-    path.mkdir()
+    every process the script starts inherits it, the orchestrator's and the workers' sessions too. A short
+    path: torch's shared-memory manager puts a Unix socket under it (at most 107 bytes), and pytest's
+    per-test directories under a parallel run's worker are longer than that leaves room for."""
+    path = Path(tempfile.mkdtemp(prefix="orchscale-"))
     yield path
     for pid in processes_with_env(f"TMPDIR={path}"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def start_quick(processes: ProcessRegistry, scratch: Path) -> ManagedProcess:

@@ -184,7 +184,7 @@ def test_spec_errors_a_worker_would_meet_are_refused_at_create_in_one_line_namin
     mistakes = [
         (["--module-arg", "hidden=sixteen"], "module_args.hidden: expected int, got 'sixteen'"),
         (
-            ["--strategy-option", "delay_optimizer_step=true"],
+            ["--strategy-option", "sync=gradients", "--strategy-option", "delay_optimizer_step=true"],
             "strategy_options: a delayed optimizer step (delay_optimizer_step or delay_grad_averaging)",
         ),
         (["--trainer-option", wandb], "it needs wandb>=0.12.10, which the run does not install"),

@@ -38,7 +38,9 @@ DIGITS = {
     "datamodule": "worker.examples.digits:DigitsDataModule",
     "target_batch_size": 64,
     "batch_size": 16,
+    # gradient averaging, as the hand-started HivemindStrategy's own default (it takes no run options)
     "strategy_options": {
+        "sync": "gradients",
         "matchmaking_time": 1.0,
         "averaging_timeout": 10.0,
     },
