@@ -64,7 +64,15 @@ class PostgresCluster:
         try:
             self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
+            # in a process of its own that the run does not wait for: a data dir holding the databases of a
+            # whole test run takes tens of seconds to delete on a busy machine, which pytest-timeout charged
+            # to the last test of a worker
+            subprocess.Popen(
+                ["rm", "-rf", str(self.root)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def restart(self) -> None:
         """Stop and start the server on the same port and data (for reconnect tests)."""
