@@ -23,13 +23,15 @@ def start_loop_orchestrator(
     return start_orchestrator(processes, data_dir, extra_env={**LOOP_ENV, **(extra_env or {})}, **kwargs)
 
 
+#: the short hivemind timeouts of a one-machine swarm
+_ONE_MACHINE = {"matchmaking_time": 1.0, "averaging_timeout": 10.0}
 #: Strategy options of the tests' runs: the sync mode new runs get (none named: DiLoCo), with rounds every
-#: 3 s so that a test sees rounds within seconds, and the short hivemind timeouts of a one-machine swarm.
-#: Swarm admission stays at its default (on): the configuration users get.
-ROUNDS = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync_every_s": 3.0}
+#: 3 s so that a test sees rounds within seconds. Swarm admission stays at its default (on): the
+#: configuration users get.
+ROUNDS = {**_ONE_MACHINE, "sync_every_s": 3.0}
 #: The same for the tests of hivemind's gradient averaging (``sync: gradients``), whose swarm epoch is a
 #: run's ``target_batch_size`` samples.
-GRADIENTS = {"sync": "gradients", "matchmaking_time": 1.0, "averaging_timeout": 10.0}
+GRADIENTS = {"sync": "gradients", **_ONE_MACHINE}
 
 
 def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
