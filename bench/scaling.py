@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args = build_parser().parse_args()
     if args.quick:
-        args.trials, args.budget_s, args.eval_every_s, args.sync_every_s = 1, 15.0, 2.0, 5.0
+        args.trials, args.budget_s, args.eval_every_s, args.sync_every_s = 1, 8.0, 2.0, 3.0
         args.width, args.layers, args.batch_size, args.val_windows = 32, 1, 16, 16
     cores = len(os.sched_getaffinity(0))
     args.cpus_per_worker = args.cpus_per_worker or max(1, cores // args.workers)

@@ -4,14 +4,18 @@ market gave became training progress.
 A `spotswarm serve` (reconcile loop, local launcher in a simulated spot market: ``local_spot_market``,
 ``docs/guides/spot-market.md``) trains the digits example with ``--slots`` desired workers while the
 market replays ``--trace`` (Parcae's JSON lines or a CSV of capacity), ``--compress`` times faster than
-real time. Every second it samples the market's capacity, the running workers and the swarm's progress
-(samples in completed swarm epochs), then prints:
+real time. Every second it samples the market's capacity, the running workers and the run's progress:
+samples in the model. In ``"gradients"`` mode, samples in completed swarm epochs; in DiLoCo, samples
+in rounds whose outer step took them (the workers' ``kept_samples``: a discarded round, a joiner's
+first round at zero weight and a round a worker left unfinished keep none). DiLoCo rounds come every
+``--sync-every-s``, by default the product's 30 s compressed as the trace is, so that a round spans the
+same share of the trace's churn as it would in real time. Then it prints:
 
 - goodput: progress / (the run's steady rate per worker x the capacity-time the market offered), where
   the steady rate is the progress per worker-second over the seconds in which as many workers ran as
   the market offered (from this run: a separate control run is not made yet);
-- lost work per preemption: samples the workers computed that no completed or current epoch holds,
-  over the reclaims (an estimate from the run's totals);
+- lost work per preemption: samples the workers computed that are not in the model (nor, in gradients
+  mode, in the current epoch), over the reclaims (an estimate from the run's totals);
 - notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
 - zero-worker time: seconds after the first registration during which no worker ran;
 - epoch rollbacks (the swarm's epoch in the DHT went back) and the states the run was seen in;
@@ -44,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.launchers.spot_market import SpotMarket, SpotMarketSettings
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
+from worker.strategy.diloco.settings import DEFAULT_SYNC_EVERY_S, NEW_RUN_SYNC
 
 SAMPLE_S = 1.0
 QUICK_TRACE = "minute,capacity\n0,1\n2,0\n3,1\n5,1\n"  # one slot: lost at 2 min, back at 3
@@ -55,15 +60,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=2, help="workers at the trace's peak")
     parser.add_argument("--compress", type=float, default=10.0, help="trace seconds per wall second")
     parser.add_argument(
-        "--sync", default="gradients", choices=["gradients", "diloco"], help="the run's sync mode"
+        "--sync", default=NEW_RUN_SYNC, choices=["gradients", "diloco"], help="the run's sync mode"
     )
     parser.add_argument(
         "--out", type=Path, help="folder for samples.json and replay.svg (default: a temporary one)"
     )
+    parser.add_argument(
+        "--sync-every-s", type=float, default=None, help="DiLoCo's round length (default: 30 s / --compress)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the market's seed")
     parser.add_argument("--kill-share", type=float, default=0.0, help="share of reclaims without notice")
     parser.add_argument(
-        "--quick", action="store_true", help="a built-in 5-minute trace on 1 slot, compressed 6x"
+        "--quick", action="store_true", help="a built-in 5-minute trace on 1 slot, compressed 10x"
     )
     return parser.parse_args()
 
@@ -75,7 +83,7 @@ def main() -> None:
         out = args.out or work
         out.mkdir(parents=True, exist_ok=True)
         if args.quick:
-            args.trace, args.slots, args.compress = work / "quick.csv", 1, 6.0
+            args.trace, args.slots, args.compress = work / "quick.csv", 1, 10.0
             args.trace.write_text(QUICK_TRACE)
         if args.trace is None:
             raise SystemExit("--trace FILE is needed (or --quick)")
@@ -83,12 +91,14 @@ def main() -> None:
             slots=args.slots, trace=args.trace.resolve(), compress=args.compress, seed=args.seed,
             kill_share=args.kill_share,
         )  # fmt: skip
-        samples, workers = replay(settings, args.sync, work)
-    report(samples, workers, settings, args.sync, out)
+        every_s = args.sync_every_s or max(1.0, DEFAULT_SYNC_EVERY_S / args.compress)
+        samples, workers = replay(settings, args.sync, every_s, work)
+        rounds = f"; rounds every {every_s:g} s" if args.sync == "diloco" else ""
+        report(samples, workers, settings, args.sync, rounds, out)  # before the temporary folder goes
 
 
 def replay(
-    settings: SpotMarketSettings, sync: str, work: Path
+    settings: SpotMarketSettings, sync: str, sync_every_s: float, work: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the trace through a real orchestrator; the samples taken and the run's workers at the end."""
     market_file = work / "market.json"
@@ -108,33 +118,48 @@ def replay(
         spec = digits_run(
             "replay", desired_workers=settings.slots, max_workers=max(4, settings.slots),
             stop={"target_epochs": 1_000_000}, checkpoint_every_epochs=1_000_000,
-            strategy_options={"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": sync},
+            strategy_options={
+                "matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": sync,
+                **({"sync_every_s": sync_every_s} if sync == "diloco" else {}),
+            },
         )  # fmt: skip
         admin_post(orch, "/api/v1/runs", spec)
         reader = RunReader(orch, "replay")
         schedule.capacity()  # the market's own trace starts at its first launch, about now
-        samples = sample(reader, schedule, duration_s)
+        samples = sample(reader, schedule, duration_s, sync)
         return samples, reader.workers()
     finally:
         processes.kill_all()
         kill_local_workers(data_dir)
 
 
-def sample(reader: RunReader, market: SpotMarket, duration_s: float) -> list[dict[str, Any]]:
+def progress_of(run: dict[str, Any], workers: list[dict[str, Any]], sync: str) -> tuple[int, int]:
+    """(samples in the model, samples computed and not yet in it or lost) for the run's mode. Gradients:
+    whole swarm epochs of ``target_batch_size`` samples, and the swarm's current epoch. DiLoCo: the samples
+    each worker reports as kept (in rounds its outer step applied with their weight), and nothing in
+    flight (a round's samples are kept or lost at its end)."""
+    if sync == "diloco":
+        return sum(int((w["averaging"] or {}).get("kept_samples", 0)) for w in workers), 0
+    in_flight = int((run.get("swarm") or {}).get("samples_accumulated", 0))
+    return run["reported"]["swarm_epoch"] * run["spec"]["target_batch_size"], in_flight
+
+
+def sample(reader: RunReader, market: SpotMarket, duration_s: float, sync: str) -> list[dict[str, Any]]:
     """One sample a second until the trace ends: capacity, running workers, progress."""
     samples: list[dict[str, Any]] = []
     started = time.monotonic()
     while time.monotonic() - started < duration_s:
         run = reader.run()
         swarm = run.get("swarm") or {}
+        progress, in_flight = progress_of(run, reader.workers() if sync == "diloco" else [], sync)
         samples.append(
             {
                 "t_s": time.monotonic() - started,
                 "capacity": market.capacity(),
                 "running": run["workers"]["running"],
-                "progress": run["reported"]["swarm_epoch"] * run["spec"]["target_batch_size"],
+                "progress": progress,
                 "samples_total": run["reported"]["samples_total"],
-                "in_flight": swarm.get("samples_accumulated", 0),
+                "in_flight": in_flight,
                 "dht_epoch": swarm.get("epoch"),
                 "state": run["state"],
             }
@@ -159,6 +184,7 @@ def report(
     workers: list[dict[str, Any]],
     settings: SpotMarketSettings,
     sync: str,
+    rounds: str,
     out: Path,
 ) -> None:
     capacity_s = sum(a["capacity"] * (b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples))
@@ -172,7 +198,7 @@ def report(
     lost = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
     print(
         f"trace: {settings.trace} ({settings.slots} slots, "
-        f"compressed {settings.compress:g}x, seed {settings.seed})"
+        f"compressed {settings.compress:g}x, seed {settings.seed}){rounds}"
     )
     print(f"capacity offered: {capacity_s:.0f} worker-seconds; progress: {progress} samples")
     print(

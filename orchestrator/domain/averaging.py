@@ -34,7 +34,7 @@ EVENT_KIND = "run.averaging"
 #: the key of a sample's counts that holds how many live workers had reported counts (had trained)
 TRAINING_WORKERS = "training_workers"
 #: the keys of a worker's counts that a run's totals sum (the seconds as floats, the rest as ints)
-SUMMED_COUNTS = (*AVERAGING_OUTCOMES, "group_size_sum", *AVERAGING_TIMES)
+SUMMED_COUNTS = (*AVERAGING_OUTCOMES, "group_size_sum", "kept_samples", *AVERAGING_TIMES)
 LOCAL_OUTCOMES = ("alone", "no_group", "timeout", "failed")
 ADVICE = (
     "its workers are training apart, not as one model. Check that they can reach each other (same "

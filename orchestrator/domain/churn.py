@@ -47,6 +47,13 @@ class Sample:
     at: datetime
     epoch: int  # the swarm epoch then (highest of the workers' reports and the DHT's)
     live: int  # workers running with a fresh heartbeat then
+    #: samples in the model by then where the workers count them (DiLoCo: their ``kept_samples``); None:
+    #: the epochs' samples (``"gradients"``: each epoch is ``target_batch_size`` of them)
+    kept: int | None = None
+
+    def progress(self, samples_per_epoch: int) -> int:
+        """Samples in the model by then."""
+        return self.kept if self.kept is not None else self.epoch * samples_per_epoch
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,9 @@ class Mark:
 def goodput(samples: Sequence[Sample], samples_per_epoch: int) -> Goodput | None:
     """Goodput over the :data:`GOODPUT_WINDOW_S` up to the last of ``samples`` (oldest first).
 
-    progress / (steady rate x worker-seconds held): progress is the swarm epochs completed in the window
-    times ``samples_per_epoch``; worker-seconds sum the live workers over the time between samples; the
+    progress / (steady rate x worker-seconds held): progress is the samples that went into the model in
+    the window (:meth:`Sample.progress`: in DiLoCo the samples its rounds kept, not rounds, which come by
+    the clock however many workers train); worker-seconds sum the live workers over the time between samples; the
     steady rate is the best samples per worker-second of a stretch in which the live count stood still,
     from its first epoch boundary to its last (:func:`steady_rate`). None until such a stretch exists.
     """
@@ -86,7 +94,7 @@ def goodput(samples: Sequence[Sample], samples_per_epoch: int) -> Goodput | None
     worker_s = sum(a.live * (b.at - a.at).total_seconds() for a, b in itertools.pairwise(window))
     if rate is None or worker_s <= 0:
         return None
-    progress = max(0, window[-1].epoch - window[0].epoch) * samples_per_epoch
+    progress = max(0, window[-1].progress(samples_per_epoch) - window[0].progress(samples_per_epoch))
     return Goodput(
         value=progress / (rate * worker_s),
         window_s=(window[-1].at - window[0].at).total_seconds(),
@@ -112,7 +120,10 @@ def steady_rate(samples: Sequence[Sample], samples_per_epoch: int) -> float | No
         epochs, seconds = last.epoch - first.epoch, (last.at - first.at).total_seconds()
         if epochs < MIN_STEADY_EPOCHS or seconds <= 0:
             continue
-        rate = epochs * samples_per_epoch / (live * seconds)
+        kept = last.progress(samples_per_epoch) - first.progress(samples_per_epoch)
+        if kept <= 0:  # rounds came, none kept a sample (all discarded, or workers that never report it)
+            continue
+        rate = kept / (live * seconds)
         best = rate if best is None else max(best, rate)
     return best
 

@@ -274,7 +274,16 @@ def progress_series(session: Session, run: Run, max_points: int) -> ProgressSeri
         ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {}), desired_workers=d))
         for p, d in zip(shown, desired, strict=True)
     ]
-    samples = [churn.Sample(p.at, max(p.swarm_epoch, p.dht_epoch or 0), p.live_workers) for p in rows]
+    diloco = (run.strategy_options or {}).get("sync") == "diloco"
+    samples = [
+        churn.Sample(
+            p.at,
+            max(p.swarm_epoch, p.dht_epoch or 0),
+            p.live_workers,
+            int((p.averaging or {}).get("kept_samples", 0)) if diloco else None,
+        )
+        for p in rows
+    ]
     measured = churn.goodput(samples, run.target_batch_size)
     marks = [
         ChurnMark(

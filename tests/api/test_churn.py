@@ -59,15 +59,24 @@ def test_progress_shows_desired_workers_notice_and_loss_marks(orch: Orchestrator
 
 
 @pytest.mark.timeout(60)
-def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestrator) -> None:
-    name, join = create_run(orch, "goodput", target_batch_size=TARGET_BATCH)
+@pytest.mark.parametrize("sync", ["gradients", "diloco"])
+def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestrator, sync: str) -> None:
+    """In gradients mode an epoch is ``target_batch_size`` samples; in DiLoCo a round is an epoch, and
+    the samples in the model are those the workers report as kept (here half of a round's 2 x
+    ``target_batch_size``, so that reading rounds as batches would give another figure)."""
+    name, join = create_run(
+        orch, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync}
+    )
     worker = register(orch, join)
     assert progress(orch, name)["goodput"] is None
     epochs = itertools.count(1)
+    kept_per_epoch = TARGET_BATCH if sync == "diloco" else 0
 
     def measured() -> dict[str, Any] | None:
         epoch = next(epochs)
-        heartbeat(orch, worker, swarm_epoch=epoch, samples=TARGET_BATCH * epoch, samples_per_s=10.0)
+        samples = (2 if sync == "diloco" else 1) * TARGET_BATCH * epoch
+        counts = {"averaged": epoch, "kept_samples": kept_per_epoch * epoch}
+        heartbeat(orch, worker, swarm_epoch=epoch, samples=samples, samples_per_s=10.0, averaging=counts)
         series = progress(orch, name)
         return series if series["goodput"] else None
 
@@ -79,9 +88,12 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestr
     held = sum(p["live_workers"] * span for p, span in zip(points, spans, strict=False))
     assert goodput["worker_s"] == pytest.approx(held)
     assert goodput["window_s"] == pytest.approx((times[-1] - times[0]).total_seconds())
-    assert (
-        goodput["progress_samples"] == (points[-1]["swarm_epoch"] - points[0]["swarm_epoch"]) * TARGET_BATCH
-    )
+    epochs_done = points[-1]["swarm_epoch"] - points[0]["swarm_epoch"]
+    if sync == "diloco":
+        kept = [p["averaging"]["kept_samples"] for p in points]
+        assert goodput["progress_samples"] == kept[-1] - kept[0] == epochs_done * kept_per_epoch
+    else:
+        assert goodput["progress_samples"] == epochs_done * TARGET_BATCH
     rate = goodput["steady_samples_per_worker_s"]
     assert goodput["value"] == pytest.approx(goodput["progress_samples"] / (rate * held))
     # one worker heartbeating an epoch at a time: about its steady pace throughout

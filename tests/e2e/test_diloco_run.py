@@ -22,7 +22,7 @@ from tests.support.runs import RunReader, admin_post, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm, pytest.mark.browser]
-ROUNDS = 12
+ROUNDS = 8
 
 
 @pytest.mark.timeout(420)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
-from tests.support.runs import RunReader
+from tests.support.runs import ROUNDS, RunReader
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -28,10 +28,7 @@ SPEC: dict[str, Any] = {
     "datamodule": "worker.examples.digits:DigitsDataModule",
     "target_batch_size": 64,
     "batch_size": 16,
-    "strategy_options": {
-        "matchmaking_time": 1.0,
-        "averaging_timeout": 10.0,
-    },
+    "strategy_options": dict(ROUNDS),  # the default mode, rounds short enough for a test
     "min_workers": 0,
     "desired_workers": 2,
     "max_workers": 4,

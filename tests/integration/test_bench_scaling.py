@@ -1,5 +1,5 @@
 """bench/scaling.py in its quick mode (a tiny model; one worker, N DiLoCo workers and N DDP workers, each
-pinned to its own core, 15 s an arm): the script runs to the end and prints its table with the machine,
+pinned to its own core, 8 s an arm): the script runs to the end and prints its table with the machine,
 load and commit, so it cannot rot between benchmark runs. It measures nothing at this size."""
 
 from __future__ import annotations

@@ -75,6 +75,12 @@ def test_two_peers_hold_the_same_weights_after_a_round_stepped_by_their_weighted
             assert torch.equal(peer.flat(), peer.global_flat())  # each trains on from the new global weights
             torch.testing.assert_close(peer.flat(), expected, atol=FP16_TOLERANCE, rtol=0)
         assert a.optimizer.local_epoch == b.optimizer.local_epoch == 1
+        assert [kept_samples(p) for p in (a, b)] == [80, 48]  # each one's samples went into the model
+
+
+def kept_samples(peer: Peer) -> int:
+    """The samples ``peer`` reports as gone into the model (its heartbeats' ``kept_samples``)."""
+    return peer.optimizer.outcomes.counter.snapshot().kept_samples
 
 
 def test_a_joiner_downloads_the_global_state_and_weighs_nothing_in_its_first_round() -> None:
@@ -82,7 +88,9 @@ def test_a_joiner_downloads_the_global_state_and_weighs_nothing_in_its_first_rou
     first = make_peer(first_dht)
     try:
         first.train(4, seed=1)
+        alone_samples = first.optimizer.samples_in_round
         assert first.optimizer.run_round() is Outcome.alone
+        assert kept_samples(first) == alone_samples > 0  # alone, its outer step still takes them
         first.train(3, seed=2)  # keeps training: its pseudo-gradient of this round is all that counts
         joiner_dht = start_dht([str(m) for m in first_dht.get_visible_maddrs()])
         joiner = make_peer(joiner_dht)
@@ -95,8 +103,11 @@ def test_a_joiner_downloads_the_global_state_and_weighs_nothing_in_its_first_rou
             joiner.train(6, seed=3)  # trains as much as the first, on other data: it must not count
             own = first.optimizer.outer.pseudo_gradients(list(first.model.parameters()))
             expected = expected_global(first, own)
+            first_samples = first.optimizer.samples_in_round
 
             assert rounds_together([first, joiner]) == [Outcome.averaged, Outcome.averaged]
+            assert kept_samples(first) == alone_samples + first_samples
+            assert kept_samples(joiner) == 0  # its first round weighed nothing: none of its samples kept
             for peer in (first, joiner):
                 torch.testing.assert_close(peer.flat(), expected, atol=FP16_TOLERANCE, rtol=0)
             assert first.optimizer.local_epoch == joiner.optimizer.local_epoch == 2
@@ -126,6 +137,7 @@ def test_a_round_that_breaks_after_its_group_formed_is_discarded_back_to_the_glo
         assert torch.equal(a.flat(), global_before)  # local weights back to the global copy
         assert torch.equal(a.global_flat(), global_before)
         assert a.optimizer.local_epoch == 0
+        assert kept_samples(a) == 0  # the discarded round's samples are lost work
 
 
 def _status(path: Path) -> dict[str, Any]:

@@ -63,6 +63,24 @@ def test_goodput_is_unknown_without_a_steady_stretch_of_epochs() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_in_diloco_goodput_counts_the_samples_rounds_kept_not_the_rounds() -> None:
+    # rounds every 10 s whatever the workers: 2 workers keep 1 sample a second each for 600 s, then one of
+    # them is lost mid-round and the other trains alone, its rounds still 10 s apart, for 600 s
+    samples, kept = [], 0
+    for i in range(121):
+        live = 2 if i < 60 else 1
+        samples.append(Sample(T0 + timedelta(seconds=10 * i), i, live, kept))
+        kept += 10 * live if i != 60 else 0  # the round the loss broke kept nothing
+    measured = goodput(samples, BATCH)
+    assert measured is not None
+    assert measured.steady_samples_per_worker_s == pytest.approx(1.0)
+    assert measured.progress_samples == 2 * 600 + 590
+    assert measured.value == pytest.approx(1790 / 1800, abs=0.01)
+    # read as rounds x BATCH, as in gradients mode, the lone worker's stretch would look twice as fast
+    assert steady_rate([Sample(s.at, s.epoch, s.live) for s in samples], BATCH) == pytest.approx(10.0)
+
+
+@pytest.mark.timeout(10)
 def test_the_desired_count_at_each_moment_follows_the_scale_events() -> None:
     times = [T0 + timedelta(seconds=s) for s in (0, 10, 20, 30)]
     scaled = [

@@ -161,28 +161,32 @@ def test_a_deregistration_an_older_orchestrator_refuses_for_its_newer_fields_is_
     assert len(other.requests) == 1
 
 
+NEWER = ("train_s", "averaging_s", "kept_samples")  # spelled out: the wire's AVERAGING_NEWER must match
+
+
 def test_averaging_seconds_go_only_when_known_and_not_to_an_orchestrator_that_refuses_them() -> None:
-    """An orchestrator from before ``train_s`` and ``averaging_s`` refuses them (422 on the unknown fields):
-    the heartbeat is sent again without them, and so are the later ones; zeros (not known) never go."""
+    """An orchestrator from before ``train_s``, ``averaging_s`` and ``kept_samples`` refuses them (422 on
+    the unknown fields): the heartbeat is sent again without them, and so are the later ones; zeros (not
+    known) never go."""
     refused = {
         "detail": [
             {"type": "extra_forbidden", "loc": ["body", "averaging", name], "msg": "Extra inputs"}
-            for name in ("train_s", "averaging_s")
+            for name in NEWER
         ]
     }
     reply = {"action": "continue", "checkpointer": False, "checkpoint_every_epochs": 5}
     server = FakeServer(httpx.Response(422, json=refused), httpx.Response(200, json=reply))
     client = make_client(server, [])
-    counts = AveragingCounts(averaged=3, train_s=12.5, averaging_s=1.25)
+    counts = AveragingCounts(averaged=3, train_s=12.5, averaging_s=1.25, kept_samples=96)
     client.heartbeat("7", Heartbeat(averaging=counts))
     client.heartbeat("7", Heartbeat(averaging=counts))
     sent = [json.loads(body)["averaging"] for body in server.bodies]
-    assert [("train_s" in s, "averaging_s" in s) for s in sent] == [
-        (True, True),
-        (False, False),
-        (False, False),
+    assert [tuple(name in s for name in NEWER) for s in sent] == [
+        (True, True, True),
+        (False, False, False),
+        (False, False, False),
     ]
     assert all(s["averaged"] == 3 for s in sent)
     fresh = FakeServer(httpx.Response(200, json=reply))
     make_client(fresh, []).heartbeat("7", Heartbeat(averaging=AveragingCounts(averaged=1)))
-    assert set(json.loads(fresh.bodies[0])["averaging"]).isdisjoint({"train_s", "averaging_s"})
+    assert set(json.loads(fresh.bodies[0])["averaging"]).isdisjoint(NEWER)

@@ -21,7 +21,7 @@ import httpx
 
 from worker.wire import (
     API_PREFIX,
-    AVERAGING_TIMES,
+    AVERAGING_NEWER,
     CHECKSUM_HEADER,
     ApiPath,
     Deregister,
@@ -155,9 +155,9 @@ class OrchestratorClient:
     def heartbeat(self, worker_id: str, body: Heartbeat) -> HeartbeatReply:
         """Report progress; the reply says whether to go on and whether this worker checkpoints.
 
-        The averaging seconds (``AVERAGING_TIMES``) go only when known; an orchestrator from before them
-        (whose heartbeat refuses unknown fields, 422) is asked again without them, and is not sent them
-        again."""
+        The averaging seconds and kept samples (``AVERAGING_NEWER``) go only when known; an orchestrator
+        from before them (whose heartbeat refuses unknown fields, 422) is asked again without them, and is
+        not sent them again."""
         path = ApiPath.heartbeat.format(worker_id=worker_id)
         payload = body.model_dump(mode="json")
         sent = _averaging_times(payload) if self._send_averaging_times else []
@@ -357,14 +357,14 @@ def _retry_after_s(response: httpx.Response) -> float:
 
 
 def _averaging_times(payload: dict[str, Any]) -> list[str]:
-    """The averaging seconds a heartbeat's JSON carries; those at 0 (not known) are dropped from it."""
+    """The newer averaging counts a heartbeat's JSON carries; those at 0 (not known) are dropped from it."""
     counts = payload.get("averaging") or {}
-    for name in AVERAGING_TIMES:
+    for name in AVERAGING_NEWER:
         if name in counts and not counts[name]:
             del counts[name]
-    return [name for name in AVERAGING_TIMES if name in counts]
+    return [name for name in AVERAGING_NEWER if name in counts]
 
 
 def _drop_averaging_times(payload: dict[str, Any]) -> None:
-    for name in AVERAGING_TIMES:
+    for name in AVERAGING_NEWER:
         (payload.get("averaging") or {}).pop(name, None)

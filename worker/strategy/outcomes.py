@@ -60,6 +60,7 @@ class OutcomeCounter:
         self._group_sizes = 0
         self._started_at: float | None = None
         self._blocked_s = 0.0
+        self._kept_samples = 0
 
     def add(self, outcome: Outcome, group_size: int = 0) -> None:
         with self._lock:
@@ -78,6 +79,11 @@ class OutcomeCounter:
             if self._started_at is not None:
                 self._blocked_s += max(0.0, seconds)
 
+    def add_kept(self, samples: int) -> None:
+        """``samples`` of this peer went into the model: a DiLoCo round applied them with their weight."""
+        with self._lock:
+            self._kept_samples += max(0, samples)
+
     def snapshot(self) -> AveragingCounts:
         with self._lock:
             counts = {outcome.value: n for outcome, n in self._counts.items()}
@@ -87,6 +93,7 @@ class OutcomeCounter:
                 group_size_sum=self._group_sizes,
                 train_s=round(train_s, 3),
                 averaging_s=round(min(self._blocked_s, train_s), 3),
+                kept_samples=self._kept_samples,
             )
 
 

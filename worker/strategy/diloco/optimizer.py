@@ -218,6 +218,8 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
                 group_epochs += [v[EPOCH_KEY] for v in gathered.values() if isinstance(v, dict)]
         self._finish(outcome, mean, group_epochs)
         self.outcomes.counter.add(outcome, group_size)
+        if outcome in (Outcome.averaged, Outcome.alone) and weight > 0:
+            self.outcomes.counter.add_kept(self.samples_in_round)
         self.last_outcome = outcome
         self.schedule.next_round()
         self.samples_in_round = 0
