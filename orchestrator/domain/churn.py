@@ -82,9 +82,10 @@ def goodput(samples: Sequence[Sample], samples_per_epoch: int) -> Goodput | None
 
     progress / (steady rate x worker-seconds held): progress is the samples that went into the model in
     the window (:meth:`Sample.progress`: in DiLoCo the samples its rounds kept, not rounds, which come by
-    the clock however many workers train); worker-seconds sum the live workers over the time between samples; the
-    steady rate is the best samples per worker-second of a stretch in which the live count stood still,
-    from its first epoch boundary to its last (:func:`steady_rate`). None until such a stretch exists.
+    the clock however many workers train); worker-seconds sum the live workers over the time between
+    samples; the steady rate is the best samples per worker-second of a stretch in which the live count
+    stood still, from its first epoch boundary to its last (:func:`steady_rate`). None until such a
+    stretch exists.
     """
     if len(samples) < 2:
         return None

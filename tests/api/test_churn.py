@@ -64,9 +64,7 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestr
     """In gradients mode an epoch is ``target_batch_size`` samples; in DiLoCo a round is an epoch, and
     the samples in the model are those the workers report as kept (here half of a round's 2 x
     ``target_batch_size``, so that reading rounds as batches would give another figure)."""
-    name, join = create_run(
-        orch, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync}
-    )
+    name, join = create_run(orch, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync})
     worker = register(orch, join)
     assert progress(orch, name)["goodput"] is None
     epochs = itertools.count(1)
