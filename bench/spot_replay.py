@@ -11,9 +11,10 @@ first round at zero weight and a round a worker left unfinished keep none). DiLo
 ``--sync-every-s``, by default the product's 30 s compressed as the trace is, so that a round spans the
 same share of the trace's churn as it would in real time. Then it prints:
 
-- goodput: progress / (the run's steady rate per worker x the capacity-time the market offered), where
-  the steady rate is the progress per worker-second over the seconds in which as many workers ran as
-  the market offered (from this run: a separate control run is not made yet);
+- goodput: progress / the progress a steady swarm would have made with the capacity the market offered
+  (at each moment, the swarm's steady rate for as many workers as were offered), where the steady rate
+  of N workers is measured in this run over the seconds in which N ran and the market offered N (a
+  separate control run is not made);
 - lost work per preemption: samples the workers computed that are not in the model (nor, in gradients
   mode, in the current epoch), over the reclaims (an estimate from the run's totals);
 - notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
@@ -34,6 +35,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -68,6 +71,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--sync-every-s", type=float, default=None, help="DiLoCo's round length (default: 30 s / --compress)"
     )
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=None,
+        help="cores of its own for each worker (default: the machine's cores / --slots; 0: unpinned)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the market's seed")
     parser.add_argument("--kill-share", type=float, default=0.0, help="share of reclaims without notice")
     parser.add_argument(
@@ -78,6 +87,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    # a SIGTERM (a test's time-out, a kill) still stops the orchestrator and the workers: they run in
+    # sessions of their own, which killing this process's group would leave behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="spotswarm-replay-") as tmp:
         work = Path(tmp)
         out = args.out or work
@@ -92,13 +104,17 @@ def main() -> None:
             kill_share=args.kill_share,
         )  # fmt: skip
         every_s = args.sync_every_s or max(1.0, DEFAULT_SYNC_EVERY_S / args.compress)
-        samples, workers = replay(settings, args.sync, every_s, work)
-        rounds = f"; rounds every {every_s:g} s" if args.sync == "diloco" else ""
-        report(samples, workers, settings, args.sync, rounds, out)  # before the temporary folder goes
+        cpus = args.cpus_per_worker
+        if cpus is None:
+            cpus = len(os.sched_getaffinity(0)) // settings.slots
+        samples, workers = replay(settings, args.sync, every_s, cpus, work)
+        setup = f"; rounds every {every_s:g} s" if args.sync == "diloco" else ""
+        setup += f"; {cpus} core(s) per worker" if cpus else "; workers unpinned"
+        report(samples, workers, settings, args.sync, setup, out)  # before the temporary folder goes
 
 
 def replay(
-    settings: SpotMarketSettings, sync: str, sync_every_s: float, work: Path
+    settings: SpotMarketSettings, sync: str, sync_every_s: float, cpus_per_worker: int, work: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the trace through a real orchestrator; the samples taken and the run's workers at the end."""
     market_file = work / "market.json"
@@ -118,6 +134,7 @@ def replay(
         spec = digits_run(
             "replay", desired_workers=settings.slots, max_workers=max(4, settings.slots),
             stop={"target_epochs": 1_000_000}, checkpoint_every_epochs=1_000_000,
+            launcher_options={"cpus_per_worker": cpus_per_worker} if cpus_per_worker else {},
             strategy_options={
                 "matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": sync,
                 **({"sync_every_s": sync_every_s} if sync == "diloco" else {}),
@@ -168,15 +185,37 @@ def sample(reader: RunReader, market: SpotMarket, duration_s: float, sync: str) 
     return samples
 
 
-def steady_rate(samples: list[dict[str, Any]]) -> float:
-    """Progress per worker-second over the intervals in which as many workers ran as the market offered
-    (a ratio of sums: progress comes in whole swarm epochs, so one interval's rate says little)."""
-    progress, worker_s = 0.0, 0.0
+def steady_rates(samples: list[dict[str, Any]]) -> dict[int, float]:
+    """The swarm's progress per second for each worker count it held steadily: over the intervals in which
+    that many workers ran and the market offered that many (a ratio of sums: progress comes in whole
+    epochs or rounds, so one interval's rate says little). Measured per count, because N workers on one
+    machine are not N times one worker."""
+    progress: dict[int, float] = {}
+    seconds: dict[int, float] = {}
     for before, after in itertools.pairwise(samples):
-        if before["running"] == after["running"] == before["capacity"] > 0:
-            progress += max(0, after["progress"] - before["progress"])
-            worker_s += before["running"] * (after["t_s"] - before["t_s"])
-    return progress / worker_s if worker_s else 0.0
+        count = before["running"]
+        if after["running"] == count == before["capacity"] == after["capacity"] > 0:
+            progress[count] = progress.get(count, 0.0) + max(0, after["progress"] - before["progress"])
+            seconds[count] = seconds.get(count, 0.0) + after["t_s"] - before["t_s"]
+    return {count: progress[count] / seconds[count] for count in sorted(seconds) if seconds[count] > 0}
+
+
+def ideal_progress(samples: list[dict[str, Any]], rates: dict[int, float]) -> float:
+    """The progress a steady swarm would have made with the capacity the market offered: at each moment,
+    the steady rate of as many workers as were offered (a count never held steadily: the per-worker rate
+    of the nearest count held, times the count)."""
+    if not rates:
+        return 0.0
+
+    def rate(count: int) -> float:
+        if count <= 0:
+            return 0.0
+        if count in rates:
+            return rates[count]
+        nearest = min(rates, key=lambda held: (abs(held - count), held))
+        return rates[nearest] / nearest * count
+
+    return sum(rate(a["capacity"]) * (b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples))
 
 
 def report(
@@ -184,7 +223,7 @@ def report(
     workers: list[dict[str, Any]],
     settings: SpotMarketSettings,
     sync: str,
-    rounds: str,
+    setup: str,
     out: Path,
 ) -> None:
     capacity_s = sum(a["capacity"] * (b["t_s"] - a["t_s"]) for a, b in itertools.pairwise(samples))
@@ -192,15 +231,18 @@ def report(
     after = samples[first:]
     zero_s = sum(b["t_s"] - a["t_s"] for a, b in itertools.pairwise(after) if a["running"] == 0)
     progress = samples[-1]["progress"] - samples[0]["progress"]
-    ideal = steady_rate(samples) * capacity_s
+    rates = steady_rates(samples)
+    ideal = ideal_progress(samples, rates)
     goodput = progress / ideal if ideal > 0 else 0.0
     reclaimed = [w for w in workers if w["state"] in ("interrupted", "lost")]
     lost = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
     print(
         f"trace: {settings.trace} ({settings.slots} slots, "
-        f"compressed {settings.compress:g}x, seed {settings.seed}){rounds}"
+        f"compressed {settings.compress:g}x, seed {settings.seed}){setup}"
     )
     print(f"capacity offered: {capacity_s:.0f} worker-seconds; progress: {progress} samples")
+    steady = ", ".join(f"{count} worker(s) {rate:.0f}" for count, rate in rates.items()) or "none held"
+    print(f"steady progress (samples/s, the ideal's rates): {steady}; ideal {ideal:.0f} samples")
     print(
         f"preemptions: {len(reclaimed)} ({sum(w['state'] == 'interrupted' for w in reclaimed)} with notice)"
     )

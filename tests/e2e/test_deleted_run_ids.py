@@ -20,7 +20,7 @@ from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orc
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-AVERAGED_EPOCHS = 3  # per worker: rounds that only succeed when the two find each other
+AVERAGED_EPOCHS = 2  # per worker: rounds that only succeed when the two find each other
 ENV = {"SPOTSWARM_PROGRESS_SAMPLE_INTERVAL_S": "2", "SPOTSWARM_CHECK_IMPORTS": "false"}
 
 

@@ -24,7 +24,7 @@ from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, start_
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
-AVERAGED_EPOCHS = 5  # per worker: rounds that can only succeed between the two
+AVERAGED_EPOCHS = 3  # per worker: rounds that can only succeed between the two
 ENV = {
     "SPOTSWARM_DHT_REFRESH_INTERVAL_S": "600",  # the periodic push of opted-out runs comes too late
     "SPOTSWARM_AVERAGING_WINDOW_S": "20",  # a split shows as the warning within a minute

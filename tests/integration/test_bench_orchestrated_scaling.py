@@ -7,53 +7,25 @@ measures nothing at this size."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO_ROOT, ManagedProcess, ProcessRegistry
-from tests.support.waiting import wait_until
+from tests.support.bench_scripts import nothing_left, scratch_dir, sigterm_once_a_worker_runs, start_script
+from tests.support.processes import ManagedProcess, ProcessRegistry
 
 pytestmark = pytest.mark.swarm
 
 
-def processes_with_env(entry: str) -> list[int]:
-    """PIDs of this user's processes whose environment holds ``entry`` (``NAME=value``)."""
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if entry.encode() in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except OSError:  # gone meanwhile, or another user's
-            continue
-    return found
-
-
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    """The script's TMPDIR; afterwards, whatever still runs with it (when a test failed) is killed by PID:
-    every process the script starts inherits it, the orchestrator's and the workers' sessions too. A short
-    path: torch's shared-memory manager puts a Unix socket under it (at most 107 bytes), and pytest's
-    per-test directories under a parallel run's worker are longer than that leaves room for."""
-    path = Path(tempfile.mkdtemp(prefix="orchscale-"))
-    yield path
-    for pid in processes_with_env(f"TMPDIR={path}"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(path, ignore_errors=True)
+    with scratch_dir("orchscale-") as path:
+        yield path
 
 
 def start_quick(processes: ProcessRegistry, scratch: Path) -> ManagedProcess:
-    """``bench/orchestrated_scaling.py --quick`` with ``scratch`` as its TMPDIR (and its children's)."""
-    args = [sys.executable, str(REPO_ROOT / "bench/orchestrated_scaling.py"), "--quick"]
-    return processes.start("orchestrated-scaling", args, env={"TMPDIR": str(scratch)})
+    return start_script(processes, "orchestrated-scaling", "orchestrated_scaling.py", ["--quick"], scratch)
 
 
 @pytest.mark.timeout(300)
@@ -76,11 +48,7 @@ def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_run
     assert "target validation loss" in out and "T1 " in out and "T2 " in out and "T1/T2" in out, out
     assert "machine:" in out and "load average" in out and "commit" in out, out
     assert "spotswarm runs create --workdir" in out and "sync=diloco" in out, out
-    wait_until(
-        lambda: not processes_with_env(f"TMPDIR={scratch}"),
-        30,
-        message=lambda: f"the orchestrator and workers are gone: {processes_with_env(f'TMPDIR={scratch}')}",
-    )
+    nothing_left(scratch)
 
 
 @pytest.mark.timeout(300)
@@ -88,23 +56,7 @@ def test_orchestrated_scaling_stopped_by_sigterm_mid_run_leaves_nothing_running(
     processes: ProcessRegistry, scratch: Path
 ) -> None:
     bench = start_quick(processes, scratch)
-
-    def agents() -> list[int]:
-        return [pid for pid in processes_with_env(f"TMPDIR={scratch}") if b"worker.agent" in cmdline(pid)]
-
-    wait_until(agents, 200, interval_s=0.5, message=lambda: f"a worker agent runs: {bench.log()[-3000:]}")
-    exit_code = bench.terminate(timeout_s=60)  # SIGTERM, as a test's time-out or Ctrl-C in a pipeline
+    exit_code = sigterm_once_a_worker_runs(bench, scratch)
 
     assert exit_code == 143, bench.log()[-3000:]  # its own exit, not the SIGKILL after the grace time
-    wait_until(
-        lambda: not processes_with_env(f"TMPDIR={scratch}"),
-        30,
-        message=lambda: f"the orchestrator and workers are gone: {processes_with_env(f'TMPDIR={scratch}')}",
-    )
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+    nothing_left(scratch)

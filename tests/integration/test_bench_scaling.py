@@ -1,6 +1,10 @@
 """bench/scaling.py in its quick mode (a tiny model; one worker, N DiLoCo workers and N DDP workers, each
 pinned to its own core, 8 s an arm): the script runs to the end and prints its table with the machine,
-load and commit, so it cannot rot between benchmark runs. It measures nothing at this size."""
+load and commit, so it cannot rot between benchmark runs. It measures nothing at this size.
+
+Not in the swarm lane: what it asserts holds however slowly its peers run (each arm trains for a fixed
+time, and the table is printed whether or not an arm reaches a loss), so it runs beside the swarm tests
+at the other lane's low priority instead of after them."""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ import sys
 import pytest
 
 from tests.support.processes import REPO_ROOT, ProcessRegistry
-
-pytestmark = pytest.mark.swarm
 
 
 @pytest.mark.timeout(300)
