@@ -48,7 +48,8 @@ def test_page_charts_live_against_desired_marks_notice_and_loss_and_shows_goodpu
         created = http.post("/api/v1/runs", json=run_spec(RUN, desired_workers=3))
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
-    staying, noticed, lost = (HandWorker(orch, join, f"host-{n}") for n in "abc")
+    # the run trains in the default mode, DiLoCo: the workers report the samples their rounds kept
+    staying, noticed, lost = (HandWorker(orch, join, f"host-{n}", rounds=True) for n in "abc")
     beater = Beater([staying, noticed, lost])
     beater.start()
     try:

@@ -21,7 +21,7 @@ from orchestrator.cli import main
 from tests.support.orchestrator import Orchestrator
 from tests.support.waiting import wait_until
 from worker.agent.client import OrchestratorClient
-from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
+from worker.wire import AveragingCounts, DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
 
 SCRUBBED_ENV = (
     "SPOTSWARM_URL",
@@ -59,9 +59,16 @@ class HandWorker:
     """A worker joined by hand: registers with the join token, then reports made-up progress."""
 
     def __init__(
-        self, orch: Orchestrator, join_token: str, hostname: str = "by-hand", validates: bool = False
+        self,
+        orch: Orchestrator,
+        join_token: str,
+        hostname: str = "by-hand",
+        validates: bool = False,
+        rounds: bool = False,
     ) -> None:
         self.validates = validates  # also report a falling val_loss and a rising val_acc
+        #: also report averaging counts as a DiLoCo worker does: each epoch a round averaged, its samples kept
+        self.rounds = rounds
         self.client = OrchestratorClient(orch.url, retries=1, backoff_s=0.1)
         body = WorkerRegister(hostname=hostname, launcher_handle="manual")
         registered = self.client.register(join_token, body)
@@ -82,6 +89,9 @@ class HandWorker:
             samples_per_s=samples_per_s,
             num_peers=1,
             metrics=metrics,
+            averaging=AveragingCounts(averaged=self.step // 4, kept_samples=self.step // 4 * 4 * 32)
+            if self.rounds
+            else None,
         )
         return self.client.heartbeat(self.worker_id, body)
 

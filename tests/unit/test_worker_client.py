@@ -190,3 +190,32 @@ def test_averaging_seconds_go_only_when_known_and_not_to_an_orchestrator_that_re
     fresh = FakeServer(httpx.Response(200, json=reply))
     make_client(fresh, []).heartbeat("7", Heartbeat(averaging=AveragingCounts(averaged=1)))
     assert set(json.loads(fresh.bodies[0])["averaging"]).isdisjoint(NEWER)
+
+
+@pytest.mark.parametrize(
+    ("response", "ended"),
+    [
+        (httpx.Response(409, json={"detail": "run 'r' is failed"}), True),  # the run ended meanwhile
+        (
+            httpx.Response(
+                409, json={"detail": "worker 7 is exited; only launching workers get a new token"}
+            ),
+            True,
+        ),
+        (httpx.Response(503, json={"detail": "db busy"}), False),  # the orchestrator, not the run
+        (httpx.Response(422, json={"detail": "key too short"}), False),
+    ],
+)
+def test_a_swarm_token_refused_because_the_run_ended_is_a_stop_not_a_failure(
+    response: httpx.Response, ended: bool
+) -> None:
+    """A replacement still fetching its swarm token as its run fails was refused with a 409; it failed
+    as if its training had (with the run's error budget counting it); it now leaves as stopped."""
+    from worker.admission.authorizer import SwarmTokenUnavailable
+    from worker.agent.agent import _refused_as_ended
+    from worker.agent.token_cache import ClientTokenSource
+
+    source = ClientTokenSource(lambda: make_client(FakeServer(response), [], retries=1), "7")
+    with pytest.raises(SwarmTokenUnavailable) as raised:
+        source("ssh-rsa " + "A" * 372)  # a key of the right shape: the request is built, then refused
+    assert _refused_as_ended(raised.value) is ended

@@ -40,7 +40,7 @@ from worker.agent.boot import (
     prepare_run_code,
     register,
 )
-from worker.agent.client import ApiError, OrchestratorClient
+from worker.agent.client import ApiError, Conflict, OrchestratorClient
 from worker.agent.config import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -243,6 +243,11 @@ class Agent:
         except BaseException as exc:  # training may fail anyhow; reported, then exit 1
             if self.state.stop is not None:
                 return self._stopped_despite(exc)
+            if _refused_as_ended(exc):  # the run ended (or dropped this worker) while it started
+                message = f"the orchestrator no longer wants this worker: {_first_line(exc)}"
+                logger.warning("%s", message)
+                self.state.request_stop(DeregisterReason.stopped, message)
+                return EXIT_OK
             message = f"training failed: {type(exc).__name__}: {_first_line(exc)}"
             logger.exception("%s", message)
             self.state.request_stop(DeregisterReason.error, message)
@@ -435,6 +440,20 @@ def _exit_guard(exit_code: int, timeout_s: float) -> None:
         os._exit(exit_code)
 
     threading.Thread(target=force, name="spotswarm-exit-guard", daemon=True).start()
+
+
+def _refused_as_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from the orchestrator refusing a call with a 409 (``Conflict``): the run
+    has ended or this worker has, as when a run fails while its replacement is still fetching its swarm
+    token. A stop, not a failure of training: its error would count against the run."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain of causes, bounded
+        if seen is None:
+            return False
+        if isinstance(seen, Conflict):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _first_line(exc: BaseException) -> str:
