@@ -2,8 +2,8 @@
 user's project shipped with `spotswarm runs create --workdir`, one DiLoCo run of 1 worker and one of 2
 pinned workers. The script runs to the end, reads a validation loss of both runs from the API, prints
 its table with T1, T2 and the two workers' rounds averaged together, the machine, load and commit, and
-leaves nothing running (also when stopped by SIGTERM), so it cannot rot between benchmark runs. It
-measures nothing at this size."""
+leaves nothing running (also when stopped by SIGTERM: that test is not in the swarm lane, it holds however
+slowly the peers run), so it cannot rot between benchmark runs. It measures nothing at this size."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import pytest
 
 from tests.support.bench_scripts import nothing_left, scratch_dir, sigterm_once_a_worker_runs, start_script
 from tests.support.processes import ManagedProcess, ProcessRegistry
-
-pytestmark = pytest.mark.swarm
 
 
 @pytest.fixture
@@ -28,6 +26,7 @@ def start_quick(processes: ProcessRegistry, scratch: Path) -> ManagedProcess:
     return start_script(processes, "orchestrated-scaling", "orchestrated_scaling.py", ["--quick"], scratch)
 
 
+@pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running(
     processes: ProcessRegistry, scratch: Path

@@ -3,7 +3,7 @@ its default mode, DiLoCo (new runs' default): the script drives a real orchestra
 through the trace to the end, counts the samples the worker's rounds kept, writes its plot and samples,
 and prints its report with the last line it promises, so it cannot rot between benchmark runs. It
 measures nothing at this size. Stopped by SIGTERM mid-replay, it stops the orchestrator and workers it
-started."""
+started (that test is not in the swarm lane: it holds however slowly the peers run)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ import pytest
 from tests.support.bench_scripts import nothing_left, scratch_dir, sigterm_once_a_worker_runs, start_script
 from tests.support.processes import REPO_ROOT, ProcessRegistry
 
-pytestmark = pytest.mark.swarm
 
-
+@pytest.mark.swarm
 @pytest.mark.timeout(420)
 def test_spot_replay_quick_mode_prints_goodput_and_writes_its_plot(
     processes: ProcessRegistry, tmp_path: Path
