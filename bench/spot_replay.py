@@ -15,8 +15,8 @@ same share of the trace's churn as it would in real time. Then it prints:
   (at each moment, the swarm's steady rate for as many workers as were offered), where the steady rate
   of N workers is measured in this run over the seconds in which N ran and the market offered N (a
   separate control run is not made);
-- lost work per preemption: samples the workers computed that are not in the model (nor, in gradients
-  mode, in the current epoch), over the reclaims (an estimate from the run's totals);
+- lost work per preemption: in DiLoCo, each reclaimed worker's samples minus those it reported kept; in
+  gradients mode, the run's samples in no completed or current epoch over the reclaims (an estimate);
 - notice to replacement: from a reclaimed worker's end to the next worker's registration (median);
 - zero-worker time: seconds after the first registration during which no worker ran;
 - epoch rollbacks (the swarm's epoch in the DHT went back) and the states the run was seen in;
@@ -235,7 +235,6 @@ def report(
     ideal = ideal_progress(samples, rates)
     goodput = progress / ideal if ideal > 0 else 0.0
     reclaimed = [w for w in workers if w["state"] in ("interrupted", "lost")]
-    lost = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
     print(
         f"trace: {settings.trace} ({settings.slots} slots, "
         f"compressed {settings.compress:g}x, seed {settings.seed}){setup}"
@@ -246,11 +245,7 @@ def report(
     print(
         f"preemptions: {len(reclaimed)} ({sum(w['state'] == 'interrupted' for w in reclaimed)} with notice)"
     )
-    print(
-        f"lost work per preemption: ~{lost / len(reclaimed):.0f} samples"
-        if reclaimed
-        else "lost work: no preemption"
-    )
+    print(f"lost work per preemption: {lost_work(samples, reclaimed, sync)}")
     print(f"notice to replacement: {_replacements(workers)}")
     print(f"zero-worker time: {zero_s:.0f} s")
     epochs = [e["dht_epoch"] for e in samples if e["dht_epoch"] is not None]
@@ -264,6 +259,20 @@ def report(
     (out / "replay.svg").write_text(svg(samples))
     print(f"plot: {out / 'replay.svg'}")
     print(f"goodput {goodput:.2f} (mode {sync}, slots {settings.slots}, compress {settings.compress:g})")
+
+
+def lost_work(samples: list[dict[str, Any]], reclaimed: list[dict[str, Any]], sync: str) -> str:
+    """Samples a reclaimed worker computed that are not in the model, per preemption. DiLoCo: each
+    reclaimed worker's own samples minus those it reported kept (exact, up to its last heartbeat);
+    gradients: the run's samples not in a completed or the current epoch, over the preemptions (an
+    estimate: it also holds what live workers computed that no epoch took)."""
+    if not reclaimed:
+        return "no preemption"
+    if sync == "diloco":
+        lost = [w["samples"] - int((w["averaging"] or {}).get("kept_samples", 0)) for w in reclaimed]
+        return f"{statistics.mean(lost):.0f} samples (mean; most {max(lost)}; each worker's own count)"
+    total = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
+    return f"~{total / len(reclaimed):.0f} samples (estimated from the run's totals)"
 
 
 def _replacements(workers: list[dict[str, Any]]) -> str:

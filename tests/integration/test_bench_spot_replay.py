@@ -31,6 +31,10 @@ def test_spot_replay_quick_mode_prints_goodput_and_writes_its_plot(
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"goodput \d+\.\d\d \(mode diloco, slots 1, compress 10\)", last), out
     assert "rounds every 3 s" in out, out  # the default 30 s, compressed as the trace is
+    # the reclaimed worker's own count of samples its rounds did not keep
+    assert re.search(
+        r"lost work per preemption: \d+ samples \(mean; most \d+; each worker's own count\)", out
+    )
     assert re.search(r"; \d+ core\(s\) per worker", out), out  # pinned: the machine's cores / slots
     assert re.search(r"steady progress \(samples/s, the ideal's rates\): 1 worker\(s\) \d+", out), out
     for line in (
