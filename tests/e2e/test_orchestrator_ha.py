@@ -16,7 +16,7 @@ import pytest
 from orchestrator.swarm.admission import load_or_create_key
 from tests.support.failover_proxy import FailoverProxy
 from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
-from tests.support.ports import free_port
+from tests.support.ports import free_ports
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, kill_local_workers
 from tests.support.waiting import BOOT_S, wait_until
@@ -51,8 +51,8 @@ def two_dirs(tmp_path: Path, processes: ProcessRegistry) -> Iterator[tuple[Path,
 def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching(
     processes: ProcessRegistry, postgres_url: str, two_dirs: tuple[Path, Path]
 ) -> None:
-    ports = [free_port(), free_port()]
-    proxy = FailoverProxy(free_port(), ports)
+    *ports, proxy_port = free_ports(3)
+    proxy = FailoverProxy(proxy_port, ports)
     # one swarm authority for both (docs/guides/postgresql-ha.md): made here, as an operator copies it
     authority = two_dirs[0].parent / "swarm_authority.pem"
     load_or_create_key(authority)

@@ -33,7 +33,7 @@ import yaml
 
 from orchestrator.config import Settings
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.ports import PORT_ATTEMPTS, free_port, port_was_taken
+from tests.support.ports import PORT_ATTEMPTS, free_port, free_ports, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.sockets import ATTACKER, close_all, open_half_requests
 from tests.support.specs import run_spec
@@ -116,13 +116,13 @@ def start_nginx(
     ``extra`` are more template variables (``domain_name``, ``http_port``).
     """
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        https_port, worker_port = free_port(), free_port()
+        https_port, worker_port, spare_port = free_ports(3)
         conf = render_nginx(
             root,
             run_dir=str(root / "run"),
             https_port=https_port,
             worker_port=worker_port,
-            http_port=extra.pop("http_port", None) or free_port(),
+            http_port=extra.pop("http_port", None) or spare_port,
             upstream_port=upstream_port,
             tls_dir=str(tls_dir or root / "tls"),
             acme_dir=str(root / "acme"),
@@ -260,12 +260,13 @@ def test_the_shipped_configuration_with_a_domain_is_valid_nginx(
 ) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    https_port, worker_port, http_port = free_ports(3)
     conf = render_nginx(
         tmp_path,
         run_dir=str(run_dir),
-        https_port=free_port(),
-        worker_port=free_port(),
-        http_port=free_port(),
+        https_port=https_port,
+        worker_port=worker_port,
+        http_port=http_port,
         upstream_port=front_door.orch.port,
         tls_dir=str(front_door.ca_cert.parent),
         acme_dir=str(tmp_path / "acme"),

@@ -6,6 +6,7 @@ from the same range): the server then exits at start, and the test starts it aga
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 
@@ -14,6 +15,18 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each held until all are found (separate :func:`free_port` calls
+    can return the same port twice, and one server then listens on it twice)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 #: starts of a server on new ports when a port found free was taken before it bound it
