@@ -10,10 +10,16 @@ with the fix, rather than silently counted or ignored in the default mode.
 from __future__ import annotations
 
 from orchestrator.errors import InvalidRequest
-from worker.strategy.diloco.settings import NEW_RUN_SYNC, NOT_WITH_DILOCO
+from worker.strategy.diloco.settings import DEFAULT_SYNC, NEW_RUN_SYNC, NOT_WITH_DILOCO
 from worker.wire import RunSpec
 
 SYNC_OPTION = "sync"
+
+
+def sync_of(strategy_options: dict[str, object] | None) -> str:
+    """A stored run's sync mode: the one its options name; a run stored before runs were given one trains
+    in ``DEFAULT_SYNC`` (``"gradients"``), the strategy's own default."""
+    return str((strategy_options or {}).get(SYNC_OPTION) or DEFAULT_SYNC)
 
 
 def with_sync(spec: RunSpec) -> RunSpec:

@@ -16,7 +16,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run, Worker
-from orchestrator.domain import averaging, checkpoints, churn, estimates, reported, runs
+from orchestrator.domain import averaging, checkpoints, churn, estimates, reported, runs, sync
 from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
 from orchestrator.schemas import (
@@ -34,7 +34,6 @@ from orchestrator.schemas import (
     WorkerOut,
 )
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.strategy.diloco.settings import DEFAULT_SYNC  # a run stored before runs named their mode
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 
 T = TypeVar("T")
@@ -179,7 +178,7 @@ def _run_out(
         run,
         RunOut,
         spec=spec if full else public_spec(spec),
-        sync=str(spec.strategy_options.get("sync") or DEFAULT_SYNC),
+        sync=sync.sync_of(spec.strategy_options),
         workers=WorkerCounts(
             desired=run.desired_workers,
             min=run.min_workers,
@@ -274,7 +273,7 @@ def progress_series(session: Session, run: Run, max_points: int) -> ProgressSeri
         ProgressPoint(**same_fields(p, ProgressPoint, metrics=dict(p.metrics or {}), desired_workers=d))
         for p, d in zip(shown, desired, strict=True)
     ]
-    diloco = (run.strategy_options or {}).get("sync") == "diloco"
+    diloco = sync.sync_of(run.strategy_options) == "diloco"
     samples = [
         churn.Sample(
             p.at,
