@@ -150,13 +150,18 @@ def replay(
         kill_local_workers(data_dir)
 
 
+def kept_of(worker: dict[str, Any]) -> int:
+    """The samples a DiLoCo worker reported as kept in the model (0 before its first report)."""
+    return int((worker["averaging"] or {}).get("kept_samples", 0))
+
+
 def progress_of(run: dict[str, Any], workers: list[dict[str, Any]], sync: str) -> tuple[int, int]:
     """(samples in the model, samples computed and not yet in it or lost) for the run's mode. Gradients:
     whole swarm epochs of ``target_batch_size`` samples, and the swarm's current epoch. DiLoCo: the samples
     each worker reports as kept (in rounds its outer step applied with their weight), and nothing in
     flight (a round's samples are kept or lost at its end)."""
     if sync == "diloco":
-        return sum(int((w["averaging"] or {}).get("kept_samples", 0)) for w in workers), 0
+        return sum(kept_of(w) for w in workers), 0
     in_flight = int((run.get("swarm") or {}).get("samples_accumulated", 0))
     return run["reported"]["swarm_epoch"] * run["spec"]["target_batch_size"], in_flight
 
@@ -269,7 +274,7 @@ def lost_work(samples: list[dict[str, Any]], reclaimed: list[dict[str, Any]], sy
     if not reclaimed:
         return "no preemption"
     if sync == "diloco":
-        lost = [w["samples"] - int((w["averaging"] or {}).get("kept_samples", 0)) for w in reclaimed]
+        lost = [w["samples"] - kept_of(w) for w in reclaimed]
         return f"{statistics.mean(lost):.0f} samples (mean; most {max(lost)}; each worker's own count)"
     total = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
     return f"~{total / len(reclaimed):.0f} samples (estimated from the run's totals)"
