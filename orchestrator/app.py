@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -101,6 +102,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # one process with Lightning imported, for the import check and the local launcher's workers
         forkserver = ForkServer(child_env(os.environ, settings.worker_env), Path.cwd())
+        if _uses_forkserver(settings):  # its imports take seconds: started first, beside the rest
+            threading.Thread(target=forkserver.warm_up, name="forkserver-start", daemon=True).start()
         chosen = launchers if launchers is not None else build_launchers(settings, forkserver)
         counted = metrics.count_launches(chosen)
         ctx = _build_context(settings, counted, store, dht_factory or start_dht, clock, forkserver)
@@ -149,6 +152,14 @@ def create_app(
 
 
 # -- production defaults --------------------------------------------------------------------------------
+
+
+def _uses_forkserver(settings: Settings) -> bool:
+    """Whether this server will soon need its fork server: for the import check of the first run it is
+    given, or for the first local workers its reconcile loop launches. Then it starts with the server,
+    so that neither waits the seconds of its imports; a server of hand-joined workers only never starts
+    it."""
+    return settings.check_imports or (settings.reconciler.enabled and settings.local_preload)
 
 
 def build_launchers(settings: Settings, forkserver: ForkServer | None = None) -> dict[str, Launcher]:
@@ -268,7 +279,6 @@ def _build_context(
     if settings.check_imports:
         limits = RuntimeLimits(settings.installer, settings.install_timeout_s, settings.package_max_bytes)
         imports = ImportChecker(settings.import_timeout_s, settings.worker_env, limits, forkserver)
-        imports.warm_up()
     return AppContext(
         settings=settings,
         db=db,

@@ -264,7 +264,8 @@ class Settings(BaseSettings):
     local_preload: bool = Field(
         default=True,
         description="Fork local workers from a process that has imported Lightning, torch and hivemind "
-        "(started at the first local launch), so each skips the about 5 s of CPU those imports take; "
+        "(started with the server when it runs its reconcile loop or checks imports, else at the first local "
+        "launch), so each skips the about 5 s of CPU those imports take; "
         "false starts each worker in a fresh interpreter.",
     )
     local_spot_market: Path | None = Field(

@@ -2,8 +2,9 @@
 has imported Lightning, torch and hivemind, shared by the local launcher (which forks workers from it)
 and the import check (which runs each check in a child forked from it).
 
-It starts at its first use or :meth:`ForkServer.warm_up` (the server warms it up at start when it checks
-imports; otherwise the first local launch waits for it), and ends when closed or with the server.
+It starts at its first use or :meth:`ForkServer.warm_up` (the server warms it up as it starts when it
+checks imports or runs its reconcile loop; otherwise the first local launch waits for it), and ends when
+closed or with the server.
 Workers it forked outlive it. Whatever goes wrong with it (it does not start in time, it dies, a request
 fails) is a :class:`ForkServerError`: the launcher then starts that worker in a fresh interpreter, and
 the import check reports itself unavailable.
