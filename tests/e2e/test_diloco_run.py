@@ -29,7 +29,7 @@ ROUNDS = 8
 def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(
     loop_orch: Orchestrator, tmp_path: Path
 ) -> None:
-    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": "diloco", "sync_every_s": 3.0}
+    options = {"matchmaking_time": 1.0, "averaging_timeout": 10.0, "sync": "diloco", "sync_every_s": 2.0}
     spec = digits_run(
         "diloco",
         strategy_options=options,

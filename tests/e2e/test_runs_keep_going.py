@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
+from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -30,7 +30,9 @@ def _first_loss(reader: RunReader) -> float:
 def test_run_of_two_workers_completes_with_falling_loss(loop_orch: Orchestrator) -> None:
     orch = loop_orch
     # 10 rounds of 3 s (the default mode): long enough for the second worker to join and train
-    admin_post(orch, "/api/v1/runs", digits_run("done", stop={"target_epochs": TARGET_ROUNDS}))
+    rounds = {**ROUNDS, "sync_every_s": 3.0}
+    spec = digits_run("done", stop={"target_epochs": TARGET_ROUNDS}, strategy_options=rounds)
+    admin_post(orch, "/api/v1/runs", spec)
     reader = RunReader(orch, "done")
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed", "stopped") and run,

@@ -119,7 +119,7 @@ def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_ke
     rows = list(csv.DictReader((next((tmp_path / "csv").rglob("metrics.csv"))).open()))
     assert any(row.get("val_loss") for row in rows) and any(row.get(LR) for row in rows)
 
-    # TensorBoard's steps are swarm epochs (here rounds, every 3 s): a couple of them before the stop
+    # TensorBoard's steps are swarm epochs (here rounds, every 2 s): a couple of them before the stop
     wait_until(lambda: reader.run()["reported"]["swarm_epoch"] >= 2, 60, message="two swarm epochs")
     stopped = cli(orch, "runs", "stop", RUN)
     assert stopped.exit_code == 0, stopped.output

@@ -26,9 +26,9 @@ def start_loop_orchestrator(
 #: the short hivemind timeouts of a one-machine swarm
 _ONE_MACHINE = {"matchmaking_time": 1.0, "averaging_timeout": 10.0}
 #: Strategy options of the tests' runs: the sync mode new runs get (none named: DiLoCo), with rounds every
-#: 3 s so that a test sees rounds within seconds. Swarm admission stays at its default (on): the
+#: 2 s so that a test sees rounds within seconds. Swarm admission stays at its default (on): the
 #: configuration users get.
-ROUNDS = {**_ONE_MACHINE, "sync_every_s": 3.0}
+ROUNDS = {**_ONE_MACHINE, "sync_every_s": 2.0}
 #: The same for the tests of hivemind's gradient averaging (``sync: gradients``), whose swarm epoch is a
 #: run's ``target_batch_size`` samples.
 GRADIENTS = {"sync": "gradients", **_ONE_MACHINE}
