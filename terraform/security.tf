@@ -69,13 +69,19 @@ resource "aws_vpc_security_group_ingress_rule" "dht_from_workers" {
   tags                         = local.tags
 }
 
+locals {
+  # A worker instance runs one peer per GPU (the EC2 launcher's peers_per_machine, at most 8), the peer on
+  # GPU i listening on worker_dht_port + i.
+  worker_max_peers = 8
+}
+
 resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_workers" {
   security_group_id            = aws_security_group.workers.id
   description                  = "hivemind DHT and averaging between workers"
   referenced_security_group_id = aws_security_group.workers.id
   ip_protocol                  = "tcp"
   from_port                    = var.worker_dht_port
-  to_port                      = var.worker_dht_port
+  to_port                      = var.worker_dht_port + local.worker_max_peers - 1
   tags                         = local.tags
 }
 
@@ -85,7 +91,7 @@ resource "aws_vpc_security_group_ingress_rule" "worker_dht_from_orchestrator" {
   referenced_security_group_id = aws_security_group.orchestrator.id
   ip_protocol                  = "tcp"
   from_port                    = var.worker_dht_port
-  to_port                      = var.worker_dht_port
+  to_port                      = var.worker_dht_port + local.worker_max_peers - 1
   tags                         = local.tags
 }
 

@@ -140,13 +140,13 @@ variable "dht_port" {
 }
 
 variable "worker_dht_port" {
-  description = "TCP port each worker's DHT/averaging peer listens on (workers and orchestrator dial it)."
+  description = "TCP port each worker's DHT/averaging peer listens on (workers and orchestrator dial it); a worker instance of several GPUs runs one peer per GPU, on this port and the next 7."
   type        = number
   default     = 31331
 
   validation {
-    condition     = var.worker_dht_port >= 1024 && var.worker_dht_port <= 65535
-    error_message = "worker_dht_port must be an unprivileged TCP port (1024-65535)."
+    condition     = var.worker_dht_port >= 1024 && var.worker_dht_port <= 65528
+    error_message = "worker_dht_port must be an unprivileged TCP port (1024-65528: its next 7 are opened too)."
   }
 }
 

@@ -1,6 +1,7 @@
 """Launcher backends: how the reconcile loop starts and stops workers on some kind of machine.
 
-- ``base.py``: the ``Launcher`` protocol and its data (requests, instances, failures).
+- ``base.py``: the ``Launcher`` protocol and its data (requests, instances, failures); a launch starts one
+  machine of one or more peers (``peers_per_machine``).
 - ``local.py``: workers as subprocesses of this machine; ``local_files.py``: its state files and logs;
   ``forkserver.py`` and ``forkserver_main.py``: the process it forks preloaded workers from;
   ``local_cpus.py``: cores of their own for its workers (``cpus_per_worker``).

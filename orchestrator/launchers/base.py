@@ -9,6 +9,13 @@ Rules every backend follows (the reconciler relies on them):
   :class:`LauncherConfigError` for a request that can never succeed (bad options).
 - ``describe`` lists everything this launcher owns that is not known to be gone, including workers
   launched by an earlier orchestrator process (adoption after a restart).
+
+A launch starts one *machine*: one peer (a worker agent with its own request id, worker row and token),
+or, where :meth:`Launcher.peers_per_machine` says a machine holds more (a multi-GPU instance), up to that
+many, one per device. The request's own id is its first peer's and names the machine; the other peers
+ride along in ``LaunchRequest.siblings``. Everything else stays per peer: ``describe`` lists each peer
+under its own request id (its ``details`` name the machine), ``poll_errors`` reports each, and
+``terminate`` ends one peer: the machine goes when none of its peers is left.
 """
 
 from __future__ import annotations
@@ -22,14 +29,49 @@ class LauncherConfigError(ValueError):
     """A launch request that can never succeed as given (unknown option, bad instance type...)."""
 
 
+#: the run option that sets how many peers one machine runs (one per device); every launcher takes it
+PEERS_OPTION = "peers_per_machine"
+#: ``Instance.details`` keys that place a peer: its machine (the machine's first request id) and device
+MACHINE_DETAIL, PEER_INDEX_DETAIL = "machine", "peer_index"
+
+
+def peers_option(options: Mapping[str, Any], *, most: int) -> int | None:
+    """The run's ``peers_per_machine`` (None when absent); raises :class:`LauncherConfigError` unless it is
+    an int from 1 to ``most``."""
+    if PEERS_OPTION not in options:
+        return None
+    value = options[PEERS_OPTION]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise LauncherConfigError(
+            f"{PEERS_OPTION} must be a whole number from 1 to {most} (peers, one per device, on each "
+            f"machine), got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class PeerRequest:
+    """One more peer on a launch's machine: its request id and its environment (its own join token)."""
+
+    request_id: str
+    env: Mapping[str, str]
+
+
 @dataclass(frozen=True)
 class LaunchRequest:
-    """One worker to start. ``env`` is what the worker agent needs to boot (URL, join token, request id)."""
+    """One machine to start, with its first worker. ``env`` is what that worker's agent needs to boot
+    (URL, join token, request id); ``siblings`` are the machine's other peers, devices 1, 2, ... in order."""
 
     request_id: str
     run_name: str
     env: Mapping[str, str]
     options: Mapping[str, Any] = field(default_factory=dict)
+    siblings: tuple[PeerRequest, ...] = ()
+
+    @property
+    def peers(self) -> tuple[PeerRequest, ...]:
+        """Every peer of the machine, its first (this request's own id and env) included."""
+        return (PeerRequest(self.request_id, self.env), *self.siblings)
 
 
 @dataclass(frozen=True)
@@ -87,12 +129,20 @@ class Launcher(Protocol):
         failed launches later."""
         ...
 
+    def peers_per_machine(self, options: Mapping[str, Any]) -> int:
+        """How many peers one machine of a run with ``options`` runs (one per device; 1 unless the
+        launcher knows better or ``peers_per_machine`` says so). Raises :class:`LauncherConfigError` for
+        options that :meth:`validate_options` refuses."""
+        ...
+
     def launch(self, request: LaunchRequest) -> str:
-        """Start one worker for ``request`` (idempotent by request id) and return its handle."""
+        """Start the machine of ``request`` and its peers (idempotent by request id); return its handle."""
         ...
 
     def terminate(self, request_id: str) -> None:
-        """Stop the worker of ``request_id`` if it still runs; a no-op for an unknown or gone one."""
+        """Stop the worker of ``request_id`` if it still runs; a no-op for an unknown or gone one. A peer
+        beside others on a machine: that peer where the launcher can stop one alone, else the machine
+        once none of its peers is left."""
         ...
 
     def describe(self) -> list[Instance]:

@@ -34,7 +34,17 @@ from typing import Any
 
 from orchestrator import files
 from orchestrator.launchers import local_files as proc
-from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.launchers.base import (
+    MACHINE_DETAIL,
+    PEER_INDEX_DETAIL,
+    PEERS_OPTION,
+    Instance,
+    LauncherConfigError,
+    LaunchFailure,
+    LaunchRequest,
+    PeerRequest,
+    peers_option,
+)
 from orchestrator.launchers.childenv import child_env
 from orchestrator.launchers.forkserver import ForkServer, ForkServerError
 from orchestrator.launchers.local_cpus import (
@@ -50,6 +60,8 @@ from orchestrator.processes import proc_start_ticks
 
 logger = logging.getLogger(__name__)
 
+#: most peers one local "machine" runs: processes here stand in for a multi-GPU instance's devices
+MAX_LOCAL_PEERS_PER_MACHINE = 64
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Set in every worker's environment (inherited by its children): finds a worker's processes when its PID
 # alone cannot be trusted (a launch interrupted before the PID was recorded, children left by a dead leader).
@@ -85,6 +97,9 @@ class _Record:
     reported: bool = False
     #: the cores it is pinned to (``cpus_per_worker``); none: every core
     cpus: list[int] = field(default_factory=list)
+    #: the machine it runs on (its first peer's request id; none: a machine of its own), and its device
+    machine: str | None = None
+    peer_index: int = 0
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     #: the fork server that forked it (it reports the exit), while that one runs; not persisted
     forked_by: int | None = field(default=None, repr=False, compare=False)
@@ -164,57 +179,78 @@ class LocalLauncher:
     # -- the Launcher interface ------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> str:
-        """Start the worker of ``request`` unless this request id was ever launched here; return its PID.
+        """Start the workers of ``request``'s machine, one process per peer, each unless its request id
+        was ever launched here; return the first one's PID.
 
         Raises :class:`LauncherConfigError` for options it does not take or a request id unfit for a file
-        name. With ``cpus_per_worker`` the worker gets cores of its own (:mod:`.local_cpus`). A worker
-        that cannot be spawned is reported by :meth:`poll_errors`.
+        name. With ``cpus_per_worker`` each worker gets cores of its own (:mod:`.local_cpus`). A worker
+        that cannot be spawned is reported by :meth:`poll_errors`. The peers of one machine are processes
+        like any other: each ends alone (:meth:`terminate`), and only the spot market treats them as one.
         """
         self.validate_options(request.options)
-        if not REQUEST_ID_PATTERN.match(request.request_id):
-            raise LauncherConfigError(f"request id {request.request_id!r} is not [A-Za-z0-9_.-]{{1,64}}")
+        for peer in request.peers:
+            if not REQUEST_ID_PATTERN.match(peer.request_id):
+                raise LauncherConfigError(f"request id {peer.request_id!r} is not [A-Za-z0-9_.-]{{1,64}}")
         if self._forkserver is not None:
             self._forkserver.warm_up()  # the first launch waits for its imports, without holding our lock
+        machine = request.request_id if request.siblings else None
+        handles = [
+            self._launch_peer(request, peer, machine, index) for index, peer in enumerate(request.peers)
+        ]
+        return handles[0]
+
+    def _launch_peer(self, request: LaunchRequest, peer: PeerRequest, machine: str | None, index: int) -> str:
         with self._lock:
-            record = self._records.get(request.request_id) or self._load(request.request_id)
+            record = self._records.get(peer.request_id) or self._load(peer.request_id)
             if record is not None:
                 return str(record.pid or "")
             record = _Record(
-                request_id=request.request_id,
+                request_id=peer.request_id,
                 run_name=request.run_name,
-                log_path=str(self._workers_dir / f"{request.request_id}.log"),
+                log_path=str(self._workers_dir / f"{peer.request_id}.log"),
                 launched_at=self._clock(),
+                machine=machine,
+                peer_index=index,
             )
             if not self._reserve(record):  # another launcher on this data dir got there first
-                adopted = self._load(request.request_id)
+                adopted = self._load(peer.request_id)
                 return str(adopted.pid or "") if adopted else ""
             self._records[record.request_id] = record
-            self._spawn(record, self._with_cpus(record, request))
+            self._spawn(record, self._with_cpus(record, request.options, peer.env))
             return str(record.pid or "")
 
     def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
-        """The local launcher takes ``cpus_per_worker`` only: another option, a value that is not a
-        positive int, or more cores than this machine has for ``workers`` workers is a
-        :class:`LauncherConfigError` that says so."""
-        unknown = sorted(set(options) - {CPUS_OPTION})
+        """The local launcher takes ``cpus_per_worker`` and ``peers_per_machine`` only: another option, a
+        value that is not a positive int, or more cores than this machine has for ``workers`` workers
+        is a :class:`LauncherConfigError` that says so."""
+        unknown = sorted(set(options) - {CPUS_OPTION, PEERS_OPTION})
         if unknown:
             hint = " (a run's code travels with runs create --workdir DIR)" if "workdir" in unknown else ""
             raise LauncherConfigError(
-                f"the local launcher takes no options but {CPUS_OPTION}, got {unknown}{hint}"
+                f"the local launcher takes no options but {CPUS_OPTION} and {PEERS_OPTION}, "
+                f"got {unknown}{hint}"
             )
+        peers_option(options, most=MAX_LOCAL_PEERS_PER_MACHINE)
         per_worker = cpus_per_worker(options)
         if per_worker is not None:
             check_capacity(per_worker, workers, usable_cpus())
 
-    def _with_cpus(self, record: _Record, request: LaunchRequest) -> dict[str, str]:
-        """The request's environment, with the worker's own cores when the run asks for them."""
-        per_worker = cpus_per_worker(request.options)
+    def peers_per_machine(self, options: Mapping[str, Any]) -> int:
+        """``peers_per_machine`` of the run, else 1: a local "machine" is a group of worker processes
+        that the spot market reclaims together."""
+        return peers_option(options, most=MAX_LOCAL_PEERS_PER_MACHINE) or 1
+
+    def _with_cpus(
+        self, record: _Record, options: Mapping[str, Any], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The peer's environment, with the worker's own cores when the run asks for them."""
+        per_worker = cpus_per_worker(options)
         if per_worker is None:
-            return dict(request.env)
+            return dict(env)
         in_use = [cpu for other in self._records.values() if other.alive for cpu in other.cpus]
         record.cpus = allocate(per_worker, usable_cpus(), in_use)
         logger.info("worker %s (run %s): cores %s", record.request_id, record.run_name, cpu_list(record.cpus))
-        return {**request.env, CPUS_ENV: cpu_list(record.cpus)}
+        return {**env, CPUS_ENV: cpu_list(record.cpus)}
 
     def terminate(self, request_id: str) -> None:
         """SIGTERM the worker's process group now, SIGKILL it after the grace period; never blocks."""
@@ -493,6 +529,8 @@ class LocalLauncher:
             "launched_at": record.launched_at,
             "terminating": record.terminate_requested_at is not None,
         }
+        if record.machine is not None:  # one of several peers on a machine
+            details.update({MACHINE_DETAIL: record.machine, PEER_INDEX_DETAIL: record.peer_index})
         return Instance(record.request_id, str(record.pid or ""), record.run_name, record.alive, details)
 
     def _failure(self, record: _Record) -> LaunchFailure:

@@ -11,6 +11,10 @@ on one machine with real workers:
   market's seeded draw (logged); each gets EC2's interruption notice through its own instance metadata
   (:mod:`orchestrator.launchers.spot_imds`, which its agent polls as on EC2) and is terminated after the
   notice period, or, for the market's ``kill_share`` of reclaims, is killed with SIGKILL at once;
+- a slot is a machine: with ``peers_per_machine`` a launch takes one slot for all its peers, and a
+  reclaim takes the machine back from all of them at once (each gets the notice, as each peer of a
+  multi-GPU instance polls that instance's metadata); a peer that ended alone frees no slot while one
+  of its siblings runs;
 - when it grows, launches succeed again.
 
 The market is stepped whenever the reconcile loop looks (each :meth:`describe`, :meth:`poll_errors` and
@@ -26,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launchers.base import Instance, LaunchFailure, LaunchRequest
+from orchestrator.launchers.base import MACHINE_DETAIL, Instance, LaunchFailure, LaunchRequest, PeerRequest
 from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.spot_imds import LocalMetadataService
 from orchestrator.launchers.spot_market import SpotMarket, SpotMarketError, SpotMarketSettings
@@ -72,18 +76,25 @@ class SpotMarketLauncher:
         self._lock = threading.RLock()
         self._failures: list[LaunchFailure] = []
         self._terminate_at: dict[str, float] = {}  # reclaimed request id -> when its slot is taken back
-        self._reclaimed: set[str] = set()
+        self._reclaimed: set[str] = set()  # machines (their first request ids)
 
     def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
         """As the local launcher's."""
         self._inner.validate_options(options, workers=workers)
 
+    def peers_per_machine(self, options: Mapping[str, Any]) -> int:
+        """As the local launcher's: the peers that share one slot."""
+        return self._inner.peers_per_machine(options)
+
     def launch(self, request: LaunchRequest) -> str:
-        """Start the worker if the market has a free slot (or it was launched already); else report
-        ``InsufficientInstanceCapacity`` through :meth:`poll_errors` and return ``""``."""
+        """Start the machine's workers if the market has a free slot (or it was launched already); else
+        report ``InsufficientInstanceCapacity`` for each of its peers through :meth:`poll_errors` and
+        return ``""``."""
+        first, *siblings = (self._with_metadata(peer) for peer in request.peers)
+        request = replace(request, env=first.env, siblings=tuple(siblings))
         with self._lock:
             instances = self._step()
-            if any(i.request_id == request.request_id for i in instances):
+            if any(_machine(i) == request.request_id for i in instances):
                 return self._inner.launch(request)  # idempotent: the one already started
             capacity, held = self.market.capacity(), len(self._holding(instances))
             if held >= capacity:
@@ -92,12 +103,16 @@ class SpotMarketLauncher:
                     f"{held} of {capacity} slots taken, trace at {self.market.trace_s():.0f} s)"
                 )
                 logger.warning("run %s request %s: %s", request.run_name, request.request_id, reason)
-                self._failures.append(
-                    LaunchFailure(request.request_id, request.run_name, reason, capacity=True)
+                self._failures.extend(
+                    LaunchFailure(peer.request_id, request.run_name, reason, capacity=True)
+                    for peer in request.peers
                 )
                 return ""
-            url = self._metadata.url_for(request.request_id)
-            return self._inner.launch(replace(request, env={**request.env, METADATA_URL_ENV: url}))
+            return self._inner.launch(request)
+
+    def _with_metadata(self, peer: PeerRequest) -> PeerRequest:
+        """The peer, told where its instance metadata is (its own "instance" on the local service)."""
+        return replace(peer, env={**peer.env, METADATA_URL_ENV: self._metadata.url_for(peer.request_id)})
 
     def terminate(self, request_id: str) -> None:
         """As the local launcher's."""
@@ -122,9 +137,9 @@ class SpotMarketLauncher:
 
     # -- the market ------------------------------------------------------------------------------
 
-    def _holding(self, instances: list[Instance]) -> list[Instance]:
-        """Live workers that hold a slot: every one the market has not reclaimed."""
-        return [i for i in instances if i.alive and i.request_id not in self._reclaimed]
+    def _holding(self, instances: list[Instance]) -> set[str]:
+        """Machines that hold a slot: every one with a live peer that the market has not reclaimed."""
+        return {_machine(i) for i in instances if i.alive and _machine(i) not in self._reclaimed}
 
     def _step(self) -> list[Instance]:
         """Terminate the reclaimed workers whose notice ran out; reclaim what the market took back."""
@@ -142,33 +157,42 @@ class SpotMarketLauncher:
         holding = self._holding(instances)
         excess = len(holding) - self.market.capacity()
         if excess > 0:
-            runs = {i.request_id: i.run_name for i in holding}
-            for request_id in self.market.draw(list(runs), excess):
-                self._reclaim(request_id, runs[request_id], now)
+            for machine in self.market.draw(list(holding), excess):
+                peers = [i for i in alive.values() if _machine(i) == machine]
+                self._reclaim(machine, peers, now)
         return instances
 
-    def _reclaim(self, request_id: str, run_name: str, now: float) -> None:
-        self._reclaimed.add(request_id)
+    def _reclaim(self, machine: str, peers: list[Instance], now: float) -> None:
+        """Take ``machine`` back from all its live ``peers``: a notice to each, or a kill -9 of each."""
+        self._reclaimed.add(machine)
         trace_s, capacity = self.market.trace_s(), self.market.capacity()
+        run_name, names = peers[0].run_name, ", ".join(i.request_id for i in peers)
         if self.market.kill_without_notice():
             logger.warning(
                 "run %s worker %s: spot market reclaims it without notice (kill -9; trace %.0f s, %d slots)",
-                run_name, request_id, trace_s, capacity,
+                run_name, names, trace_s, capacity,
             )  # fmt: skip
-            self._inner.kill(request_id)
+            for peer in peers:
+                self._inner.kill(peer.request_id)
             return
         notice_s = self.market.notice_wall_s()
         logger.warning(
             "run %s worker %s: spot market reclaims it: notice, ends in %.1f s (trace %.0f s, %d slots)",
-            run_name, request_id, notice_s, trace_s, capacity,
+            run_name, names, notice_s, trace_s, capacity,
         )  # fmt: skip
-        self._metadata.interrupt(request_id, notice_s)
-        self._terminate_at[request_id] = now + notice_s
+        for peer in peers:
+            self._metadata.interrupt(peer.request_id, notice_s)
+            self._terminate_at[peer.request_id] = now + notice_s
 
     def _marked(self, instance: Instance) -> Instance:
         details = {
             **instance.details,
             "market": MARKET,
-            "interrupted": instance.request_id in self._reclaimed,
+            "interrupted": _machine(instance) in self._reclaimed,
         }
         return replace(instance, details=details)
+
+
+def _machine(instance: Instance) -> str:
+    """The machine of a worker: its first peer's request id (its own, alone on its machine)."""
+    return str(instance.details.get(MACHINE_DETAIL, instance.request_id))

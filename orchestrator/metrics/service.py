@@ -153,6 +153,9 @@ class CountedLauncher:
     def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
         self.inner.validate_options(options, workers=workers)
 
+    def peers_per_machine(self, options: Mapping[str, Any]) -> int:
+        return self.inner.peers_per_machine(options)
+
     def launch(self, request: LaunchRequest) -> str:
         try:
             handle = self.inner.launch(request)

@@ -35,7 +35,16 @@ from orchestrator.db.session import Database
 from orchestrator.domain import events, runs, workers
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import IllegalTransition, ServiceError
-from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.launchers.base import (
+    MACHINE_DETAIL,
+    PEER_INDEX_DETAIL,
+    Instance,
+    Launcher,
+    LauncherConfigError,
+    LaunchFailure,
+    LaunchRequest,
+    PeerRequest,
+)
 from orchestrator.reconciler.policy import (
     FailureView,
     InstanceView,
@@ -166,7 +175,7 @@ class Reconciler:
         self._expire_manual_workers(session, run, now)
         rows = list(runs.live_workers(session, run.id, manual=False))
         plan = plan_run(
-            self._run_view(session, run),
+            self._run_view(session, run, launcher),
             [_worker_view(w, self.started_at) for w in rows],
             {
                 rid: InstanceView(rid, inst.alive)
@@ -210,8 +219,12 @@ class Reconciler:
             reason = f"silent for {end_s:.0f} s: ended (its worker token no longer works; join again)"
             self._set_worker(session, worker, WorkerState.exited, reason, now)
 
-    def _run_view(self, session: Session, run: Run) -> RunView:
+    def _run_view(self, session: Session, run: Run, launcher: Launcher) -> RunView:
         refusals, last_refusal = self._capacity_refusals.get(run.name, (0, None))
+        try:
+            peers_per_machine = launcher.peers_per_machine(run.launcher_options)
+        except LauncherConfigError:
+            peers_per_machine = 1  # its launches are refused, one peer at a time, with the reason
         return RunView(
             name=run.name,
             state=run.state,
@@ -228,6 +241,7 @@ class Reconciler:
             stop_cause=run.stop_cause,
             capacity_refusals=refusals,
             last_capacity_refusal_at=_ts(last_refusal),
+            peers_per_machine=peers_per_machine,
         )
 
     def _record_plan(
@@ -275,30 +289,42 @@ class Reconciler:
     def _intents(
         self, session: Session, run: Run, plan: Plan, by_id: dict[str, Worker], now: datetime
     ) -> list[tuple[str, LaunchRequest]]:
-        """Write the ``launching`` rows of new workers (and re-arm rows an earlier process never launched)."""
+        """Write the ``launching`` rows of new workers, a machine's peers together (and re-arm rows an
+        earlier process never launched, each machine as it was written)."""
         requests: list[tuple[str, LaunchRequest]] = []
-        for _ in range(plan.launch):
-            intent = workers.create_launch_intent(session, run, now)
-            requests.append((run.launcher, self._request(run, intent.worker, intent.token)))
+        for size in plan.machines:
+            intents = [workers.create_launch_intent(session, run, now) for _ in range(size)]
+            if size > 1:
+                machine = intents[0].worker.request_id
+                for index, intent in enumerate(intents):
+                    details = {MACHINE_DETAIL: machine, PEER_INDEX_DETAIL: index}
+                    workers.set_launch_details(intent.worker, None, details)
+            requests.append((run.launcher, self._request(run, [(i.worker, i.token) for i in intents])))
         by_request = {w.request_id: w for w in by_id.values()}
-        for request_id in plan.relaunch:
-            worker = by_request[request_id]
-            if worker.created_at >= self.started_at:
+        for machine_peers in _machines_of([by_request[rid] for rid in plan.relaunch]):
+            if machine_peers[0].created_at >= self.started_at:
                 continue  # launched by this process moments ago; the launcher has not listed it yet
-            token = workers.reissue_launch_token(worker)
-            events.record_event(
-                session, run.id, "worker.relaunch", "launch intent found without instance", now, worker.id
-            )
-            requests.append((run.launcher, self._request(run, worker, token)))
+            rearmed = []
+            for worker in machine_peers:
+                events.record_event(
+                    session, run.id, "worker.relaunch", "launch intent found without instance", now, worker.id
+                )
+                rearmed.append((worker, workers.reissue_launch_token(worker)))
+            requests.append((run.launcher, self._request(run, rearmed)))
         return requests
 
-    def _request(self, run: Run, worker: Worker, token: str) -> LaunchRequest:
-        env = {
+    def _request(self, run: Run, peers: list[tuple[Worker, str]]) -> LaunchRequest:
+        """The launch of one machine: its first peer's request, the others as its siblings."""
+        first, *siblings = (PeerRequest(w.request_id, self._peer_env(w, token)) for w, token in peers)
+        options = dict(run.launcher_options)
+        return LaunchRequest(first.request_id, run.name, first.env, options, tuple(siblings))
+
+    def _peer_env(self, worker: Worker, token: str) -> dict[str, str]:
+        return {
             "SPOTSWARM_URL": self.api_url,
             "SPOTSWARM_JOIN_TOKEN": token,
             "SPOTSWARM_REQUEST_ID": worker.request_id,
         }
-        return LaunchRequest(worker.request_id, run.name, env, dict(run.launcher_options))
 
     def _fail_run(self, session: Session, run: Run, reason: str, now: datetime) -> None:
         try:
@@ -356,23 +382,23 @@ class Reconciler:
                 continue  # nothing started (e.g. no capacity): the launcher reports why through poll_errors
             self._record_launch(request, handle, None)
             self._capacity_refusals.pop(request.run_name, None)  # the market had a machine again
-            done += 1
+            done += len(request.peers)
         return done
 
     def _record_launch(self, request: LaunchRequest, handle: str | None, error: str | None) -> None:
+        """Record the machine's handle on each of its peers' rows, or fail each with ``error``."""
         now = self.clock()
+        request_ids = [peer.request_id for peer in request.peers]
         with self.db.begin() as session:
-            worker = session.scalar(select(Worker).where(Worker.request_id == request.request_id))
-            if worker is None:
-                return
-            if error is None:
-                workers.set_launch_details(worker, handle, {})
-                events.record_event(
-                    session, worker.run_id, "worker.launched", f"handle {handle}", now, worker.id
-                )
-                return
-            workers.record_start_failure(session, worker.run, error, now)
-            self._set_worker(session, worker, WorkerState.failed, error, now)
+            for worker in session.scalars(select(Worker).where(Worker.request_id.in_(request_ids))):
+                if error is None:
+                    workers.set_launch_details(worker, handle, {})
+                    events.record_event(
+                        session, worker.run_id, "worker.launched", f"handle {handle}", now, worker.id
+                    )
+                    continue
+                workers.record_start_failure(session, worker.run, error, now)
+                self._set_worker(session, worker, WorkerState.failed, error, now)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -395,6 +421,19 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
         retire_requested_at=_ts(worker.retire_requested_at),
         leaving=worker.phase == LEAVING_PHASE,
     )
+
+
+def _machines_of(rows: list[Worker]) -> list[list[Worker]]:
+    """``rows`` grouped by the machine they were written for (a row of no machine: one of its own), each
+    group in device order."""
+    machines: dict[str, list[Worker]] = {}
+    for worker in rows:
+        machine = str(worker.launch_details.get(MACHINE_DETAIL, worker.request_id))
+        machines.setdefault(machine, []).append(worker)
+    return [
+        sorted(peers, key=lambda w: int(w.launch_details.get(PEER_INDEX_DETAIL, 0)))
+        for peers in machines.values()
+    ]
 
 
 def _failure_view(failure: LaunchFailure) -> FailureView:

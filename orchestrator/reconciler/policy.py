@@ -22,7 +22,7 @@ from worker.wire import RunState, StopCondition, WorkerState
 # The reason (for people) a run goes to ``stopping`` when its target is met; its stop cause is
 # ``target_reached``, so it ends ``completed``.
 STOP_CONDITION_REACHED = "stop condition reached"
-MAX_LAUNCHES_PER_TICK = 16  # per run: a large scale-up reaches its count over a few ticks
+MAX_LAUNCHES_PER_TICK = 16  # peers per run: a large scale-up reaches its count over a few ticks
 
 
 class ReconcileSettings(BaseModel):
@@ -140,6 +140,7 @@ class RunView:
     last_capacity_refusal_at: float | None = None
     stop_requested_at: float | None = None
     stop_cause: StopCause | None = None
+    peers_per_machine: int = 1  # peers one machine of its launcher runs (one per device)
 
 
 @dataclass
@@ -151,7 +152,8 @@ class Plan:
     refused: dict[str, str] = field(default_factory=dict)  # never started: the market had no capacity
     exited: dict[str, str] = field(default_factory=dict)
     start_failures: int = 0  # how many of ``failed`` never reached the orchestrator
-    launch: int = 0
+    launch: int = 0  # peers to start, on ``machines``
+    machines: list[int] = field(default_factory=list)  # peers of each machine to start
     relaunch: list[str] = field(default_factory=list)  # request ids written but never launched
     retire: list[str] = field(default_factory=list)  # worker ids asked to leave gracefully
     terminate: list[str] = field(default_factory=list)  # request ids to stop through the launcher
@@ -298,7 +300,18 @@ def _keep_at_desired(
         if now < wait_until:
             plan.backoff_until = wait_until
         else:
-            plan.launch = min(missing, MAX_LAUNCHES_PER_TICK)
+            plan.machines = machine_sizes(missing, run.peers_per_machine)
+            plan.launch = sum(plan.machines)
+
+
+def machine_sizes(missing: int, peers_per_machine: int) -> list[int]:
+    """The machines that start ``missing`` peers this tick: full ones of ``peers_per_machine``, the last
+    holding what is left over (never a peer more than missing). At most :data:`MAX_LAUNCHES_PER_TICK`
+    peers a tick, but always one whole machine: a large scale-up reaches its count over a few ticks."""
+    per_machine = max(1, peers_per_machine)
+    budget = min(missing, max(MAX_LAUNCHES_PER_TICK, per_machine))
+    full, rest = divmod(budget, per_machine)
+    return [per_machine] * full + ([rest] if rest else [])
 
 
 def _backoff_until(run: RunView, streak: int, now: float, settings: ReconcileSettings, plan: Plan) -> float:

@@ -114,9 +114,12 @@ run "api_open_only_to_allowed_cidrs_and_dht_only_between_peers" {
     condition = (
       aws_vpc_security_group_ingress_rule.worker_dht_from_workers.security_group_id == aws_security_group.workers.id &&
       aws_vpc_security_group_ingress_rule.worker_dht_from_workers.referenced_security_group_id == aws_security_group.workers.id &&
-      aws_vpc_security_group_ingress_rule.worker_dht_from_workers.from_port == 31331
+      aws_vpc_security_group_ingress_rule.worker_dht_from_workers.from_port == 31331 &&
+      aws_vpc_security_group_ingress_rule.worker_dht_from_workers.to_port == 31338 &&
+      aws_vpc_security_group_ingress_rule.worker_dht_from_orchestrator.from_port == 31331 &&
+      aws_vpc_security_group_ingress_rule.worker_dht_from_orchestrator.to_port == 31338
     )
-    error_message = "workers reach each other's DHT port"
+    error_message = "workers reach each other's DHT ports, one per peer of an instance of up to 8 GPUs"
   }
   assert {
     condition = (

@@ -1,4 +1,5 @@
-"""Ec2Launcher against a real moto server process.
+"""Ec2Launcher against a real moto server process, instances of one peer and of one per GPU (whose
+user data's start script runs here with a docker that records its calls).
 
 moto has unlimited capacity and never answers a CreateFleet with pool errors, so :class:`SpotCapacity`
 plays the part of EC2's capacity: botocore event hooks on the test's boto3 client (the cloud side of
@@ -11,16 +12,25 @@ from __future__ import annotations
 
 import base64
 import copy
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from botocore.awsrequest import AWSResponse
 
-from orchestrator.launchers.base import Launcher, LauncherConfigError, LaunchRequest
-from orchestrator.launchers.ec2.launcher import Ec2Launcher
+from orchestrator.launchers.base import Launcher, LauncherConfigError, LaunchRequest, PeerRequest
+from orchestrator.launchers.ec2.gpus import GPUS_BY_INSTANCE_TYPE
+from orchestrator.launchers.ec2.launcher import DEFAULT_WORKER_ENV, Ec2Launcher
 from orchestrator.launchers.ec2.settings import Ec2Settings
+from orchestrator.launchers.ec2.userdata import (
+    DEFAULT_WORKER_TEMPLATE,
+    MAX_USER_DATA_BYTES,
+    machine_env,
+    render_worker_user_data,
+)
 from tests.support.aws import FakeAws
 
 ORCH = "orch-test"
@@ -316,3 +326,157 @@ def test_launcher_builds_its_own_client_from_endpoint_and_region(
         assert [i.handle for i in launcher.describe()] == [handle]
     finally:
         launcher.close()
+
+
+FAKE_DOCKER = """#!/bin/sh
+# docker as the worker start script calls it: records each call; "run" records the env file it was given
+echo "$@" >> "$DOCKER_CALLS"
+if [ "$1" = run ]; then
+  while [ "$#" -gt 0 ]; do
+    if [ "$1" = --env-file ]; then cat "$2" > "$2.seen"; fi
+    shift
+  done
+fi
+"""
+
+
+def _multi_peer_request(peers: int, run: str = "run-a", **options: Any) -> LaunchRequest:
+    request_ids = [f"req-{run}-{gpu}" for gpu in range(peers)]
+    envs = [
+        {"SPOTSWARM_URL": "http://10.0.0.5:8000", "SPOTSWARM_JOIN_TOKEN": f"sjl_{'x' * 43}{gpu}",
+         "SPOTSWARM_REQUEST_ID": request_id}
+        for gpu, request_id in enumerate(request_ids)
+    ]  # fmt: skip
+    siblings = tuple(PeerRequest(rid, env) for rid, env in zip(request_ids[1:], envs[1:], strict=True))
+    return LaunchRequest(request_ids[0], run, envs[0], options, siblings)
+
+
+def _start_script_runs(cloud: Cloud, instance_id: str, tmp_path: Path) -> list[tuple[str, dict[str, str]]]:
+    """Run the instance's start script (its user data's, as systemd would) with a docker that records
+    its calls: each container's ``--gpus`` and environment."""
+    attr = cloud.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    files = {f["path"]: f for f in yaml.safe_load(base64.b64decode(attr["UserData"]["Value"]))["write_files"]}
+    env_dir, bin_dir = tmp_path / "etc", tmp_path / "bin"
+    env_dir.mkdir(parents=True)
+    bin_dir.mkdir(parents=True)
+    (env_dir / "worker.env").write_bytes(base64.b64decode(files["/etc/spotswarm/worker.env"]["content"]))
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    script = tmp_path / "start"
+    script.write_text(files["/usr/local/bin/spotswarm-worker-start"]["content"])
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SPOTSWARM_ENV_DIR": str(env_dir), "DOCKER_CALLS": str(calls)}
+    subprocess.run(["sh", str(script), "registry.example/w:1", "all"], env=env, check=True, timeout=30)
+    runs = []
+    for line in calls.read_text().splitlines():
+        if line.startswith("run "):
+            args = line.split()
+            gpus = next((a.removeprefix("--gpus=") for a in args if a.startswith("--gpus")), "")
+            seen = Path(args[args.index("--env-file") + 1] + ".seen").read_text()
+            runs.append((gpus, dict(entry.split("=", 1) for entry in seen.splitlines())))
+    return sorted(runs, key=lambda run: run[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_four_gpu_instance_runs_four_peers_each_with_its_request_id_token_port_and_gpu(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    launcher = cloud.launcher()
+    four_gpus = {"instance_types": ["g5.12xlarge"]}
+    assert launcher.peers_per_machine(four_gpus) == 4, "one peer per GPU of the instance type"
+
+    handle = launcher.launch(_multi_peer_request(4, **four_gpus))
+
+    assert launcher.launch(_multi_peer_request(4, **four_gpus)) == handle, "idempotent by its first peer"
+    [raw] = cloud.instances_of("req-run-a-0")
+    assert raw["InstanceType"] == "g5.12xlarge"
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert [tags[f"spotswarm:peer-{gpu}"] for gpu in (1, 2, 3)] == [f"req-run-a-{gpu}" for gpu in (1, 2, 3)]
+    containers = _start_script_runs(cloud, handle, tmp_path)
+    assert [gpus for gpus, _ in containers] == [f"device={gpu}" for gpu in range(4)]
+    for gpu, (_, env) in enumerate(containers):
+        assert env == {
+            "SPOTSWARM_URL": "http://10.0.0.5:8000",
+            "SPOTSWARM_JOIN_TOKEN": f"sjl_{'x' * 43}{gpu}",
+            "SPOTSWARM_REQUEST_ID": f"req-run-a-{gpu}",
+            "SPOTSWARM_METADATA_URL": "http://169.254.169.254",  # each peer polls the instance's notice
+            "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{31331 + gpu}",
+        }
+
+    # One peer alone on such an instance: one container on every GPU, exactly as before.
+    lone = launcher.launch(_request("req-lone", **four_gpus, peers_per_machine=1))
+    assert _start_script_runs(cloud, lone, tmp_path / "lone") == [("all", _worker_env(cloud, lone))]
+
+    described = {i.request_id: i for i in launcher.describe()}
+    assert set(described) == {"req-lone", *(f"req-run-a-{gpu}" for gpu in range(4))}
+    peers = [described[f"req-run-a-{gpu}"] for gpu in range(4)]
+    assert {i.handle for i in peers} == {handle} and all(i.alive for i in peers)
+    assert [(i.details["machine"], i.details["peer_index"]) for i in peers] == [
+        ("req-run-a-0", g) for g in range(4)
+    ]
+    whole = described["req-lone"].details["price_usd_per_hour"]
+    assert [i.details["price_usd_per_hour"] for i in peers] == [pytest.approx(whole / 4)] * 4, (
+        "a quarter each"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_eight_peers_fit_in_the_user_data_limit() -> None:
+    request = _multi_peer_request(8, run="a-run-name-of-sixty-four-characters-" + "x" * 27)
+    peers = [
+        {**DEFAULT_WORKER_ENV, **peer.env, "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{31331 + gpu}"}
+        for gpu, peer in enumerate(request.peers)
+    ]
+    rendered = render_worker_user_data(
+        DEFAULT_WORKER_TEMPLATE, worker_image="123456789012.dkr.ecr.eu-west-1.amazonaws.com/w:1.0",
+        env=machine_env(peers), gpus=True,
+    )  # fmt: skip
+    assert len(rendered.encode()) < MAX_USER_DATA_BYTES / 2, len(rendered.encode())
+
+
+@pytest.mark.timeout(60)
+def test_an_instance_of_several_peers_ends_once_none_of_them_is_left(cloud: Cloud) -> None:
+    launcher = cloud.launcher()
+    handle = launcher.launch(_multi_peer_request(3, instance_types=["g5.12xlarge"], peers_per_machine=3))
+
+    launcher.terminate("req-run-a-1")  # retired while its siblings train
+    launcher.terminate("req-run-a-0")
+    assert cloud.raw(handle)["State"]["Name"] == "running", "a peer still trains on it"
+    assert all(i.alive for i in launcher.describe())
+
+    cloud.launcher().terminate("req-run-a-2")  # a restarted orchestrator: it knows of no ended peer
+    assert cloud.raw(handle)["State"]["Name"] == "running"
+    launcher.terminate("req-run-a-2")
+    assert cloud.raw(handle)["State"]["Name"] == "terminated"
+    assert not any(i.alive for i in launcher.describe())
+
+
+@pytest.mark.timeout(60)
+def test_peers_per_machine_defaults_to_the_fewest_gpus_and_refuses_more_than_a_type_has(cloud: Cloud) -> None:
+    launcher = cloud.launcher()
+    assert launcher.peers_per_machine({}) == 1, "g5.xlarge and g4dn.xlarge: one GPU, one peer, as before"
+    assert launcher.peers_per_machine({"instance_types": ["g5.12xlarge", "g6.12xlarge"]}) == 4
+    assert launcher.peers_per_machine({"instance_types": ["p4d.24xlarge"]}) == 8
+    assert launcher.peers_per_machine({"instance_types": ["g5.12xlarge", "g5.xlarge"]}) == 1
+    assert launcher.peers_per_machine({"instance_types": ["g5.12xlarge"], "peers_per_machine": 2}) == 2
+    assert (
+        launcher.peers_per_machine({"instance_types": ["c7i.4xlarge"], "gpus": False, "peers_per_machine": 4})
+        == 4
+    )
+    with pytest.raises(LauncherConfigError, match=r"g5.xlarge \(1 GPU\) has fewer"):
+        launcher.validate_options({"instance_types": ["g5.12xlarge", "g5.xlarge"], "peers_per_machine": 4})
+    for bad in (0, 9, "2", True):
+        with pytest.raises(LauncherConfigError, match="peers_per_machine must be a whole number from 1 to 8"):
+            launcher.validate_options({"peers_per_machine": bad})
+
+
+@pytest.mark.timeout(60)
+def test_the_gpu_table_agrees_with_describe_instance_types(cloud: Cloud) -> None:
+    types = sorted(GPUS_BY_INSTANCE_TYPE)
+    pages = cloud.ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=types)
+    counts = {
+        t["InstanceType"]: sum(g["Count"] for g in t["GpuInfo"]["Gpus"])
+        for page in pages
+        for t in page["InstanceTypes"]
+    }
+    assert counts == GPUS_BY_INSTANCE_TYPE

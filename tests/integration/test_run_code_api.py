@@ -248,7 +248,8 @@ def test_launcher_options_are_checked_when_the_run_is_created(orch: Orchestrator
         ))  # fmt: skip
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"] == (
-        "launcher_options: the local launcher takes no options but cpus_per_worker, got ['workdir'] "
+        "launcher_options: the local launcher takes no options but cpus_per_worker and peers_per_machine, "
+        "got ['workdir'] "
         "(a run's code travels with runs create --workdir DIR)"
     )
 

@@ -214,3 +214,40 @@ def test_a_worker_with_a_spot_notice_is_replaced_while_it_trains_and_never_retir
     replacement = worker("b", WorkerState.launching, registered=False, created_at=NOW - 1)
     plan = plan_run(run(desired_workers=1), [noticed, replacement], alive("a", "b"), [], NOW, POLICY)
     assert plan.is_empty(), "the replacement counts; the noticed worker is neither retired nor replaced twice"
+
+
+def test_missing_peers_launch_on_whole_machines_and_the_last_holds_only_what_is_missing() -> None:
+    plan = plan_run(run(desired_workers=7, peers_per_machine=2), [worker("a")], alive("a"), [], NOW, POLICY)
+    assert plan.machines == [2, 2, 2] and plan.launch == 6
+
+    one_short = plan_run(
+        run(desired_workers=2, peers_per_machine=4), [worker("a")], alive("a"), [], NOW, POLICY
+    )
+    assert one_short.machines == [1], "k = min(peers per machine, peers still missing)"
+
+
+def test_peers_of_a_machine_still_starting_count_so_nothing_more_is_launched() -> None:
+    starting = [
+        worker(w, WorkerState.launching, registered=False, last_heartbeat_at=None, created_at=NOW - 5)
+        for w in ("a", "b")
+    ]
+    plan = plan_run(run(desired_workers=2, peers_per_machine=2), starting, alive("a", "b"), [], NOW, POLICY)
+    assert plan.launch == 0 and plan.machines == [] and plan.is_empty()
+
+
+def test_a_tick_launches_at_most_its_cap_of_peers_but_always_one_whole_machine() -> None:
+    many = plan_run(run(desired_workers=40, peers_per_machine=8), [], {}, [], NOW, POLICY)
+    assert many.machines == [8, 8] and many.launch == 16
+    huge = plan_run(run(desired_workers=40, peers_per_machine=32), [], {}, [], NOW, POLICY)
+    assert huge.machines == [32]
+
+
+def test_a_reclaimed_machine_is_replaced_by_one_machine_while_its_peers_still_train() -> None:
+    leaving = [worker(w, leaving=True) for w in ("a", "b")]
+    plan = plan_run(run(desired_workers=2, peers_per_machine=2), leaving, alive("a", "b"), [], NOW, POLICY)
+    assert plan.machines == [2] and not plan.retire and not plan.terminate
+
+
+def test_one_machine_per_peer_by_default() -> None:
+    plan = plan_run(run(desired_workers=3), [], {}, [], NOW, POLICY)
+    assert plan.machines == [1, 1, 1] and plan.launch == 3

@@ -1,9 +1,10 @@
 """Pure pieces of the EC2 launcher: run options, the ``CreateFleet`` request, and AWS error kinds.
 
-One worker is one EC2 Fleet of type ``instant`` with a target of one instance. Its overrides are every
-(instance type, subnet) pair the run allows, so EC2 itself falls back from a pool without capacity to
-the next one within a single call; ``capacity-optimized-prioritized`` picks the pool least likely to
-be interrupted and breaks ties by the order of ``instance_types``.
+One instance (one worker, or one per GPU: :mod:`.gpus`) is one EC2 Fleet of type ``instant`` with a
+target of one instance. Its overrides are every (instance type, subnet) pair the run allows, so EC2
+itself falls back from a pool without capacity to the next one within a single call;
+``capacity-optimized-prioritized`` picks the pool least likely to be interrupted and breaks ties by the
+order of ``instance_types``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from orchestrator.launchers.base import LauncherConfigError
+from orchestrator.launchers.base import PEERS_OPTION, LauncherConfigError, peers_option
+from orchestrator.launchers.ec2.gpus import MAX_PEERS_PER_INSTANCE, default_peers, too_few_gpus
 
 TAG_ORCHESTRATOR = "spotswarm:orchestrator"
 TAG_RUN = "spotswarm:run"
 TAG_REQUEST = "spotswarm:request-id"
 TAG_MARKET = "spotswarm:market"
+#: ``spotswarm:peer-1`` ... : the request ids of an instance's other peers (GPUs 1, 2, ...); the first
+#: peer's is ``spotswarm:request-id``, which also names the instance's launch
+TAG_PEER_PREFIX = "spotswarm:peer-"
 
 MAX_INSTANCE_TYPES = 20
 MAX_SUBNETS = 16
@@ -47,6 +52,7 @@ class LaunchPlan:
     on_demand_fallback_after: int | None  # consecutive spot failures before trying on-demand; None = never
     gpus: bool
     worker_image: str
+    peers_per_machine: int = 1  # one peer per GPU: the option, else the fewest GPUs of the instance types
 
 
 OPTION_NAMES = frozenset(LaunchPlan.__dataclass_fields__)
@@ -71,6 +77,7 @@ def resolve_plan(options: Mapping[str, Any], defaults: LaunchPlan) -> LaunchPlan
     for subnet in subnets:
         if not _SUBNET.match(subnet):
             raise LauncherConfigError(f"subnet id {subnet!r} is not like 'subnet-0123abcd'")
+    peers = _peers(options, types)
     template = str(options.get("launch_template", defaults.launch_template))
     if not (_TEMPLATE_ID.match(template) or _TEMPLATE_NAME.match(template)):
         raise LauncherConfigError(f"launch_template {template!r} is neither an lt- id nor a template name")
@@ -84,7 +91,22 @@ def resolve_plan(options: Mapping[str, Any], defaults: LaunchPlan) -> LaunchPlan
         ),
         gpus=_flag(options.get("gpus", defaults.gpus), "gpus"),
         worker_image=str(options.get("worker_image", defaults.worker_image)),
+        peers_per_machine=peers,
     )
+
+
+def _peers(options: Mapping[str, Any], types: Sequence[str]) -> int:
+    """The run's peers per instance: its option, checked against its types' GPUs, or their default."""
+    peers = peers_option(options, most=MAX_PEERS_PER_INSTANCE)
+    if peers is None:
+        return default_peers(types)
+    short = too_few_gpus(types, peers) if options.get("gpus", True) else []
+    if short:
+        raise LauncherConfigError(
+            f"{PEERS_OPTION}={peers} gives each peer a GPU of its own, and {', '.join(short)} has fewer: "
+            f"list only instance types with at least {peers} GPUs, or lower {PEERS_OPTION}"
+        )
+    return peers
 
 
 def _names(value: Any, option: str) -> tuple[str, ...]:
@@ -132,16 +154,26 @@ def client_token(orchestrator_id: str, request_id: str, attempt: int) -> str:
 
 
 def instance_tags(
-    orchestrator_id: str, run_name: str, request_id: str, market: Market
+    orchestrator_id: str, run_name: str, request_id: str, market: Market, siblings: Sequence[str] = ()
 ) -> list[dict[str, str]]:
-    """The tags every worker instance carries; the IAM policy of the orchestrator requires the first."""
+    """The tags every worker instance carries; the IAM policy of the orchestrator requires the first.
+    ``siblings``: the request ids of the instance's other peers, one ``spotswarm:peer-<gpu>`` tag each."""
     return [
         {"Key": TAG_ORCHESTRATOR, "Value": orchestrator_id},
         {"Key": TAG_RUN, "Value": run_name},
         {"Key": TAG_REQUEST, "Value": request_id},
         {"Key": TAG_MARKET, "Value": market.value},
         {"Key": "Name", "Value": f"spotswarm-{run_name}-{request_id[:8]}"},
+        *({"Key": f"{TAG_PEER_PREFIX}{gpu}", "Value": rid} for gpu, rid in enumerate(siblings, 1)),
     ]
+
+
+def peer_request_ids(tags: Mapping[str, str]) -> list[str]:
+    """An instance's peers by GPU, from its tags: the request id, then ``spotswarm:peer-1``, ..."""
+    peers = [tags[TAG_REQUEST]]
+    while f"{TAG_PEER_PREFIX}{len(peers)}" in tags:
+        peers.append(tags[f"{TAG_PEER_PREFIX}{len(peers)}"])
+    return peers
 
 
 def build_fleet_request(

@@ -1,4 +1,4 @@
-"""``ec2``: workers on EC2 spot instances, one instant EC2 Fleet per worker.
+"""``ec2``: workers on EC2 spot instances, one instant EC2 Fleet per instance.
 
 How a launch goes (see :mod:`orchestrator.launchers.ec2.fleet` for the request itself):
 
@@ -10,6 +10,13 @@ How a launch goes (see :mod:`orchestrator.launchers.ec2.fleet` for the request i
 3. No capacity anywhere: the failure is queued for :meth:`Ec2Launcher.poll_errors` (retryable, and a
    capacity failure when every pool said so: the run waits for capacity, it does not fail), and after
    ``on_demand_fallback_after`` consecutive spot failures of the run the same call tries on-demand.
+
+An instance with several GPUs runs one peer per GPU (``peers_per_machine``: :mod:`.gpus`): the
+request's siblings travel in the same user data, each with its own request id, join token and DHT port
+(``31331 + gpu``), and are tagged ``spotswarm:peer-<gpu>``. :meth:`Ec2Launcher.describe` lists each peer
+under its own request id, and :meth:`Ec2Launcher.terminate` of one peer terminates the instance once
+every peer of it was terminated (a container cannot be stopped from here; a retired peer's agent leaves
+and its container exits by itself, its GPU idle until the instance ends).
 
 Every instance carries ``spotswarm:orchestrator``, ``spotswarm:run``, ``spotswarm:request-id`` and
 ``Name``; :meth:`Ec2Launcher.describe` finds them by the first two tags, so a restarted orchestrator
@@ -32,7 +39,14 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from orchestrator.launchers.base import Instance, LauncherConfigError, LaunchFailure, LaunchRequest
+from orchestrator.launchers.base import (
+    MACHINE_DETAIL,
+    PEER_INDEX_DETAIL,
+    Instance,
+    LauncherConfigError,
+    LaunchFailure,
+    LaunchRequest,
+)
 from orchestrator.launchers.ec2.fleet import (
     TAG_ORCHESTRATOR,
     TAG_REQUEST,
@@ -45,12 +59,13 @@ from orchestrator.launchers.ec2.fleet import (
     client_token,
     instance_tags,
     launched_instance_ids,
+    peer_request_ids,
     pool_errors,
     resolve_plan,
 )
 from orchestrator.launchers.ec2.pricing import SpotPriceCache
 from orchestrator.launchers.ec2.settings import Ec2Settings
-from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, render_worker_user_data
+from orchestrator.launchers.ec2.userdata import DEFAULT_WORKER_TEMPLATE, machine_env, render_worker_user_data
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +75,9 @@ SPOT_INTERRUPTION_REASON = "Server.SpotInstanceTermination"
 _ORCHESTRATOR_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # DescribeInstances may lag a launch by some seconds: trust our own record of it that long.
 LAUNCH_VISIBILITY_LAG_S = 120.0
-WORKER_DHT_PORT = 31331  # the Terraform module's worker security group opens this port between peers
+# The Terraform module's worker security group opens this port between peers, and the next ones: the
+# peer on GPU i of an instance listens on WORKER_DHT_PORT + i.
+WORKER_DHT_PORT = 31331
 SPOT_PRICE_TTL_S = 300.0  # spot prices are read again after this long
 # Added to every worker's environment, under the request's own variables.
 DEFAULT_WORKER_ENV: Mapping[str, str] = {
@@ -124,11 +141,16 @@ class Ec2Launcher:
         self._attempts: dict[str, int] = {}
         self._spot_failures: dict[str, int] = {}  # consecutive, by run name
         self._launched: dict[str, tuple[str, float]] = {}  # request id -> (instance id, when), this process
+        self._ended_peers: dict[str, set[str]] = {}  # instance id -> its peers terminate() was called for
 
     def validate_options(self, options: Mapping[str, Any], *, workers: int = 1) -> None:
-        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan (each worker
-        is an instance of its own: their number does not matter here)."""
+        """Raise :class:`LauncherConfigError` unless ``options`` merge into a valid launch plan (the number
+        of workers does not matter here: more take more instances)."""
         resolve_plan(options, self._default_plan)
+
+    def peers_per_machine(self, options: Mapping[str, Any]) -> int:
+        """``peers_per_machine`` of the run, else one per GPU of its smallest instance type (:mod:`.gpus`)."""
+        return resolve_plan(options, self._default_plan).peers_per_machine
 
     def launch(self, request: LaunchRequest) -> str:
         """Start one instance for ``request`` and return its id; ``""`` when EC2 had no capacity.
@@ -139,7 +161,15 @@ class Ec2Launcher:
         given; capacity failures go to :meth:`poll_errors`.
         """
         plan = resolve_plan(request.options, self._default_plan)
-        env = {**DEFAULT_WORKER_ENV, **request.env, "SPOTSWARM_REQUEST_ID": request.request_id}
+        if len(request.peers) > plan.peers_per_machine:
+            raise LauncherConfigError(
+                f"{len(request.peers)} peers on one instance; the run's take {plan.peers_per_machine}"
+            )
+        env = machine_env([
+            {**DEFAULT_WORKER_ENV, **peer.env, "SPOTSWARM_REQUEST_ID": peer.request_id,
+             "SPOTSWARM_HOST_MADDRS": f"/ip4/0.0.0.0/tcp/{WORKER_DHT_PORT + gpu}"}
+            for gpu, peer in enumerate(request.peers)
+        ])  # fmt: skip
         user_data = render_worker_user_data(
             self._user_data_template, worker_image=plan.worker_image, env=env, gpus=plan.gpus
         )
@@ -192,7 +222,10 @@ class Ec2Launcher:
     ) -> _Attempt:
         attempt = self._attempts.get(request.request_id, 0) + 1
         self._attempts[request.request_id] = attempt
-        tags = instance_tags(self.settings.orchestrator_id, request.run_name, request.request_id, market)
+        siblings = [peer.request_id for peer in request.siblings]
+        tags = instance_tags(
+            self.settings.orchestrator_id, request.run_name, request.request_id, market, siblings
+        )
         token = client_token(self.settings.orchestrator_id, request.request_id, attempt)
         kwargs = build_fleet_request(plan, market, tags, user_data, token)
         try:
@@ -228,10 +261,26 @@ class Ec2Launcher:
         return _Attempt(None, f"no {market.value} capacity ({summary})", capacity)
 
     def terminate(self, request_id: str) -> None:
-        """Terminate the instances of ``request_id``; a no-op when none live. AWS errors are logged."""
-        with self._lock:
-            self._launched.pop(request_id, None)
-        ids = [i.handle for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
+        """Terminate the instance of ``request_id`` once no peer of it is left: at once for an instance of
+        one peer, else when terminate was called for each of its peers. A no-op when none lives; AWS errors
+        are logged."""
+        ids = []
+        # The first peer's instance is found by its tag; another peer's by a look at every instance.
+        for instance in [*self._instances(request_id)] or [*self._instances()]:
+            if instance.request_id != request_id or instance.details.get("state") in GONE_STATES:
+                continue
+            peers = set(instance.details.get("peers", [request_id]))
+            with self._lock:
+                ended = self._ended_peers.setdefault(instance.handle, set())
+                ended.add(request_id)
+                if ended < peers:
+                    log.info("peer %s of %s ended; its %d other peer(s) keep the instance",
+                             request_id, instance.handle, len(peers - ended))  # fmt: skip
+                    continue
+                self._ended_peers.pop(instance.handle, None)
+                for peer in peers:
+                    self._launched.pop(peer, None)
+            ids.append(instance.handle)
         self._terminate_ids(ids, f"request {request_id}")
 
     def describe(self) -> list[Instance]:
@@ -256,7 +305,11 @@ class Ec2Launcher:
         return None
 
     def _existing_instance(self, request_id: str) -> str | None:
-        found = [i for i in self._instances(request_id) if i.details.get("state") not in GONE_STATES]
+        found = [
+            i
+            for i in self._instances(request_id)
+            if i.request_id == request_id and i.details.get("state") not in GONE_STATES
+        ]
         return found[0].handle if found else None
 
     def _terminate_ids(self, ids: list[str], what: str) -> None:
@@ -270,7 +323,8 @@ class Ec2Launcher:
         log.info("terminated %s: %s", what, ids)
 
     def _instances(self, request_id: str | None = None) -> Iterator[Instance]:
-        """This orchestrator's workers (of ``request_id``): its tag *and* a request id, never less."""
+        """This orchestrator's workers, one per peer (of the instance launched for ``request_id``): its
+        tag *and* a request id, never less."""
         filters = [
             {"Name": f"tag:{TAG_ORCHESTRATOR}", "Values": [self.settings.orchestrator_id]},
             {"Name": f"tag:{TAG_REQUEST}", "Values": [request_id]}
@@ -282,7 +336,20 @@ class Ec2Launcher:
             for reservation in page.get("Reservations", []):
                 for raw in reservation.get("Instances", []):
                     if any(t["Key"] == TAG_REQUEST and t["Value"] for t in raw.get("Tags", [])):
-                        yield self._to_instance(raw)
+                        yield from self._peers(self._to_instance(raw), raw)
+
+    def _peers(self, instance: Instance, raw: dict[str, Any]) -> Iterator[Instance]:
+        """The instance once per peer: alone, as it is; with siblings, each under its own request id with
+        its share of the price (so that a run's cost adds up to the instance's)."""
+        peers = peer_request_ids({t["Key"]: t["Value"] for t in raw.get("Tags", [])})
+        if len(peers) == 1:
+            yield instance
+            return
+        price = instance.details.get("price_usd_per_hour")
+        share = {"price_usd_per_hour": price / len(peers) if price is not None else None, "peers": peers}
+        for gpu, request_id in enumerate(peers):
+            details = {**instance.details, **share, MACHINE_DETAIL: peers[0], PEER_INDEX_DETAIL: gpu}
+            yield Instance(request_id, instance.handle, instance.run_name, instance.alive, details)
 
     def _to_instance(self, raw: dict[str, Any]) -> Instance:
         tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}

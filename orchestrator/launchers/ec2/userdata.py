@@ -4,6 +4,11 @@ The same template feeds Terraform's ``templatefile()`` (the launch template's in
 tools read ``${name}`` as a variable and ``$${name}`` as a literal ``${name}``; Python's
 :class:`string.Template` does the same, which is why it is the renderer here. The worker's environment
 travels base64-encoded, so no token or value can break the YAML around it.
+
+An instance of several peers (one per GPU) carries them all in that one file: the lines they share as
+they are, and each peer's own as ``PEER<gpu>_NAME=value``; the template's start script splits them into
+one environment file per peer and runs peer ``i`` as container ``spotswarm-worker-<i>`` on GPU ``i``.
+A file without ``PEER`` lines runs one container on every GPU, as before.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import base64
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.launchers.base import LauncherConfigError
@@ -20,6 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_WORKER_TEMPLATE = REPO_ROOT / "deploy" / "cloud-init" / "worker.yaml"
 TEMPLATE_VARIABLES = frozenset({"worker_image", "worker_env_b64", "docker_gpus"})
 MAX_USER_DATA_BYTES = 16 * 1024  # EC2's limit on raw user data
+PEER_PREFIX = "PEER"  # PEER<gpu>_NAME=value: one peer's own variable on an instance of several
 
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _LITERAL = re.compile(r"\$\$\{")  # "$${" renders as a literal "${" in both tools
@@ -58,10 +64,29 @@ def check_template(text: str) -> None:
         raise LauncherConfigError("worker template must not use Terraform directives (%{...})")
 
 
+def machine_env(peer_envs: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """One environment for the peers of an instance: what all share, plus each peer's own values as
+    ``PEER<i>_NAME`` (nothing prefixed for a lone peer)."""
+    if len(peer_envs) == 1:
+        return dict(peer_envs[0])
+    names = {name for env in peer_envs for name in env}
+    shared = {
+        n: peer_envs[0][n] for n in names if all(env.get(n) == peer_envs[0].get(n) for env in peer_envs)
+    }
+    own = {
+        f"{PEER_PREFIX}{i}_{n}": v
+        for i, env in enumerate(peer_envs)
+        for n, v in env.items()
+        if n not in shared
+    }
+    return {**shared, **own}
+
+
 def render_worker_user_data(
     template_path: Path, *, worker_image: str, env: Mapping[str, str], gpus: bool
 ) -> str:
-    """The user data for one worker. Raises LauncherConfigError (bad template, env, or too large)."""
+    """The user data for one worker instance (``env``: one peer's, or :func:`machine_env`'s for several).
+    Raises LauncherConfigError (bad template, env, or too large)."""
     try:
         text = template_path.read_text()
     except OSError as exc:
