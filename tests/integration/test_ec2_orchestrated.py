@@ -1,6 +1,6 @@
 """The ``ec2`` launcher driven by a real ``spotswarm serve``: runs created through the API become spot
-instances, scale-downs and lost instances are acted on, orphans are cleaned up after a restart, and
-launches without capacity fall back or back off.
+instances (four workers on one of four GPUs), scale-downs and lost instances are acted on, orphans are
+cleaned up after a restart, and launches without capacity fall back or back off.
 
 Everything runs as in production except AWS: a moto server process stands in for EC2, behind a
 :class:`~tests.support.ec2_capacity.CapacityProxy` that plays EC2's spare capacity and records the
@@ -357,6 +357,39 @@ def test_scaling_down_terminates_instances_and_stopping_terminates_the_rest(ec2:
     stop_run(ec2, "spot-scale")
     assert {ec2.cloud.state(i) for i in before} <= {"shutting-down", "terminated"}
     assert {w["state"] for w in workers(ec2, "spot-scale")} == {"exited"}
+
+
+@pytest.mark.timeout(180)
+def test_a_four_gpu_instance_runs_four_workers_and_ends_when_none_of_them_is_left(
+    ec2: Ec2Orchestrator,
+) -> None:
+    options = {"instance_types": ["g5.12xlarge"]}
+    spec = run_spec("spot-4gpu", launcher="ec2", launcher_options=options, desired_workers=4, max_workers=8)
+    with ec2.orch.admin() as http:
+        assert http.post("/api/v1/runs", json=spec).status_code == 201
+    [machine] = launched(ec2, "spot-4gpu", 1)
+    peers = workers(ec2, "spot-4gpu")
+    assert len(peers) == 4 and {w["launcher_handle"] for w in peers} == {machine["InstanceId"]}
+    assert len({w["request_id"] for w in peers}) == 4, "each peer its own request id and worker row"
+
+    admin_post(ec2, "/runs/spot-4gpu/scale", {"desired_workers": 5})
+    second = next(r for r in launched(ec2, "spot-4gpu", 2) if r["InstanceId"] != machine["InstanceId"])
+    assert "spotswarm:peer-1" not in tags(second), "one worker missing: an instance of one peer"
+
+    admin_post(ec2, "/runs/spot-4gpu/scale", {"desired_workers": 4})  # the youngest goes: that one peer
+    assert [r["InstanceId"] for r in launched(ec2, "spot-4gpu", 1)] == [machine["InstanceId"]]
+
+    admin_post(ec2, "/runs/spot-4gpu/scale", {"desired_workers": 3})  # one peer of the 4-GPU instance
+    wait_until(
+        lambda: sum(w["state"] == "exited" for w in workers(ec2, "spot-4gpu")) == 2,
+        WAIT_S,
+        message="the retired peer ended",
+    )
+    assert [r["InstanceId"] for r in launched(ec2, "spot-4gpu", 1)] == [machine["InstanceId"]]
+    assert ec2.cloud.state(machine["InstanceId"]) == "running", "its other three peers keep it"
+
+    stop_run(ec2, "spot-4gpu")  # none of its peers is left: the instance goes
+    assert ec2.cloud.state(machine["InstanceId"]) in ("shutting-down", "terminated")
 
 
 @pytest.mark.timeout(180)
