@@ -420,7 +420,14 @@ def _worker_view(worker: Worker, loop_started_at: datetime) -> WorkerView:
         last_heartbeat_at=_ts(last),
         retire_requested_at=_ts(worker.retire_requested_at),
         leaving=worker.phase == LEAVING_PHASE,
+        machine=_machine_of(worker),
     )
+
+
+def _machine_of(worker: Worker) -> str | None:
+    """The machine a worker shares with other peers (None: one of its own)."""
+    machine = worker.launch_details.get(MACHINE_DETAIL)
+    return str(machine) if machine is not None else None
 
 
 def _machines_of(rows: list[Worker]) -> list[list[Worker]]:
@@ -428,8 +435,7 @@ def _machines_of(rows: list[Worker]) -> list[list[Worker]]:
     group in device order."""
     machines: dict[str, list[Worker]] = {}
     for worker in rows:
-        machine = str(worker.launch_details.get(MACHINE_DETAIL, worker.request_id))
-        machines.setdefault(machine, []).append(worker)
+        machines.setdefault(_machine_of(worker) or worker.request_id, []).append(worker)
     return [
         sorted(peers, key=lambda w: int(w.launch_details.get(PEER_INDEX_DETAIL, 0)))
         for peers in machines.values()

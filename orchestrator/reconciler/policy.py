@@ -105,6 +105,7 @@ class WorkerView:
     last_heartbeat_at: float | None = None
     retire_requested_at: float | None = None
     leaving: bool = False  # a spot notice: it trains on until it leaves, but no longer counts as desired
+    machine: str | None = None  # the machine it shares with other peers (its first peer's request id)
 
 
 @dataclass(frozen=True)
@@ -341,5 +342,15 @@ def _start_failures_reason(streak: int, run: RunView, plan: Plan) -> str:
 
 
 def _retire_order(workers: list[WorkerView]) -> list[WorkerView]:
-    """Retire workers still starting first, then the youngest: the oldest hold the most state."""
-    return sorted(workers, key=lambda w: (w.registered, -w.created_at))
+    """Retire workers still starting first, then those on the machines with the fewest active peers (so
+    that a scale-down empties machines rather than leaving devices idle on many), then the youngest: the
+    oldest hold the most state."""
+    peers: dict[str, int] = {}
+    for worker in workers:
+        if worker.machine is not None:
+            peers[worker.machine] = peers.get(worker.machine, 0) + 1
+
+    def on_machine(worker: WorkerView) -> int:
+        return peers[worker.machine] if worker.machine is not None else 1
+
+    return sorted(workers, key=lambda w: (w.registered, on_machine(w), -w.created_at))

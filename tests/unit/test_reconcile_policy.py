@@ -251,3 +251,10 @@ def test_a_reclaimed_machine_is_replaced_by_one_machine_while_its_peers_still_tr
 def test_one_machine_per_peer_by_default() -> None:
     plan = plan_run(run(desired_workers=3), [], {}, [], NOW, POLICY)
     assert plan.machines == [1, 1, 1] and plan.launch == 3
+
+
+def test_a_scale_down_empties_machines_before_it_thins_out_full_ones() -> None:
+    full = [worker(w, machine="m1", created_at=NOW - 20) for w in ("a", "b", "c", "d")]
+    thin = [worker(w, machine="m2", created_at=NOW - 30) for w in ("e", "f")]  # older, yet fewer peers
+    plan = plan_run(run(desired_workers=4), full + thin, alive(*"abcdef"), [], NOW, POLICY)
+    assert sorted(plan.retire) == ["e", "f"], "the machine of two goes whole; the four-GPU one stays full"
