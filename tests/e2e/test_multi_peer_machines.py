@@ -4,8 +4,9 @@ of the digits example (DiLoCo, the tests' fast rounds). One slot is one machine:
 each its own worker row, and both train; when the market takes the slot back, both peers get the
 instance's notice through their metadata service and leave as ``interrupted``.
 
-Not marked ``swarm``: what it asserts (each peer trains, each leaves at the notice) is each worker's own
-doing, whatever the other's pace, and its waits are generous.
+Marked ``swarm`` though what it asserts (each peer trains, each leaves at the notice) is each worker's
+own doing: its two workers train as fast as the cores allow, which beside another swarm test would push
+that one past its time bounds (the lanes' rule, CONTRIBUTING.md). It takes about 15 s.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
 
-COMPRESS = 12.0  # EC2's 120 s notice in 10 s
+COMPRESS = 4.0  # EC2's 120 s notice in 30 s: a worker leaves at once, with time to do it on a busy machine
 
 
+@pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_two_peers_share_one_machine_train_together_and_both_leave_at_its_reclaim(
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
@@ -57,7 +59,7 @@ def test_two_peers_share_one_machine_train_together_and_both_leave_at_its_reclai
         rows = [w for w in reader.workers() if w["id"] in {p["id"] for p in pair}]
         return rows if all(w["state"] != "running" for w in rows) else []
 
-    left = wait_until(both_left, 60, interval_s=1, message="both peers leave at the machine's reclaim")
+    left = wait_until(both_left, 90, interval_s=1, message="both peers leave at the machine's reclaim")
     assert [w["state"] for w in left] == ["interrupted", "interrupted"], [w["exit_reason"] for w in left]
     assert all(w["exit_reason"].startswith("interrupted: spot interruption notice") for w in left)
     assert orch.proc.log().count("spot market reclaims it: notice") == 1, "one reclaim, of the machine"
