@@ -248,9 +248,12 @@ class Reconciler:
         self, session: Session, run: Run, plan: Plan, by_id: dict[str, Worker], now: datetime
     ) -> None:
         """Write the passive transitions, retirements and the run's new state."""
+        failed_launches: set[str] = set()  # a machine's peers failing together are one failed launch
         for worker_id, reason in plan.failed.items():
             worker = by_id[worker_id]
-            if worker.registered_at is None:
+            launch = _machine_of(worker) or worker.request_id
+            if worker.registered_at is None and launch not in failed_launches:
+                failed_launches.add(launch)
                 workers.record_start_failure(session, run, f"worker {worker.id}: {reason}", now)
             self._set_worker(session, worker, WorkerState.failed, reason, now)
         for worker_id, reason in plan.refused.items():
@@ -259,7 +262,7 @@ class Reconciler:
             self._set_worker(session, worker, WorkerState.failed, reason, now)
         if plan.refused:
             refusals, _ = self._capacity_refusals.get(run.name, (0, now))
-            self._capacity_refusals[run.name] = (refusals + len(plan.refused), now)
+            self._capacity_refusals[run.name] = (refusals + plan.refused_launches, now)
         for worker_id, reason in plan.lost.items():
             self._set_worker(session, by_id[worker_id], WorkerState.lost, reason, now)
         for worker_id, reason in plan.exited.items():
@@ -390,15 +393,17 @@ class Reconciler:
         now = self.clock()
         request_ids = [peer.request_id for peer in request.peers]
         with self.db.begin() as session:
-            for worker in session.scalars(select(Worker).where(Worker.request_id.in_(request_ids))):
+            rows = list(session.scalars(select(Worker).where(Worker.request_id.in_(request_ids))))
+            if rows and error is not None:
+                workers.record_start_failure(session, rows[0].run, error, now)  # one failed launch
+            for worker in rows:
                 if error is None:
                     workers.set_launch_details(worker, handle, {})
                     events.record_event(
                         session, worker.run_id, "worker.launched", f"handle {handle}", now, worker.id
                     )
-                    continue
-                workers.record_start_failure(session, worker.run, error, now)
-                self._set_worker(session, worker, WorkerState.failed, error, now)
+                else:
+                    self._set_worker(session, worker, WorkerState.failed, error, now)
 
 
 def _ts(value: datetime | None) -> float | None:

@@ -152,7 +152,8 @@ class Plan:
     failed: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # never started: the market had no capacity
     exited: dict[str, str] = field(default_factory=dict)
-    start_failures: int = 0  # how many of ``failed`` never reached the orchestrator
+    start_failures: int = 0  # launches (machines) of ``failed`` whose workers never reached the orchestrator
+    refused_launches: int = 0  # launches (machines) of ``refused``
     launch: int = 0  # peers to start, on ``machines``
     machines: list[int] = field(default_factory=list)  # peers of each machine to start
     relaunch: list[str] = field(default_factory=list)  # request ids written but never launched
@@ -212,6 +213,8 @@ def _passive_transitions(
 ) -> list[WorkerView]:
     """Record what the world reports; return the workers that are still live afterwards."""
     survivors: list[WorkerView] = []
+    failed_launches: set[str] = set()  # a machine's peers failing together are one failed launch
+    refused_launches: set[str] = set()
     for worker in live:
         instance = instances.get(worker.request_id)
         failure = failures.get(worker.request_id)
@@ -220,15 +223,16 @@ def _passive_transitions(
             plan.lost[worker.id] = f"ended without leaving: {failure.reason.split('; log:')[0][:300]}"
         elif failure is not None and failure.capacity:
             plan.refused[worker.id] = failure.reason
+            refused_launches.add(worker.machine or worker.id)
         elif failure is not None:
             plan.failed[worker.id] = failure.reason
-            plan.start_failures += 1
+            failed_launches.add(worker.machine or worker.id)
         elif worker.state == WorkerState.launching and instance is not None and not instance.alive:
             plan.failed[worker.id] = "worker process ended before it registered"
-            plan.start_failures += 1
+            failed_launches.add(worker.machine or worker.id)
         elif worker.state == WorkerState.launching and now - worker.created_at > settings.launch_timeout_s:
             plan.failed[worker.id] = f"did not register within {settings.launch_timeout_s:.0f} s"
-            plan.start_failures += 1
+            failed_launches.add(worker.machine or worker.id)
             plan.terminate.append(worker.request_id)
         elif worker.state == WorkerState.running and instance is not None and not instance.alive:
             plan.lost[worker.id] = "its process or instance is gone"
@@ -240,6 +244,7 @@ def _passive_transitions(
             if worker.state == WorkerState.launching and instance is None:
                 plan.relaunch.append(worker.request_id)  # intent written, launch never happened
             survivors.append(worker)
+    plan.start_failures, plan.refused_launches = len(failed_launches), len(refused_launches)
     return survivors
 
 
@@ -321,7 +326,7 @@ def _backoff_until(run: RunView, streak: int, now: float, settings: ReconcileSet
     start-up failures fail the run. At least the first delay after any failure: a training worker ends
     the start-up streak (the loop), and a market without capacity would otherwise be asked again at
     every tick while one worker trains."""
-    refusals = run.capacity_refusals + len(plan.refused)
+    refusals = run.capacity_refusals + plan.refused_launches
     if plan.start_failures or plan.refused:
         last_failure: float | None = now
     else:
@@ -333,11 +338,13 @@ def _backoff_until(run: RunView, streak: int, now: float, settings: ReconcileSet
 
 
 def _start_failures_reason(streak: int, run: RunView, plan: Plan) -> str:
-    """Why a run fails after ``streak`` start-up failures, naming the last one's cause: a run's state
-    that says only how many failed sends its reader to the events."""
+    """Why a run fails after ``streak`` start-up failures (launches: workers, or machines of several),
+    naming the last one's cause: a run's state that says only how many failed sends its reader to the
+    events."""
     failed_now = [f"worker {worker_id}: {reason}" for worker_id, reason in plan.failed.items()]
     last = failed_now[-1] if failed_now else run.last_start_failure
-    reason = f"{streak} workers in a row failed at start-up"
+    launches = "machines" if run.peers_per_machine > 1 else "workers"
+    reason = f"{streak} {launches} in a row failed at start-up"
     return f"{reason}; the last: {last}" if last else reason
 
 

@@ -258,3 +258,25 @@ def test_a_scale_down_empties_machines_before_it_thins_out_full_ones() -> None:
     thin = [worker(w, machine="m2", created_at=NOW - 30) for w in ("e", "f")]  # older, yet fewer peers
     plan = plan_run(run(desired_workers=4), full + thin, alive(*"abcdef"), [], NOW, POLICY)
     assert sorted(plan.retire) == ["e", "f"], "the machine of two goes whole; the four-GPU one stays full"
+
+
+def test_a_machine_whose_peers_all_fail_at_start_is_one_failed_launch() -> None:
+    peers = [worker(w, WorkerState.launching, registered=False, machine="req-a") for w in "abcd"]
+    failures = [FailureView(request_id=f"req-{w}", reason="docker pull failed") for w in "abcd"]
+    r = run(desired_workers=4, peers_per_machine=4, consecutive_start_failures=1)
+    plan = plan_run(r, peers, alive(*"abcd", is_alive=False), failures, NOW, POLICY)
+    assert len(plan.failed) == 4 and plan.start_failures == 1
+    assert plan.run_state is None, "two failed machines of a budget of three: the run goes on"
+    assert plan.backoff_until == NOW + POLICY.backoff_s(2)
+
+    third = plan_run(run(desired_workers=4, peers_per_machine=4, consecutive_start_failures=2), peers,
+                     alive(*"abcd", is_alive=False), failures, NOW, POLICY)  # fmt: skip
+    assert third.run_state is not None and third.run_state[1].startswith("3 machines in a row failed")
+
+
+def test_a_machine_the_market_refused_is_one_refusal() -> None:
+    peers = [worker(w, WorkerState.launching, registered=False, machine="req-a") for w in "ab"]
+    refusals = [FailureView(request_id=f"req-{w}", reason="no capacity", capacity=True) for w in "ab"]
+    plan = plan_run(run(peers_per_machine=2), peers, {}, refusals, NOW, POLICY)
+    assert len(plan.refused) == 2 and plan.refused_launches == 1
+    assert plan.backoff_until == NOW + POLICY.backoff_s(1)
