@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.db.session import Database
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
@@ -19,6 +20,17 @@ from tests.support.processes import ProcessRegistry
 pytest_plugins = ["tests.support.aws", "tests.support.lanes"]
 
 _db_counter = itertools.count()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    """A fresh SQLite database, migrated to the latest schema, for one test."""
+    database = Database(f"sqlite:///{tmp_path / 'test.db'}")
+    database.upgrade()
+    try:
+        yield database
+    finally:
+        database.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ that one past its time bounds (the lanes' rule, CONTRIBUTING.md). It takes about
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.spot_market import spot_market
 from tests.support.waiting import BOOT_S, wait_until
 
 COMPRESS = 4.0  # EC2's 120 s notice in 30 s: a worker leaves at once, with time to do it on a busy machine
@@ -29,11 +29,9 @@ COMPRESS = 4.0  # EC2's 120 s notice in 30 s: a worker leaves at once, with time
 def test_two_peers_share_one_machine_train_together_and_both_leave_at_its_reclaim(
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
-    trace = tmp_path / "market.jsonl"
-    trace.write_text('[0, "add", {"nodes": ["a"]}]\n')  # one slot
-    market = tmp_path / "market.json"
-    market.write_text(json.dumps({"trace": trace.name, "slots": 1, "compress": COMPRESS, "follow": True}))
-    env = {"SPOTSWARM_LOCAL_SPOT_MARKET": str(market), "SPOTSWARM_CHECK_IMPORTS": "false"}
+    trace, env = spot_market(
+        tmp_path, '[0, "add", {"nodes": ["a"]}]\n', slots=1, compress=COMPRESS
+    )  # one slot
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     spec = digits_run(
         "two-per-machine",

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.spot_market import spot_market
 from tests.support.waiting import BOOT_S, wait_until
 
 BACKOFF_BASE_S = 2.0  # the loop ticks every 0.5 s: tries this far apart are its back-off, not its pace
@@ -50,15 +50,10 @@ def refused(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_market_refuses_launches_reclaims_with_notice_and_gives_capacity_back(
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
-    trace = tmp_path / "market.jsonl"
-    trace.write_text('[0, "add", {"nodes": ["a", "b"]}]\n[0, "remove", {"nodes": ["b"]}]\n')  # 1 of 2
-    market = tmp_path / "market.json"
-    market.write_text(
-        json.dumps({"trace": trace.name, "slots": 2, "compress": COMPRESS, "seed": 5, "follow": True})
-    )
+    one_of_two = '[0, "add", {"nodes": ["a", "b"]}]\n[0, "remove", {"nodes": ["b"]}]\n'
+    trace, market_env = spot_market(tmp_path, one_of_two, slots=2, compress=COMPRESS, seed=5)
     env = {
-        "SPOTSWARM_LOCAL_SPOT_MARKET": str(market),
-        "SPOTSWARM_CHECK_IMPORTS": "false",
+        **market_env,
         "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": str(BACKOFF_BASE_S),
         "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": str(2 * BACKOFF_BASE_S),
     }
@@ -128,14 +123,11 @@ def test_a_market_without_capacity_is_asked_ever_less_often_never_fails_the_run_
 ) -> None:
     """No capacity for a while (more refusals than the start-failure budget that fails a run), then one
     slot: the run waits, the launches it tries come ever further apart, and a worker trains soon after."""
-    trace = tmp_path / "market.jsonl"
-    trace.write_text('[0, "add", {"nodes": ["a"]}]\n[0, "remove", {"nodes": ["a"]}]\n')  # peak 1, none now
-    market = tmp_path / "market.json"
-    market.write_text(json.dumps({"trace": trace.name, "slots": 1, "compress": COMPRESS, "follow": True}))
+    none_now = '[0, "add", {"nodes": ["a"]}]\n[0, "remove", {"nodes": ["a"]}]\n'  # peak 1, none now
+    trace, market_env = spot_market(tmp_path, none_now, slots=1, compress=COMPRESS)
     cap_s = 4.0
     env = {
-        "SPOTSWARM_LOCAL_SPOT_MARKET": str(market),
-        "SPOTSWARM_CHECK_IMPORTS": "false",
+        **market_env,
         "SPOTSWARM_LAUNCH_BACKOFF_BASE_S": "1",
         "SPOTSWARM_LAUNCH_BACKOFF_CAP_S": str(cap_s),
         "SPOTSWARM_MAX_START_FAILURES": "3",  # start-up failures this often fail a run; refusals never

@@ -8,7 +8,6 @@ it gets a notice of 90 s, in real time), then one again a few seconds later (cap
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.spot_market import spot_market
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
@@ -31,13 +31,7 @@ NOTICE_S = 90.0
 def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is_gone(
     processes: ProcessRegistry, loop_data_dir: Path, tmp_path: Path
 ) -> None:
-    trace = tmp_path / "market.jsonl"
-    trace.write_text('[0, "add", {"nodes": ["a"]}]\n')
-    market = tmp_path / "market.json"
-    market.write_text(
-        json.dumps({"trace": trace.name, "slots": 1, "notice_s": NOTICE_S, "seed": 3, "follow": True})
-    )
-    env = {"SPOTSWARM_LOCAL_SPOT_MARKET": str(market), "SPOTSWARM_CHECK_IMPORTS": "false"}
+    trace, env = spot_market(tmp_path, '[0, "add", {"nodes": ["a"]}]\n', slots=1, notice_s=NOTICE_S, seed=3)
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     created_at = time.time()  # the trace starts at the first launch, a moment later
     admin_post(

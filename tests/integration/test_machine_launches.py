@@ -45,16 +45,6 @@ SLEEPER = textwrap.dedent(
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'loop.db'}")
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
-
-
-@pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[LocalLauncher]:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
