@@ -19,7 +19,8 @@
 - ``cli.py``: the ``spotswarm`` CLI in-process, and workers joined by hand through the agent's client.
 - ``checkpoint_files.py``: checkpoint bytes the server's format check takes, made without torch (and one
   that does not load).
-- ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers.
+- ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers;
+  ``spot_market.py``: a simulated spot market following a trace the test writes.
 - ``archives.py``: hand-made tar archives, the crafted code packages among them.
 - ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
   ``terraform.py``, ``wheels.py``, ``docs_commands.py``, ``fuzz.py``, ``strategy.py``,
