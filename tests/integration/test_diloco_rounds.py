@@ -1,6 +1,7 @@
 """DiLoCo rounds between real hivemind peers on 127.0.0.1 (``sync="diloco"``, worker/strategy/diloco/):
 two peers hold the same weights after a round, a joiner weighs 0 in its first round, a round that breaks
-after its group formed is discarded, and a peer goes on training when its groupmate is killed mid-round.
+after its group formed is discarded, a peer goes on training when its groupmate is killed mid-round, and
+a round that its swarm mates miss ends a matchmaking time after its moment.
 
 The peers are ``DiLoCoOptimizer``s on a tiny linear model (tests/support/diloco.py); the test calls each
 round itself, in one thread per peer, so rounds start together without waiting for a clock.
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.diloco import AVERAGING_TIMEOUT_S, Peer, diloco_peers, make_peer, start_dht
+from tests.support.diloco import AVERAGING_TIMEOUT_S, MATCHMAKING_S, Peer, diloco_peers, make_peer, start_dht
 from tests.support.processes import ProcessRegistry
 from tests.support.waiting import BOOT_S, wait_until
 from worker.strategy.diloco.outer import OuterStep
@@ -214,3 +215,41 @@ def test_peers_that_train_on_meet_in_rounds_on_the_swarms_clock() -> None:
                 thread.join(ROUND_BOUND_S)
         epochs = [p.optimizer.local_epoch for p in peers]
         assert min(epochs) >= 2 and max(epochs) - min(epochs) <= 1, epochs
+
+
+def test_a_peer_whose_swarm_mates_miss_its_round_waits_no_longer_than_the_matchmaking_time() -> None:
+    """A round's group forms at its boundary, or the round ends a matchmaking time later without one
+    (``no_group``) and the peer trains on, its round merged into the next. Seen with a joiner whose first
+    round came a boundary later than the swarm's (it joined less than the matchmaking lead before one):
+    the others, counting it as a peer, looked for a group until ``averaging_timeout`` (30 s by default,
+    with rounds every 30 s: a whole round of compute lost by every peer at every join). Here peer b trains
+    in the swarm on a schedule that never meets a's rounds, so each of a's rounds finds nobody."""
+    dht_a = start_dht()
+    a = make_peer(dht_a, sync_every_steps=None, sync_every_s=3.0)
+    dht_b = start_dht([str(m) for m in dht_a.get_visible_maddrs()])
+    b = make_peer(dht_b, sync_every_steps=None, sync_every_s=1e7)  # its first round is months away
+    stop = threading.Event()
+
+    def train_on(peer: Peer) -> None:
+        while not stop.is_set():
+            peer.train(1, seed=0)
+
+    threads = [threading.Thread(target=train_on, args=(p,), name=f"peer-{i}") for i, p in enumerate((a, b))]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: a.optimizer.tracker.global_progress.num_peers == 2, 30, message="a sees b")
+        rounds, blocked_s = a.optimizer.rounds, a.optimizer.round_s_total
+        wait_until(lambda: a.optimizer.rounds >= rounds + 2, 60, message="two rounds of a with b in sight")
+        mean_blocked_s = (a.optimizer.round_s_total - blocked_s) / (a.optimizer.rounds - rounds)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(ROUND_BOUND_S)
+        for peer in (a, b):
+            peer.optimizer.shutdown()
+            peer.dht.shutdown()
+    counts = a.optimizer.outcomes.counter.snapshot()
+    assert counts.no_group >= 2 and counts.averaged == 0, counts
+    # the round's matchmaking time after its boundary, and the time to learn that no group formed
+    assert mean_blocked_s < 2.5 * MATCHMAKING_S, f"each round blocked a's training {mean_blocked_s:.1f} s"

@@ -190,3 +190,24 @@ def test_rounds_by_time_come_every_interval_however_long_the_matchmaking_time() 
             now[0] += 0.5  # the round itself
             schedule.next_round()
     assert rounds == [105.0, 110.0, 115.0, 120.0, 125.0, 130.0]
+
+
+def test_every_peer_takes_every_boundary_however_little_time_is_left_to_it() -> None:
+    # A peer that joins, or ends a round, less than the matchmaking lead before a boundary takes that
+    # boundary and starts matching at once. Taking the one after left it a round out of phase with the
+    # peers already there, who then looked for it in vain (the round's whole deadline, every join).
+    now = [109.6]
+    settings = DiLoCoSettings(sync_every_s=5.0)
+    joiner = RoundSchedule(settings, lead_s=1.0, clock=lambda: now[0])
+    assert joiner.round_at == 110.0 and joiner.time_to_schedule() and not joiner.due()
+    now[0] = 110.0
+    assert joiner.due()
+    now[0] = 114.3  # the round ended late, 0.7 s before the next boundary
+    joiner.next_round()
+    assert joiner.round_at == 115.0 and joiner.time_to_schedule()
+    now[0] = 121.0  # it overran a whole interval: the first boundary still ahead
+    joiner.next_round()
+    assert joiner.round_at == 125.0 and not joiner.time_to_schedule()
+    now[0] = 130.0  # exactly on a boundary: no time at all to match for it, so the next one
+    joiner.next_round()
+    assert joiner.round_at == 135.0

@@ -33,6 +33,7 @@ import torch
 from hivemind import DHT
 from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionBase
+from hivemind.utils import get_dht_time
 
 from worker.strategy.checkpoint_format import DILOCO_STATE_KEY, LOCAL_EPOCH_KEY
 from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverager, apply_hivemind_fixes
@@ -171,12 +172,18 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         return int(self.tracker.global_progress.num_peers) > 1
 
     def _start_round(self, scheduled_time: float | None = None) -> StepControl:
-        """Matchmaking for a round, in the averager's process; the all-reduce waits for the trigger."""
+        """Matchmaking for a round, in the averager's process; the all-reduce waits for the trigger.
+
+        The group forms at ``scheduled_time`` (by default a matchmaking time from now), or the round
+        ends one matchmaking time later without one (``no_group``) and this peer trains on: swarm mates
+        that miss the round (a joiner between two boundaries, a peer that overran) cost it at most that
+        wait, not ``averaging_timeout``, which bounds the all-reduce once a group formed."""
+        start = scheduled_time if scheduled_time is not None else get_dht_time() + self.matchmaking_time
         return self.averager.step(  # type: ignore[return-value]
             gather={EPOCH_KEY: self.local_epoch},
-            scheduled_time=scheduled_time,
+            scheduled_time=start,
             weight=0.0,
-            timeout=self.averaging_timeout,
+            timeout=max(0.0, start - get_dht_time()) + self.matchmaking_time,
             require_trigger=True,
             wait=False,
         )

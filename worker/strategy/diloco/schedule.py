@@ -3,10 +3,12 @@
 By time, rounds fall on the multiples of ``sync_every_s`` of hivemind's DHT time (the wall clock every
 peer shares), so peers that started, joined or stalled at different moments still reach the same round
 together, with nothing negotiated; a peer computes ``sync_every_s`` less the round's own cost between
-two. A round less than ``lead_s`` (at most half the interval: ``settings.round_matchmaking_s``) away
-when the last one ended is skipped for the next boundary: its matchmaking could not be scheduled ahead
-of it. By steps, peers of equal speed meet because they count
-alike (tests, benchmarks of identical workers).
+two. The next round is always the first boundary still ahead, however close: its matchmaking starts
+``lead_s`` before it (``settings.round_matchmaking_s``), or at once when less than that remains (a
+joiner, or a round that ended late). Skipping a near boundary instead put peers out of phase for good:
+one that ended its round a little late waited for the boundary after, while the others met at the
+near one without it. By steps, peers of equal speed meet because they count alike (tests, benchmarks
+of identical workers).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ class RoundSchedule:
         return self._every_steps is not None
 
     def _next_boundary(self) -> float:
-        earliest = self._clock() + self._lead_s
-        return math.ceil(earliest / self._every_s) * self._every_s
+        """The first boundary after now (a round exactly at now would have no time to match)."""
+        return (math.floor(self._clock() / self._every_s) + 1) * self._every_s
 
     def count_step(self) -> None:
         self.steps += 1

@@ -84,10 +84,9 @@ def sync_problem(sync: Any, options: dict[str, Any]) -> str | None:
 
 
 def round_matchmaking_s(settings: DiLoCoSettings, matchmaking_time: float) -> float:
-    """How long before a round by time its matchmaking starts, and so the least it lasts:
-    ``matchmaking_time``, but at most half of ``sync_every_s``. A round ends and the next is the first
-    boundary at least this lead away, so a lead as long as the interval skipped every other boundary
-    (hivemind's default 5 s with rounds every 5 s gave a round every 10 s)."""
+    """How long before a round by time its matchmaking starts, and how long past its moment a round
+    waits for a group: ``matchmaking_time``, but at most half of ``sync_every_s``, so that a round that
+    found no group has ended when the next one's matchmaking starts."""
     if settings.sync_every_steps is not None:
         return matchmaking_time
     return min(matchmaking_time, settings.sync_every_s / 2)
