@@ -10,7 +10,10 @@ torch's threads set to match:
   the fair baseline);
 - C: N workers, ``sync="gradients"``; D: N workers, ``sync="local"``; E: N workers, ``sync="diloco"``
   (``--outer-lr`` and ``--outer-momentum``, the strategy's by default);
-- F: N workers, ``torch.distributed`` DDP (gloo) on the same cores: the reference.
+- F: N workers, ``torch.distributed`` DDP (gloo) on the same cores: the reference;
+- G: arm E and H: arm C, each worker behind a link capped at ``--link-mbit`` each way (a network
+  namespace per worker, ``bench/slow_link.py``; needs root): what rare averaging keeps when bandwidth
+  is scarce, against the same mode on loopback.
 
 Every arm trains for ``--budget-s`` seconds from its first worker's first step; worker 0 evaluates the
 validation loss every ``--eval-every-s`` seconds (the same windows for every arm). The target is the best
@@ -21,11 +24,13 @@ for DiLoCo the share of wall time blocked in rounds, G (compute per round / roun
 payload of a round (the pseudo-gradient in fp16).
 
 ``python bench/scaling.py [--workers 2] [--arms ABCDEF] [--trials 3] [--budget-s 300] [--quick]``
+``python bench/scaling.py --arms ABEGCH --link-mbit 100`` (as root) adds the capped links.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -39,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bytelm import add_model_arguments
 from bench.forked_peers import become_peer, kill_peers
+from bench.slow_link import BRIDGE_IP, capped_links, enter, links_available, worker_ip
 from bench.time_to_accuracy import commit, log_tail, machine, run_bootstrap
 from worker.strategy.diloco.settings import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 
@@ -49,9 +55,12 @@ ARMS = {
     "D": "N workers, local SGD",
     "E": "N workers, DiLoCo",
     "F": "N workers, DDP (gloo)",
+    "G": "N workers, DiLoCo, capped links",
+    "H": "N workers, gradients, capped links",
 }
 SINGLE = ("A", "B")
-SYNC = {"B": "diloco", "C": "gradients", "D": "local", "E": "diloco"}
+SYNC = {"B": "diloco", "C": "gradients", "D": "local", "E": "diloco", "G": "diloco", "H": "gradients"}
+CAPPED = {"G": "E", "H": "C"}  # each capped arm and the loopback arm it is compared with
 
 
 def pin(cores: list[int]) -> None:
@@ -101,7 +110,9 @@ def data_and_model(args: Any, seed: int) -> tuple[Any, Any, Any]:
 def lightning_worker(
     arm: str, rank: int, cores: list[int], peers: list[str], run_id: str, path: str, args: Any
 ) -> None:
-    """A worker of arms A-E (forked): trains until killed; worker 0 evaluates."""
+    """A worker of arms A-E, G and H (forked): trains until killed; worker 0 evaluates."""
+    if arm in CAPPED:
+        enter(rank)  # before hivemind starts anything: its DHT and p2pd listen behind the capped link
     become_peer(path + f".{rank}.log")
     pin(cores)
     import torch
@@ -142,6 +153,9 @@ def lightning_worker(
                 "round_s": float(getattr(optimizer, "round_s_total", 0.0)),
                 "rounds": int(getattr(optimizer, "rounds", 0)),
             }
+            counter = getattr(getattr(optimizer, "outcomes", None), "counter", None)
+            if counter is not None:
+                extra["averaged"] = int(counter.snapshot().averaged)
             evaluate(extra)
 
     strategy: Any = "auto"
@@ -151,7 +165,7 @@ def lightning_worker(
         options: dict[str, Any] = {"sync": SYNC[arm]}
         if SYNC[arm] == "diloco":
             options["sync_every_s"] = args.single_sync_every_s if arm == "B" else args.sync_every_s
-        if arm == "E":
+        if arm in ("E", "G"):
             options.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
         if SYNC[arm] == "local":
             options["average_state_every"] = 1  # hivemind's own local SGD: parameters every epoch
@@ -160,7 +174,7 @@ def lightning_worker(
             run_id=run_id,
             batch_size=args.batch_size,
             initial_peers=peers,
-            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            host_maddrs=[f"/ip4/{worker_ip(rank) if arm in CAPPED else '127.0.0.1'}/tcp/0"],
             matchmaking_time=args.matchmaking_time,
             averaging_timeout=args.averaging_timeout,
             **options,
@@ -222,7 +236,8 @@ def run_arm(arm: str, workers: int, trial: int, args: Any, workdir: Path) -> lis
         peers: list[str] = []
         if arm in SYNC:
             maddrs = workdir / f"{arm}-t{trial}-bootstrap.json"
-            boot = context.Process(target=run_bootstrap, args=(str(maddrs),))
+            host = BRIDGE_IP if arm in CAPPED else "127.0.0.1"
+            boot = context.Process(target=run_bootstrap, args=(str(maddrs), host))
             boot.start()
             procs.append(boot)
             deadline = time.monotonic() + 60
@@ -276,25 +291,35 @@ def summary(curves: dict[str, list[list[dict[str, Any]]]], args: Any, payload_by
     t1 = min((times[a] for a in SINGLE if times.get(a) is not None), default=None)
     lines = [
         f"target validation loss {target:.4f} nats/byte",
-        "| arm | workers | time to target | T1/T | T1/(N x T) | blocked in rounds | G |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| arm | workers | time to target | T1/T | T1/(N x T) | blocked in rounds | G | rounds averaged |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for arm, runs in curves.items():
         n = 1 if arm in SINGLE else args.workers
         t = times.get(arm)
         speed = f"{t1 / t:.2f}" if t and t1 else "-"
         efficiency = f"{t1 / (n * t):.2f}" if t and t1 else "-"
-        blocked, g = "-", "-"
+        blocked, g, averaged = "-", "-", "-"
         last = [curve[-1] for curve in runs if curve]
-        if arm in ("B", "E") and last and all(p.get("rounds") for p in last):
+        if SYNC.get(arm) == "diloco" and last and all(p.get("rounds") for p in last):
             share = statistics.median(p["round_s"] / p["t"] for p in last)
             per_round = statistics.median(p["round_s"] / p["rounds"] for p in last)
             compute = statistics.median((p["t"] - p["round_s"]) / p["rounds"] for p in last)
             blocked, g = f"{share:.1%}", f"{compute / per_round:.1f}"
+            if n > 1:  # worker 0's rounds that met another worker
+                averaged = f"{statistics.median(p.get('averaged', 0) / p['rounds'] for p in last):.0%}"
         shown = f"{t:.1f} s" if t else "not reached"
-        lines.append(f"| {arm}: {ARMS[arm]} | {n} | {shown} | {speed} | {efficiency} | {blocked} | {g} |")
+        lines.append(
+            f"| {arm}: {ARMS[arm]} | {n} | {shown} | {speed} | {efficiency} | {blocked} | {g} | {averaged} |"
+        )
     if times.get("E") and times.get("F"):
         lines.append(f"E against F (DDP): {times['F'] / times['E']:.2f}x its speed")
+    for capped, loopback in CAPPED.items():
+        if times.get(capped) and times.get(loopback):
+            lines.append(
+                f"{capped} against {loopback}: {times[loopback] / times[capped]:.2f} of its speed over links "
+                f"capped at {args.link_mbit:g} Mbit/s"
+            )
     lines.append(f"DiLoCo payload per round and worker: {payload_bytes / 1e6:.2f} MB (fp16 pseudo-gradient)")
     return "\n".join(lines)
 
@@ -314,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--single-sync-every-s", type=float, default=5.0, help="arm B: its own best round length"
     )
-    parser.add_argument("--outer-lr", type=float, default=DEFAULT_OUTER_LR, help="arm E")
+    parser.add_argument("--link-mbit", type=float, default=100.0, help="arms G and H: each link's cap")
+    parser.add_argument("--outer-lr", type=float, default=DEFAULT_OUTER_LR, help="arms E and G")
     parser.add_argument("--outer-momentum", type=float, default=DEFAULT_OUTER_MOMENTUM, help="arm E")
     parser.add_argument("--target-batch-size", type=int, default=256, help="arms C and D")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -337,13 +363,18 @@ def main() -> int:
     if args.cpus_per_worker * args.workers > cores:
         print(f"{args.workers} workers x {args.cpus_per_worker} cores do not fit on {cores} cores")
         return 2
+    if set(args.arms) & set(CAPPED) and (why := links_available()):
+        print(f"arms {', '.join(sorted(set(args.arms) & set(CAPPED)))}: {why}")
+        return 2
     from bench.bytelm import ByteTransformer
 
     model = ByteTransformer(args.width, args.layers, args.heads, args.context)
     payload = 2 * sum(p.numel() for p in model.parameters())
     curves: dict[str, list[list[dict[str, Any]]]] = {arm: [] for arm in args.arms}
     load_before, at_commit = os.getloadavg()[0], commit()  # the code that ran, should HEAD move meanwhile
-    with tempfile.TemporaryDirectory(prefix="spotswarm-scaling-") as tmp:
+    capped = set(args.arms) & set(CAPPED)
+    links = capped_links(args.workers, args.link_mbit) if capped else contextlib.nullcontext([])
+    with tempfile.TemporaryDirectory(prefix="spotswarm-scaling-") as tmp, links:
         for trial in range(args.trials):
             for arm in args.arms:
                 curve = run_arm(arm, args.workers, trial, args, Path(tmp))
@@ -365,6 +396,7 @@ def main() -> int:
         f"context {args.context}, batch {args.batch_size}, AdamW lr {args.lr}; DiLoCo sync_every_s "
         f"{args.sync_every_s} (arm B {args.single_sync_every_s}), "
         f"arm E's outer lr {args.outer_lr} and momentum {args.outer_momentum}"
+        + (f"; arms {''.join(sorted(capped))} capped at {args.link_mbit:g} Mbit/s" if capped else "")
     )
     print(summary(curves, args, payload))
     return 0 if all(any(run) for run in curves.values()) else 1

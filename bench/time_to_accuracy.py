@@ -118,12 +118,13 @@ def run_peer(
     trainer.fit(DigitsModule(hidden=args.hidden, lr=args.lr), data)
 
 
-def run_bootstrap(maddrs_path: str) -> None:
-    """The bootstrap DHT peer (a forked child): writes its addresses to ``maddrs_path``, then waits."""
+def run_bootstrap(maddrs_path: str, host: str = "127.0.0.1") -> None:
+    """The bootstrap DHT peer (a forked child) on ``host``: writes its addresses to ``maddrs_path``, then
+    waits."""
     become_peer(maddrs_path + ".log")
     import hivemind
 
-    dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    dht = hivemind.DHT(host_maddrs=[f"/ip4/{host}/tcp/0"], start=True)
     tmp = maddrs_path + ".tmp"
     Path(tmp).write_text(json.dumps([str(addr) for addr in dht.get_visible_maddrs()]))
     os.replace(tmp, maddrs_path)

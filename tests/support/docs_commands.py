@@ -155,7 +155,7 @@ RUN_ELSEWHERE = {
     ".venv/bin/python bench/swarm_start.py --rounds 1 # every arm once: about a minute": "tests/integration/test_bench_swarm_start.py::test_swarm_start_bench_prints_every_arm",
     ".venv/bin/python bench/diloco_steps.py --quick # a tiny model, 40 steps: checks the script, measures nothing": "tests/integration/test_bench_diloco_steps.py::test_diloco_steps_quick_mode_prints_a_row_per_arm",
     ".venv/bin/python bench/orchestrated_scaling.py --quick # a tiny model, 10 s a run: checks the script, measures nothing": "tests/integration/test_bench_orchestrated_scaling.py::test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running",
-    ".venv/bin/python bench/scaling.py --quick --arms AEF # a tiny model, 8 s an arm: checks the script, measures nothing": "tests/integration/test_bench_scaling.py::test_scaling_quick_mode_prints_its_table",
+    ".venv/bin/python bench/scaling.py --quick --arms AEFG --link-mbit 10 # a tiny model, 8 s an arm: checks the script, measures nothing": "tests/integration/test_bench_scaling.py::test_scaling_quick_mode_prints_its_table",
     "make docs-build # the site built with --strict into site/, as CI does": "tests/integration/test_docs_site.py::test_make_docs_build_builds_the_site_strictly_with_its_generated_reference",
     "make docs # the documentation site on 127.0.0.1, rebuilt as you edit; prints its URL": "tests/e2e/test_docs_site.py::test_make_docs_serves_the_site_and_the_browser_asks_nothing_of_other_hosts",
 }
@@ -199,6 +199,7 @@ NOT_RUN_HERE = {
     ".venv/bin/python bench/recovery.py --heartbeat-timeout-s 10 --rounds 2": "a benchmark of minutes with real training workers",
     ".venv/bin/python bench/diloco_steps.py --workers 2 --steps 1500 --every 20,50,200 # about 25 minutes on one core": "a benchmark of about 25 minutes of training; tests/integration/test_bench_diloco_steps.py runs its quick mode",
     ".venv/bin/python bench/scaling.py --workers 2 --trials 3 --budget-s 300 # each worker on its own core(s)": "a benchmark of about 90 minutes with real training workers; tests/integration/test_bench_scaling.py runs its quick mode",
+    ".venv/bin/python bench/scaling.py --arms EGCH --link-mbit 100 # as root: DiLoCo and gradients over capped links": "a benchmark of about 60 minutes with real training workers; tests/integration/test_bench_scaling.py runs its quick mode, capped links included",
     ".venv/bin/python bench/orchestrated_scaling.py --trials 3 --budget-s 150 # about 20 minutes on 2 cores": "a benchmark of about 20 minutes with an orchestrator and real training workers; tests/integration/test_bench_orchestrated_scaling.py runs its quick mode",
     "python bench/spot_replay.py --trace trace_hh_55_65.txt --slots 2 --compress 10 --sync diloco": "a benchmark of 6 minutes with real training workers, on a trace file of Parcae's artifact (not shipped); tests/integration/test_bench_spot_replay.py runs its quick mode, in this mode",
     "python bench/spot_replay.py --trace trace_hh_55_65.txt --slots 2 --compress 10 --sync gradients": "a benchmark of 6 minutes with real training workers, on a trace file of Parcae's artifact (not shipped); tests/integration/test_bench_spot_replay.py runs its quick mode, and tests/unit/test_spot_market.py reads an excerpt of this trace",
