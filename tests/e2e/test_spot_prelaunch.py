@@ -1,6 +1,8 @@
 """Replacement at the notice: a worker the simulated spot market reclaims keeps training through its
 notice period, and the reconcile loop launches its replacement at the notice (as far as the market has
-capacity), so the replacement trains before the reclaimed worker is gone.
+capacity), so the replacement trains before the reclaimed worker is gone. In DiLoCo rounds, the noticed
+worker leaves right after its last round before its leave, so that nothing it trains is lost (what it
+trained after that round would never be averaged in).
 
 The market (``local_spot_market``) follows a trace the test writes: one slot, then none (the worker on
 it gets a notice of 90 s, in real time), then one again a few seconds later (capacity elsewhere).
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.spot_market import spot_market
 from tests.support.waiting import BOOT_S, wait_until
 
@@ -25,6 +27,10 @@ pytestmark = [pytest.mark.swarm]
 #: in real time, shorter than EC2's 120 s to save test time: the worker trains on for 45 s of it (the
 #: agent leaves 45 s before the end), within which the replacement's start-up has to fit
 NOTICE_S = 90.0
+#: rounds far enough apart that training on to the leave would lose thousands of samples
+SYNC_EVERY_S = 15.0
+#: samples a leaving worker may count outside its rounds: the batch it stops in, give or take one
+LOST_SAMPLES_BOUND = 2 * 32
 
 
 @pytest.mark.timeout(600)
@@ -35,7 +41,14 @@ def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     created_at = time.time()  # the trace starts at the first launch, a moment later
     admin_post(
-        orch, "/api/v1/runs", digits_run("prelaunch", desired_workers=1, stop={"target_epochs": 100_000})
+        orch,
+        "/api/v1/runs",
+        digits_run(
+            "prelaunch",
+            desired_workers=1,
+            stop={"target_epochs": 100_000},
+            strategy_options={**ROUNDS, "sync_every_s": SYNC_EVERY_S},
+        ),
     )
     reader = RunReader(orch, "prelaunch")
 
@@ -80,8 +93,11 @@ def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is
     assert gone["state"] == "interrupted", gone
     ended_at = datetime.fromisoformat(gone["ended_at"]).timestamp()
     assert ended_at - noticed_at <= NOTICE_S, "it left before the market took the machine back"
+    lost = gone["samples"] - (gone["averaging"] or {}).get("kept_samples", 0)
+    assert 0 <= lost <= LOST_SAMPLES_BOUND, f"it left {lost} samples out of its rounds: {gone}"
     print(  # the figures (pytest -s)
         f"notice -> replacement trains {replacement_trained_at - noticed_at:.1f} s; "
-        f"notice -> noticed worker gone {ended_at - noticed_at:.1f} s (notice {NOTICE_S:.0f} s)"
+        f"notice -> noticed worker gone {ended_at - noticed_at:.1f} s (notice {NOTICE_S:.0f} s); "
+        f"samples outside its rounds {lost}"
     )
     assert reader.run()["state"] == "running"

@@ -50,7 +50,7 @@ from worker.agent.config import (
     parse_config,
 )
 from worker.agent.cpus import pin_to_cpus
-from worker.agent.state import AgentState
+from worker.agent.state import AgentState, EarlyLeave
 from worker.redaction import redact
 from worker.wire import DeregisterReason, RunSpec
 
@@ -363,13 +363,16 @@ class Agent:
         if train_on_s <= 0:  # too short to train on: leave now, and be replaced when gone
             self.state.request_stop(DeregisterReason.interrupted, message, within_s=within_s)
             return
-        self.state.mark_leaving()
-        leave = threading.Timer(
-            train_on_s,
-            self.state.request_stop,
-            args=(DeregisterReason.interrupted, message),
-            kwargs={"within_s": within_s - train_on_s},
-        )
+        gone_at = time.monotonic() + within_s
+
+        def leave_now() -> None:
+            self.state.request_stop(
+                DeregisterReason.interrupted, message, within_s=max(0.0, gone_at - time.monotonic())
+            )
+
+        # sooner when no round of this worker's remains by then (worker/agent/callback.py)
+        self.state.mark_leaving(EarlyLeave(at=time.time() + train_on_s, now=leave_now))
+        leave = threading.Timer(train_on_s, leave_now)
         leave.name, leave.daemon = "spot-leave", True
         leave.start()
 

@@ -80,6 +80,7 @@ class AgentCallback(Callback):
         if self._clock() - self._last_snapshot >= self._snapshot_interval_s:
             self._snapshot(trainer)
         local_epoch = self._local_epoch(trainer)
+        self._leave_after_last_round(trainer)
         stop = self._state.stop
         if stop is None and self._condition_reached(trainer):
             self._state.request_stop(DeregisterReason.completed, "the run reached its stop condition")
@@ -92,6 +93,22 @@ class AgentCallback(Callback):
             return
         if self._checkpointer.due(local_epoch):
             self._checkpointer.save(trainer, local_epoch)
+
+    def _leave_after_last_round(self, trainer: Trainer) -> None:
+        """A worker with a spot notice leaves once no averaging round of its remains before its leave: in
+        DiLoCo what it trains after its last round is never averaged in, so training on until the leave
+        would only lose it (and the swarm gets its replacement sooner)."""
+        early = self._state.early_leave
+        if early is None:
+            return
+        next_round_at = getattr(trainer.strategy, "next_round_at", lambda: None)()
+        if next_round_at is not None and next_round_at > early.at:
+            logger.info(
+                "spot notice: no round of this worker's before it leaves (the next at %.0f s after its "
+                "leave); leaving after its last round",
+                next_round_at - early.at,
+            )
+            early.now()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """A validation's results reach the heartbeat now, not at the next training batch: the one a

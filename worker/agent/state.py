@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from worker import context
 from worker.wire import (
@@ -31,6 +32,13 @@ CHECKPOINTER_GIVEN_UP = "this worker is no longer the run's checkpointer"
 
 def _call_in_own_thread(listener: Callable[[], None]) -> None:
     threading.Thread(target=listener, name="stop-listener", daemon=True).start()
+
+
+class EarlyLeave(NamedTuple):
+    """A noticed worker's scheduled leave: ``at`` (wall clock), and ``now``, which requests it at once."""
+
+    at: float
+    now: Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class AgentState:
         self._latest_checkpoint_epoch = latest_checkpoint_epoch
         self._stop_requested_at = float("inf")
         self._leaving = False
+        self._early_leave: EarlyLeave | None = None
 
     def configure(self, checkpoint_every_epochs: int, latest_checkpoint_epoch: int | None) -> None:
         """Take the run's checkpoint cadence and latest stored checkpoint (from the registration)."""
@@ -91,11 +100,20 @@ class AgentState:
         with self._lock:
             return self._progress
 
-    def mark_leaving(self) -> None:
+    def mark_leaving(self, early_leave: EarlyLeave | None = None) -> None:
         """A spot notice came: heartbeats say ``leaving`` (until ``stopping``), so that the orchestrator
-        launches the replacement while this worker still trains."""
+        launches the replacement while this worker still trains. ``early_leave``: when it is to leave at
+        the latest, and how to leave sooner (the training callback does when no averaging round of its
+        remains before then)."""
         with self._lock:
             self._leaving = True
+            self._early_leave = early_leave
+
+    @property
+    def early_leave(self) -> EarlyLeave | None:
+        """The leave a spot notice scheduled, while no stop was requested yet."""
+        with self._lock:
+            return self._early_leave if self._stop is None else None
 
     def heartbeat(self) -> Heartbeat:
         """The heartbeat body for the current progress."""

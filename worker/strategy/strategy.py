@@ -275,6 +275,13 @@ class HivemindStrategy(Strategy):
         if self._optimizer is not None:
             self._optimizer.leave_rounds()
 
+    def next_round_at(self) -> float | None:
+        """The wall-clock time of this peer's next DiLoCo round by time; None in other modes, with
+        ``sync_every_steps``, before ``setup`` and once it leaves rounds. A worker with a spot notice
+        leaves as soon as no round of its remains before it must go: the work it would do after its last
+        round is never averaged into the swarm's model."""
+        return getattr(self._optimizer, "next_round_at", None)
+
     def averaging_outcomes(self) -> AveragingCounts | None:
         """Outcomes of the swarm epochs this peer stepped through in this fit
         (``worker/strategy/outcomes.py``); None before ``setup``."""

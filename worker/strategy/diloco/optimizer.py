@@ -168,6 +168,14 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         return loss
 
     # ------------------------------------------------------------------------------------ rounds
+    @property
+    def next_round_at(self) -> float | None:
+        """The DHT time (the wall clock) of this peer's next round; None when rounds come by steps or it
+        leaves them."""
+        if self.schedule.by_steps or self._leaving:
+            return None
+        return self.schedule.round_at
+
     def _has_peers(self) -> bool:
         return int(self.tracker.global_progress.num_peers) > 1
 
