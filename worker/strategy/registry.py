@@ -64,23 +64,20 @@ def register_with_lightning() -> None:
 
 
 class _RegisterOnLoad(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when :data:`STRATEGIES_MODULE` is imported, it takes itself off
-    ``sys.meta_path``, lets the other finders find the module, and has its loader register after the
-    module ran."""
+    """Finds nothing itself: for :data:`STRATEGIES_MODULE` it asks the other finders and wraps the loader
+    they give, which registers once the module has run and then takes this finder off ``sys.meta_path``."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         if fullname != STRATEGIES_MODULE:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            spec = find(fullname, path, target) if find is not None and finder is not self else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _RegisteringLoader(spec.loader)
+                    spec.loader = _RegisteringLoader(spec.loader, self)
                 return spec
         return None
 
@@ -88,8 +85,9 @@ class _RegisterOnLoad(importlib.abc.MetaPathFinder):
 class _RegisteringLoader(importlib.abc.Loader):
     """Lightning's own loader of :data:`STRATEGIES_MODULE`, registering once the module has run."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: importlib.abc.Loader, finder: _RegisterOnLoad) -> None:
         self._loader = loader
+        self._finder = finder
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
@@ -97,6 +95,8 @@ class _RegisteringLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
         register(module.StrategyRegistry)
+        if self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename... for tracebacks and inspect
         return getattr(self._loader, name)
