@@ -239,6 +239,27 @@ def test_a_module_the_server_cannot_import_suggests_shipping_it_with_workdir(
 
 
 @pytest.mark.timeout(120)
+def test_a_workdir_shipping_its_own_worker_package_is_refused_in_one_line_naming_what_to_rename(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    project = tmp_path / "clash"
+    (project / "worker").mkdir(parents=True)
+    (project / "worker" / "__init__.py").write_text("")
+    (project / "worker" / "model.py").write_text(MODEL)
+    classes = ["--module", "worker.model:Net", "--datamodule", "worker.model:Data"]
+    sizes = ["--target-batch-size", "8", "--batch-size", "4", "--workers", "0", "--min-workers", "0"]
+    name = f"code-{next(_names)}"
+    result = cli(orch, "runs", "create", "--name", name, "--workdir", str(project), *classes, *sizes)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert "the package ships a top-level package 'worker' (worker/__init__.py)" in errors[0]
+    assert "rename it" in errors[0]
+    with orch.client() as http:
+        assert http.get(f"/api/v1/runs/{name}").status_code == 404
+
+
+@pytest.mark.timeout(120)
 def test_launcher_options_are_checked_when_the_run_is_created(orch: Orchestrator) -> None:
     with orch.admin() as http:
         answer = http.post("/api/v1/runs", json=spec(

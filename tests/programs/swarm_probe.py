@@ -291,8 +291,8 @@ def probe(mode: str, config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    import worker.examples.digits  # import Lightning and the model before waiting
-    import worker.strategy.strategy  # noqa: F401
+    import worker.examples.digits  # noqa: F401  (Lightning and the model imported before waiting)
+    from worker.strategy import HivemindStrategy  # noqa: F401
 
     config_path = Path(sys.argv[1])
     config = json.loads(wait_for_file(config_path, CONFIG_WAIT_S, poll_s=0.2).read_text())

@@ -1,6 +1,7 @@
 """``HivemindStrategy`` for Lightning 2.x and its hivemind pieces; nothing here knows the orchestrator.
 
 - ``strategy.py``: the strategy (setup starts the DHT and wraps the optimizer, teardown leaves the swarm).
+- ``registry.py``: the name ``"hivemind"`` in Lightning's strategy registry, and what it builds.
 - ``checks.py``: the errors and the checks of keywords and timeouts made at construction and setup.
 - ``keywords.py``: which extra keyword goes to ``hivemind.DHT`` and which to ``hivemind.Optimizer``.
 - ``options.py``: a run spec's ``strategy_options`` checked against the strategy's keywords (create time).
@@ -15,8 +16,10 @@
 - ``hivemind_fixes.py``: the workarounds of hivemind 1.1.12's behaviour, each naming what it covers.
 - ``diloco/``: the DiLoCo sync mode (``sync="diloco"``): rare rounds of pseudo-gradients, an outer step.
 
-``from worker.strategy import HivemindStrategy`` works as with lightning-hivemind. Importing this package
-alone is cheap: the strategy (torch, Lightning, hivemind) loads on first use of one of its names, so that
+``from worker.strategy import HivemindStrategy`` is the one public import path. Importing this package also
+registers the strategy with Lightning as ``"hivemind"`` (``Trainer(strategy="hivemind")``; defaults in
+``registry.py``). Importing it alone is cheap: the strategy (torch, Lightning, hivemind) loads on first use
+of one of its names, and the registration waits for Lightning to load, so that
 ``worker.strategy.checkpoint_format`` or ``worker.strategy.dht`` can be imported without Lightning.
 """
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from worker.strategy.registry import register_with_lightning
 
 if TYPE_CHECKING:
     from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
@@ -48,3 +53,6 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
+
+
+register_with_lightning()

@@ -35,6 +35,7 @@ from orchestrator.domain import packages, runs, views, workers
 from orchestrator.domain.sync import with_sync
 from orchestrator.errors import InvalidRequest, RunExists, ServiceError
 from orchestrator.importcheck.checker import ImportChecker
+from orchestrator.importcheck.names import check_package_names
 from orchestrator.launchers.base import Launcher, LauncherConfigError
 from orchestrator.schemas import (
     EventPage,
@@ -98,11 +99,11 @@ def create_run(
     reader: RunOutDep,
     _: Admin,
 ) -> RunCreated:
-    """Validate the spec (launcher options; the package named by ``workdir`` is stored; its requirements
-    install and its classes import and take their arguments, in an isolated process), insert a pending
-    run and return it with its join token, shown only this once. 409 if the name is taken, 422 for a bad
-    spec; either way the package the spec names is deleted unless a run names it (or another create is
-    checking it)."""
+    """Validate the spec (launcher options; the package named by ``workdir`` is stored and ships no
+    top-level ``worker`` or ``orchestrator``; its requirements install and its classes import and take
+    their arguments, in an isolated process), insert a pending run and return it with its join token,
+    shown only this once. 409 if the name is taken, 422 for a bad spec; either way the package the spec
+    names is deleted unless a run names it (or another create is checking it)."""
     try:
         with claims.claim(spec.workdir):
             run = _checked_and_created(spec, db, clock, store, imports, launchers)
@@ -150,6 +151,7 @@ def _checked_and_created(
                 f"workdir: no package {spec.workdir} is stored; upload it first (PUT /api/v1/packages/"
                 "{sha256}: spotswarm runs create --workdir DIR does both)"
             ) from exc
+        check_package_names(store, key)  # its own 'worker' or 'orchestrator' could never be imported
 
         def fetch(dest: Path) -> None:
             copy_to_file(store, key, dest)
