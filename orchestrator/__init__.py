@@ -12,7 +12,14 @@
 - ``swarm/``: the orchestrator's DHT peer and swarm admission; ``metrics/``: Prometheus and TensorBoard.
 - ``importcheck/``: a run's code checked at create time; ``db/``: tables, sessions, migrations.
 - ``web/``: the status page and the API docs; ``cli/``: the ``spotswarm`` command.
+- ``progress.py``: the progress types the DHT reader, the heartbeat flusher, the domain and the
+  TensorBoard forwarder share (the swarm progress cache, a run's forwarded point).
 - ``errors.py``, ``clock.py``, ``tokens.py``, ``ratelimit.py``, ``processes.py``: small shared pieces.
+
+Each package and module is a layer of its own, and imports only the layers below it (``lint-imports``
+checks it, ``pyproject.toml``): ``cli`` > ``app`` > ``web`` > ``api`` > ``metrics`` > ``context`` >
+``heartbeats`` > ``config`` > ``reconciler`` | ``swarm`` > ``domain`` > the adapters (``importcheck``,
+``db``, ``launchers``, ``storage``...) > the leaves (``errors``, ``progress``, ``processes``...).
 
 Data flows one way: run spec -> API -> domain -> database -> reconciler -> launcher -> worker ->
 heartbeat and checkpoint -> API -> domain -> database -> page and CLI.

@@ -22,10 +22,10 @@ from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
-from orchestrator.metrics.tensorboard import Forwarder
+from orchestrator.progress import Forwarder, SwarmProgressCache
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
-from orchestrator.swarm.dht import DHTPeer, DHTUnavailable, SwarmProgressCache, refresh_progress
+from orchestrator.swarm.dht import DHTPeer, DHTUnavailable, refresh_progress
 
 if TYPE_CHECKING:
     from orchestrator.swarm.admission import SwarmAdmission

@@ -53,14 +53,15 @@ from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
 from orchestrator.metrics.service import ServiceMetrics
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission
-from orchestrator.swarm.dht import DHTPeer, SwarmProgressCache
+from orchestrator.swarm.dht import DHTPeer
+from worker.wire import MAX_ID
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).
-MAX_ID = 2**31 - 1
 WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
 
 

@@ -27,7 +27,6 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import uploads
 from orchestrator.api.checkpoint_format import check_checkpoint_file
 from orchestrator.api.deps import (
-    MAX_ID,
     Admin,
     AdminTokenHash,
     ClockDep,
@@ -53,10 +52,10 @@ from orchestrator.domain import checkpoints, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
 from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, checkpoint_key
-from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
+from worker.wire import CHECKSUM_HEADER, MAX_ID, ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])

@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from sqlalchemy import select
 
 from orchestrator.api.deps import (
-    MAX_ID,
     Admin,
     ClockDep,
     DatabaseDep,
@@ -36,6 +35,7 @@ from orchestrator.domain.sync import with_sync
 from orchestrator.errors import InvalidRequest, RunExists, ServiceError
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher, LauncherConfigError
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.schemas import (
     EventPage,
     JoinToken,
@@ -50,8 +50,7 @@ from orchestrator.schemas import (
     WorkerList,
 )
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, copy_to_file, package_key
-from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import ApiPath, RunSpec, RunState, WorkerState
+from worker.wire import MAX_ID, ApiPath, RunSpec, RunState, WorkerState
 from worker.wire_trainer import trainer_option_in_strategy_options
 
 logger = logging.getLogger(__name__)

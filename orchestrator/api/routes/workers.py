@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import (
-    MAX_ID,
     AdmissionDep,
     ClockDep,
     CrashPolicyDep,
@@ -42,6 +41,7 @@ from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub, RunEntry, WorkerEntry
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from worker.wire import (
+    MAX_ID,
     ApiPath,
     Deregister,
     Heartbeat,
