@@ -5,7 +5,8 @@
   the running parts routes are handed; ``background.py``: services that tick beside the API.
 - ``schemas.py``: the REST API's request and response models (the domain builds them, routes return them).
 - ``api/``: the HTTP edge (routes by resource, dependencies, the error table, middleware).
-- ``domain/``: the rules of runs and workers (states, runs, workers, events, checkpoints, read views).
+- ``domain/``: the rules of runs and workers (states, runs, workers, events, checkpoints, read views)
+  and the use cases routes call (``usecases.py``: each owns its transaction and signals "changed").
 - ``heartbeats/``: the hot path: the cache of live workers, the batch writer, the fast path.
 - ``reconciler/``: the loop that keeps runs at their desired workers (pure policy, leader election).
 - ``launchers/``: where workers run (``local``, ``ec2/``); ``storage/``: where checkpoints go.
