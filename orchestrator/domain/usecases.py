@@ -3,7 +3,8 @@
 A route parses the request, calls one method of :class:`UseCases` and shapes the answer. A use case runs
 its checks once, opens its own transaction (the rules it calls, ``runs.py``, ``workers.py``,
 ``checkpoints.py``, take that session and never commit), touches the checkpoint store after the commit,
-and then calls ``changed`` once: the heartbeat cache reloads what the commit changed (a worker's state,
+and then, when the commit changed what the heartbeat cache holds, calls ``changed`` once: the cache
+reloads what the commit changed (a worker's state,
 its run's, the latest checkpoint the heartbeat replies name). ``create_app`` wires ``changed`` to the
 hub's reload (``api/deps.py``: :func:`~orchestrator.api.deps.get_use_cases`).
 """
@@ -145,6 +146,13 @@ class UseCases:
         self.swarm.forget(run.swarm_id)
         self.changed()
 
+    def rotate_join_token(self, name: str) -> str:
+        """A new join token for the run (shown once); the old one stops working at once. Nothing the
+        heartbeat cache holds changes (workers keep their tokens): no signal."""
+        with self.db.begin() as session:
+            run = runs.get_run(session, name, for_update=True)
+            return runs.rotate_join_token(session, run, self.clock())
+
     def revoke_manual_workers(self, name: str) -> list[int]:
         """End the run's workers joined by hand; their ids. The heartbeat cache refuses their tokens."""
         with self.db.begin() as session:
@@ -190,6 +198,12 @@ class UseCases:
         self.changed()
 
     # -- checkpoints ---------------------------------------------------------------------------------
+
+    def checkpoint_unloadable(self, run_id: int, worker_id: int, epoch: int, message: str) -> None:
+        """Record that a worker could not load the checkpoint of ``epoch`` (an event); nothing else
+        changes, so no signal."""
+        with self.db.begin() as session:
+            checkpoints.record_resume_failure(session, run_id, worker_id, epoch, message, self.clock())
 
     def admit_checkpoint(self, run_id: int, worker_id: int, epoch: int, read_swarm_now: SwarmReadNow) -> None:
         """Raise unless the worker may upload a checkpoint of ``epoch`` now (``checkpoints.check_upload``);

@@ -148,13 +148,10 @@ def resume_run(
 
 
 @router.post(ApiPath.run_join_token, summary="Replace the run's join token (admin)")
-def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> JoinToken:
+def rotate_join_token(name: str, cases: UseCasesDep, _: Admin) -> JoinToken:
     """A new join token, shown only this once; the old one stops working at once (registrations and
     checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        join_token = runs.rotate_join_token(session, run, clock())
-    return JoinToken(name=name, join_token=join_token)
+    return JoinToken(name=name, join_token=cases.rotate_join_token(name))
 
 
 @router.post(ApiPath.run_revoke_manual, summary="End every worker joined by hand (admin)")

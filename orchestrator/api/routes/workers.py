@@ -157,11 +157,10 @@ async def deregister(
     summary="Report a checkpoint that did not load (worker token)",
 )
 def resume_failure(
-    worker_id: WorkerId, entry: CallingWorker, body: ResumeFailure, db: DatabaseDep, clock: ClockDep
+    worker_id: WorkerId, entry: CallingWorker, body: ResumeFailure, cases: UseCasesDep
 ) -> Response:
     """Records a ``checkpoint.unloadable`` event naming the checkpoint and who uploaded it: the worker
     falls back to an older checkpoint (or none) and trains on, so nothing else changes; the admin may
     delete the checkpoint (``DELETE /runs/{name}/checkpoints/{epoch}``)."""
-    with db.begin() as session:
-        checkpoints.record_resume_failure(session, entry.run_id, worker_id, body.epoch, body.message, clock())
+    cases.checkpoint_unloadable(entry.run_id, worker_id, body.epoch, body.message)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
