@@ -30,7 +30,6 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from orchestrator.api import API_PREFIX, ApiPath, path_regex
 from orchestrator.api.errors import ERROR_RESPONSES, install_error_handlers
 from orchestrator.api.middleware.body_limit import BodyLimitMiddleware
 from orchestrator.api.middleware.trusted_hosts import TrustedHostMiddleware
@@ -63,16 +62,18 @@ from orchestrator.launchers.local import LocalLauncher
 from orchestrator.metrics.middleware import RequestMetricsMiddleware
 from orchestrator.metrics.service import ServiceMetrics
 from orchestrator.metrics.tensorboard import TensorBoardForwarder
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.reconciler.leader import leader_election
 from orchestrator.reconciler.loop import Reconciler
 from orchestrator.reconciler.service import ReconcilerService
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission, SwarmAuthority
-from orchestrator.swarm.dht import DHTPeer, OrchestratorDHT, SwarmProgressCache, refresh_progress
+from orchestrator.swarm.dht import DHTPeer, OrchestratorDHT, refresh_progress
 from orchestrator.tokens import hash_token
 from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
+from worker.wire import API_PREFIX, ApiPath, path_regex
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ lists them all; ``spotswarm serve``'s flags and the settings reference page are 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import secrets
 from dataclasses import dataclass
@@ -407,9 +408,8 @@ class Settings(BaseSettings):
     @field_validator("tensorboard_dir")
     @classmethod
     def _tensorboard_installed(cls, value: Path | None) -> Path | None:
-        from orchestrator.metrics.tensorboard import tensorboard_available
-
-        if value is not None and not tensorboard_available():
+        # The TensorBoard forwarder (``metrics/tensorboard.py``) writes with tensorboardX.
+        if value is not None and importlib.util.find_spec("tensorboardX") is None:
             raise ValueError("needs tensorboardX: pip install 'spotswarm[tensorboard]'")
         return value
 

@@ -18,14 +18,15 @@ from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.packages import PackageClaims
+from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
-from orchestrator.metrics.tensorboard import Forwarder
+from orchestrator.progress import Forwarder, SwarmProgressCache
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
-from orchestrator.swarm.dht import DHTPeer, DHTUnavailable, SwarmProgressCache, refresh_progress
+from orchestrator.swarm.dht import DHTPeer, DHTUnavailable, refresh_progress
 
 if TYPE_CHECKING:
     from orchestrator.swarm.admission import SwarmAdmission
@@ -73,6 +74,19 @@ class AppContext:
             refresh_progress(self.dht, self.swarm, swarms, self.settings.dht.timeout_s, self.clock)
         except DHTUnavailable as exc:
             logger.warning("swarm %s: could not read its progress now: %s", run.swarm_id, exc)
+
+    def settle_heartbeats(self, worker_id: int) -> None:
+        """Write what a leaving worker reported before its leaving is recorded (blocking: call it off the
+        event loop). A worker that reached its run's target leaves at once: the periodic DHT reader may
+        not have seen that epoch. Its DHT peer still runs while it deregisters, so the swarm is read now
+        when it claims more than the DHT showed (the claim itself never counts: runs.swarm_progress).
+        Then its buffered last heartbeat and that epoch are written, so both count when its leaving
+        settles the run."""
+        entry = self.hub.cached(worker_id)
+        live = entry is not None and entry.state in UNENDED_WORKER_STATES
+        if entry is not None and live and entry.epoch > self.hub.swarm_epoch(entry.run_id):
+            self.read_swarm_now(entry.run_id)
+        self.heartbeat_writer.flush()
 
     def orchestrator_peers(self) -> list[str]:
         """The DHT's visible multiaddrs, then announce addresses completed with the peer id."""

@@ -87,11 +87,26 @@ class ApiPath:
     resume_failure = "/workers/{worker_id}/resume-failures"
 
 
+#: The heartbeat's full route template: the route, its fast path and its request metrics all use it.
+HEARTBEAT_ROUTE = API_PREFIX + ApiPath.heartbeat
+
+
+def path_regex(template: str, **groups: str) -> str:
+    """A regex of the full paths of an :class:`ApiPath` template: each ``{param}`` matches one path
+    segment, or the pattern ``groups`` gives for it."""
+    pattern = re.escape(API_PREFIX + template)
+    for name in re.findall(r"\{(\w+)\}", template):
+        pattern = pattern.replace(re.escape("{" + name + "}"), groups.get(name, "[^/]+"))
+    return f"^{pattern}$"
+
+
 CHECKSUM_HEADER = "X-Checksum-Sha256"
 # Counters are stored as signed 64-bit integers and counts as 32-bit ones: larger values are refused here,
 # at the edge, instead of failing in the database (where one bad heartbeat would poison a whole batch).
 MAX_INT64 = 2**63 - 1
 MAX_INT32 = 2**31 - 1
+#: The largest id a path or query takes (ids are 32-bit in the database); larger ones are refused at the edge.
+MAX_ID = MAX_INT32
 NO_NUL_PATTERN = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
 # Control characters (C0, DEL, C1, line and paragraph separators): in a host name or a message they would
 # start forged lines in logs and terminals, so free text that reaches the log refuses them.

@@ -11,25 +11,13 @@ below this package and the domain, which builds the responses.
 - ``middleware/``: ASGI middleware of the API (the request body limit).
 
 The JSON API's prefix and route templates are defined once, in ``worker/wire.py`` (:data:`API_PREFIX`,
-:class:`ApiPath`), which clients share. Importing this package imports no route.
+:class:`ApiPath`, with ``HEARTBEAT_ROUTE``, ``path_regex`` and the ``MAX_ID`` of ids in paths), which
+clients and the server's lower layers (the heartbeat fast path, the request metrics) share. Importing
+this package imports no route.
 """
 
 from __future__ import annotations
 
-import re
-
 from worker.wire import API_PREFIX, ApiPath
 
-__all__ = ["API_PREFIX", "HEARTBEAT_ROUTE", "ApiPath", "path_regex"]
-
-#: The heartbeat's full route template: the route, its fast path and its request metrics all use it.
-HEARTBEAT_ROUTE = API_PREFIX + ApiPath.heartbeat
-
-
-def path_regex(template: str, **groups: str) -> str:
-    """A regex of the full paths of an :class:`ApiPath` template: each ``{param}`` matches one path
-    segment, or the pattern ``groups`` gives for it."""
-    pattern = re.escape(API_PREFIX + template)
-    for name in re.findall(r"\{(\w+)\}", template):
-        pattern = pattern.replace(re.escape("{" + name + "}"), groups.get(name, "[^/]+"))
-    return f"^{pattern}$"
+__all__ = ["API_PREFIX", "ApiPath"]

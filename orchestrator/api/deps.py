@@ -4,8 +4,10 @@ Each route lists what it uses (``SettingsDep``, ``DatabaseDep``, ``ReadSession``
 ``StoreDep``, ...), never the whole context, so a test can replace one part with
 ``app.dependency_overrides``. Dependencies are ``async`` (they do no I/O): a sync one would cost a thread
 hop per request. ``ReadSession`` is the exception: it runs in the thread pool, as the sync routes that
-read the database do. Writes keep their transaction in the route (``with db.begin()``), because what
-follows the commit (refreshing the heartbeat cache, deleting stored files) must see it committed.
+read the database do. Writes that change what workers are told (create, scale, stop, resume, delete a
+run, revoke workers, a worker leaving, checkpoints) go through one use case (``UseCasesDep``,
+``domain/usecases.py``), which owns its transaction and what follows the commit (deleting stored
+files, then one "changed" signal that reloads the heartbeat cache).
 
 The auth rule, in one place:
 
@@ -47,20 +49,22 @@ from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.packages import PackageClaims
 from orchestrator.domain.states import UNENDED_WORKER_STATES
+from orchestrator.domain.usecases import UseCases
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.heartbeats.writer import HeartbeatWriter
 from orchestrator.importcheck.checker import ImportChecker
 from orchestrator.launchers.base import Launcher
 from orchestrator.metrics.service import ServiceMetrics
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission
-from orchestrator.swarm.dht import DHTPeer, SwarmProgressCache
+from orchestrator.swarm.dht import DHTPeer
+from worker.wire import MAX_ID
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).
-MAX_ID = 2**31 - 1
 WorkerId = Annotated[int, PathParam(ge=0, le=MAX_ID, description="The worker's id.")]
 
 
@@ -100,6 +104,7 @@ get_swarm = _part("swarm")
 get_dht = _part("dht")
 get_own_peers = _part("orchestrator_peers", call=True)  # announce addresses first
 get_swarm_reader = _part("read_swarm_now")  # blocking: call it off the event loop
+get_heartbeat_settler = _part("settle_heartbeats")  # blocking too
 get_imports = _part("imports")
 get_launchers = _part("launchers")
 get_admission = _part("swarm_admission")
@@ -115,6 +120,18 @@ def read_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Ses
     """A read-only session, closed when the route returns (before the answer is sent)."""
     with db.read() as session:
         yield session
+
+
+async def get_use_cases(
+    db: Annotated[Database, Depends(get_database)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    store: Annotated[CheckpointStore, Depends(get_store)],
+    swarm: Annotated[SwarmProgressCache, Depends(get_swarm)],
+    hub: Annotated[HeartbeatHub, Depends(get_hub)],
+) -> UseCases:
+    """The use cases over this app's parts; each signals "changed" by reloading the heartbeat cache (the
+    one place the cache is told of a change made through the API)."""
+    return UseCases(db, clock, store, swarm, changed=hub.refresh)
 
 
 async def get_metrics(request: Request) -> ServiceMetrics:
@@ -134,6 +151,7 @@ SwarmDep = Annotated[SwarmProgressCache, Depends(get_swarm)]
 DhtDep = Annotated[DHTPeer, Depends(get_dht)]
 OwnPeers = Annotated[list[str], Depends(get_own_peers)]
 SwarmReader = Annotated[Callable[[int], None], Depends(get_swarm_reader)]
+HeartbeatSettler = Annotated[Callable[[int], None], Depends(get_heartbeat_settler)]
 ImportsDep = Annotated[ImportChecker | None, Depends(get_imports)]
 PackageClaimsDep = Annotated[PackageClaims, Depends(get_package_claims)]
 LaunchersDep = Annotated[Mapping[str, Launcher], Depends(get_launchers)]
@@ -144,6 +162,7 @@ UploadsDep = Annotated[UploadSlots, Depends(get_uploads)]
 CrashPolicyDep = Annotated[CrashPolicy, Depends(get_crash_policy)]
 AdminTokenHash = Annotated[str, Depends(get_admin_token_hash)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+UseCasesDep = Annotated[UseCases, Depends(get_use_cases)]
 
 
 # -- the caller -----------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
-"""The service layer: the rules of runs and workers. Functions take a session and ``now``, raise the
-typed errors of ``orchestrator/errors.py`` and never commit (the caller's transaction does).
+"""The service layer: the rules of runs and workers, and the use cases routes call. The rules take a
+session and ``now``, raise the typed errors of ``orchestrator/errors.py`` and never commit; a use case
+(``usecases.py``) owns the transaction around them, the store, and one "changed" signal after the commit.
+
+- ``usecases.py``: create a run, scale, stop, resume, delete it, replace its join token, revoke
+  hand-joined workers, a worker leaves, upload and delete checkpoints, one that did not load: each
+  checks once, commits, and signals "changed" when the heartbeat cache must reload.
 
 - ``states.py``: the allowed run and worker transitions, and every set of states a rule names.
 - ``runs.py``: run operations and the only functions that change a run's or a worker's state.

@@ -17,8 +17,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample
 from orchestrator.domain import averaging, views
-from orchestrator.metrics.tensorboard import RunPoint
-from orchestrator.swarm.dht import SwarmProgressCache
+from orchestrator.progress import RunPoint, SwarmProgressCache
 
 logger = logging.getLogger(__name__)
 

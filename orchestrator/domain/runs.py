@@ -231,11 +231,9 @@ def settle_stopping_run(session: Session, run: Run, now: datetime) -> None:
 
 
 def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str]:
-    """Insert a pending run; returns it and its join token (shown once). Raises :class:`RunExists`, and
-    :class:`InvalidRequest` for a secret without a value (:func:`require_secret_values`)."""
-    require_secret_values(spec)
-    if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
-        raise RunExists(f"a run named {spec.name!r} exists already")
+    """Insert a pending run; returns it and its join token (shown once). Raises :class:`RunExists`. The
+    spec's checks (secrets given, launcher, code) are the use case's (``usecases.UseCases.create_run``),
+    which runs them once, before this insert."""
     join_token = tokens.new_token(tokens.JOIN_PREFIX)
     run = Run(
         **spec.model_dump(include=set(Run.column_names() - {"trainer"})),  # the spec's fields, as columns
@@ -254,7 +252,7 @@ def create_run(session: Session, spec: RunSpec, now: datetime) -> tuple[Run, str
     session.add(run)
     try:
         session.flush()
-    except IntegrityError as exc:  # a concurrent create of the same name won the race
+    except IntegrityError as exc:  # the name is taken (also by a concurrent create that won the race)
         raise RunExists(f"a run named {spec.name!r} exists already") from exc
     record_event(session, run.id, "run.created", f"swarm {run.swarm_id}, {spec.desired_workers} workers", now)
     return run, join_token

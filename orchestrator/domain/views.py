@@ -19,6 +19,7 @@ from orchestrator.db.models import Base, Checkpoint, Event, ProgressSample, Run,
 from orchestrator.domain import averaging, checkpoints, churn, estimates, reported, runs, sync
 from orchestrator.domain.states import FINISHED_RUN_STATES
 from orchestrator.launchers.base import PUBLIC_DETAILS
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.schemas import (
     ChurnMark,
     EventOut,
@@ -33,7 +34,6 @@ from orchestrator.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from orchestrator.swarm.dht import SwarmProgressCache
 from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
 
 T = TypeVar("T")

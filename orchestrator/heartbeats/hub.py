@@ -37,7 +37,7 @@ from orchestrator.domain import runs
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, ACTIVE_RUN_STATES, UNENDED_WORKER_STATES
 from orchestrator.domain.workers import shard_count
 from orchestrator.errors import Forbidden, Unauthorized
-from orchestrator.swarm.dht import SwarmProgressCache
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.tokens import token_matches
 from worker.peer_addresses import announced_addresses
 from worker.wire import (

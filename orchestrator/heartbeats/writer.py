@@ -27,8 +27,7 @@ from orchestrator.domain import averaging, progress_samples, runs, swarm_forming
 from orchestrator.domain.checkpointer import Contender, elect_checkpointer, eligible
 from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
-from orchestrator.metrics.tensorboard import Forwarder, RunPoint
-from orchestrator.swarm.dht import SwarmProgressCache
+from orchestrator.progress import Forwarder, RunPoint, SwarmProgressCache
 from worker.wire import AveragingCounts, Heartbeat, RunState, WorkerState
 
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit

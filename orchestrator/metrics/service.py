@@ -29,11 +29,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from orchestrator.api import HEARTBEAT_ROUTE
 from orchestrator.context import AppContext
 from orchestrator.db.session import Database
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.metrics.collector import OrchestratorCollector
+from worker.wire import HEARTBEAT_ROUTE
 
 if TYPE_CHECKING:
     from orchestrator.reconciler.loop import Reconciler

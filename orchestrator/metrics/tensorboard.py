@@ -14,42 +14,17 @@ package. Writes are queued to tensorboardX's own thread: forwarding never holds 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from orchestrator.progress import RunPoint
 
 logger = logging.getLogger(__name__)
 
 MAX_OPEN_WRITERS = 64  # event files kept open at once; the least recently written run's is closed first
-
-
-@dataclass(frozen=True)
-class RunPoint:
-    """One progress sample of a run, as forwarded."""
-
-    run: str
-    at: datetime
-    epoch: int
-    figures: dict[str, float]  # swarm figures (tagged ``spotswarm/<name>``)
-    metrics: dict[str, float] = field(default_factory=dict)  # reported metrics (tagged by their names)
-
-
-class Forwarder(Protocol):
-    """Where progress samples go besides the database."""
-
-    def write(self, points: list[RunPoint]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def tensorboard_available() -> bool:
-    """Whether tensorboardX can be imported (the ``spotswarm[tensorboard]`` extra)."""
-    return importlib.util.find_spec("tensorboardX") is not None
 
 
 class TensorBoardForwarder:

@@ -4,7 +4,7 @@ The peer is a plain ``hivemind.DHT`` with a persistent identity (a private key f
 on a fixed port, so its multiaddrs (``/ip4/.../tcp/<port>/p2p/<peer id>``) stay the same across
 restarts: workers and users can keep them as initial peers. It runs in its own (forked) process, as
 hivemind does; its calls block, so the API never calls it on the event loop: a background task reads
-progress into :class:`SwarmProgressCache` and the routes only read the cache.
+progress into a :class:`~orchestrator.progress.SwarmProgressCache` and the routes only read the cache.
 
 Progress comes from what hivemind's ``ProgressTracker`` publishes for a run whose ``run_id`` is the
 run's ``swarm_id``: the key ``f"{swarm_id}_progress"`` with one subkey per peer holding a
@@ -17,12 +17,12 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.clock import Clock
+from orchestrator.progress import SwarmProgress, SwarmProgressCache
 from orchestrator.swarm import dht_process
 
 logger = logging.getLogger(__name__)
@@ -30,19 +30,6 @@ logger = logging.getLogger(__name__)
 
 class DHTUnavailable(RuntimeError):
     """The DHT peer could not start or has died."""
-
-
-@dataclass(frozen=True)
-class SwarmProgress:
-    """A run's swarm as the DHT shows it, computed like ``ProgressTracker`` does."""
-
-    epoch: int
-    samples_accumulated: int
-    num_peers: int
-    num_clients: int
-    samples_per_s: float
-    target_batch_size: int
-    read_at: datetime
 
 
 def progress_key(swarm_id: str) -> str:
@@ -77,39 +64,6 @@ def parse_progress(metadata: Any, target_batch_size: int, read_at: datetime) -> 
         target_batch_size=target_batch_size,
         read_at=read_at,
     )
-
-
-class SwarmProgressCache:
-    """The latest swarm progress per swarm id; written by the refresher, read by routes (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: dict[str, SwarmProgress] = {}
-
-    def get(self, swarm_id: str) -> SwarmProgress | None:
-        with self._lock:
-            return self._items.get(swarm_id)
-
-    def update(self, swarm_id: str, progress: SwarmProgress | None, read_at: datetime) -> None:
-        """Store a read; an empty read keeps the last epoch but shows no peers and no throughput."""
-        with self._lock:
-            if progress is not None:
-                self._items[swarm_id] = progress
-            elif swarm_id in self._items:
-                old = self._items[swarm_id]
-                self._items[swarm_id] = replace(
-                    old, samples_accumulated=0, num_peers=0, num_clients=0, samples_per_s=0.0, read_at=read_at
-                )
-
-    def forget(self, swarm_id: str) -> None:
-        """Drop what was read of one swarm (a resumed run counts its epochs from its checkpoint)."""
-        with self._lock:
-            self._items.pop(swarm_id, None)
-
-    def forget_except(self, swarm_ids: set[str]) -> None:
-        with self._lock:
-            for key in set(self._items) - swarm_ids:
-                del self._items[key]
 
 
 class DHTPeer(Protocol):

@@ -15,8 +15,9 @@ from typing import Any
 
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
+from orchestrator.progress import SwarmProgress
 from orchestrator.swarm.admission import SwarmAuthority
-from orchestrator.swarm.dht import DHTUnavailable, SwarmProgress
+from orchestrator.swarm.dht import DHTUnavailable
 
 
 class NullDHT:

@@ -13,7 +13,8 @@ from orchestrator import errors
 from orchestrator.api.errors import _status_of
 from orchestrator.config import Settings
 from orchestrator.domain.views import downsample
-from orchestrator.swarm.dht import SwarmProgressCache, parse_progress, progress_key
+from orchestrator.progress import SwarmProgressCache
+from orchestrator.swarm.dht import parse_progress, progress_key
 from orchestrator.tokens import bearer_token, hash_token, token_matches
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -16,7 +16,6 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, status
@@ -27,36 +26,31 @@ from fastapi.responses import StreamingResponse
 from orchestrator.api import uploads
 from orchestrator.api.checkpoint_format import check_checkpoint_file
 from orchestrator.api.deps import (
-    MAX_ID,
     Admin,
     AdminTokenHash,
-    ClockDep,
     DatabaseDep,
-    HubDep,
     Reader,
     ReadSession,
     SettingsDep,
     StoreDep,
-    SwarmDep,
     SwarmReader,
     Token,
     UploadsDep,
+    UseCasesDep,
     WorkerId,
     check_run_access,
 )
 from orchestrator.api.routes.workers import CallingWorker
-from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.db.models import Run
 from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs
-from orchestrator.domain.states import ACTIVE_RUN_STATES, ENDED_WORKER_STATES
+from orchestrator.domain.states import ENDED_WORKER_STATES
+from orchestrator.domain.usecases import UseCases
 from orchestrator.errors import Conflict, InvalidRequest
-from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
+from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.schemas import CheckpointList
-from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, checkpoint_key
-from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
+from orchestrator.storage.base import CheckpointStore
+from worker.wire import CHECKSUM_HEADER, MAX_ID, ApiPath, CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])
@@ -70,24 +64,12 @@ class Uploading:
     """The parts an upload uses, from the admission check to the record and the pruning."""
 
     settings: Settings
-    db: Database
-    clock: Clock
-    hub: HeartbeatHub
-    store: CheckpointStore
-    swarm: SwarmProgressCache
+    cases: UseCases
     read_swarm_now: Callable[[int], None]
 
 
-async def uploading(
-    settings: SettingsDep,
-    db: DatabaseDep,
-    clock: ClockDep,
-    hub: HubDep,
-    store: StoreDep,
-    swarm: SwarmDep,
-    read_swarm_now: SwarmReader,
-) -> Uploading:
-    return Uploading(settings, db, clock, hub, store, swarm, read_swarm_now)
+async def uploading(settings: SettingsDep, cases: UseCasesDep, read_swarm_now: SwarmReader) -> Uploading:
+    return Uploading(settings, cases, read_swarm_now)
 
 
 @router.put(
@@ -123,29 +105,8 @@ async def upload_checkpoint(
 
 def _admit(parts: Uploading, entry: WorkerEntry, epoch: int, size_bytes: int) -> None:
     """Raise unless the worker may upload ``size_bytes`` for ``epoch`` now (see the module docstring)."""
-    run = _run_of(parts.db, entry)
-    try:
-        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(parts.swarm, run))
-    except Conflict:
-        if run.checkpointer_worker_id != entry.worker_id:
-            raise
-        # The checkpointer's own DHT peer may hold an epoch the periodic reader has not seen yet.
-        parts.read_swarm_now(run.id)
-        checkpoints.check_upload(run, entry.worker_id, epoch, _dht_epoch(parts.swarm, run))
+    parts.cases.admit_checkpoint(entry.run_id, entry.worker_id, epoch, parts.read_swarm_now)
     uploads.check_free_space(parts.settings, size_bytes)
-
-
-def _run_of(db: Database, entry: WorkerEntry) -> Run:
-    with db.read() as session:
-        run = session.get(Run, entry.run_id)
-    if run is None:
-        raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
-    return run
-
-
-def _dht_epoch(swarm: SwarmProgressCache, run: Run) -> int | None:
-    progress = swarm.get(run.swarm_id)
-    return progress.epoch if progress is not None else None
 
 
 async def _receive_and_store(
@@ -155,54 +116,14 @@ async def _receive_and_store(
     async with uploads.received(request, parts.settings, max_bytes, sha256, "checkpoint") as upload:
         await run_in_threadpool(check_checkpoint_file, upload.path)
         return await run_in_threadpool(
-            _store_and_record, parts, entry, epoch, upload.path, sha256, upload.size
+            parts.cases.upload_checkpoint,
+            entry.run_id,
+            entry.worker_id,
+            epoch,
+            upload.path,
+            sha256,
+            upload.size,
         )
-
-
-def _store_and_record(
-    parts: Uploading, entry: WorkerEntry, epoch: int, path: Path, sha256: str, size: int
-) -> CheckpointRef:
-    with parts.db.read() as session:
-        run = session.get(Run, entry.run_id)
-        if run is None:
-            raise Conflict(f"worker {entry.worker_id}'s run no longer exists")
-        previous = checkpoints.existing_upload(session, run, epoch, sha256)
-        if previous is not None:
-            return checkpoints.to_ref(run, previous)
-        if run.state not in ACTIVE_RUN_STATES:
-            raise Conflict(f"run {run.name!r} is {run.state}; it takes no checkpoints")
-        key = checkpoint_key(run.swarm_id, epoch, sha256)
-    parts.store.put_file(key, path, sha256)
-    try:
-        ref, dropped = _record(parts, entry, run.name, epoch, key, sha256, size)
-    except Conflict:
-        parts.store.delete(key)  # another upload of this epoch, with other bytes, was recorded first
-        raise
-    for old_key in dropped:  # its own key too when an older epoch arrived late and was pruned at once
-        parts.store.delete(old_key)
-    parts.hub.refresh()
-    return ref
-
-
-def _record(
-    parts: Uploading, entry: WorkerEntry, name: str, epoch: int, key: str, sha256: str, size: int
-) -> tuple[CheckpointRef, list[str]]:
-    """Record the stored object; the ref and the keys of pruned checkpoints. Raises Conflict."""
-    with parts.db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        if (previous := checkpoints.existing_upload(session, run, epoch, sha256)) is not None:
-            return checkpoints.to_ref(run, previous), []  # a concurrent retry of the same upload won
-        stored, dropped = checkpoints.record_checkpoint(
-            session,
-            run,
-            epoch=epoch,
-            key=key,
-            size_bytes=size,
-            sha256=sha256,
-            worker_id=entry.worker_id,
-            now=parts.clock(),
-        )
-        return checkpoints.to_ref(run, stored), dropped
 
 
 @router.get(ApiPath.run_checkpoints, summary="A run's checkpoints, newest first")
@@ -271,48 +192,20 @@ def _download(
 
 
 @router.delete(ApiPath.run_checkpoint_item, summary="Delete a checkpoint (admin)")
-def delete_checkpoint(
-    name: str, epoch: Epoch, db: DatabaseDep, hub: HubDep, store: StoreDep, clock: ClockDep, _: Admin
-) -> CheckpointList:
+def delete_checkpoint(name: str, epoch: Epoch, cases: UseCasesDep, _: Admin) -> CheckpointList:
     """Delete the run's checkpoint of ``epoch`` (one that does not load, or that you no longer trust):
     workers that register later resume from the newest one left. The deleted checkpoints in ``items``;
     404 when there is none."""
-    return _delete(db, hub, store, name, clock, epoch=epoch)
+    return CheckpointList(items=cases.delete_checkpoints(name, epoch=epoch))
 
 
 @router.delete(ApiPath.run_checkpoints, summary="Delete every checkpoint one worker uploaded (admin)")
 def delete_uploads_of(
     name: str,
     uploaded_by: Annotated[int, Query(ge=0, le=MAX_ID, description="The worker whose uploads to delete.")],
-    db: DatabaseDep,
-    hub: HubDep,
-    store: StoreDep,
-    clock: ClockDep,
+    cases: UseCasesDep,
     _: Admin,
 ) -> CheckpointList:
     """Delete every checkpoint of the run the worker ``uploaded_by`` uploaded (a worker you no longer
     trust); 404 when it uploaded none that is still kept."""
-    return _delete(db, hub, store, name, clock, uploaded_by=uploaded_by)
-
-
-def _delete(
-    db: Database,
-    hub: HeartbeatHub,
-    store: CheckpointStore,
-    name: str,
-    clock: Clock,
-    *,
-    epoch: int | None = None,
-    uploaded_by: int | None = None,
-) -> CheckpointList:
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        deleted = checkpoints.delete_checkpoints(session, run, clock(), epoch=epoch, uploaded_by=uploaded_by)
-        items = [checkpoints.to_ref(run, c) for c in deleted]
-    for checkpoint in deleted:
-        try:
-            store.delete(checkpoint.key)
-        except (OSError, CheckpointNotFound) as exc:
-            logger.warning("run %s: could not delete checkpoint %s: %s", name, checkpoint.key, exc)
-    hub.refresh()  # the heartbeat replies' latest checkpoint epoch
-    return CheckpointList(items=items)
+    return CheckpointList(items=cases.delete_checkpoints(name, uploaded_by=uploaded_by))

@@ -4,39 +4,29 @@ progress series and workers."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response, status
-from sqlalchemy import select
 
 from orchestrator.api.deps import (
-    MAX_ID,
     Admin,
     ClockDep,
     DatabaseDep,
-    HubDep,
     ImportsDep,
     LaunchersDep,
     PackageClaimsDep,
     Reader,
     ReadSession,
     SettingsDep,
-    StoreDep,
     SwarmDep,
+    UseCasesDep,
 )
 from orchestrator.clock import Clock
 from orchestrator.config import Settings
-from orchestrator.db.models import Run
 from orchestrator.db.session import Database
-from orchestrator.domain import packages, runs, views, workers
-from orchestrator.domain.sync import with_sync
-from orchestrator.errors import InvalidRequest, RunExists, ServiceError
-from orchestrator.importcheck.checker import ImportChecker
-from orchestrator.importcheck.names import check_package_names
-from orchestrator.launchers.base import Launcher, LauncherConfigError
+from orchestrator.domain import runs, views
+from orchestrator.progress import SwarmProgressCache
 from orchestrator.schemas import (
     EventPage,
     JoinToken,
@@ -50,10 +40,7 @@ from orchestrator.schemas import (
     StopRequest,
     WorkerList,
 )
-from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, copy_to_file, package_key
-from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import ApiPath, RunSpec, RunState, WorkerState
-from worker.wire_trainer import trainer_option_in_strategy_options
+from worker.wire import MAX_ID, ApiPath, RunSpec, RunState, WorkerState
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"])
@@ -89,10 +76,7 @@ RunOutDep = Annotated[RunReader, Depends(run_reader)]
 @router.post(ApiPath.runs, status_code=status.HTTP_201_CREATED, summary="Create a run (admin)")
 def create_run(
     spec: RunSpec,
-    db: DatabaseDep,
-    clock: ClockDep,
-    hub: HubDep,
-    store: StoreDep,
+    cases: UseCasesDep,
     imports: ImportsDep,
     launchers: LaunchersDep,
     claims: PackageClaimsDep,
@@ -104,76 +88,8 @@ def create_run(
     their arguments, in an isolated process), insert a pending run and return it with its join token,
     shown only this once. 409 if the name is taken, 422 for a bad spec; either way the package the spec
     names is deleted unless a run names it (or another create is checking it)."""
-    try:
-        with claims.claim(spec.workdir):
-            run = _checked_and_created(spec, db, clock, store, imports, launchers)
-    except ServiceError:
-        if spec.workdir is not None:
-            packages.forget_if_unnamed(db, store, claims, spec.workdir)
-        raise
-    hub.refresh()
-    return RunCreated(**reader.out(run.name).model_dump(), join_token=run.join_token)
-
-
-@dataclass(frozen=True)
-class _Created:
-    name: str
-    join_token: str
-
-
-def _checked_and_created(
-    spec: RunSpec,
-    db: Database,
-    clock: Clock,
-    store: CheckpointStore,
-    imports: ImportChecker | None,
-    launchers: Mapping[str, Launcher],
-) -> _Created:
-    """The checks of :func:`create_run`, then the insert; raises the typed error of the first that fails.
-    The spec is checked and stored with its sync mode named (:func:`~orchestrator.domain.sync.with_sync`)."""
-    spec = with_sync(spec)
-    with db.read() as session:
-        if session.scalar(select(Run.id).where(Run.name == spec.name)) is not None:
-            raise RunExists(f"a run named {spec.name!r} exists already")
-    runs.require_secret_values(spec)
-    _check_launcher(launchers, spec)
-    # here, not in RunSpec: runs stored before the rule must still read (the import check does the rest)
-    misplaced = trainer_option_in_strategy_options(spec.strategy_options)
-    if misplaced:
-        raise InvalidRequest(f"strategy_options: {misplaced}")
-    fetch = None
-    if spec.workdir is not None:
-        key = package_key(spec.workdir)
-        try:
-            store.size(key)
-        except CheckpointNotFound as exc:
-            raise InvalidRequest(
-                f"workdir: no package {spec.workdir} is stored; upload it first (PUT /api/v1/packages/"
-                "{sha256}: spotswarm runs create --workdir DIR does both)"
-            ) from exc
-        check_package_names(store, key)  # its own 'worker' or 'orchestrator' could never be imported
-
-        def fetch(dest: Path) -> None:
-            copy_to_file(store, key, dest)
-
-    if imports is not None:
-        imports.check_spec(spec, fetch)
-    with db.begin() as session:
-        run, join_token = runs.create_run(session, spec, clock())
-        return _Created(run.name, join_token)
-
-
-def _check_launcher(launchers: Mapping[str, Launcher], spec: RunSpec) -> None:
-    """422 for a launcher this orchestrator lacks, or options it would refuse at every launch."""
-    if not launchers:
-        return
-    launcher = launchers.get(spec.launcher)
-    if launcher is None:
-        raise InvalidRequest(f"launcher: unknown {spec.launcher!r}; available: {sorted(launchers)}")
-    try:
-        launcher.validate_options(spec.launcher_options, workers=spec.desired_workers)
-    except LauncherConfigError as exc:
-        raise InvalidRequest(f"launcher_options: {exc}") from exc
+    created = cases.create_run(spec, launchers, imports, claims)
+    return RunCreated(**reader.out(created.name).model_dump(), join_token=created.join_token)
 
 
 @router.get(ApiPath.runs, summary="List runs")
@@ -204,96 +120,54 @@ def get_run(
 
 
 @router.post(ApiPath.run_scale, summary="Change worker counts (admin)")
-def scale_run(
-    name: str, body: ScaleRequest, db: DatabaseDep, clock: ClockDep, hub: HubDep, reader: RunOutDep, _: Admin
-) -> RunOut:
+def scale_run(name: str, body: ScaleRequest, cases: UseCasesDep, reader: RunOutDep, _: Admin) -> RunOut:
     """422 when desired is outside [min, max]; 409 unless the run is pending or running."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        runs.scale_run(session, run, body.desired_workers, clock(), body.min_workers, body.max_workers)
-    hub.refresh()
+    cases.scale_run(name, body.desired_workers, body.min_workers, body.max_workers)
     return reader.out(name)
 
 
 @router.post(ApiPath.run_stop, summary="Stop a run (admin)")
 def stop_run(
-    name: str,
-    db: DatabaseDep,
-    clock: ClockDep,
-    hub: HubDep,
-    reader: RunOutDep,
-    _: Admin,
-    body: StopRequest | None = None,
+    name: str, cases: UseCasesDep, reader: RunOutDep, _: Admin, body: StopRequest | None = None
 ) -> RunOut:
     """Workers are told to stop at their next heartbeat; the run is stopped once none is live.
     A no-op for a stopping or stopped run; 409 for a completed or failed one."""
-    reason = body.reason if body else StopRequest().reason
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        runs.stop_run(session, run, reason, clock())
-    hub.refresh()
+    cases.stop_run(name, body.reason if body else StopRequest().reason)
     return reader.out(name)
 
 
 @router.post(ApiPath.run_resume, summary="Resume a stopped, failed or completed run (admin)")
 def resume_run(
-    name: str,
-    db: DatabaseDep,
-    clock: ClockDep,
-    hub: HubDep,
-    swarm: SwarmDep,
-    reader: RunOutDep,
-    _: Admin,
-    body: ResumeRequest | None = None,
+    name: str, cases: UseCasesDep, reader: RunOutDep, _: Admin, body: ResumeRequest | None = None
 ) -> RunOut:
     """Back to pending (the reconciler launches workers again, from the latest checkpoint), with a new
     stop condition when ``stop`` is given. 409 unless the run has finished, and for a run that would
     meet its stop condition at once (a completed run needs a higher target)."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        runs.resume_run(session, run, clock(), body.stop if body else None)
-    swarm.forget(run.swarm_id)  # the swarm counts again from the checkpoint's epoch
-    hub.refresh()
+    cases.resume_run(name, body.stop if body else None)
     return reader.out(name)
 
 
 @router.post(ApiPath.run_join_token, summary="Replace the run's join token (admin)")
-def rotate_join_token(name: str, db: DatabaseDep, clock: ClockDep, _: Admin) -> JoinToken:
+def rotate_join_token(name: str, cases: UseCasesDep, _: Admin) -> JoinToken:
     """A new join token, shown only this once; the old one stops working at once (registrations and
     checkpoint downloads with it get 401). Workers that joined keep their worker tokens."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        join_token = runs.rotate_join_token(session, run, clock())
-    return JoinToken(name=name, join_token=join_token)
+    return JoinToken(name=name, join_token=cases.rotate_join_token(name))
 
 
 @router.post(ApiPath.run_revoke_manual, summary="End every worker joined by hand (admin)")
-def revoke_manual_workers(
-    name: str, db: DatabaseDep, hub: HubDep, clock: ClockDep, _: Admin
-) -> RevokedWorkers:
+def revoke_manual_workers(name: str, cases: UseCasesDep, _: Admin) -> RevokedWorkers:
     """End every worker of the run joined by hand with its join token (running or lost): their worker
     tokens stop working at once (403), and a running one is told to stop by its next heartbeat. Launched
     workers go on. Replace the join token too (``POST /runs/{name}/join-token``) so that nobody joins
     again with the old one."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        revoked = workers.revoke_manual_workers(session, run, clock())
-    hub.refresh()  # the heartbeat cache refuses their tokens from now on
+    revoked = cases.revoke_manual_workers(name)
     return RevokedWorkers(name=name, revoked=[str(i) for i in revoked])
 
 
 @router.delete(ApiPath.run, status_code=status.HTTP_204_NO_CONTENT, summary="Delete a finished run (admin)")
-def delete_run(name: str, db: DatabaseDep, hub: HubDep, store: StoreDep, _: Admin) -> Response:
+def delete_run(name: str, cases: UseCasesDep, _: Admin) -> Response:
     """Delete a stopped, completed or failed run with its workers, events and checkpoints; 409 otherwise."""
-    with db.begin() as session:
-        run = runs.get_run(session, name, for_update=True)
-        keys = runs.delete_run(session, run)
-    for key in keys:
-        try:
-            store.delete(key)
-        except (OSError, CheckpointNotFound) as exc:
-            logger.warning("run %s: could not delete checkpoint %s: %s", name, key, exc)
-    hub.refresh()
+    cases.delete_run(name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

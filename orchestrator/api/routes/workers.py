@@ -6,8 +6,6 @@ database in batches; only a worker missing from the cache costs a database read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response, status
@@ -16,32 +14,27 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import (
-    MAX_ID,
     AdmissionDep,
     ClockDep,
     CrashPolicyDep,
     DatabaseDep,
-    HeartbeatWriterDep,
+    HeartbeatSettler,
     HubDep,
     JoinLimiterDep,
     OwnPeers,
     RegistrationsDep,
     RegistrationToken,
     SettingsDep,
-    SwarmReader,
+    UseCasesDep,
     WorkerId,
     WorkerToken,
 )
-from orchestrator.clock import Clock
-from orchestrator.db.session import Database
 from orchestrator.domain import checkpoints, runs, views, workers
-from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.roster import per_transaction, roster
-from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub, RunEntry, WorkerEntry
-from orchestrator.heartbeats.writer import HeartbeatWriter
 from worker.wire import (
+    MAX_ID,
     ApiPath,
     Deregister,
     Heartbeat,
@@ -149,59 +142,13 @@ async def deregister(
     worker_id: WorkerId,
     _: CallingWorker,
     body: Deregister,
-    leaving: Annotated[Leaving, Depends(leaving_parts)],
+    cases: UseCasesDep,
+    settle: HeartbeatSettler,
+    crash_policy: CrashPolicyDep,
 ) -> Response:
     """interrupted -> interrupted, stopped/completed -> exited, error -> failed (with an event)."""
-    await run_in_threadpool(_deregister, leaving, worker_id, body)
+    await run_in_threadpool(cases.worker_leaves, worker_id, body, crash_policy, settle)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-@dataclass(frozen=True)
-class Leaving:
-    """The parts a leaving worker's deregistration uses."""
-
-    db: Database
-    clock: Clock
-    hub: HeartbeatHub
-    writer: HeartbeatWriter
-    read_swarm_now: Callable[[int], None]
-    crash_policy: CrashPolicy
-
-
-async def leaving_parts(
-    db: DatabaseDep,
-    clock: ClockDep,
-    hub: HubDep,
-    writer: HeartbeatWriterDep,
-    read_swarm_now: SwarmReader,
-    crash_policy: CrashPolicyDep,
-) -> Leaving:
-    return Leaving(db, clock, hub, writer, read_swarm_now, crash_policy)
-
-
-def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
-    # A worker that reached its run's target leaves at once: the periodic DHT reader may not have seen
-    # that epoch. Its DHT peer still runs while it deregisters, so read the swarm now when it claims
-    # more than the DHT showed (the claim itself never counts: runs.swarm_progress). Then write its
-    # buffered last heartbeat and that epoch, so both count when its leaving settles the run.
-    entry = parts.hub.cached(worker_id)
-    live = entry is not None and entry.state in UNENDED_WORKER_STATES
-    if entry is not None and live and entry.epoch > parts.hub.swarm_epoch(entry.run_id):
-        parts.read_swarm_now(entry.run_id)
-    parts.writer.flush()
-    with parts.db.begin() as session:
-        worker = runs.get_worker(session, worker_id)
-        workers.deregister_worker(
-            session,
-            worker,
-            body.reason,
-            body.message,
-            parts.clock(),
-            parts.crash_policy,
-            unusable_spec=body.unusable_spec,
-            metrics=body.metrics,
-        )
-    parts.hub.refresh()
 
 
 @router.post(
@@ -210,11 +157,10 @@ def _deregister(parts: Leaving, worker_id: int, body: Deregister) -> None:
     summary="Report a checkpoint that did not load (worker token)",
 )
 def resume_failure(
-    worker_id: WorkerId, entry: CallingWorker, body: ResumeFailure, db: DatabaseDep, clock: ClockDep
+    worker_id: WorkerId, entry: CallingWorker, body: ResumeFailure, cases: UseCasesDep
 ) -> Response:
     """Records a ``checkpoint.unloadable`` event naming the checkpoint and who uploaded it: the worker
     falls back to an older checkpoint (or none) and trains on, so nothing else changes; the admin may
     delete the checkpoint (``DELETE /runs/{name}/checkpoints/{epoch}``)."""
-    with db.begin() as session:
-        checkpoints.record_resume_failure(session, entry.run_id, worker_id, body.epoch, body.message, clock())
+    cases.checkpoint_unloadable(entry.run_id, worker_id, body.epoch, body.message)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
