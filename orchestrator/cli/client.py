@@ -1,7 +1,7 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
 The CLI is a client like any other: it never starts or calls the server's parts, only imports names and
-pure rules (:mod:`orchestrator.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
+pure rules (:mod:`orchestrator.schemas`, :mod:`worker.protocol`, :mod:`orchestrator.domain.states`). Every
 failure becomes a :class:`CliError` carrying a one-line message and the process exit code (see ``EXIT_*``);
 the command layer prints it and exits.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from worker.wire import API_PREFIX, CHECKSUM_HEADER, ApiPath
+from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_BYTES = 1 << 20

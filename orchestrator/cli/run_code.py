@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from orchestrator.cli.client import ApiClient, CliError, _validation_errors
 from orchestrator.cli.output import echo_json, fmt_bytes
 from orchestrator.cli.packaging import Package, PackagingError, pack
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -14,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Run
-from worker.logsetup import log_fields
-from worker.redaction import redact
+from worker.protocol.redaction import redact
+from worker.runtime.logsetup import log_fields
 
 logger = logging.getLogger(__name__)
 

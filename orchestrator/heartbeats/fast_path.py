@@ -23,7 +23,7 @@ from orchestrator.api import HEARTBEAT_ROUTE, ApiPath, path_regex
 from orchestrator.api.deps import MAX_ID
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
-from worker.wire import Heartbeat
+from worker.protocol.workers import Heartbeat
 
 HEARTBEAT_PATH_RE = re.compile(path_regex(ApiPath.heartbeat, worker_id="([0-9]{1,10})"))
 

@@ -29,7 +29,8 @@ from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATE
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.metrics.tensorboard import Forwarder, RunPoint
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import AveragingCounts, Heartbeat, RunState, WorkerState
+from worker.protocol.runs import RunState
+from worker.protocol.workers import AveragingCounts, Heartbeat, WorkerState
 
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
 

@@ -20,7 +20,8 @@ from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, register, swarm_token_peer_id
-from worker.wire import NEWER_SPEC_FIELDS, RunSpec, StrictModel
+from worker.protocol.runs import NEWER_SPEC_FIELDS, RunSpec
+from worker.protocol.validators import StrictModel
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 CHECKPOINT_MAX_BYTES = 256 * 1024

@@ -5,8 +5,10 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from worker.wire import Heartbeat, RunSpec
-from worker.wire_trainer import DEFAULT_REPORT_METRICS, select_metrics, trainer_option_in_strategy_options
+from worker.protocol.metrics import DEFAULT_REPORT_METRICS, select_metrics
+from worker.protocol.runs import RunSpec
+from worker.protocol.trainer import trainer_option_in_strategy_options
+from worker.protocol.workers import Heartbeat
 
 BASE = {
     "name": "digits",

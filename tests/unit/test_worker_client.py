@@ -19,7 +19,8 @@ from worker.agent.client import (
 )
 from worker.agent.heartbeat import Heartbeater
 from worker.agent.state import AgentState
-from worker.wire import CHECKSUM_HEADER, AveragingCounts, DeregisterReason, Heartbeat
+from worker.protocol.paths import CHECKSUM_HEADER
+from worker.protocol.workers import AveragingCounts, DeregisterReason, Heartbeat
 
 
 class FakeServer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from hivemind.proto.auth_pb2 import AccessToken
 
 from worker.admission.tokens import TokenFields
-from worker.wire import SwarmToken
+from worker.protocol.swarm_tokens import SwarmToken
 
 
 def to_access_token(token: TokenFields | SwarmToken) -> AccessToken:

@@ -38,8 +38,8 @@ from hivemind.utils.timed_storage import get_dht_time
 from worker.admission.access_tokens import from_access_token, to_access_token
 from worker.admission.guard import ADMISSION_HANDLER, AdmissionGuard, GuardedP2P
 from worker.admission.tokens import SwarmTokenError, TokenFields, TokenVerifier
+from worker.protocol.swarm_tokens import SwarmToken
 from worker.strategy.dht import LifelineDHT
-from worker.wire import SwarmToken
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The worker's small HTTP client of the orchestrator API (paths and models from :mod:`worker.wire`).
+"""The worker's small HTTP client of the orchestrator API (paths and models from :mod:`worker.protocol`).
 
 Transient failures (connection errors, time-outs, HTTP 5xx, and 429 no sooner than its ``Retry-After``)
 are retried with exponential backoff and surface as :class:`Unreachable` once the retries are spent.
@@ -19,23 +19,19 @@ from typing import Any
 
 import httpx
 
-from worker.wire import (
-    API_PREFIX,
+from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
+from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+from worker.protocol.validators import without_control_characters
+from worker.protocol.workers import (
     AVERAGING_NEWER,
-    CHECKSUM_HEADER,
-    ApiPath,
     Deregister,
     DeregisterReason,
     Heartbeat,
     HeartbeatReply,
     PeerList,
     ResumeFailure,
-    SwarmAuthInfo,
-    SwarmToken,
-    SwarmTokenRequest,
     WorkerRegister,
     WorkerRegistered,
-    without_control_characters,
 )
 
 logger = logging.getLogger(__name__)
@@ -252,7 +248,7 @@ class OrchestratorClient:
         """Download a checkpoint (or any file of the API) to ``dest`` (atomically) and verify it.
 
         ``download_path`` is an API path such as ``/runs/<name>/checkpoints/latest/download`` (with or
-        without :data:`~worker.wire.API_PREFIX`). The expected SHA-256 is ``sha256`` or else the
+        without :data:`~worker.protocol.paths.API_PREFIX`). The expected SHA-256 is ``sha256`` or else the
         response's ``X-Checksum-Sha256``; a mismatch raises :class:`ChecksumMismatch` and leaves no file
         behind.
         """

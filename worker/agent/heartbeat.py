@@ -27,13 +27,13 @@ from worker.agent.client import (
     Unreachable,
 )
 from worker.agent.state import AgentState
-from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply
+from worker.protocol.workers import DeregisterReason, Heartbeat, HeartbeatReply
 
 logger = logging.getLogger(__name__)
 
 
 class Heartbeater(threading.Thread):
-    """Sends :class:`worker.wire.Heartbeat` for ``worker_id`` until :meth:`halt` is called.
+    """Sends :class:`worker.protocol.workers.Heartbeat` for ``worker_id`` until :meth:`halt` is called.
 
     ``peers_refresh_s`` is how often the run's peer list is fetched and cached in ``worker_dir`` so a
     restarted worker can rejoin the swarm while the orchestrator is down. ``on_lost(silent_s)`` is

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from worker import context
-from worker.wire import (
+from worker.protocol.workers import (
     LEAVING_PHASE,
     AveragingCounts,
     DeregisterReason,

@@ -56,7 +56,8 @@ from orchestrator.heartbeats.hub import HeartbeatHub, WorkerEntry
 from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, checkpoint_key
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import CHECKSUM_HEADER, ApiPath, CheckpointRef
+from worker.protocol.paths import CHECKSUM_HEADER, ApiPath
+from worker.protocol.workers import CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])

@@ -51,8 +51,10 @@ from orchestrator.schemas import (
 )
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, copy_to_file, package_key
 from orchestrator.swarm.dht import SwarmProgressCache
-from worker.wire import ApiPath, RunSpec, RunState, WorkerState
-from worker.wire_trainer import trainer_option_in_strategy_options
+from worker.protocol.paths import ApiPath
+from worker.protocol.runs import RunSpec, RunState
+from worker.protocol.trainer import trainer_option_in_strategy_options
+from worker.protocol.workers import WorkerState
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"])

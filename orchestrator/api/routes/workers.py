@@ -41,16 +41,15 @@ from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub, RunEntry, WorkerEntry
 from orchestrator.heartbeats.writer import HeartbeatWriter
-from worker.wire import (
-    ApiPath,
+from worker.protocol.paths import ApiPath
+from worker.protocol.runs import spec_for_workers, swarm_admission_requested
+from worker.protocol.workers import (
     Deregister,
     Heartbeat,
     HeartbeatReply,
     ResumeFailure,
     WorkerRegister,
     WorkerRegistered,
-    spec_for_workers,
-    swarm_admission_requested,
 )
 
 router = APIRouter(tags=["workers"])
