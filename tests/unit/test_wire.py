@@ -112,7 +112,7 @@ def test_trainer_options_in_strategy_options_are_named() -> None:
 
 def test_heartbeat_metrics_are_bounded_finite_and_named() -> None:
     assert Heartbeat(metrics={"val_loss": 0.5, "lr-Optimizer/pg1": 0.01}).metrics["val_loss"] == 0.5
-    assert Heartbeat().metrics == {}  # what an older worker sends
+    assert Heartbeat().metrics == {}  # a heartbeat without metrics
     for bad in ({"val_loss": float("nan")}, {"a\x00": 1.0}, {f"m{i}": 1.0 for i in range(33)}, {"": 1.0}):
         with pytest.raises(ValidationError):
             Heartbeat(metrics=bad)

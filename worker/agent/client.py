@@ -23,7 +23,6 @@ from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
 from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 from worker.protocol.validators import without_control_characters
 from worker.protocol.workers import (
-    AVERAGING_NEWER,
     Deregister,
     DeregisterReason,
     Heartbeat,
@@ -129,8 +128,6 @@ class OrchestratorClient:
         self._max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
-        #: False once an orchestrator from before ``AveragingCounts``' seconds refused them (422)
-        self._send_averaging_times = True
 
     def close(self) -> None:
         self._http.close()
@@ -149,24 +146,9 @@ class OrchestratorClient:
         return WorkerRegistered.model_validate(response.json())
 
     def heartbeat(self, worker_id: str, body: Heartbeat) -> HeartbeatReply:
-        """Report progress; the reply says whether to go on and whether this worker checkpoints.
-
-        The averaging seconds and kept samples (``AVERAGING_NEWER``) go only when known; an orchestrator
-        from before them (whose heartbeat refuses unknown fields, 422) is asked again without them, and is
-        not sent them again."""
+        """Report progress; the reply says whether to go on and whether this worker checkpoints."""
         path = ApiPath.heartbeat.format(worker_id=worker_id)
-        payload = body.model_dump(mode="json")
-        sent = _averaging_times(payload) if self._send_averaging_times else []
-        if not self._send_averaging_times:
-            _drop_averaging_times(payload)
-        try:
-            response = self._call("POST", path, json=payload)
-        except Rejected as exc:
-            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
-                raise
-            self._send_averaging_times = False
-            _drop_averaging_times(payload)
-            response = self._call("POST", path, json=payload)
+        response = self._call("POST", path, json=body.model_dump(mode="json"))
         return HeartbeatReply.model_validate(response.json())
 
     def deregister(
@@ -181,22 +163,14 @@ class OrchestratorClient:
         ``unusable_spec`` that no worker could use the run's spec, ``metrics`` are the worker's last
         reported values (see :class:`Deregister`).
 
-        Fields left at their defaults are not sent, and an orchestrator from before ``unusable_spec`` and
-        ``metrics`` (whose deregistration refuses unknown fields, 422) is asked again without them.
+        Fields left at their defaults are not sent.
         """
         text = without_control_characters(message)[:4000] if message else None
         body = Deregister(
             reason=reason, message=text or None, unusable_spec=unusable_spec, metrics=metrics or {}
         )
         path = ApiPath.deregister.format(worker_id=worker_id)
-        newer = {"unusable_spec", "metrics"}
-        try:
-            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True))
-        except Rejected as exc:
-            sent = [name for name in newer if getattr(body, name)]
-            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
-                raise
-            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True, exclude=newer))
+        self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True))
 
     def report_resume_failure(self, worker_id: str, epoch: int, message: str) -> None:
         """Tell the orchestrator that the run's checkpoint of ``epoch`` did not load here, and why."""
@@ -350,17 +324,3 @@ def _retry_after_s(response: httpx.Response) -> float:
         return max(0.0, float(response.headers.get("Retry-After", "0")))
     except ValueError:
         return 0.0
-
-
-def _averaging_times(payload: dict[str, Any]) -> list[str]:
-    """The newer averaging counts a heartbeat's JSON carries; those at 0 (not known) are dropped from it."""
-    counts = payload.get("averaging") or {}
-    for name in AVERAGING_NEWER:
-        if name in counts and not counts[name]:
-            del counts[name]
-    return [name for name in AVERAGING_NEWER if name in counts]
-
-
-def _drop_averaging_times(payload: dict[str, Any]) -> None:
-    for name in AVERAGING_NEWER:
-        (payload.get("averaging") or {}).pop(name, None)

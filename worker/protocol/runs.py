@@ -242,24 +242,14 @@ class RunSpec(StrictModel):
         return self
 
 
-#: RunSpec fields that workers before them do not know: a registration reply leaves each out while it
-#: holds its default, so an older worker (its RunSpec refuses unknown fields) still joins the runs that
-#: do not use them.
-NEWER_SPEC_FIELDS = ("trainer", "report_metrics", "max_worker_crashes")
 #: RunSpec fields only the orchestrator acts on (what it trusts hand-joined workers with): never sent to
-#: workers, which have no use for them (and older ones would refuse them).
+#: workers, which have no use for them.
 SERVER_ONLY_SPEC_FIELDS = ("hand_joined_checkpoint", "hand_joined_secrets")
 
 
 def spec_for_workers(spec: RunSpec) -> dict[str, Any]:
-    """``spec`` as JSON for a registration reply: the :data:`NEWER_SPEC_FIELDS` only where set, the
-    :data:`SERVER_ONLY_SPEC_FIELDS` never."""
-    unused = {
-        name
-        for name in NEWER_SPEC_FIELDS
-        if getattr(spec, name) == RunSpec.model_fields[name].get_default(call_default_factory=True)
-    } | set(SERVER_ONLY_SPEC_FIELDS)
-    return spec.model_dump(mode="json", exclude=unused)
+    """``spec`` as JSON for a registration reply: without the :data:`SERVER_ONLY_SPEC_FIELDS`."""
+    return spec.model_dump(mode="json", exclude=set(SERVER_ONLY_SPEC_FIELDS))
 
 
 # -- swarm admission (docs/concepts/swarm-admission.md) ------------------------------------------

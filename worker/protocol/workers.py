@@ -104,8 +104,7 @@ class AveragingCounts(StrictModel):
         ge=0,
         allow_inf_nan=False,
         description="Of train_s, the seconds its training thread waited on averaging rounds (the rest is "
-        "compute: G = (train_s - averaging_s) / averaging_s). Sent only when known: an orchestrator from "
-        "before these two fields is sent the counts without them.",
+        "compute: G = (train_s - averaging_s) / averaging_s); 0 while not known.",
     )
     kept_samples: int = Field(
         default=0,
@@ -113,7 +112,7 @@ class AveragingCounts(StrictModel):
         le=MAX_INT64,
         description="DiLoCo: this worker's samples in rounds whose outer step took them with their weight "
         "(averaged, or alone); samples of a discarded round, of a first round at zero weight, or of a round "
-        "a worker left unfinished are not kept. 0 in the other modes. Sent only when above 0.",
+        "a worker left unfinished are not kept. 0 in the other modes.",
     )
 
     @property
@@ -129,8 +128,6 @@ class AveragingCounts(StrictModel):
 AVERAGING_OUTCOMES = ("averaged", "alone", "no_group", "timeout", "failed", "downloaded")
 #: the seconds in AveragingCounts (cumulative, like the counts)
 AVERAGING_TIMES = ("train_s", "averaging_s")
-#: counts a worker sends only when above 0, and drops for an orchestrator from before them
-AVERAGING_NEWER = (*AVERAGING_TIMES, "kept_samples")
 
 
 #: the heartbeat phase of a worker with a spot notice: it trains on, and its replacement is launched now
