@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from worker.protocol.errors import error_detail
 from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
 from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 from worker.protocol.validators import without_control_characters
@@ -36,6 +37,8 @@ from worker.protocol.workers import (
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+#: the most of a server's error text a worker puts in an exception (and so in its log)
+MAX_MESSAGE_CHARS = 500
 
 
 class ApiError(Exception):
@@ -90,15 +93,6 @@ def sha256_of_file(path: Path) -> str:
 def _file_chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as handle:
         yield from iter(lambda: handle.read(CHUNK_BYTES), b"")
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500] or response.reason_phrase
-    detail = body.get("detail", body) if isinstance(body, dict) else body
-    return detail if isinstance(detail, str) else str(detail)[:500]
 
 
 class OrchestratorClient:
@@ -292,9 +286,13 @@ class OrchestratorClient:
         if read:
             response.read()
         if response.status_code >= 500 or response.status_code == 429:  # 429: a rate limit, retried later
-            raise _Transient(response.status_code, _detail(response), _retry_after_s(response))
+            raise _Transient(
+                response.status_code, error_detail(response, MAX_MESSAGE_CHARS), _retry_after_s(response)
+            )
         error = _STATUS_ERRORS.get(response.status_code, Rejected)
-        raise error(f"{response.status_code}: {_detail(response)}", response.status_code)
+        raise error(
+            f"{response.status_code}: {error_detail(response, MAX_MESSAGE_CHARS)}", response.status_code
+        )
 
     def _wait_or_give_up(self, attempt: int, method: str, path: str, exc: Exception) -> None:
         status = exc.status_code if isinstance(exc, _Transient) else None

@@ -15,6 +15,7 @@ hivemind.
 - ``sync.py``: the sync modes and the DiLoCo knobs a run may set, and their check.
 - ``checkpoints.py``: what a run's checkpoint holds besides Lightning's keys; the exported form.
 - ``validators.py``: plain text, plain JSON, import paths, integer bounds, the states' enum base.
+- ``errors.py``: how an API error reads (both HTTP clients word refusals with it).
 - ``exit_codes.py``, ``imds.py``: the agent's exit codes; the EC2 metadata paths spot workers read.
 - ``comma_list.py``, ``peer_addresses.py``, ``redaction.py``: settings given as ``a, b``; which peer
   addresses are usable; the rule that masks a run's secret values.
