@@ -4,7 +4,6 @@ them (``ApiPath.heartbeat.format(worker_id=7)``).
 Endpoints that carry the models of :mod:`worker.protocol.workers` and :mod:`worker.protocol.swarm_tokens`
 (all under ``/api/v1``):
 
-
 ==========================================  ================  =======================================
 ``POST /workers/register``                  join or launch    :class:`WorkerRegister` ->
                                                               :class:`WorkerRegistered`
@@ -15,7 +14,9 @@ Endpoints that carry the models of :mod:`worker.protocol.workers` and :mod:`work
 ``GET  /runs/{name}/package``               worker/run/admin token  the run's code package (raw bytes)
 ``GET  /runs/{name}/peers``                 none              :class:`PeerList`
 ``POST /workers/{worker_id}/swarm-token``  worker token      :class:`SwarmTokenRequest` -> :class:`SwarmToken`
-``GET  /swarm-auth``                        none              :class:`SwarmAuthInfo`"""
+``GET  /swarm-auth``                        none              :class:`SwarmAuthInfo`
+==========================================  ================  =======================================
+"""
 
 from __future__ import annotations
 
