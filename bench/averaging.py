@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
 from tests.support.waiting import wait_until
-from worker.wire import AVERAGING_OUTCOMES
+from worker.protocol.workers import AVERAGING_OUTCOMES
 
 CONFIGS = {"admission on": True, "admission off": False}
 

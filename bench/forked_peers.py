@@ -16,7 +16,7 @@ def become_peer(log_path: str, *, stdout: bool = True) -> None:
     """First thing in a forked peer: its own process group and hivemind locks, its output to ``log_path``."""
     os.setsid()
     if "hivemind" in sys.modules:  # imported before the fork: its locks are the parent's
-        from worker.strategy.hivemind_fixes import own_mpfuture_locks
+        from worker._hivemind_compat import own_mpfuture_locks
 
         own_mpfuture_locks()
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

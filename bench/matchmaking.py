@@ -1,5 +1,5 @@
 """Averaging rounds that succeed between two peers that start together, with the strategy as it ships and
-with one of its matchmaking fixes (``worker/strategy/hivemind_fixes.py``) left out.
+with one of its matchmaking fixes (``worker/_hivemind_compat.py``) left out.
 
 While a swarm forms, each new peer briefly thinks it is alone and calls off the averaging rounds it had
 pre-scheduled. hivemind cancels the matchmaking task of such a round without awaiting it; the garbage
@@ -51,7 +51,7 @@ def bound_by_wait_for() -> None:
     """The matchmaking DHT calls bounded as the strategy did before b6300b0, in this (forked) peer."""
     from hivemind.averaging.key_manager import GroupKeyManager
 
-    from worker.strategy.hivemind_fixes import MATCHMAKING_DHT_TIMEOUT_S
+    from worker._hivemind_compat import MATCHMAKING_DHT_TIMEOUT_S
 
     def bounded(method: Any, fallback: Any) -> Any:
         async def within_bound(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -92,8 +92,8 @@ def run_peer(
 
     import worker.strategy.optimizer
     from worker.examples.digits import DigitsDataModule, DigitsModule
+    from worker.protocol.trainer import NO_VALIDATION, QUIET
     from worker.strategy import HivemindStrategy
-    from worker.trainer_options import NO_VALIDATION, QUIET
 
     if not keep and args.left_out == "keep-alive":  # the baseline: hivemind's averagers as they are
         worker.strategy.optimizer.keep_averager_tasks_alive = lambda: None  # type: ignore[assignment]

@@ -44,8 +44,8 @@ from tests.support.orchestrator import Orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.runs import RunReader, kill_local_workers, start_loop_orchestrator
 from tests.support.waiting import wait_until
-from worker.strategy.diloco.settings import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
-from worker.wire import AVERAGING_OUTCOMES
+from worker.protocol.sync import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
+from worker.protocol.workers import AVERAGING_OUTCOMES
 
 ARMS = {1: "1 worker, DiLoCo", 2: "2 workers, DiLoCo"}
 ENDED_RUN_STATES = ("stopped", "completed", "failed")

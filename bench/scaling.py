@@ -46,7 +46,7 @@ from bench.bytelm import add_model_arguments
 from bench.forked_peers import become_peer, kill_peers
 from bench.slow_link import BRIDGE_IP, capped_links, enter, links_available, worker_ip
 from bench.time_to_accuracy import commit, log_tail, machine, run_bootstrap
-from worker.strategy.diloco.settings import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
+from worker.protocol.sync import DEFAULT_OUTER_LR, DEFAULT_OUTER_MOMENTUM
 
 ARMS = {
     "A": "1 worker, plain Lightning",
@@ -119,7 +119,7 @@ def lightning_worker(
     from lightning.pytorch import Callback, LightningModule, Trainer
     from torch.utils.data import DataLoader, IterableDataset
 
-    from worker.trainer_options import NO_VALIDATION, QUIET
+    from worker.protocol.trainer import NO_VALIDATION, QUIET
 
     model, batches, val = data_and_model(args, seed=rank + 1)
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.launchers.spot_market import SpotMarket, SpotMarketSettings
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
-from worker.strategy.diloco.settings import DEFAULT_SYNC_EVERY_S, NEW_RUN_SYNC
+from worker.protocol.sync import DEFAULT_SYNC_EVERY_S, NEW_RUN_SYNC
 
 SAMPLE_S = 1.0
 QUICK_TRACE = "minute,capacity\n0,1\n2,0\n3,1\n5,1\n"  # one slot: lost at 2 min, back at 3

@@ -92,7 +92,7 @@ def _lightning(
 ) -> dict[str, Any]:
     from lightning.pytorch import Callback, Trainer
 
-    from worker.trainer_options import QUIET
+    from worker.protocol.trainer import QUIET
 
     module, loader = _model_and_data(args)
     clock = _StepClock(args.warmup, args.batch_size)

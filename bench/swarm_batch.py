@@ -42,8 +42,8 @@ def run_peer(out: str, initial_peers: list[str], run_id: str, args: argparse.Nam
     from lightning.pytorch import Trainer
 
     from worker.examples.digits import DigitsDataModule, DigitsModule
+    from worker.protocol.trainer import NO_VALIDATION, QUIET
     from worker.strategy import HivemindStrategy
-    from worker.trainer_options import NO_VALIDATION, QUIET
 
     variant = VARIANTS[tracker]
     if variant.get("hivemind_tracker"):  # the baseline: hivemind's own epoch judgement

@@ -7,7 +7,7 @@ Two fresh peers sometimes stall in their first epochs on a loaded machine (the t
 - ``hivemind.Optimizer`` cancels a pre-scheduled round in each epoch where it counts no other peer;
   hivemind 1.1.12 tells the averager before it marks the round cancelled, so the round can go on, average
   stale tensors with the partner and leave the next round without a group. The strategy marks the round
-  cancelled first (``cancel_rounds_before_signalling`` in ``worker/strategy/hivemind_fixes.py``).
+  cancelled first (``cancel_rounds_before_signalling`` in ``worker/_hivemind_compat.py``).
 - A round waits ``next_chunk_timeout`` (``matchmaking_time`` unless given, 1 s here) for a groupmate's
   tensors, yet a groupmate enters the all-reduce only once its own trainer has the batch: one a second
   late is left out and both average half their tensors. A longer wait saves it, at a cost when the

@@ -57,8 +57,8 @@ def run_peer(
     from lightning.pytorch import Callback, Trainer
 
     from worker.examples.digits import DigitsDataModule, DigitsModule
+    from worker.protocol.trainer import NO_VALIDATION, QUIET
     from worker.strategy import HivemindStrategy
-    from worker.trainer_options import NO_VALIDATION, QUIET
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)  # the same initial weights in every peer and configuration

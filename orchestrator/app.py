@@ -73,7 +73,7 @@ from orchestrator.swarm.dht import DHTPeer, OrchestratorDHT, refresh_progress
 from orchestrator.tokens import hash_token
 from orchestrator.web import docs_router
 from orchestrator.web import router as web_router
-from worker.wire import API_PREFIX, ApiPath, path_regex
+from worker.protocol.paths import API_PREFIX, ApiPath, path_regex
 
 logger = logging.getLogger(__name__)
 

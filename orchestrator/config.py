@@ -37,7 +37,7 @@ from pydantic_settings import (
 from orchestrator import files
 from orchestrator.launchers.ec2.settings import Ec2Settings
 from orchestrator.reconciler.policy import ReconcileSettings
-from worker.comma_list import CommaList
+from worker.protocol.comma_list import CommaList
 
 logger = logging.getLogger(__name__)
 

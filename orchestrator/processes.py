@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker.lifeline import (
+from worker.runtime.lifeline import (
     descendants,
     exit_with_parent,
     leave_with_children,

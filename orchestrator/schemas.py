@@ -3,7 +3,7 @@
 The domain's read views (``domain/views.py``) build the responses and the routes (``api/``) return them:
 this module sits below both, so the domain never imports the HTTP edge.
 
-What workers send and receive is in ``worker/wire.py`` (shared with the worker package); this module
+What workers send and receive is in ``worker/protocol/`` (shared with the worker package); this module
 holds what only the admin side, the status page and the CLI see. Responses never contain a token hash;
 the only secret ever returned is the join token, once, in :class:`RunCreated`. Runs and workers have a
 public view (``redacted``) for callers without the admin token.
@@ -16,16 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from worker.wire import (
-    AveragingCounts,
-    CheckpointRef,
-    PlainText,
-    RunSpec,
-    RunState,
-    StopCondition,
-    StrictModel,
-    WorkerState,
-)
+from worker.protocol.runs import RunSpec, RunState, StopCondition
+from worker.protocol.validators import PlainText, StrictModel
+from worker.protocol.workers import AveragingCounts, CheckpointRef, WorkerState
 
 
 class ScaleRequest(StrictModel):

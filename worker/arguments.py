@@ -3,7 +3,7 @@
 A run's ``module_args`` and ``datamodule_args`` are JSON and reach the user's constructor as they are: a
 worker converts nothing. A value of the wrong type (``channels: int`` given ``"sixteen"``) would fail
 inside the user's code on every worker, with whatever error that code happens to raise. The create-time
-probe (``orchestrator/importcheck/probe.py``) and the agent (``worker/agent/boot.py``) both ask
+probe (``worker/agent/probe.py``) and the agent (``worker/agent/boot.py``) both ask
 :func:`argument_type_problem`, so the run is refused when it is created, naming the argument.
 
 Only plain annotations are checked (``int``, ``float``, ``str``, ``bool``, ``None``, ``Literal``, and

@@ -61,7 +61,7 @@ from orchestrator.ratelimit import RateLimiter
 from orchestrator.storage.base import CheckpointStore
 from orchestrator.swarm.admission import SwarmAdmission
 from orchestrator.swarm.dht import DHTPeer
-from worker.wire import MAX_ID
+from worker.protocol.validators import MAX_ID
 
 # Ids and cursors are 32-bit integer columns (PostgreSQL's integer): a larger number would reach the
 # database driver and fail there (a 500) instead of being refused here (a 422).

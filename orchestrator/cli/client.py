@@ -1,7 +1,7 @@
 """The CLI's HTTP client of the orchestrator's admin API (``/api/v1``), and where its URL and token come from.
 
 The CLI is a client like any other: it never starts or calls the server's parts, only imports names and
-pure rules (:mod:`orchestrator.schemas`, :mod:`worker.wire`, :mod:`orchestrator.domain.states`). Every
+pure rules (:mod:`orchestrator.schemas`, :mod:`worker.protocol`, :mod:`orchestrator.domain.states`). Every
 failure becomes a :class:`CliError` carrying a one-line message and the process exit code (see ``EXIT_*``);
 the command layer prints it and exits.
 
@@ -27,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from worker.wire import API_PREFIX, CHECKSUM_HEADER, ApiPath
+from worker.protocol.errors import error_detail
+from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CHUNK_BYTES = 1 << 20
@@ -108,49 +109,6 @@ def _tls_verification(ca_cert: str | None) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=ca_cert)
     except (ssl.SSLError, OSError) as exc:
         raise CliError(f"cannot use {ca_cert} as CA certificate: {exc}", EXIT_USAGE) from exc
-
-
-#: the most of a server's error text the CLI prints: a server's own messages fit whole; a proxy's HTML
-#: page does not need to (its start says what it is)
-MAX_DETAIL_CHARS = 4000
-
-
-def _detail(response: httpx.Response) -> str:
-    """The server's ``detail``, whole; validation errors: every one of them (missing fields together)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return shortened(response.text or response.reason_phrase)
-    detail = body.get("detail", body) if isinstance(body, dict) else body
-    if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
-        return _validation_errors(detail)
-    return shortened(str(detail))
-
-
-def shortened(text: str, max_chars: int = MAX_DETAIL_CHARS) -> str:
-    """``text`` whole when it fits in ``max_chars``, else cut at a word's end with a mark saying how much
-    was left out (a cut that does not say so reads as the whole message)."""
-    if len(text) <= max_chars:
-        return text
-    kept = text[:max_chars]
-    kept = kept[: kept.rfind(" ")] if " " in kept[max_chars // 2 :] else kept
-    return f"{kept.rstrip()} … ({len(text) - len(kept)} more characters left out)"
-
-
-def _validation_errors(errors: list[dict[str, Any]]) -> str:
-    """``missing fields: a, b; name: use ... (got 'X')``: every error of a 422, pydantic's prefix removed."""
-    missing: list[str] = []
-    others: list[str] = []
-    for error in errors:
-        where = ".".join(str(part) for part in error.get("loc", []) if part != "body")
-        if error.get("type") == "missing" and where:
-            missing.append(where)
-            continue
-        message = str(error.get("msg", error)).removeprefix("Value error, ")
-        others.append(f"{where}: {message}" if where else message)
-    if missing:
-        others.insert(0, f"missing field{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
-    return "; ".join(others)
 
 
 class ApiClient:
@@ -353,7 +311,7 @@ class ApiClient:
         status = response.status_code
         if status < 400:
             return
-        detail = _detail(response)
+        detail = error_detail(response)
         if status in (401, 403) and not self.connection.token:
             detail += " (no token given: pass --token, set SPOTSWARM_TOKEN or 'token' in the config file)"
         raise CliError(f"{status} {detail}", _STATUS_EXIT_CODES.get(status, EXIT_ERROR))

@@ -25,7 +25,7 @@ import uvicorn
 from orchestrator.cli.command import EXIT_INTERRUPTED
 from orchestrator.cli.stopping import StoppingServer
 from orchestrator.domain.states import FINISHED_RUN_STATES, RunState
-from worker.wire import API_PREFIX, ApiPath
+from worker.protocol.paths import API_PREFIX, ApiPath
 
 DEMO_RUN = "digits-demo"
 STOP_WAIT_S = 60.0

@@ -2,7 +2,7 @@
 
 The checkpoint is downloaded through the API (SHA-256 checked, as ``checkpoints download`` does), loaded
 with ``torch.load(weights_only=True)`` (no code from the file runs here) and rewritten in the export
-format of :mod:`worker.strategy.checkpoint_format`: plain optimizer state, the swarm epoch in a ``spotswarm``
+format of :mod:`worker.protocol.checkpoints`: plain optimizer state, the swarm epoch in a ``spotswarm``
 dict. The file appears only when complete (written aside, then renamed).
 """
 
@@ -20,7 +20,7 @@ from orchestrator.cli.client import EXIT_ERROR, CliError
 from orchestrator.cli.command import ApiContext, api_command
 from orchestrator.cli.output import echo_json
 from orchestrator.sizes import fmt_bytes
-from worker.strategy.checkpoint_format import SPOTSWARM_KEY, exported
+from worker.protocol.checkpoints import SPOTSWARM_KEY, exported
 
 
 @click.command("export")

@@ -26,10 +26,11 @@ from typing import Any, TypeVar, cast
 import click
 from pydantic import ValidationError
 
-from orchestrator.cli.client import ApiClient, CliError, _validation_errors
+from orchestrator.cli.client import ApiClient, CliError
 from orchestrator.cli.output import echo_json, fmt_bytes
 from orchestrator.cli.packaging import Package, PackagingError, pack
-from worker.wire import RunSpec
+from worker.protocol.errors import validation_errors
+from worker.protocol.runs import RunSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -136,7 +137,7 @@ def check_fields(spec: dict[str, Any]) -> None:
     try:
         RunSpec.model_validate({**spec, "workdir": PLACEHOLDER_DIGEST})
     except ValidationError as exc:
-        errors = _validation_errors([dict(error) for error in exc.errors()])
+        errors = validation_errors([dict(error) for error in exc.errors()])
         raise CliError(f"spec: {errors} (nothing was packed or uploaded)") from exc
 
 

@@ -30,7 +30,7 @@ from orchestrator.cli.output import (
 from orchestrator.cli.run_code import code_of_run, code_options, show_dry_run, upload_code
 from orchestrator.domain.averaging import window_text
 from orchestrator.sizes import fmt_bytes
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
 
 CHART_WIDTH = 60
 RUN_COLUMNS = ("name", "state", "workers", "epoch", "samples/s", "loss", "eta", "age")

@@ -120,7 +120,7 @@ def check_swarm_authority(settings: Settings) -> None:
 
 
 def _configure_logging(settings: Settings, hivemind: bool = True) -> None:
-    from worker.logsetup import configure_logging
+    from worker.runtime.logsetup import configure_logging
 
     # The server never imports Lightning (the import probe runs in its own process).
     configure_logging(settings.log_level, settings.log_format, hivemind=hivemind, lightning=False)

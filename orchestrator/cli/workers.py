@@ -17,8 +17,8 @@ from orchestrator.cli.output import (
     fmt_usd,
 )
 from orchestrator.domain.states import LIVE_WORKER_STATES
-from worker.wire import AVERAGING_OUTCOMES
-from worker.wire_trainer import LOSS_METRIC_NAMES
+from worker.protocol.metrics import LOSS_METRIC_NAMES
+from worker.protocol.workers import AVERAGING_OUTCOMES
 
 LIVE_STATES = frozenset(state.value for state in LIVE_WORKER_STATES)  # as the API's JSON has them
 WORKER_COLUMNS = (

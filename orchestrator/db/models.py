@@ -1,7 +1,7 @@
 """The orchestrator's tables (SQLAlchemy 2.x typed mappings). The schema itself lives in ``migrations/``.
 
 Runs own everything else: deleting a run deletes its workers, events, progress samples and checkpoint
-rows (``ON DELETE CASCADE``). States are enums (``worker.wire.RunState`` and ``WorkerState``,
+rows (``ON DELETE CASCADE``). States are enums (``worker.protocol``'s ``RunState`` and ``WorkerState``,
 ``StopCause``; their sets are in ``orchestrator/domain/states.py``), stored as their short string
 values (:func:`state_type`); ``orchestrator/domain/runs.py`` is the only code that changes them. Tokens
 are stored as SHA-256 hex digests, never in clear. Times are timezone-aware UTC (see :class:`UTCDateTime`).
@@ -35,7 +35,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import Enum as EnumType
 from sqlalchemy.types import TypeDecorator
 
-from worker.wire import RunState, StopCause, WorkerState
+from worker.protocol.runs import RunState, StopCause
+from worker.protocol.workers import WorkerState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample, Run, Worker
 from orchestrator.domain import events
-from worker.wire import AVERAGING_OUTCOMES, AVERAGING_TIMES, AveragingCounts
+from worker.protocol.workers import AVERAGING_OUTCOMES, AVERAGING_TIMES, AveragingCounts
 
 EVENT_KIND = "run.averaging"
 #: the key of a sample's counts that holds how many live workers had reported counts (had trained)

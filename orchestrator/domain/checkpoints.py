@@ -22,7 +22,8 @@ from orchestrator.domain import events, runs
 from orchestrator.domain.states import ACTIVE_RUN_STATES
 from orchestrator.errors import Conflict, InvalidRequest, NotFound
 from orchestrator.sizes import fmt_bytes
-from worker.wire import API_PREFIX, ApiPath, CheckpointRef
+from worker.protocol.paths import API_PREFIX, ApiPath
+from worker.protocol.workers import CheckpointRef
 
 
 def to_ref(run: Run, checkpoint: Checkpoint) -> CheckpointRef:

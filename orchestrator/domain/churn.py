@@ -23,7 +23,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event
-from worker.wire import WorkerState
+from worker.protocol.workers import WorkerState
 
 #: the span goodput is measured over, up to the run's latest progress sample
 GOODPUT_WINDOW_S = 3600.0

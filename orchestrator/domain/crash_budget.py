@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 from orchestrator.db.models import Worker
 from orchestrator.domain import runs
 from orchestrator.domain.states import ACCEPTING_RUN_STATES
-from worker.wire import RunState, WorkerState
+from worker.protocol.runs import RunState
+from worker.protocol.workers import WorkerState
 
 
 @dataclass(frozen=True)

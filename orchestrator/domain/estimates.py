@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Worker
 from orchestrator.domain.states import FINISHED_RUN_STATES, RunState
-from worker.wire import StopCondition
+from worker.protocol.runs import StopCondition
 
 #: Keys of a worker's ``launch_details`` that hold its price in USD per hour, in order of precedence.
 PRICE_KEYS = ("price_usd_per_hour", "price_per_hour")

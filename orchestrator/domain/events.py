@@ -14,15 +14,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Event, Run
-from worker.logsetup import log_fields
-from worker.redaction import redact
+from worker.protocol.redaction import redact
+from worker.runtime.logsetup import log_fields
 
 logger = logging.getLogger(__name__)
 
 
 def without_secrets(run: Run | None, text: str) -> str:
     """``text`` with each of ``run``'s secret values masked: applied to whatever a worker sent and to
-    every reason and event, before it is stored or logged (the worker masks them too; an older or
+    every reason and event, before it is stored or logged (the worker masks them too; a
     hand-written one may not)."""
     if run is None or not run.secret_env:
         return text

@@ -31,8 +31,8 @@ from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import ProgressSample, Run, Worker
-from worker.wire import WorkerState
-from worker.wire_trainer import MAX_REPORTED_METRICS
+from worker.protocol.metrics import MAX_REPORTED_METRICS
+from worker.protocol.workers import WorkerState
 
 Values = tuple[float | None, dict[str, float]]  # (loss, metrics by name)
 FALLBACK_SAMPLES = 100  # progress samples looked through for the latest values of a run that has no others

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain.states import LIVE_WORKER_STATES
-from worker.wire import WorkerState
+from worker.protocol.workers import WorkerState
 
 T = TypeVar("T")
 

@@ -38,8 +38,9 @@ from orchestrator.domain.states import (
 )
 from orchestrator.errors import Conflict, IllegalTransition, InvalidRequest, NotFound, RunExists
 from orchestrator.storage.base import package_key
-from worker.wire import RUN_NAME_PATTERN, RunSpec, RunState, StopCondition, WorkerState
-from worker.wire_trainer import TrainerSection
+from worker.protocol.runs import RUN_NAME_PATTERN, RunSpec, RunState, StopCondition
+from worker.protocol.trainer import TrainerSection
+from worker.protocol.workers import WorkerState
 
 logger = logging.getLogger(__name__)
 RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)

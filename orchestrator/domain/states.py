@@ -1,16 +1,17 @@
 """The run and worker lifecycles: the allowed transitions, and every set of states a rule names.
 
-The state enums themselves (:class:`~worker.wire.RunState`, :class:`~worker.wire.WorkerState`) are in
-``worker/wire.py``: API answers carry them, and workers and clients read them. :class:`StopCause` (why a
-run stopped) is a column's values, in ``db/models.py``. Rows hold the enums (stored as their string
-values), so rows, queries and these sets compare enums with enums. ``runs.set_run_state`` and
-``runs.set_worker_state`` are the only code that changes a state, and they allow only the transitions
-below.
+The state enums themselves (:class:`~worker.protocol.runs.RunState`,
+:class:`~worker.protocol.workers.WorkerState`) are in ``worker/protocol/``: API answers carry them, and
+workers and clients read them. :class:`StopCause` (why a run stopped) is a column's values, in
+``db/models.py``. Rows hold the enums (stored as their string values), so rows, queries and these sets
+compare enums with enums. ``runs.set_run_state`` and ``runs.set_worker_state`` are the only code that
+changes a state, and they allow only the transitions below.
 """
 
 from __future__ import annotations
 
-from worker.wire import RunState, StopCause, WorkerState
+from worker.protocol.runs import RunState, StopCause
+from worker.protocol.workers import WorkerState
 
 __all__ = [
     "ACCEPTING_RUN_STATES",

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import events
 from orchestrator.domain.averaging import ADVICE, EVENT_KIND, add_counts, summarize
-from worker.wire import AveragingCounts
+from worker.protocol.workers import AveragingCounts
 
 
 def counts_of(raw: Mapping[str, Any] | None) -> AveragingCounts | None:

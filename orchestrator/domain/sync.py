@@ -10,8 +10,8 @@ with the fix, rather than silently counted or ignored in the default mode.
 from __future__ import annotations
 
 from orchestrator.errors import InvalidRequest
-from worker.strategy.diloco.settings import DEFAULT_SYNC, NEW_RUN_SYNC, NOT_WITH_DILOCO
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
+from worker.protocol.sync import DEFAULT_SYNC, NEW_RUN_SYNC, NOT_WITH_DILOCO
 
 SYNC_OPTION = "sync"
 

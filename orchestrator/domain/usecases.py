@@ -36,8 +36,9 @@ from orchestrator.storage.base import (
     copy_to_file,
     package_key,
 )
-from worker.wire import CheckpointRef, Deregister, RunSpec, StopCondition
-from worker.wire_trainer import trainer_option_in_strategy_options
+from worker.protocol.runs import RunSpec, StopCondition
+from worker.protocol.trainer import trainer_option_in_strategy_options
+from worker.protocol.workers import CheckpointRef, Deregister
 
 logger = logging.getLogger(__name__)
 

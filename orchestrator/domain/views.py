@@ -34,7 +34,8 @@ from orchestrator.schemas import (
     WorkerCounts,
     WorkerOut,
 )
-from worker.wire import AveragingCounts, RunSpec, RunState, WorkerState
+from worker.protocol.runs import RunSpec, RunState
+from worker.protocol.workers import AveragingCounts, WorkerState
 
 T = TypeVar("T")
 MAX_WORKER_PEERS = 16

@@ -37,8 +37,9 @@ from orchestrator.domain.roster import lock_run, per_transaction, roster
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
-from worker.wire import DeregisterReason, RunState, WorkerRegister, WorkerState
-from worker.wire_trainer import select_metrics
+from worker.protocol.metrics import select_metrics
+from worker.protocol.runs import RunState
+from worker.protocol.workers import DeregisterReason, WorkerRegister, WorkerState
 
 DEREGISTER_STATES: dict[DeregisterReason, WorkerState] = {
     DeregisterReason.interrupted: WorkerState.interrupted,

@@ -1,6 +1,6 @@
 """The heartbeat's fast path: an ASGI middleware that answers ``POST /api/v1/workers/{id}/heartbeat`` of a
 cached worker with a valid token and body itself, without FastAPI's routing and dependency machinery.
-Its path is the route's template (``worker.wire.HEARTBEAT_ROUTE``).
+Its path is the route's template (``worker.protocol.paths.HEARTBEAT_ROUTE``).
 
 Measured under load (bench/api_load.py), that machinery cost about as much CPU per heartbeat as
 everything else together. Only the happy path is taken here: the body is JSON of at most
@@ -21,7 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from orchestrator import tokens
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub
-from worker.wire import HEARTBEAT_ROUTE, MAX_ID, ApiPath, Heartbeat, path_regex
+from worker.protocol.paths import HEARTBEAT_ROUTE, ApiPath, path_regex
+from worker.protocol.validators import MAX_ID
+from worker.protocol.workers import Heartbeat
 
 HEARTBEAT_PATH_RE = re.compile(path_regex(ApiPath.heartbeat, worker_id="([0-9]{1,10})"))
 

@@ -13,7 +13,7 @@ that read the database before that commit must not undo it when it installs what
 after a reload began its read are kept (:class:`CacheRead` carries when the read began).
 
 The addresses a heartbeat reports become new workers' initial peers, so only dialable addresses of the
-worker's own peer are kept (``worker/peer_addresses.py``): its peer id is the one its swarm token was
+worker's own peer are kept (``worker/protocol/peer_addresses.py``): its peer id is the one its swarm token was
 issued for; in a run without swarm admission (no token), any one peer's.
 """
 
@@ -39,16 +39,10 @@ from orchestrator.domain.workers import shard_count
 from orchestrator.errors import Forbidden, Unauthorized
 from orchestrator.progress import SwarmProgressCache
 from orchestrator.tokens import token_matches
-from worker.peer_addresses import announced_addresses
-from worker.wire import (
-    Heartbeat,
-    HeartbeatReply,
-    RunState,
-    WorkerAction,
-    WorkerState,
-    swarm_admission_requested,
-)
-from worker.wire_trainer import select_metrics
+from worker.protocol.metrics import select_metrics
+from worker.protocol.peer_addresses import announced_addresses
+from worker.protocol.runs import RunState, swarm_admission_requested
+from worker.protocol.workers import Heartbeat, HeartbeatReply, WorkerAction, WorkerState
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from orchestrator.domain.checkpointer import Contender, elect_checkpointer, elig
 from orchestrator.domain.states import ACTIVE_RUN_STATES, REVIVABLE_WORKER_STATES
 from orchestrator.heartbeats.hub import HeartbeatHub
 from orchestrator.progress import Forwarder, RunPoint, SwarmProgressCache
-from worker.wire import AveragingCounts, Heartbeat, RunState, WorkerState
+from worker.protocol.runs import RunState
+from worker.protocol.workers import AveragingCounts, Heartbeat, WorkerState
 
 _REVIVE_CHUNK = 500  # ids per IN (...) list: well under every database's parameter limit
 

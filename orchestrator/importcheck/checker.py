@@ -4,7 +4,7 @@
 them, with values that fit their annotations; its trainer callbacks and loggers import, take theirs and
 can be built; its ``strategy_options`` are keywords of the strategy, with values it can run together.
 
-:class:`ImportChecker` runs each check (:func:`orchestrator.importcheck.probe.check_in_child`) in the
+:class:`ImportChecker` runs each check (``worker.agent.probe:check_in_child``, named by path) in the
 server's fork server (:class:`~orchestrator.launchers.forkserver.ForkServer`, shared with the local
 launcher), which has Lightning imported already and forks a child per check, so a check takes a
 fraction of a second after the first (which waits for the fork server's own start-up, a few seconds).
@@ -35,15 +35,15 @@ from typing import Any
 from orchestrator.errors import InvalidRequest, Unavailable
 from orchestrator.launchers.childenv import child_env
 from orchestrator.launchers.forkserver import ForkServer, ForkServerError
-from worker.redaction import redact
+from worker.protocol.redaction import redact
+from worker.protocol.runs import RunSpec
 from worker.runtime.env import InstallFailed, Runtime, find_installer, prepare_runtime
 from worker.runtime.package import UnsafePackage
-from worker.wire import RunSpec
 
 logger = logging.getLogger(__name__)
 
 #: what the fork server runs for a check
-CHECK_FUNCTION = "orchestrator.importcheck.probe:check_in_child"
+CHECK_FUNCTION = "worker.agent.probe:check_in_child"
 MISSING_MODULE_RE = re.compile(r"No module named '([^']+)'")
 
 
@@ -121,7 +121,7 @@ class ImportChecker:
     def check(
         self, checks: list[dict[str, Any]], where: dict[str, Any] | None = None
     ) -> tuple[str, str] | None:
-        """(field, reason) of the first of ``checks`` (see ``orchestrator/importcheck/probe.py``) that fails,
+        """(field, reason) of the first of ``checks`` (see ``worker/agent/probe.py``) that fails,
         importing from ``where`` (the run's ``package_dir``, ``site_dir`` and ``env``) when given."""
         with self._lock:
             deadline = time.monotonic() + self.timeout_s

@@ -50,7 +50,7 @@ DEFAULT_PASSED: tuple[str, ...] = (
     "http_proxy",
     "https_proxy",
     "no_proxy",
-    # the worker agent's settings (worker/agent/config.py, worker/logsetup.py); never the server's own
+    # the worker agent's settings (worker/agent/config.py, worker/runtime/logsetup.py); never the server's own
     "SPOTSWARM_LOG_LEVEL",
     "SPOTSWARM_LOG_FORMAT",
     "SPOTSWARM_HIVEMIND_LOG_LEVEL",

@@ -13,7 +13,7 @@ then it answers each request on stdin, one at a time:
   ``{"pid": N}`` (the worker's supervisor, the leader of its process group) or ``{"error": "..."}``;
 - a call (``{"call": "module:function", "argument": {...}}``): ``{"result": function(argument)}``, a
   JSON object, or ``{"error": "..."}``. The import check runs this way
-  (:func:`orchestrator.importcheck.probe.check_in_child`, which forks a child per check); named by
+  (:func:`worker.agent.probe.check_in_child`, which forks a child per check); named by
   path, so that this module imports nothing of the server's upper layers.
 
 When a supervisor it started exits it writes ``{"exit": N, "code": C}`` (``subprocess.Popen``'s
@@ -25,7 +25,7 @@ a supervisor, leader of a new session and process group, that ignores SIGTERM, S
 its worker has exited, writes the worker's exit code to the exit file (128+N for a signal N) and exits
 with it; and the worker under it, which runs ``module`` as ``__main__`` with the request's environment
 and working directory, the default signal dispositions and hivemind's inter-process locks of its own
-(:func:`~worker.strategy.hivemind_fixes.own_mpfuture_locks`). The launcher and the server's stop find a
+(:func:`~worker._hivemind_compat.own_mpfuture_locks`). The launcher and the server's stop find a
 worker's processes by the marker in their environment as the kernel shows it (``/proc/<pid>/environ``,
 the environment a process was exec'd with, which a forked child shares with its parent): this process
 is exec'd with a placeholder variable (:data:`SLOT_ENV`) that each supervisor overwrites in place with
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files
-from worker.lifeline import exit_with_parent, stat_fields
+from worker.runtime.lifeline import exit_with_parent, stat_fields
 
 #: the placeholder variable a supervisor turns into its request's marker (name and value rewritten)
 SLOT_ENV = "SPOTSWARM_LAUNCH_SLOT"
@@ -71,7 +71,10 @@ PRELOAD = (
     "worker.strategy",
     "worker.strategy.dht",
     "worker.strategy.options",
+    "worker.agent.probe",
 )
+#: what is called once the imports are done, before the first fork (named by path, as calls are)
+WARM_UP = "worker.agent.probe:warm_up"
 #: how long a supervisor may take to report that its worker is forked
 SUPERVISOR_READY_S = 10.0
 #: ``/proc/<pid>/stat`` fields (counted after the command name, as :func:`stat_fields` gives them) that
@@ -163,7 +166,7 @@ def _become_worker(job: Job) -> None:
     signal dispositions of a new interpreter, and hivemind's inter-process locks of its own (made when
     this process imported hivemind, they would be shared by every worker forked here: one killed while
     it holds one would block the DHT start of every later one)."""
-    from worker.strategy.hivemind_fixes import own_mpfuture_locks  # preloaded here; not by the launcher
+    from worker._hivemind_compat import own_mpfuture_locks  # preloaded here; not by the launcher
 
     own_mpfuture_locks()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -287,9 +290,8 @@ def main() -> None:
     os.dup2(2, 1)  # anything printed while importing goes to stderr, not into the protocol
     for name in PRELOAD:
         importlib.import_module(name)
-    from worker.strategy.options import strategy_keywords
-
-    strategy_keywords()  # hivemind's keywords, read once here for every check
+    module_name, _, name = WARM_UP.partition(":")
+    getattr(importlib.import_module(module_name), name)()
     send(protocol_fd, {"ready": True, "pid": os.getpid()})
     job = serve(protocol_fd)
     if job is None:

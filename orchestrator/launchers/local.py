@@ -57,6 +57,7 @@ from orchestrator.launchers.local_cpus import (
     usable_cpus,
 )
 from orchestrator.processes import proc_start_ticks
+from worker.protocol.exit_codes import PERMANENT_EXIT_CODES
 
 logger = logging.getLogger(__name__)
 
@@ -537,5 +538,5 @@ class LocalLauncher:
         tail = proc.log_tail(Path(record.log_path))
         how = proc.describe_exit(record.exit_code)
         reason = f"worker {record.request_id} ({record.named_pid}) {how}; log: {tail}"
-        retryable = record.exit_code not in proc.PERMANENT_EXIT_CODES
+        retryable = record.exit_code not in PERMANENT_EXIT_CODES
         return LaunchFailure(record.request_id, record.run_name, reason[:4000], retryable)

@@ -10,13 +10,6 @@ import os
 import signal
 from pathlib import Path
 
-# The worker's exit-code convention (worker/agent/config.py EXIT_*): 0 clean exit, 1 training crashed
-# (retryable), 2 bad command line (argparse), 3 permanent configuration error (bad join token, a module
-# that does not import, a bad spec), 4 left after the orchestrator was unreachable for its timeout
-# (retryable: a replacement may find it back). Codes 128+N mean "killed by signal N".
-# The supervisor shell adds 126 (command not executable) and 127 (command not found): also permanent.
-PERMANENT_EXIT_CODES = frozenset({2, 3, 126, 127})
-
 # Runs the worker command as the group leader's only child and records its exit status in a file, so a
 # later orchestrator process that adopted the worker (and cannot wait() on it) still learns the code.
 # The trap keeps the shell alive when the group gets SIGTERM until the worker has exited; handlers are

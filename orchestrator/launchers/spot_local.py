@@ -34,7 +34,7 @@ from orchestrator.launchers.base import MACHINE_DETAIL, Instance, LaunchFailure,
 from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.spot_imds import LocalMetadataService
 from orchestrator.launchers.spot_market import SpotMarket, SpotMarketError, SpotMarketSettings
-from worker.agent.spot import METADATA_URL_ENV
+from worker.protocol.imds import METADATA_URL_ENV
 
 logger = logging.getLogger(__name__)
 

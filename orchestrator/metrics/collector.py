@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from orchestrator.context import AppContext
 from orchestrator.db.models import Checkpoint, Run, Worker
 from orchestrator.domain import averaging, estimates, views
-from worker.wire import AVERAGING_OUTCOMES, RunState, WorkerState
+from worker.protocol.runs import RunState
+from worker.protocol.workers import AVERAGING_OUTCOMES, WorkerState
 
 if TYPE_CHECKING:
     from orchestrator.reconciler.loop import Reconciler

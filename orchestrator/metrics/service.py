@@ -33,7 +33,7 @@ from orchestrator.context import AppContext
 from orchestrator.db.session import Database
 from orchestrator.launchers.base import Instance, Launcher, LauncherConfigError, LaunchFailure, LaunchRequest
 from orchestrator.metrics.collector import OrchestratorCollector
-from worker.wire import HEARTBEAT_ROUTE
+from worker.protocol.paths import HEARTBEAT_ROUTE
 
 if TYPE_CHECKING:
     from orchestrator.reconciler.loop import Reconciler

@@ -54,7 +54,8 @@ from orchestrator.reconciler.policy import (
     WorkerView,
     plan_run,
 )
-from worker.wire import LEAVING_PHASE, RunState, WorkerState
+from worker.protocol.runs import RunState
+from worker.protocol.workers import LEAVING_PHASE, WorkerState
 
 logger = logging.getLogger(__name__)
 

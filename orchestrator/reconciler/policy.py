@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, LIVE_WORKER_STATES, StopCause, settled_state
-from worker.wire import RunState, StopCondition, WorkerState
+from worker.protocol.runs import RunState, StopCondition
+from worker.protocol.workers import WorkerState
 
 # The reason (for people) a run goes to ``stopping`` when its target is met; its stop cause is
 # ``target_reached``, so it ends ``completed``.

@@ -47,12 +47,8 @@ from worker.admission.tokens import (
     peer_id_of,
     sign_token,
 )
-from worker.wire import (
-    SwarmAuthInfo,
-    SwarmToken,
-    SwarmTokenRequest,
-    swarm_admission_requested,
-)
+from worker.protocol.runs import swarm_admission_requested
+from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ def server_dht_class() -> type[Any]:
     """hivemind's ``DHT`` with the child set up as the module docstring says (hivemind imported late)."""
     import hivemind
 
-    from worker.strategy.hivemind_fixes import survive_unreadable_requests
+    from worker._hivemind_compat import survive_unreadable_requests
 
     class ServerDHT(hivemind.DHT):  # type: ignore[misc, name-defined]
         """A ``hivemind.DHT`` whose process ends with the server (see the module docstring)."""

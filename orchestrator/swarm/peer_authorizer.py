@@ -37,7 +37,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from orchestrator.swarm.admission import SwarmAuthority
 from orchestrator.swarm.dht import DHTPeer, progress_key
-from worker.admission.access_tokens import from_access_token, to_access_token
+from worker.admission.access_tokens import from_access_token, is_valid_access_token, to_access_token
 from worker.admission.authorizer import ensure_identity, load_identity
 from worker.admission.tokens import ANY_SWARM, SwarmTokenError, TokenVerifier, peer_id_of
 
@@ -139,10 +139,7 @@ class OrchestratorPeerAuthorizer(TokenAuthorizerBase):
         return to_access_token(self._authority.orchestrator_token(public_key, get_dht_time()))
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
-        reason = self._verifier.problem(from_access_token(access_token))
-        if reason is not None:
-            logger.debug("refusing swarm token of %r: %s", access_token.username, reason)
-        return reason is None
+        return is_valid_access_token(self._verifier, access_token)
 
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         try:

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 
 from orchestrator.web.static_files import RevalidatedStaticFiles
 from orchestrator.web.templating import PAGE_HEADERS, templates
-from worker.wire import RUN_NAME_PATTERN
+from worker.protocol.runs import RUN_NAME_PATTERN
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 

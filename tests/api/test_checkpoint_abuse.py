@@ -25,7 +25,7 @@ from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 MAX_BYTES = 4 << 20
 EVERY = 20  # checkpoint_every_epochs: with no swarm epoch read from a DHT here, uploads go up to epoch 20

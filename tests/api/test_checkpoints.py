@@ -15,7 +15,7 @@ from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import create_run
 from tests.support.workers import become_checkpointer, heartbeat, register
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 CHECKPOINT_MAX_BYTES = 256 * 1024

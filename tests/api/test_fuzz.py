@@ -21,7 +21,7 @@ from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import FUZZ_ENV
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 ORCHESTRATOR_ENV = {**FUZZ_ENV, "SPOTSWARM_PUBLIC_READS": "false"}

@@ -18,7 +18,8 @@ from tests.support.operability import launch_intent
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register
-from worker.wire import CHECKSUM_HEADER, SERVER_ONLY_SPEC_FIELDS
+from worker.protocol.paths import CHECKSUM_HEADER
+from worker.protocol.runs import SERVER_ONLY_SPEC_FIELDS
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite", "postgres"], indirect=True)
 SECRET = "sk-TRUST-only-launched-123456"

@@ -18,7 +18,7 @@ from tests.support.operability import launch_intent
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 LOOP = {
     "SPOTSWARM_CHECK_IMPORTS": "false",

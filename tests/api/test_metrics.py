@@ -23,7 +23,7 @@ from tests.support.operability import (
 )
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 ORCHESTRATOR_ENV = OPERABILITY_ENV
 PRICE_USD_PER_HOUR = 3.6

@@ -13,7 +13,7 @@ import pytest
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import OPERABILITY_ENV, admin_get, create, join
 from tests.support.waiting import wait_until
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 ORCHESTRATOR_ENV = OPERABILITY_ENV
 

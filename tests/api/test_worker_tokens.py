@@ -28,7 +28,7 @@ from tests.support.workers import become_checkpointer, heartbeat, register, wait
 from worker.agent.boot import register as agent_register
 from worker.agent.client import OrchestratorClient
 from worker.agent.config import AgentSettings
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 JOIN_BURST = 6
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_JOIN_BURST": str(JOIN_BURST), "SPOTSWARM_JOIN_RATE_PER_S": "0.2"}

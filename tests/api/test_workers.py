@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import create_model
 
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
@@ -20,7 +19,7 @@ from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, register, swarm_token_peer_id
-from worker.wire import NEWER_SPEC_FIELDS, RunSpec, StrictModel
+from worker.protocol.runs import RunSpec
 
 pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 CHECKPOINT_MAX_BYTES = 256 * 1024
@@ -367,17 +366,7 @@ def test_a_metric_no_live_worker_reports_keeps_its_last_value_as_workers_leave_a
 
 
 @pytest.mark.timeout(60)
-def test_registration_leaves_out_spec_fields_an_older_worker_would_refuse(orch: Orchestrator) -> None:
-    """A worker from before the trainer section parses its RunSpec strictly: a run that does not use the
-    newer fields must not send them; a run that does sends them (such a worker cannot honour it)."""
-    older_fields = {
-        k: (f.annotation, f) for k, f in RunSpec.model_fields.items() if k not in NEWER_SPEC_FIELDS
-    }
-    OlderRunSpec = create_model("OlderRunSpec", __base__=StrictModel, **older_fields)  # type: ignore[call-overload]
-    _, join = create(orch)
-    plain = register(orch, join)["run"]
-    assert not set(NEWER_SPEC_FIELDS) & set(plain)
-    OlderRunSpec.model_validate(plain)
+def test_registration_sends_the_runs_trainer_section_and_report_metrics(orch: Orchestrator) -> None:
     _, join = create(orch, trainer={"precision": "bf16-mixed"}, report_metrics=["val_loss"])
     used = register(orch, join)["run"]
     assert used["trainer"]["precision"] == "bf16-mixed" and used["report_metrics"] == ["val_loss"]

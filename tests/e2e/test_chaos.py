@@ -45,7 +45,7 @@ from tests.support.runs import (
     start_loop_orchestrator,
 )
 from tests.support.waiting import BOOT_S, wait_until
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = [pytest.mark.swarm]
 #: enough epochs to outlast the blows: each waits for a replacement to boot and catch up (10-20 s on a

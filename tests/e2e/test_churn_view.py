@@ -22,7 +22,7 @@ from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import mark_lost
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 pytestmark = pytest.mark.browser
 RUN = "churn-demo"

@@ -25,7 +25,7 @@ import pytest
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
-from worker.wire import AVERAGING_OUTCOMES
+from worker.protocol.workers import AVERAGING_OUTCOMES
 
 pytestmark = [pytest.mark.swarm]
 ENV = {"SPOTSWARM_CHECK_IMPORTS": "false"}

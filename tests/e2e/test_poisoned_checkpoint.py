@@ -20,7 +20,7 @@ from tests.support.orchestrator import Orchestrator
 from tests.support.runs import RunReader, admin_post, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = [pytest.mark.swarm]
 

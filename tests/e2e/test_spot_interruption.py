@@ -27,7 +27,7 @@ from tests.support.aws import FakeAws
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import wait_until
-from worker.agent.spot import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
+from worker.protocol.imds import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
 
 HEARTBEAT_TIMEOUT_S = 30.0  # the replacement must come long before the loop could call the worker lost
 

@@ -29,7 +29,7 @@ from tests.support.processes import REPO_ROOT, ProcessRegistry
 from tests.support.runs import digits_run, start_loop_orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 pytestmark = pytest.mark.browser
 

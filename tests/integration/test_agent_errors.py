@@ -14,7 +14,7 @@ from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.agent.config import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from worker.protocol.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 
 FAST_EXIT_S = 60.0  # a failing agent imports httpx and pydantic only; generous for a busy machine
 

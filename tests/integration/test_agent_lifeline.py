@@ -4,7 +4,7 @@ an orderly leave.
 A real orchestrator (one for the module's tests, each with a run of its own) and a real agent training
 the digits example, in a process group of its own. Killed
 on its PID alone (a user's ``kill -9 <pid>``): its forked hivemind processes hold a lifeline
-(``worker/lifeline.py``), and the DHT takes its ``p2pd`` with it as soon as the agent is gone. Killed
+(``worker/runtime/lifeline.py``), and the DHT takes its ``p2pd`` with it as soon as the agent is gone. Killed
 with its group: ``p2pd``, in a session of its own, ends with the DHT (the kernel's parent-death signal).
 Either way no process of the agent's family (descendants and process group) is left. Sent SIGTERM with
 its group (systemd's default stop): hivemind's processes let it pass, so the agent leaves in order.

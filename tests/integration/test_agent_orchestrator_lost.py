@@ -17,7 +17,7 @@ import pytest
 from tests.support.agent import start_training_agent
 from tests.support.processes import ProcessRegistry, group_members
 from tests.support.waiting import wait_until
-from worker.agent.config import EXIT_ORCHESTRATOR_LOST
+from worker.protocol.exit_codes import EXIT_ORCHESTRATOR_LOST
 
 pytestmark = [pytest.mark.swarm]
 LOST_TIMEOUT_S = 10.0

@@ -17,7 +17,7 @@ from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, register
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 MAX_BYTES = 4 << 20
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_CHECKPOINT_MAX_BYTES": str(MAX_BYTES)}

@@ -17,7 +17,7 @@ from tests.support.processes import REPO_ROOT, VENV_BIN
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import heartbeat, register
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 
 def api_run(orch: Orchestrator, name: str) -> dict:

@@ -23,7 +23,7 @@ from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 
 def one_line_error(stderr: str) -> str:

@@ -16,7 +16,7 @@ from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from orchestrator.domain.runs import create_run
 from orchestrator.domain.states import WorkerState
 from orchestrator.domain.views import RunNumbers, run_numbers
 from tests.support.specs import run_spec
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
 

@@ -86,7 +86,7 @@ def test_a_worker_drops_unusable_initial_peers_and_joins_through_the_rest(
     """p2pd refuses to start when any bootstrap address does not parse: before, one bad address in the
     run's peer list made every new worker fail. Now the bad ones are dropped with a warning."""
     bad = ['/ip4/1.2.3.4/tcp/1"><img src=x>', "garbage", "/ip4/1.2.3.4/tcp/1"]
-    with caplog.at_level(logging.WARNING, logger="worker.peer_addresses"):
+    with caplog.at_level(logging.WARNING, logger="worker.protocol.peer_addresses"):
         dht = start_dht(initial_peers=[*bad, *orch.peers()], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     try:
         other = plain_peer(orch.peers(), client_mode=True)

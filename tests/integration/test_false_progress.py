@@ -27,7 +27,7 @@ from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, heartbeat, register, wait_ticks
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = pytest.mark.swarm
 _names = itertools.count()

@@ -31,7 +31,7 @@ from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.unit.test_runs_lifecycle import new_run
-from worker.wire import WorkerState
+from worker.protocol.workers import WorkerState
 
 SLEEPER = textwrap.dedent(
     """

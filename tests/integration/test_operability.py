@@ -15,7 +15,7 @@ from tests.support.operability import admin_get, create, join, local_worker_with
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
 from tests.support.waiting import wait_until
-from worker.wire import DeregisterReason
+from worker.protocol.workers import DeregisterReason
 
 ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_LOG_FORMAT": "json"}
 JSON_FIELDS = {"timestamp", "level", "logger", "run", "worker", "event", "message"}

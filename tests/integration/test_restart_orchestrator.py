@@ -13,7 +13,7 @@ from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchest
 from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
 

@@ -20,7 +20,8 @@ from tests.support.specs import create_run
 from tests.support.workers import become_checkpointer, register
 from worker.agent.client import OrchestratorClient
 from worker.agent.resume import checkpoint_problem, resume_path
-from worker.wire import CHECKSUM_HEADER, WorkerRegistered
+from worker.protocol.paths import CHECKSUM_HEADER
+from worker.protocol.workers import WorkerRegistered
 
 ORCHESTRATOR_ENV = HAND_ONLY
 

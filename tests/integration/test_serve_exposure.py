@@ -26,7 +26,7 @@ from tests.support.sockets import close_all, open_half_requests
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import become_checkpointer, register
-from worker.wire import CHECKSUM_HEADER
+from worker.protocol.paths import CHECKSUM_HEADER
 
 WARNING = "serving plain HTTP on 0.0.0.0"
 LIMIT_CONCURRENCY = 64

@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import pytest
 
 from orchestrator.launchers.spot_imds import LocalMetadataService
-from worker.agent.spot import INSTANCE_ACTION_PATH, SpotNotice, SpotWatcher
+from worker.agent.spot import SpotNotice, SpotWatcher
+from worker.protocol.imds import INSTANCE_ACTION_PATH
 
 
 @pytest.fixture

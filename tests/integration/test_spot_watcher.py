@@ -12,15 +12,14 @@ import pytest
 
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
-from worker.agent.spot import (
+from worker.agent.spot import SpotNotice, SpotWatcher
+from worker.protocol.imds import (
     INSTANCE_ACTION_PATH,
     METADATA_URL_ENV,
     REBALANCE_PATH,
     TOKEN_HEADER,
     TOKEN_PATH,
     TOKEN_TTL_HEADER,
-    SpotNotice,
-    SpotWatcher,
 )
 
 

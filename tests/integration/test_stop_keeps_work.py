@@ -114,7 +114,8 @@ def test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at(
     assert_export_loads(orch, tmp_path / "model.ckpt", newest)
 
 
-#: library lines a worker's log must not repeat (each has a cause fixed or a filter in worker/logsetup.py)
+#: library lines a worker's log must not repeat (each has a cause fixed or a filter in
+#: worker/runtime/logsetup.py)
 NOISE = ("`weights_only` was not set", "Tip: For seamless cloud logging", "LeafSpec", "Traceback")
 
 

@@ -14,7 +14,7 @@ from lightning.pytorch import Trainer
 import worker.strategy
 from tests.support.strategy import digits
 from worker.examples.digits import DigitsModule
-from worker.trainer_options import NO_VALIDATION, QUIET
+from worker.protocol.trainer import NO_VALIDATION, QUIET
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ import hivemind
 from hivemind.utils.mpfuture import MPFuture
 
 from tests.support.waiting import wait_until
-from worker.strategy.hivemind_fixes import own_mpfuture_locks
+from worker._hivemind_compat import own_mpfuture_locks
 
 READY_S = 10.0
 

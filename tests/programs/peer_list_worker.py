@@ -28,9 +28,9 @@ from worker.admission.authorizer import SwarmAuthorizer
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import CachingTokenSource, ClientTokenSource, identity_path, load_token
 from worker.examples.digits import DigitsDataModule, DigitsModule
-from worker.logsetup import configure_logging
+from worker.protocol.trainer import NO_VALIDATION, QUIET
+from worker.runtime.logsetup import configure_logging
 from worker.strategy import HivemindStrategy
-from worker.trainer_options import NO_VALIDATION, QUIET
 
 PEERS_WAIT_S = 300.0
 

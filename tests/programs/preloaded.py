@@ -60,7 +60,7 @@ PRELOAD = {
         "worker.admission.authorizer",
         "worker.admission.guard",
         "worker.admission.tokens",
-        "worker.logsetup",
+        "worker.runtime.logsetup",
         "worker.strategy.dht",
         "sqlalchemy.dialects.sqlite.pysqlite",
         "uvicorn.loops.uvloop",
@@ -76,7 +76,7 @@ PRELOAD = {
 
 def _become(request: dict[str, Any], protocol_fd: int) -> None:
     """In the child: everything the command exec'd would have, but for its imports."""
-    from worker.strategy.hivemind_fixes import own_mpfuture_locks
+    from worker._hivemind_compat import own_mpfuture_locks
 
     os.setsid()
     os.close(protocol_fd)

@@ -25,8 +25,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from tests.support.waiting import wait_for_file
 from worker.examples.digits import DigitsDataModule, DigitsModule
+from worker.protocol.trainer import NO_VALIDATION, QUIET
 from worker.strategy import HivemindStrategy
-from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOPPED_MARKER = "swarm_peer: training stopped, tearing down"
 

@@ -55,7 +55,7 @@ from worker.admission.authorizer import (
 from worker.admission.tokens import sign_token
 from worker.agent.client import OrchestratorClient
 from worker.agent.token_cache import ClientTokenSource
-from worker.trainer_options import NO_VALIDATION, QUIET
+from worker.protocol.trainer import NO_VALIDATION, QUIET
 
 INTRUDER_EPOCH = 10**6
 RECORD_TTL_S = 20.0

@@ -21,7 +21,13 @@ from orchestrator.cli import main
 from tests.support.orchestrator import Orchestrator
 from tests.support.waiting import wait_until
 from worker.agent.client import OrchestratorClient
-from worker.wire import AveragingCounts, DeregisterReason, Heartbeat, HeartbeatReply, WorkerRegister
+from worker.protocol.workers import (
+    AveragingCounts,
+    DeregisterReason,
+    Heartbeat,
+    HeartbeatReply,
+    WorkerRegister,
+)
 
 SCRUBBED_ENV = (
     "SPOTSWARM_URL",

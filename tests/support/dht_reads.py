@@ -2,7 +2,7 @@
 
 Under load a DHT process can fail to fetch a request's reply pipe from the sender (an ``EOFError`` in
 ``multiprocessing``'s resource sharer, hivemind 1.1.12); it then drops that request, which is never
-answered, and serves the next (``worker/strategy/hivemind_fixes.py``). hivemind's blocking ``get`` would
+answered, and serves the next (``worker/_hivemind_compat.py``). hivemind's blocking ``get`` would
 wait for that answer for good; these reads ask again instead.
 """
 

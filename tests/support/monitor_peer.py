@@ -21,7 +21,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 
 from orchestrator.swarm.admission import SwarmAuthority
 from worker.admission.authorizer import AdmissionDHT, SwarmAuthorizer
-from worker.wire import SwarmToken
+from worker.protocol.swarm_tokens import SwarmToken
 
 TOKEN_TTL_S = 600.0
 SUBJECT = "monitor"

@@ -18,7 +18,7 @@ from tests.support.orchestrator import ApiServer as Orchestrator
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
 from worker.agent.client import OrchestratorClient
-from worker.wire import DeregisterReason, Heartbeat, WorkerRegister
+from worker.protocol.workers import DeregisterReason, Heartbeat, WorkerRegister
 
 # Reads need the admin token here (the rule /metrics and the peer lists follow too).
 OPERABILITY_ENV = {**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false"}

@@ -15,8 +15,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from worker.examples.digits import DigitsDataModule, DigitsModule
+from worker.protocol.trainer import NO_VALIDATION, QUIET
 from worker.strategy import HivemindStrategy
-from worker.trainer_options import NO_VALIDATION, QUIET
 
 FAST_SWARM: dict[str, Any] = dict(
     host_maddrs=["/ip4/127.0.0.1/tcp/0"],

@@ -17,7 +17,7 @@ from orchestrator.domain import runs
 from tests.support.orchestrator import ApiServer
 from tests.support.waiting import wait_until
 from worker.admission.tokens import openssh_public_key
-from worker.wire import WorkerState
+from worker.protocol.workers import WorkerState
 
 
 def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:

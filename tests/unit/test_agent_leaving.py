@@ -4,7 +4,7 @@ launches the replacement now), until the last one as it goes, which says ``stopp
 from __future__ import annotations
 
 from worker.agent.state import AgentState
-from worker.wire import LEAVING_PHASE
+from worker.protocol.workers import LEAVING_PHASE
 
 
 def test_heartbeats_say_leaving_after_a_notice_until_the_worker_stops() -> None:

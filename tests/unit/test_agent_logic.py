@@ -27,7 +27,8 @@ from worker.agent.client import OrchestratorClient
 from worker.agent.config import AgentSettings, parse_config
 from worker.agent.metrics import read_loss
 from worker.agent.state import CHECKPOINTER_GIVEN_UP, CHECKPOINTER_TAKEN, AgentState
-from worker.wire import CheckpointRef, DeregisterReason, HeartbeatReply, RunSpec, StopCondition, WorkerAction
+from worker.protocol.runs import RunSpec, StopCondition
+from worker.protocol.workers import CheckpointRef, DeregisterReason, HeartbeatReply, WorkerAction
 
 SPEC = {
     "name": "demo",

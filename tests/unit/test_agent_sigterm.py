@@ -25,7 +25,8 @@ from worker.agent.checkpoints import Checkpointer
 from worker.agent.client import OrchestratorClient
 from worker.agent.state import AgentState
 from worker.examples.digits import DigitsModule
-from worker.wire import DeregisterReason, HeartbeatReply, StopCondition
+from worker.protocol.runs import StopCondition
+from worker.protocol.workers import DeregisterReason, HeartbeatReply
 
 SIGNAL_AT_BATCH = 3
 

@@ -19,8 +19,8 @@ from worker.agent.checkpoints import Checkpointer
 from worker.agent.client import OrchestratorClient
 from worker.agent.state import AgentState
 from worker.examples.digits import DigitsModule
-from worker.wire import StopCondition
-from worker.wire_trainer import DEFAULT_VAL_CHECK_INTERVAL_S, TrainerSection
+from worker.protocol.runs import StopCondition
+from worker.protocol.trainer import DEFAULT_VAL_CHECK_INTERVAL_S, TrainerSection
 
 
 def test_a_run_that_sets_no_cadence_validates_every_minute_of_training() -> None:

@@ -26,7 +26,7 @@ def test_a_window_takes_the_difference_of_the_runs_summed_seconds() -> None:
     window = summarize(newest, oldest, 60.0, covered=True)
     assert window["train_s"] == 60.0 and window["averaging_s"] == 12.0
     assert window["waiting_share"] == pytest.approx(0.2) and window["g"] == pytest.approx(4.0)
-    # counts from workers that report no seconds (an older worker) give no share, not a zero
+    # counts without seconds (none measured yet) give no share, not a zero
     assert summarize({"averaged": 3}, None, 60.0, covered=False)["waiting_share"] is None
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from orchestrator.db.models import Event, ProgressSample, Run
 from orchestrator.db.session import Database
 from orchestrator.domain import averaging, runs
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 WINDOW_S = 60.0

@@ -1,4 +1,4 @@
-"""worker/strategy/hivemind_fixes.py: a cancelled averaging round leaves matchmaking, even when the process
+"""worker/_hivemind_compat.py: a cancelled averaging round leaves matchmaking, even when the process
 that cancels it is descheduled half-way through the cancel.
 
 Two real averagers on 127.0.0.1 (A holds ones, B threes). A's round is cancelled while B looks for a
@@ -21,7 +21,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from tests.support.averagers import averager_pair
 from tests.support.waiting import wait_until
-from worker.strategy.hivemind_fixes import cancel_rounds_before_signalling
+from worker._hivemind_compat import cancel_rounds_before_signalling
 
 pytestmark = pytest.mark.swarm  # timed rounds: the swarm lane runs them unstarved (tests/support/lanes.py)
 

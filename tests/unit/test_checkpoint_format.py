@@ -1,4 +1,4 @@
-"""The export format (worker/strategy/checkpoint_format.py): hivemind's additions become plain torch
+"""The export format (worker/protocol/checkpoints.py): hivemind's additions become plain torch
 states, the swarm epoch and the run are written under ``spotswarm``, and ``hyper_parameters`` is filled
 only when the module saved none. Loading real exports with Lightning and torch is in
 tests/integration/test_stop_keeps_work.py."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from worker.strategy.checkpoint_format import exported, swarm_epoch_of
+from worker.protocol.checkpoints import exported, swarm_epoch_of
 
 
 def stored_checkpoint(**extra: Any) -> dict[str, Any]:

@@ -9,11 +9,13 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.cli.client import MAX_DETAIL_CHARS, CliError, _detail, _read_config
+from orchestrator.cli.client import CliError, _read_config
 from orchestrator.cli.output import fmt_duration, format_table, text_chart
 from orchestrator.cli.runs import build_spec
 from orchestrator.cli.workers import worker_row
 from orchestrator.sizes import fmt_bytes
+from worker.protocol.errors import MAX_DETAIL_CHARS
+from worker.protocol.errors import error_detail as _detail
 
 
 def test_table_aligns_numbers_right_and_shows_missing_as_dash() -> None:

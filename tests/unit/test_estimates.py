@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.domain.estimates import eta_s, price_per_hour, worker_cost_usd
 from orchestrator.domain.states import RunState
-from worker.wire import StopCondition
+from worker.protocol.runs import StopCondition
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""worker/strategy/hivemind_fixes.py: a peer forked from a hivemind importer, with locks of its own, starts
+"""worker/_hivemind_compat.py: a peer forked from a hivemind importer, with locks of its own, starts
 its DHT even after a sibling was killed holding hivemind's send lock.
 
 Each case runs in an interpreter of its own (``tests/programs/forked_peer_locks.py``): the poisoned lock

@@ -18,7 +18,8 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.errors import Forbidden
 from orchestrator.heartbeats.hub import HeartbeatHub
-from worker.wire import RunSpec, WorkerRegister, WorkerState
+from worker.protocol.runs import RunSpec
+from worker.protocol.workers import WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -14,10 +14,11 @@ import pytest
 from tests.support.processes import clear_spotswarm_env
 from tests.unit.test_worker_client import FakeServer
 from worker.agent.client import OrchestratorClient
-from worker.agent.config import EXIT_USAGE, parse_config
+from worker.agent.config import parse_config
 from worker.agent.heartbeat import Heartbeater
 from worker.agent.state import AgentState
-from worker.wire import DeregisterReason
+from worker.protocol.exit_codes import EXIT_USAGE
+from worker.protocol.workers import DeregisterReason
 
 REFUSED = httpx.ConnectError("connection refused")
 UNKNOWN_WORKER = httpx.Response(404, json={"detail": "no worker w1"})

@@ -23,9 +23,9 @@ from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import get_dht_time
 
 from tests.support.waiting import wait_until
-from worker.strategy import hivemind_fixes
+from worker import _hivemind_compat
+from worker._hivemind_compat import bound_matchmaking_dht_calls, finalize_running_groups_on_shutdown
 from worker.strategy.dht import start_dht
-from worker.strategy.hivemind_fixes import bound_matchmaking_dht_calls, finalize_running_groups_on_shutdown
 from worker.strategy.keywords import averager_options
 
 pytestmark = pytest.mark.swarm
@@ -59,7 +59,7 @@ def test_an_averagers_matchmaking_call_to_a_dht_that_never_answers_ends(
 ) -> None:
     # an averager's matchmaking awaits its DHT calls while it holds its matchmaking lock: a request the
     # DHT never answers (lost, as above) must not hold that lock for the rest of the run
-    monkeypatch.setattr(hivemind_fixes, "MATCHMAKING_DHT_TIMEOUT_S", 2.0)  # the bound, shortened
+    monkeypatch.setattr(_hivemind_compat, "MATCHMAKING_DHT_TIMEOUT_S", 2.0)  # the bound, shortened
     bound_matchmaking_dht_calls()
     keys = GroupKeyManager(lone_dht, prefix="stuck_averager", initial_group_bits="", target_group_size=2)
     os.kill(lone_dht.pid, signal.SIGSTOP)  # a real DHT process that reads nothing any more
@@ -80,7 +80,7 @@ def test_a_matchmaking_call_cancelled_as_its_answer_arrives_stays_cancelled() ->
     # cancels the loop as soon as a group is assembled. A cancellation that arrives as the DHT answers
     # must end the loop, or the leader sits out its own round until the deadline (seen: 9 s)
     async def search(answer: asyncio.Future[list[Any]]) -> None:
-        ask = hivemind_fixes._within_bound(lambda _keys: answer, "search", list)
+        ask = _hivemind_compat._within_bound(lambda _keys: answer, "search", list)
         await ask(None)
         await asyncio.sleep(30)  # the rest of the search, until the round's deadline
 
@@ -110,7 +110,7 @@ def _group_reads_while_looking(dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatc
     :data:`LOOKING_S` (counted in hivemind's own ``get_averagers``, under any pacing)."""
     reads = multiprocessing.get_context("fork").Value("i", 0)  # the averager is a forked process
     unpaced = GroupKeyManager.get_averagers
-    while getattr(unpaced, hivemind_fixes._PACED, False):  # this process may have paced it already
+    while getattr(unpaced, _hivemind_compat._PACED, False):  # this process may have paced it already
         unpaced = unpaced.__wrapped__
 
     async def counted(self: GroupKeyManager, *args: Any, **kwargs: Any) -> Any:
@@ -120,7 +120,7 @@ def _group_reads_while_looking(dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(GroupKeyManager, "get_averagers", counted)  # restored when the test ends
     if paced:
-        hivemind_fixes.pace_group_lookups()
+        _hivemind_compat.pace_group_lookups()
     averager = hivemind.DecentralizedAverager(
         [torch.zeros(10)],
         dht,
@@ -143,7 +143,7 @@ def test_an_averager_looking_for_a_group_reads_its_group_key_at_a_paced_rate(
     lone_dht: hivemind.DHT, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # at most one read per interval, with room for a search that ends a little after LOOKING_S
-    bound = 1.5 * LOOKING_S / hivemind_fixes.MIN_GROUP_LOOKUP_INTERVAL_S
+    bound = 1.5 * LOOKING_S / _hivemind_compat.MIN_GROUP_LOOKUP_INTERVAL_S
     # hivemind as shipped reads again as soon as it has no leader to try: here 2,251 reads in 3 s
     unpaced = _group_reads_while_looking(lone_dht, monkeypatch, paced=False)
     assert unpaced > 3 * bound, unpaced

@@ -11,7 +11,7 @@ import pytest
 from hivemind.averaging.allreduce import AllreduceException
 from hivemind.utils import logging as hivemind_logging
 
-from worker.logsetup import configure_logging
+from worker.runtime.logsetup import configure_logging
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from orchestrator.launchers.worker_logs import read_tail, worker_log_path
 from orchestrator.metrics.middleware import route_template
 from orchestrator.metrics.service import ServiceMetrics
 from tests.support.waiting import wait_until
-from worker.logsetup import configure_logging, log_fields, set_log_context, set_log_secrets
-from worker.redaction import redact
+from worker.protocol.redaction import redact
+from worker.runtime.logsetup import configure_logging, log_fields, set_log_context, set_log_secrets
 
 
 @pytest.fixture

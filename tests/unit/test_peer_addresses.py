@@ -1,4 +1,4 @@
-"""The rules for peer addresses (worker/peer_addresses.py): what the orchestrator passes on from
+"""The rules for peer addresses (worker/protocol/peer_addresses.py): what the orchestrator passes on from
 heartbeats to new workers, and which initial peers a worker drops before starting p2pd."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import base58
 import pytest
 
-from worker.peer_addresses import announced_addresses, peer_address, usable_initial_peers
+from worker.protocol.peer_addresses import announced_addresses, peer_address, usable_initial_peers
 
 
 def peer_id(seed: str) -> str:
@@ -53,6 +53,6 @@ def test_announced_addresses_keep_the_workers_own_peer_only() -> None:
 def test_a_worker_drops_initial_peers_p2pd_would_refuse(caplog: pytest.LogCaptureFixture) -> None:
     keep = [f"/ip4/10.0.0.7/tcp/4000/p2p/{OWN}", f"/ip4/10.0.0.7/udp/4000/quic/p2p/{OWN}"]
     drop = ["garbage", '/ip4/1.2.3.4/tcp/1"><img src=x>', "/ip4/10.0.0.7/tcp/4000"]
-    with caplog.at_level(logging.WARNING, logger="worker.peer_addresses"):
+    with caplog.at_level(logging.WARNING, logger="worker.protocol.peer_addresses"):
         assert usable_initial_peers([drop[0], keep[0], drop[1], keep[1], drop[2]]) == keep
     assert len(caplog.records) == len(drop)

@@ -11,7 +11,8 @@ from orchestrator.reconciler.policy import (
     WorkerView,
     plan_run,
 )
-from worker.wire import RunState, StopCondition, WorkerState
+from worker.protocol.runs import RunState, StopCondition
+from worker.protocol.workers import WorkerState
 
 POLICY = ReconcileSettings(
     heartbeat_timeout_s=10, launch_timeout_s=60, retire_grace_s=5, max_start_failures=3

@@ -10,11 +10,11 @@ import torch
 from pydantic import ValidationError
 
 from orchestrator.domain.views import public_spec
-from orchestrator.importcheck.probe import _bind_error
 from worker.agent.boot import PermanentError, build_user_objects, call_arguments
+from worker.agent.probe import _bind_error
 from worker.arguments import argument_type_problem
-from worker.trainer_options import arguments_problem
-from worker.wire import RunSpec
+from worker.protocol.runs import RunSpec
+from worker.protocol.trainer import arguments_problem
 
 BASE: dict[str, Any] = {
     "name": "r",

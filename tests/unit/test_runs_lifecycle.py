@@ -23,7 +23,8 @@ from orchestrator.errors import (
     RunNotAcceptingWorkers,
     Unauthorized,
 )
-from worker.wire import DeregisterReason, RunSpec, RunState, StopCondition, WorkerRegister, WorkerState
+from worker.protocol.runs import RunSpec, RunState, StopCondition
+from worker.protocol.workers import DeregisterReason, WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _names = itertools.count()

@@ -6,9 +6,9 @@ import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 
+from worker.protocol.trainer import QUIET
 from worker.strategy import HivemindStrategy, SwarmNotStartedError
 from worker.strategy.registry import DEFAULT_TARGET_BATCH_SIZE, LIGHTNING_NAME
-from worker.trainer_options import QUIET
 
 pytestmark = pytest.mark.timeout(60)
 

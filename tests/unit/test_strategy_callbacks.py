@@ -3,7 +3,7 @@
 ``LearningRateMonitor`` reads the optimizer's ``defaults`` and ``param_groups``: with hivemind's
 optimizer (built around the module's one, or rebuilt by hivemind when it offloads) it logs the swarm's
 learning rate. ``ModelCheckpoint`` and ``EarlyStopping`` are refused for a run's workers (the reasons are
-in ``worker/trainer_options.py``); the classes a run names are checked the same way on both sides.
+in ``worker/protocol/trainer.py``); the classes a run names are checked the same way on both sides.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from tests.support.strategy import digits, make_strategy, make_trainer
 from worker.agent.metrics import ReportingLogger, reported_metrics
 from worker.examples.digits import DigitsModule
-from worker.trainer_options import TrainerPluginError, build_plugins, plugin_class_problem
-from worker.wire_trainer import TrainerPlugin
+from worker.protocol.trainer import TrainerPlugin, TrainerPluginError, build_plugins, plugin_class_problem
 
 pytestmark = pytest.mark.timeout(120)  # a lone peer: it runs in the other lane (tests/support/lanes.py)
 

@@ -14,8 +14,8 @@ import torch
 
 from tests.support.diloco import reference_outer_steps
 from tests.support.strategy import SGDDigits, fixed_loader, flat_params, make_strategy, make_trainer
+from worker.protocol.checkpoints import exported
 from worker.strategy import HivemindStrategyError
-from worker.strategy.checkpoint_format import exported
 from worker.strategy.diloco.outer import OuterStep, weighted_mean
 from worker.strategy.diloco.schedule import RoundSchedule
 from worker.strategy.diloco.settings import DiLoCoSettings, round_matchmaking_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.domain.swarm_forming import apart, formed
 from worker.agent.apart import ApartWatch
-from worker.wire import AveragingCounts
+from worker.protocol.workers import AveragingCounts
 
 
 def test_two_live_workers_with_only_local_epochs_are_apart_once_each_has_enough() -> None:

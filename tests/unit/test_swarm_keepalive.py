@@ -1,4 +1,4 @@
-"""worker/strategy/hivemind_fixes.py: a cancelled task that nobody awaits still runs its clean-up."""
+"""worker/_hivemind_compat.py: a cancelled task that nobody awaits still runs its clean-up."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import hivemind.utils.asyncio as hivemind_utils_asyncio
 import pytest
 from hivemind.averaging import averager as averager_module
 
-from worker.strategy.hivemind_fixes import keep_alive_task_factory, keep_averager_tasks_alive, live_task_count
+from worker._hivemind_compat import keep_alive_task_factory, keep_averager_tasks_alive, live_task_count
 
 
 async def _orphaned_round(cleaned: list[str]) -> None:

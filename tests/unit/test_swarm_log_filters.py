@@ -7,7 +7,7 @@ from concurrent.futures import InvalidStateError
 
 import pytest
 
-from worker.strategy.hivemind_fixes import quiet_cancelled_rounds
+from worker._hivemind_compat import quiet_cancelled_rounds
 
 
 def never_retrieved(exc: BaseException) -> logging.LogRecord:

@@ -12,7 +12,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs
 from orchestrator.swarm.admission import SwarmAdmission
 from orchestrator.swarm.peer_authorizer import OrchestratorPeerAuthorizer, peer_dht_options
-from worker.wire import RunSpec, RunState
+from worker.protocol.runs import RunSpec, RunState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

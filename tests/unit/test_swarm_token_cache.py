@@ -16,7 +16,9 @@ from worker.agent.client import Unreachable
 from worker.agent.config import AgentSettings, parse_config
 from worker.agent.token_cache import CachingTokenSource, identity_path, load_token, save_token
 from worker.agent.training import swarm_authorizer
-from worker.wire import RunSpec, SwarmToken, WorkerRegistered
+from worker.protocol.runs import RunSpec
+from worker.protocol.swarm_tokens import SwarmToken
+from worker.protocol.workers import WorkerRegistered
 
 SWARM = "spotswarm-cache-test"
 

@@ -20,7 +20,8 @@ from worker.admission.tokens import (
     peer_id_of,
     sign_token,
 )
-from worker.wire import SwarmToken, swarm_admission_requested
+from worker.protocol.runs import swarm_admission_requested
+from worker.protocol.swarm_tokens import SwarmToken
 
 NOW = 1_800_000_000.0
 

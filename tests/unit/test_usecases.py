@@ -16,7 +16,7 @@ from orchestrator.domain.usecases import UseCases
 from orchestrator.errors import InvalidRequest, RunExists
 from orchestrator.progress import SwarmProgressCache
 from orchestrator.storage.local import LocalCheckpointStore
-from worker.wire import RunSpec, RunState
+from worker.protocol.runs import RunSpec, RunState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

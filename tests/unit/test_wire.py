@@ -5,8 +5,10 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from worker.wire import Heartbeat, RunSpec
-from worker.wire_trainer import DEFAULT_REPORT_METRICS, select_metrics, trainer_option_in_strategy_options
+from worker.protocol.metrics import DEFAULT_REPORT_METRICS, select_metrics
+from worker.protocol.runs import RunSpec
+from worker.protocol.trainer import trainer_option_in_strategy_options
+from worker.protocol.workers import Heartbeat
 
 BASE = {
     "name": "digits",
@@ -110,7 +112,7 @@ def test_trainer_options_in_strategy_options_are_named() -> None:
 
 def test_heartbeat_metrics_are_bounded_finite_and_named() -> None:
     assert Heartbeat(metrics={"val_loss": 0.5, "lr-Optimizer/pg1": 0.01}).metrics["val_loss"] == 0.5
-    assert Heartbeat().metrics == {}  # what an older worker sends
+    assert Heartbeat().metrics == {}  # a heartbeat without metrics
     for bad in ({"val_loss": float("nan")}, {"a\x00": 1.0}, {f"m{i}": 1.0 for i in range(33)}, {"": 1.0}):
         with pytest.raises(ValidationError):
             Heartbeat(metrics=bad)

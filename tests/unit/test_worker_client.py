@@ -17,9 +17,8 @@ from worker.agent.client import (
     Unauthorized,
     Unreachable,
 )
-from worker.agent.heartbeat import Heartbeater
-from worker.agent.state import AgentState
-from worker.wire import CHECKSUM_HEADER, AveragingCounts, DeregisterReason, Heartbeat
+from worker.protocol.paths import CHECKSUM_HEADER
+from worker.protocol.workers import DeregisterReason, Heartbeat
 
 
 class FakeServer:
@@ -123,35 +122,17 @@ def test_a_rate_limited_request_is_retried_after_retry_after() -> None:
     assert len(server.requests) == 2 and sleeps and sleeps[0] >= 7
 
 
-def test_heartbeats_go_without_metrics_to_an_orchestrator_that_refuses_them(tmp_path: Path) -> None:
-    """An orchestrator from before reported metrics answers 422 to the unknown field (as FastAPI words it);
-    the worker keeps beating without its metrics instead of being refused for good."""
-    old_answer = {"detail": [{"type": "extra_forbidden", "loc": ["body", "metrics"], "msg": "Extra inputs"}]}
-    reply = {"action": "continue", "checkpointer": False, "checkpoint_every_epochs": 5}
-    server = FakeServer(httpx.Response(422, json=old_answer), httpx.Response(200, json=reply))
-    state = AgentState(checkpoint_every_epochs=5)
-    state.update_progress(metrics={"val_loss": 0.5}, loss=1.0)
-    beater = Heartbeater(make_client(server, []), state, "7", "run", 1.0, tmp_path)
-    assert beater.beat() and beater.beat()
-    sent = [json.loads(body) for body in server.bodies]
-    assert [body.get("metrics") for body in sent] == [{"val_loss": 0.5}, {}, {}]
-    assert all(body["loss"] == 1.0 for body in sent)
-
-
-def test_a_deregistration_an_older_orchestrator_refuses_for_its_newer_fields_is_sent_again_without() -> None:
-    refused = {
-        "detail": [
-            {"type": "extra_forbidden", "loc": ["body", name], "msg": "Extra inputs are not permitted"}
-            for name in ("unusable_spec", "metrics")
-        ]
+def test_a_deregistration_sends_only_the_fields_that_differ_from_their_defaults() -> None:
+    server = FakeServer(httpx.Response(204))
+    make_client(server, []).deregister(
+        "w1", DeregisterReason.error, "bad", unusable_spec=True, metrics={"x": 0.5}
+    )
+    assert json.loads(server.bodies[0]) == {
+        "reason": "error",
+        "message": "bad",
+        "unusable_spec": True,
+        "metrics": {"x": 0.5},
     }
-    server = FakeServer(httpx.Response(422, json=refused), httpx.Response(204))
-    client = make_client(server, [])
-    client.deregister("w1", DeregisterReason.error, "bad", unusable_spec=True, metrics={"val_loss": 0.5})
-    first, second = (json.loads(body) for body in server.bodies)
-    assert first == {"reason": "error", "message": "bad", "unusable_spec": True, "metrics": {"val_loss": 0.5}}
-    assert second == {"reason": "error", "message": "bad"}
-    # fields at their defaults are never sent; any other refusal is the caller's to see
     plain = FakeServer(httpx.Response(204))
     make_client(plain, []).deregister("w1", DeregisterReason.stopped)
     assert json.loads(plain.bodies[0]) == {"reason": "stopped"}
@@ -159,37 +140,6 @@ def test_a_deregistration_an_older_orchestrator_refuses_for_its_newer_fields_is_
     with pytest.raises(Rejected, match="too long"):
         make_client(other, []).deregister("w1", DeregisterReason.error, "x", metrics={"val_loss": 0.5})
     assert len(other.requests) == 1
-
-
-NEWER = ("train_s", "averaging_s", "kept_samples")  # spelled out: the wire's AVERAGING_NEWER must match
-
-
-def test_averaging_seconds_go_only_when_known_and_not_to_an_orchestrator_that_refuses_them() -> None:
-    """An orchestrator from before ``train_s``, ``averaging_s`` and ``kept_samples`` refuses them (422 on
-    the unknown fields): the heartbeat is sent again without them, and so are the later ones; zeros (not
-    known) never go."""
-    refused = {
-        "detail": [
-            {"type": "extra_forbidden", "loc": ["body", "averaging", name], "msg": "Extra inputs"}
-            for name in NEWER
-        ]
-    }
-    reply = {"action": "continue", "checkpointer": False, "checkpoint_every_epochs": 5}
-    server = FakeServer(httpx.Response(422, json=refused), httpx.Response(200, json=reply))
-    client = make_client(server, [])
-    counts = AveragingCounts(averaged=3, train_s=12.5, averaging_s=1.25, kept_samples=96)
-    client.heartbeat("7", Heartbeat(averaging=counts))
-    client.heartbeat("7", Heartbeat(averaging=counts))
-    sent = [json.loads(body)["averaging"] for body in server.bodies]
-    assert [tuple(name in s for name in NEWER) for s in sent] == [
-        (True, True, True),
-        (False, False, False),
-        (False, False, False),
-    ]
-    assert all(s["averaged"] == 3 for s in sent)
-    fresh = FakeServer(httpx.Response(200, json=reply))
-    make_client(fresh, []).heartbeat("7", Heartbeat(averaging=AveragingCounts(averaged=1)))
-    assert set(json.loads(fresh.bodies[0])["averaging"]).isdisjoint(NEWER)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.domain.crash_budget import CrashPolicy
 from tests.unit.test_runs_lifecycle import T0, join, new_run
-from worker.wire import DeregisterReason, WorkerRegister
+from worker.protocol.workers import DeregisterReason, WorkerRegister
 
 BUG = "training failed: RuntimeError: the model diverged in a buggy layer"
 

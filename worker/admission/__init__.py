@@ -7,8 +7,8 @@
   and the DHT peer of a swarm with admission (``AdmissionDHT``), which uses both.
 
 This package builds on the strategy's hivemind pieces (``worker/strategy/dht.py``,
-``hivemind_fixes.py``); the strategy needs nothing of it: it takes any authorizer that can start its DHT
-(``worker.strategy.dht.PeerAuthorizer``).
+``worker/_hivemind_compat.py``); the strategy needs nothing of it: it takes any authorizer that can start
+its DHT (``worker.strategy.dht.PeerAuthorizer``).
 
 The orchestrator's side (the authority, the peer authorizer of its own DHT peer) is
 ``orchestrator/swarm/``; the design and threat model are in the security guide.

@@ -35,11 +35,11 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
 
-from worker.admission.access_tokens import from_access_token, to_access_token
+from worker.admission.access_tokens import from_access_token, is_valid_access_token, to_access_token
 from worker.admission.guard import ADMISSION_HANDLER, AdmissionGuard, GuardedP2P
 from worker.admission.tokens import SwarmTokenError, TokenFields, TokenVerifier
+from worker.protocol.swarm_tokens import SwarmToken
 from worker.strategy.dht import LifelineDHT
-from worker.wire import SwarmToken
 
 logger = logging.getLogger(__name__)
 
@@ -218,10 +218,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
             await asyncio.shield(self._renewal)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
-        reason = self.verifier.problem(from_access_token(access_token))
-        if reason is not None:
-            logger.debug("refusing swarm token of %r: %s", access_token.username, reason)
-        return reason is None
+        return is_valid_access_token(self.verifier, access_token)
 
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         try:

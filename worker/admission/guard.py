@@ -32,9 +32,9 @@ from hivemind.p2p import P2P, P2PContext, P2PDaemonError, P2PHandlerError, PeerI
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.timed_storage import get_dht_time
 
+from worker._hivemind_compat import quiet_refusal_tracebacks
 from worker.admission.access_tokens import from_access_token
 from worker.admission.tokens import TokenFields, TokenVerifier
-from worker.strategy.hivemind_fixes import quiet_refusal_tracebacks
 
 logger = logging.getLogger(__name__)
 

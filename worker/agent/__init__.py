@@ -1,7 +1,8 @@
 """``spotswarm-worker``: the agent that joins a run, trains in its swarm, reports and leaves cleanly.
 
 - ``agent.py``: the lifecycle (register, train, stop, deregister) and the exit codes.
-- ``config.py``: flags and ``SPOTSWARM_*`` environment variables; exit codes.
+- ``config.py``: flags and ``SPOTSWARM_*`` environment variables (the exit codes are
+  ``worker/protocol/exit_codes.py``).
 - ``cpus.py``: pinning the agent to its own cores (the local launcher's ``cpus_per_worker``).
 - ``boot.py``: registration (retried, or from the cached registration), the run's code and environment.
 - ``state.py``: what the training thread, the heartbeat and the stop logic share.
@@ -15,9 +16,11 @@
 - ``client.py``: the typed HTTP client of the orchestrator's worker API.
 - ``spot.py``: the watcher of the cloud's spot interruption notice.
 - ``token_cache.py``: the cached swarm token and identity, and the token source over the HTTP client.
+- ``probe.py``: a run's code checked at create time as a worker would load it (the server's fork server
+  runs it by path).
 
-Importing this package loads no torch, Lightning or hivemind (the orchestrator imports some of these
-modules); :func:`main` imports the agent when called.
+Importing this package loads no torch, Lightning or hivemind; :func:`main` imports the agent when
+called. The orchestrator imports none of it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from worker import context, lifeline, logsetup
+from worker import context
 from worker.agent.boot import (
     Boot,
     OrchestratorUnavailable,
@@ -41,18 +41,14 @@ from worker.agent.boot import (
     register,
 )
 from worker.agent.client import ApiError, Conflict, OrchestratorClient
-from worker.agent.config import (
-    EXIT_CONFIG,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_ORCHESTRATOR_LOST,
-    AgentSettings,
-    parse_config,
-)
+from worker.agent.config import AgentSettings, parse_config
 from worker.agent.cpus import pin_to_cpus
 from worker.agent.state import AgentState, EarlyLeave
-from worker.redaction import redact
-from worker.wire import DeregisterReason, RunSpec
+from worker.protocol.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_ORCHESTRATOR_LOST
+from worker.protocol.redaction import redact
+from worker.protocol.runs import RunSpec
+from worker.protocol.workers import DeregisterReason
+from worker.runtime import lifeline, logsetup
 
 logger = logging.getLogger("worker.agent")
 
@@ -65,7 +61,7 @@ EXIT_GUARD_S = 10.0  # interpreter shutdown (atexit joins of hivemind's processe
 
 
 def configure_logging(level: str, fmt: str | None = None, training: bool = False) -> None:
-    """The shared set-up (worker/logsetup.py): run and worker in every line, text or JSON lines.
+    """The shared set-up (worker/runtime/logsetup.py): run and worker in every line, text or JSON lines.
 
     hivemind's and Lightning's loggers are routed only once training starts (``training``): importing
     them takes seconds, and the agent's failure paths (bad token, module that does not import) stay fast.
@@ -418,7 +414,7 @@ def _let_stop_signals_pass() -> None:
     one of them never returned: the agent left at its watchdog, without its final checkpoint. A handler
     rather than ``SIG_IGN``, which would pass to the programs they start: ``p2pd`` must still stop at
     hivemind's SIGTERM (and runs in a session of its own, out of reach of the group's:
-    ``worker/strategy/hivemind_fixes.py p2pd_in_own_session``)."""
+    ``worker/_hivemind_compat.py p2pd_in_own_session``)."""
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _pass)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.wire import AveragingCounts
+from worker.protocol.workers import AveragingCounts
 
 #: epochs in a row applied without averaging, while the run has other workers, before the warning
 DEFAULT_APART_EPOCHS = 5

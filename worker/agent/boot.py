@@ -36,10 +36,11 @@ from worker.agent.client import (
 from worker.agent.config import AgentSettings
 from worker.arguments import argument_type_problem
 from worker.files import write_json
-from worker.redaction import redact
+from worker.protocol.redaction import redact
+from worker.protocol.runs import RunSpec
+from worker.protocol.workers import WorkerRegister, WorkerRegistered
 from worker.runtime import env as runtime_env
 from worker.runtime.package import UnsafePackage
-from worker.wire import RunSpec, WorkerRegister, WorkerRegistered
 
 logger = logging.getLogger(__name__)
 

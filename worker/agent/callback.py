@@ -23,8 +23,9 @@ from worker.agent.checkpoints import Checkpointer
 from worker.agent.metrics import ReportingLogger, read_loss, reported_metrics
 from worker.agent.state import AgentState
 from worker.context import current_worker, seed_sampling
-from worker.wire import DeregisterReason, StopCondition
-from worker.wire_trainer import DEFAULT_REPORT_METRICS
+from worker.protocol.metrics import DEFAULT_REPORT_METRICS
+from worker.protocol.runs import StopCondition
+from worker.protocol.workers import DeregisterReason
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from worker.agent.client import ApiError, NotFound, OrchestratorClient, Unreachable
 from worker.agent.state import AgentState
-from worker.wire import ApiPath, CheckpointRef
+from worker.protocol.paths import ApiPath
+from worker.protocol.workers import CheckpointRef
 
 logger = logging.getLogger(__name__)
 

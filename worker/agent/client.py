@@ -1,4 +1,4 @@
-"""The worker's small HTTP client of the orchestrator API (paths and models from :mod:`worker.wire`).
+"""The worker's small HTTP client of the orchestrator API (paths and models from :mod:`worker.protocol`).
 
 Transient failures (connection errors, time-outs, HTTP 5xx, and 429 no sooner than its ``Retry-After``)
 are retried with exponential backoff and surface as :class:`Unreachable` once the retries are spent.
@@ -19,28 +19,26 @@ from typing import Any
 
 import httpx
 
-from worker.wire import (
-    API_PREFIX,
-    AVERAGING_NEWER,
-    CHECKSUM_HEADER,
-    ApiPath,
+from worker.protocol.errors import error_detail
+from worker.protocol.paths import API_PREFIX, CHECKSUM_HEADER, ApiPath
+from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+from worker.protocol.validators import without_control_characters
+from worker.protocol.workers import (
     Deregister,
     DeregisterReason,
     Heartbeat,
     HeartbeatReply,
     PeerList,
     ResumeFailure,
-    SwarmAuthInfo,
-    SwarmToken,
-    SwarmTokenRequest,
     WorkerRegister,
     WorkerRegistered,
-    without_control_characters,
 )
 
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
+#: the most of a server's error text a worker puts in an exception (and so in its log)
+MAX_MESSAGE_CHARS = 500
 
 
 class ApiError(Exception):
@@ -97,15 +95,6 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
         yield from iter(lambda: handle.read(CHUNK_BYTES), b"")
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500] or response.reason_phrase
-    detail = body.get("detail", body) if isinstance(body, dict) else body
-    return detail if isinstance(detail, str) else str(detail)[:500]
-
-
 class OrchestratorClient:
     """Calls the orchestrator at ``base_url`` (e.g. ``http://10.0.0.5:8000``).
 
@@ -133,8 +122,6 @@ class OrchestratorClient:
         self._max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, transport=transport)
-        #: False once an orchestrator from before ``AveragingCounts``' seconds refused them (422)
-        self._send_averaging_times = True
 
     def close(self) -> None:
         self._http.close()
@@ -153,24 +140,9 @@ class OrchestratorClient:
         return WorkerRegistered.model_validate(response.json())
 
     def heartbeat(self, worker_id: str, body: Heartbeat) -> HeartbeatReply:
-        """Report progress; the reply says whether to go on and whether this worker checkpoints.
-
-        The averaging seconds and kept samples (``AVERAGING_NEWER``) go only when known; an orchestrator
-        from before them (whose heartbeat refuses unknown fields, 422) is asked again without them, and is
-        not sent them again."""
+        """Report progress; the reply says whether to go on and whether this worker checkpoints."""
         path = ApiPath.heartbeat.format(worker_id=worker_id)
-        payload = body.model_dump(mode="json")
-        sent = _averaging_times(payload) if self._send_averaging_times else []
-        if not self._send_averaging_times:
-            _drop_averaging_times(payload)
-        try:
-            response = self._call("POST", path, json=payload)
-        except Rejected as exc:
-            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
-                raise
-            self._send_averaging_times = False
-            _drop_averaging_times(payload)
-            response = self._call("POST", path, json=payload)
+        response = self._call("POST", path, json=body.model_dump(mode="json"))
         return HeartbeatReply.model_validate(response.json())
 
     def deregister(
@@ -185,22 +157,14 @@ class OrchestratorClient:
         ``unusable_spec`` that no worker could use the run's spec, ``metrics`` are the worker's last
         reported values (see :class:`Deregister`).
 
-        Fields left at their defaults are not sent, and an orchestrator from before ``unusable_spec`` and
-        ``metrics`` (whose deregistration refuses unknown fields, 422) is asked again without them.
+        Fields left at their defaults are not sent.
         """
         text = without_control_characters(message)[:4000] if message else None
         body = Deregister(
             reason=reason, message=text or None, unusable_spec=unusable_spec, metrics=metrics or {}
         )
         path = ApiPath.deregister.format(worker_id=worker_id)
-        newer = {"unusable_spec", "metrics"}
-        try:
-            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True))
-        except Rejected as exc:
-            sent = [name for name in newer if getattr(body, name)]
-            if exc.status_code != 422 or not any(name in str(exc) for name in sent):
-                raise
-            self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True, exclude=newer))
+        self._call("POST", path, json=body.model_dump(mode="json", exclude_defaults=True))
 
     def report_resume_failure(self, worker_id: str, epoch: int, message: str) -> None:
         """Tell the orchestrator that the run's checkpoint of ``epoch`` did not load here, and why."""
@@ -252,7 +216,7 @@ class OrchestratorClient:
         """Download a checkpoint (or any file of the API) to ``dest`` (atomically) and verify it.
 
         ``download_path`` is an API path such as ``/runs/<name>/checkpoints/latest/download`` (with or
-        without :data:`~worker.wire.API_PREFIX`). The expected SHA-256 is ``sha256`` or else the
+        without :data:`~worker.protocol.paths.API_PREFIX`). The expected SHA-256 is ``sha256`` or else the
         response's ``X-Checksum-Sha256``; a mismatch raises :class:`ChecksumMismatch` and leaves no file
         behind.
         """
@@ -322,9 +286,13 @@ class OrchestratorClient:
         if read:
             response.read()
         if response.status_code >= 500 or response.status_code == 429:  # 429: a rate limit, retried later
-            raise _Transient(response.status_code, _detail(response), _retry_after_s(response))
+            raise _Transient(
+                response.status_code, error_detail(response, MAX_MESSAGE_CHARS), _retry_after_s(response)
+            )
         error = _STATUS_ERRORS.get(response.status_code, Rejected)
-        raise error(f"{response.status_code}: {_detail(response)}", response.status_code)
+        raise error(
+            f"{response.status_code}: {error_detail(response, MAX_MESSAGE_CHARS)}", response.status_code
+        )
 
     def _wait_or_give_up(self, attempt: int, method: str, path: str, exc: Exception) -> None:
         status = exc.status_code if isinstance(exc, _Transient) else None
@@ -354,17 +322,3 @@ def _retry_after_s(response: httpx.Response) -> float:
         return max(0.0, float(response.headers.get("Retry-After", "0")))
     except ValueError:
         return 0.0
-
-
-def _averaging_times(payload: dict[str, Any]) -> list[str]:
-    """The newer averaging counts a heartbeat's JSON carries; those at 0 (not known) are dropped from it."""
-    counts = payload.get("averaging") or {}
-    for name in AVERAGING_NEWER:
-        if name in counts and not counts[name]:
-            del counts[name]
-    return [name for name in AVERAGING_NEWER if name in counts]
-
-
-def _drop_averaging_times(payload: dict[str, Any]) -> None:
-    for name in AVERAGING_NEWER:
-        (payload.get("averaging") or {}).pop(name, None)

@@ -19,16 +19,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from worker.comma_list import CommaList
+from worker.protocol.comma_list import CommaList
 
 ENV_PREFIX = "SPOTSWARM_"
-
-# Exit codes, read by launchers (orchestrator/launchers/local_files.py: PERMANENT_EXIT_CODES).
-EXIT_OK = 0  # stopped, completed, interrupted: left the run cleanly
-EXIT_FAILED = 1  # training crashed or the orchestrator stayed unreachable: worth another worker
-EXIT_USAGE = 2  # bad command line or environment (argparse's own code)
-EXIT_CONFIG = 3  # permanent: bad join token, user module does not import, unusable run spec
-EXIT_ORCHESTRATOR_LOST = 4  # no answer from the orchestrator for --orchestrator-lost-timeout-s: left
 
 
 def default_cache_dir() -> Path:
@@ -158,7 +151,8 @@ def _choices(annotation: object) -> list[str] | None:
 
 def parse_config(argv: Sequence[str] | None = None) -> AgentSettings:
     """The agent's settings from ``argv`` over the ``SPOTSWARM_*`` environment; exits with code 2
-    (:data:`EXIT_USAGE`) and one line per problem when something is missing or invalid."""
+    (:data:`~worker.protocol.exit_codes.EXIT_USAGE`) and one line per problem when something is missing
+    or invalid."""
     parser = build_parser()
     flags = vars(parser.parse_args(argv))
     try:

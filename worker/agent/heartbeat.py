@@ -22,18 +22,17 @@ from worker.agent.client import (
     Conflict,
     NotFound,
     OrchestratorClient,
-    Rejected,
     Unauthorized,
     Unreachable,
 )
 from worker.agent.state import AgentState
-from worker.wire import DeregisterReason, Heartbeat, HeartbeatReply
+from worker.protocol.workers import DeregisterReason
 
 logger = logging.getLogger(__name__)
 
 
 class Heartbeater(threading.Thread):
-    """Sends :class:`worker.wire.Heartbeat` for ``worker_id`` until :meth:`halt` is called.
+    """Sends :class:`worker.protocol.workers.Heartbeat` for ``worker_id`` until :meth:`halt` is called.
 
     ``peers_refresh_s`` is how often the run's peer list is fetched and cached in ``worker_dir`` so a
     restarted worker can rejoin the swarm while the orchestrator is down. ``on_lost(silent_s)`` is
@@ -69,7 +68,6 @@ class Heartbeater(threading.Thread):
         self._on_lost = on_lost
         self._last_answer = clock()
         self._lost_reported = False
-        self._metrics_refused = False
         self.beats_sent = 0
 
     def run(self) -> None:
@@ -93,7 +91,7 @@ class Heartbeater(threading.Thread):
         """Send one heartbeat now and apply the reply; True if the orchestrator answered."""
         with self._send_lock:
             try:
-                reply = self._send(self._state.heartbeat())
+                reply = self._client.heartbeat(self._worker_id, self._state.heartbeat())
             except Unreachable as exc:
                 logger.warning("worker %s: heartbeat not delivered: %s", self._worker_id, exc)
                 self._check_lost()
@@ -106,21 +104,6 @@ class Heartbeater(threading.Thread):
             self.beats_sent += 1
         self._state.apply_reply(reply)
         return True
-
-    def _send(self, body: Heartbeat) -> HeartbeatReply:
-        """Send ``body``; without its metrics from now on if the orchestrator refuses them (422: a version
-        from before reported metrics, whose heartbeat refuses unknown fields)."""
-        if self._metrics_refused:
-            body.metrics = {}
-        try:
-            return self._client.heartbeat(self._worker_id, body)
-        except Rejected as exc:
-            if exc.status_code != 422 or not body.metrics or "metrics" not in str(exc):
-                raise
-        logger.warning("worker %s: the orchestrator takes no metrics: reporting without", self._worker_id)
-        self._metrics_refused = True
-        body.metrics = {}
-        return self._client.heartbeat(self._worker_id, body)
 
     def _refused(self, exc: ApiError) -> None:
         if isinstance(exc, (Unauthorized, NotFound, Conflict)):

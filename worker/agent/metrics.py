@@ -18,7 +18,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from typing_extensions import override
 
-from worker.wire_trainer import LOSS_METRIC_NAMES, MAX_REPORTED_METRICS, select_metrics
+from worker.protocol.metrics import LOSS_METRIC_NAMES, MAX_REPORTED_METRICS, select_metrics
 
 MAX_KEPT_NAMES = 4 * MAX_REPORTED_METRICS  # names a ReportingLogger remembers (a module may log many)
 

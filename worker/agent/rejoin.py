@@ -27,7 +27,7 @@ from typing import Any
 from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from worker.peer_addresses import peer_address
+from worker.protocol.peer_addresses import peer_address
 
 logger = logging.getLogger(__name__)
 

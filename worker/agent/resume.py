@@ -23,7 +23,7 @@ from typing import Any
 
 from worker.agent.checkpoints import fetch_checkpoint
 from worker.agent.client import ApiError, NotFound, OrchestratorClient
-from worker.wire import CheckpointRef, WorkerRegistered
+from worker.protocol.workers import CheckpointRef, WorkerRegistered
 
 logger = logging.getLogger(__name__)
 

@@ -23,15 +23,17 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+from worker.protocol.imds import (
+    DEFAULT_METADATA_URL,
+    INSTANCE_ACTION_PATH,
+    METADATA_URL_ENV,
+    REBALANCE_PATH,
+    TOKEN_HEADER,
+    TOKEN_PATH,
+    TOKEN_TTL_HEADER,
+)
 
-METADATA_URL_ENV = "SPOTSWARM_METADATA_URL"
-DEFAULT_METADATA_URL = "http://169.254.169.254"
-TOKEN_PATH = "/latest/api/token"
-INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
-REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
-TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
-TOKEN_HEADER = "X-aws-ec2-metadata-token"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from worker import context
-from worker.wire import (
+from worker.protocol.workers import (
     LEAVING_PHASE,
     AveragingCounts,
     DeregisterReason,

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from worker.admission.tokens import SwarmTokenError, parse_expiration
 from worker.agent.client import ApiError, OrchestratorClient
 from worker.files import write_json
-from worker.wire import SwarmToken
+from worker.protocol.swarm_tokens import SwarmToken
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ from worker.agent.checkpoints import (
 from worker.agent.client import ApiError, OrchestratorClient, Unreachable
 from worker.agent.config import AgentSettings
 from worker.agent.resume import resume_path
-from worker.trainer_options import QUIET, build_plugins
-from worker.wire import SWARM_ADMISSION_OPTION, WorkerRegistered, swarm_admission_requested
+from worker.protocol.runs import SWARM_ADMISSION_OPTION, swarm_admission_requested
+from worker.protocol.trainer import QUIET, build_plugins
+from worker.protocol.workers import WorkerRegistered
 
 logger = logging.getLogger(__name__)
 

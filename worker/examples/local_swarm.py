@@ -27,10 +27,10 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from worker._hivemind_compat import own_mpfuture_locks
 from worker.examples.digits import DigitsDataModule, DigitsModule
+from worker.protocol.trainer import NO_VALIDATION, QUIET
 from worker.strategy import HivemindStrategy
-from worker.strategy.hivemind_fixes import own_mpfuture_locks
-from worker.trainer_options import NO_VALIDATION, QUIET
 
 STOP_GRACE_S = 20.0
 

@@ -12,15 +12,14 @@
 - ``metrics.py``: swarm progress and throughput, logged as Lightning metrics.
 - ``outcomes.py``: each swarm epoch's averaging outcome, counted.
 - ``shutdown.py``: leaving the swarm cleanly.
-- ``checkpoint_format.py``: what hivemind adds to a checkpoint, and the plain export.
-- ``hivemind_fixes.py``: the workarounds of hivemind 1.1.12's behaviour, each naming what it covers.
 - ``diloco/``: the DiLoCo sync mode (``sync="diloco"``): rare rounds of pseudo-gradients, an outer step.
 
 ``from worker.strategy import HivemindStrategy`` is the one public import path. Importing this package also
 registers the strategy with Lightning as ``"hivemind"`` (``Trainer(strategy="hivemind")``; defaults in
 ``registry.py``). Importing it alone is cheap: the strategy (torch, Lightning, hivemind) loads on first use
-of one of its names, and the registration waits for Lightning to load, so that
-``worker.strategy.checkpoint_format`` or ``worker.strategy.dht`` can be imported without Lightning.
+of one of its names, and the registration waits for Lightning to load, so that ``worker.strategy.dht``
+can be imported without Lightning. What a checkpoint holds besides Lightning's keys is
+``worker/protocol/checkpoints.py``; hivemind's workarounds are ``worker/_hivemind_compat.py``.
 """
 
 from __future__ import annotations

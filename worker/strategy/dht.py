@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 import hivemind
 
-from worker.lifeline import exit_with_parent
-from worker.peer_addresses import usable_initial_peers
-from worker.strategy.hivemind_fixes import (
+from worker._hivemind_compat import (
     p2pd_in_own_session,
     quiet_dead_sender_errors,
     survive_unreadable_requests,
 )
+from worker.protocol.peer_addresses import usable_initial_peers
+from worker.runtime.lifeline import exit_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,9 @@ def start_dht(
 
 class LifelineDHT(hivemind.DHT):  # type: ignore[misc]
     """A ``hivemind.DHT`` whose process, ``p2pd`` included, ends as soon as the process that created it is
-    gone, even killed with SIGKILL (:func:`worker.lifeline.exit_with_parent`): a worker agent killed by
-    its PID alone would otherwise leave its peer running, announcing a worker that no longer trains."""
+    gone, even killed with SIGKILL (:func:`worker.runtime.lifeline.exit_with_parent`): a worker agent
+    killed by its PID alone would otherwise leave its peer running, announcing a worker that no longer
+    trains."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         self._owner_pid = os.getpid()  # read by the forked child (run)

@@ -23,17 +23,10 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from worker.strategy.checkpoint_format import HIVEMIND_SCHEDULER_KEY
+from worker import _hivemind_compat
+from worker._hivemind_compat import expose_defaults
+from worker.protocol.checkpoints import HIVEMIND_SCHEDULER_KEY
 from worker.strategy.checks import warn_if_zero_grad_overridden
-from worker.strategy.hivemind_fixes import (
-    bound_matchmaking_dht_calls,
-    cancel_rounds_before_signalling,
-    expose_defaults,
-    finalize_running_groups_on_shutdown,
-    keep_averager_tasks_alive,
-    pace_group_lookups,
-    quiet_cancelled_rounds,
-)
 from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.shutdown import cancel_if_looking
 from worker.strategy.tracker import SwarmBatchTracker
@@ -48,12 +41,7 @@ def build_hivemind_optimizer(
     torch_optimizer: torch.optim.Optimizer, *, hivemind_creates_optimizer: bool, **hivemind_kwargs: Any
 ) -> Optimizer:
     """Wrap ``torch_optimizer``; or, if hivemind must own it (offload/delays), rebuild it inside hivemind."""
-    quiet_cancelled_rounds()  # before hivemind forks its averagers
-    keep_averager_tasks_alive()
-    cancel_rounds_before_signalling()
-    bound_matchmaking_dht_calls()
-    pace_group_lookups()
-    finalize_running_groups_on_shutdown()
+    _hivemind_compat.install()  # before hivemind forks its averagers
     if not hivemind_creates_optimizer:
         return expose_defaults(Optimizer(optimizer=torch_optimizer, **hivemind_kwargs))
     optimizer_class, defaults = type(torch_optimizer), dict(torch_optimizer.defaults)

@@ -1,8 +1,9 @@
-"""Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords.
+"""Which keys a run's ``strategy_options`` may hold: the one place that knows ``HivemindStrategy``'s keywords
+(a run's Trainer options are :mod:`worker.protocol.trainer`).
 
 They are read from the signatures, never listed by hand: ``HivemindStrategy``'s own keywords, plus
 those of ``hivemind.Optimizer`` and ``hivemind.DHT`` that it routes on (:mod:`worker.strategy.keywords`),
-less what the run spec or the agent sets itself. The create-time probe (``orchestrator/importcheck/probe.py``)
+less what the run spec or the agent sets itself. The create-time probe (``worker/agent/probe.py``)
 and the agent both ask :func:`strategy_option_problem`, so a Trainer option such as ``precision`` put
 there, a value of the wrong type for one of the strategy's own keywords (:mod:`worker.arguments`), or
 delay flags that do not go together, are refused when the run is created, not inside
@@ -16,8 +17,9 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from worker.wire import SWARM_ADMISSION_OPTION
-from worker.wire_trainer import trainer_option_in_strategy_options
+from worker.protocol.runs import SWARM_ADMISSION_OPTION
+from worker.protocol.sync import DEFAULT_SYNC, sync_problem
+from worker.protocol.trainer import trainer_option_in_strategy_options
 
 #: ``HivemindStrategy`` keywords the agent fills from the run spec or its own state.
 SET_BY_AGENT = {
@@ -91,7 +93,6 @@ def _combination_problem(options: Mapping[str, Any]) -> str | None:
 def _sync_problem(options: Mapping[str, Any]) -> str | None:
     """The sync mode and its DiLoCo knobs, checked as the strategy checks them (pure: no torch); a key
     without its value (None) passes."""
-    from worker.strategy.diloco.settings import DEFAULT_SYNC, sync_problem
 
     sync = options.get("sync")
     return sync_problem(DEFAULT_SYNC if sync is None else sync, dict(options))

@@ -37,7 +37,7 @@ import hivemind
 from hivemind.averaging.control import StepControl
 from hivemind.optim.state_averager import TrainingStateAverager
 
-from worker.wire import AveragingCounts
+from worker.protocol.workers import AveragingCounts
 
 
 class Outcome(str, Enum):

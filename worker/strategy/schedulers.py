@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.optim.lr_scheduler import LRScheduler
 
-from worker.strategy.checkpoint_format import SCHEDULER_INNER_KEY, SCHEDULER_SWARM_EPOCH_KEY
+from worker.protocol.checkpoints import SCHEDULER_INNER_KEY, SCHEDULER_SWARM_EPOCH_KEY
 
 _SWARM_EPOCH_KEY = SCHEDULER_SWARM_EPOCH_KEY
 _INNER_KEY = SCHEDULER_INNER_KEY

@@ -9,9 +9,9 @@ late, so plain ``hivemind.Optimizer.shutdown`` followed by ``DHT.shutdown`` ofte
 and ends by terminating the DHT. ``shutdown_optimizer`` cancels pending matchmaking first, says
 goodbye, waits until the DHT has read everything queued so far, and only then stops the averagers.
 This narrows hivemind's race a lot; it cannot close it (an averager may still send a request in its
-last milliseconds), so :func:`worker.strategy.hivemind_fixes.quiet_dead_sender_errors` also turns the
+last milliseconds), so :func:`worker._hivemind_compat.quiet_dead_sender_errors` also turns the
 resulting error into a debug line. A round cancelled just as it found its group races the same way
-inside the averager's process (:func:`worker.strategy.hivemind_fixes.quiet_cancelled_rounds`).
+inside the averager's process (:func:`worker._hivemind_compat.quiet_cancelled_rounds`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.utils import get_dht_time
 
-from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
+from worker._hivemind_compat import quiet_abandoned_event_loops
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def stop_orphaned_optimizer(optimizer: hivemind.Optimizer) -> None:
     strategy on its own may not). The tracker is a thread of this process and would run on: interpreter
     shutdown then waits forever for the executor thread it left waiting on its shutdown event (and logs
     "cannot schedule new futures after shutdown" from the thread itself). A process that died holding
-    one of hivemind's inter-process locks can still block the tracker (``hivemind_fixes.own_mpfuture_locks``
+    one of hivemind's inter-process locks can still block the tracker (``_hivemind_compat.own_mpfuture_locks``
     says which), which is why a test cannot show this on demand; reproduced by hand: a lone peer whose
     forked processes all got SIGTERM mid-fit then waited forever at exit.
     """

@@ -28,12 +28,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from typing_extensions import override
 
+from worker.protocol.sync import DEFAULT_SYNC, sync_problem
+from worker.protocol.workers import AveragingCounts
 from worker.strategy import checks
 from worker.strategy.checks import HivemindStrategyError, SwarmNotStartedError
 from worker.strategy.dht import PeerAuthorizer, initial_peers_line, parse_initial_peers, start_dht
 from worker.strategy.diloco.model_state import global_model_state
 from worker.strategy.diloco.optimizer import DiLoCoOptimizer, DiLoCoOutcomes
-from worker.strategy.diloco.settings import DEFAULT_SYNC, DiLoCoSettings, diloco_settings, sync_problem
+from worker.strategy.diloco.settings import DiLoCoSettings, diloco_settings
 from worker.strategy.keywords import averager_options, route_keywords
 from worker.strategy.metrics import (
     MetricsThrottle,
@@ -55,7 +57,6 @@ from worker.strategy.outcomes import OutcomeRecorder, count_outcomes
 from worker.strategy.precision import HivemindMixedPrecision
 from worker.strategy.schedulers import SwarmEpochScheduler
 from worker.strategy.shutdown import shutdown_optimizer, stop_orphaned_optimizer
-from worker.wire import AveragingCounts
 
 __all__ = ["HivemindStrategy", "HivemindStrategyError", "SwarmNotStartedError", "SwarmProgress"]
 
@@ -114,7 +115,7 @@ class HivemindStrategy(Strategy):
             ``sync_every_steps`` steps, peers average pseudo-gradients and take an outer Nesterov step
             with ``outer_lr`` and ``outer_momentum``: worker/strategy/diloco/).
         sync_every_s, sync_every_steps, outer_lr, outer_momentum: the DiLoCo knobs (``None``: defaults in
-            worker/strategy/diloco/settings.py); refused with another ``sync``.
+            worker/protocol/sync.py); refused with another ``sync``.
         **optimizer_kwargs: each goes to the hivemind class that takes it (worker/strategy/keywords.py):
             ``hivemind.Optimizer`` (``grad_compression``, ``state_averaging_compression``,
             ``load_state_timeout``...) or the peer's ``hivemind.DHT`` (``use_relay``, ``use_auto_relay``,

@@ -50,7 +50,9 @@ from orchestrator.errors import Conflict, InvalidRequest
 from orchestrator.heartbeats.hub import WorkerEntry
 from orchestrator.schemas import CheckpointList
 from orchestrator.storage.base import CheckpointStore
-from worker.wire import CHECKSUM_HEADER, MAX_ID, ApiPath, CheckpointRef
+from worker.protocol.paths import CHECKSUM_HEADER, ApiPath
+from worker.protocol.validators import MAX_ID
+from worker.protocol.workers import CheckpointRef
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["checkpoints"])

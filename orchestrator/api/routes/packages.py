@@ -34,8 +34,9 @@ from orchestrator.domain import runs
 from orchestrator.errors import InvalidRequest, NotFound
 from orchestrator.schemas import PackageRef
 from orchestrator.storage.base import CheckpointNotFound, CheckpointStore, package_key
+from worker.protocol.paths import CHECKSUM_HEADER, ApiPath
+from worker.protocol.validators import SHA256_PATTERN
 from worker.runtime.package import UnsafePackage, inspect_archive
-from worker.wire import CHECKSUM_HEADER, SHA256_PATTERN, ApiPath
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["packages"])

@@ -15,7 +15,8 @@ from orchestrator.api.deps import (
     check_run_access,
 )
 from orchestrator.domain import runs, views
-from worker.wire import ApiPath, PeerList
+from worker.protocol.paths import ApiPath
+from worker.protocol.workers import PeerList
 
 router = APIRouter(tags=["peers"])
 

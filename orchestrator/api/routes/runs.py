@@ -40,7 +40,10 @@ from orchestrator.schemas import (
     StopRequest,
     WorkerList,
 )
-from worker.wire import MAX_ID, ApiPath, RunSpec, RunState, WorkerState
+from worker.protocol.paths import ApiPath
+from worker.protocol.runs import RunSpec, RunState
+from worker.protocol.validators import MAX_ID
+from worker.protocol.workers import WorkerState
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["runs"])

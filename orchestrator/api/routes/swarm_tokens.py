@@ -24,7 +24,8 @@ from orchestrator.api.deps import (
 from orchestrator.api.routes.workers import CallingWorker
 from orchestrator.errors import Conflict
 from orchestrator.swarm.admission import SwarmAdmission
-from worker.wire import ApiPath, SwarmAuthInfo, SwarmToken, SwarmTokenRequest
+from worker.protocol.paths import ApiPath
+from worker.protocol.swarm_tokens import SwarmAuthInfo, SwarmToken, SwarmTokenRequest
 
 router = APIRouter(tags=["swarm admission"])
 

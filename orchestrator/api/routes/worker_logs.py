@@ -24,7 +24,7 @@ from orchestrator.launchers.worker_logs import (
     read_tail,
     worker_log_path,
 )
-from worker.wire import ApiPath
+from worker.protocol.paths import ApiPath
 
 router = APIRouter(tags=["runs"])
 

@@ -33,17 +33,16 @@ from orchestrator.domain import checkpoints, runs, views, workers
 from orchestrator.domain.roster import per_transaction, roster
 from orchestrator.errors import NotFound, Unauthorized
 from orchestrator.heartbeats.hub import HeartbeatHub, RunEntry, WorkerEntry
-from worker.wire import (
-    MAX_ID,
-    ApiPath,
+from worker.protocol.paths import ApiPath
+from worker.protocol.runs import spec_for_workers, swarm_admission_requested
+from worker.protocol.validators import MAX_ID
+from worker.protocol.workers import (
     Deregister,
     Heartbeat,
     HeartbeatReply,
     ResumeFailure,
     WorkerRegister,
     WorkerRegistered,
-    spec_for_workers,
-    swarm_admission_requested,
 )
 
 router = APIRouter(tags=["workers"])

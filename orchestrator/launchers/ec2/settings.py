@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, field_validator
 
-from worker.comma_list import CommaList
+from worker.protocol.comma_list import CommaList
 
 
 class Ec2Settings(BaseModel):

@@ -21,14 +21,6 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import CompressionBase, Float16Compression, NoCompression
 
 from worker.strategy.diloco.outer import OuterStep
-from worker.strategy.hivemind_fixes import (
-    bound_matchmaking_dht_calls,
-    cancel_rounds_before_signalling,
-    finalize_running_groups_on_shutdown,
-    keep_averager_tasks_alive,
-    pace_group_lookups,
-    quiet_cancelled_rounds,
-)
 
 EPOCH_KEY = "epoch"
 STEPPED_KEY = "outer_stepped"
@@ -64,14 +56,3 @@ class DiLoCoAverager(DecentralizedAverager):
         """What a joiner downloads (runs in this process's background thread, under ``outer.lock``)."""
         stepped, tensors = self._outer.state_tensors()
         return {EPOCH_KEY: self._epoch(), STEPPED_KEY: stepped}, tensors, None
-
-
-def apply_hivemind_fixes() -> None:
-    """The workarounds the strategy's averagers run with (``worker/strategy/hivemind_fixes.py``), applied
-    before the averager forks."""
-    quiet_cancelled_rounds()
-    keep_averager_tasks_alive()
-    cancel_rounds_before_signalling()
-    bound_matchmaking_dht_calls()
-    pace_group_lookups()
-    finalize_running_groups_on_shutdown()

@@ -35,12 +35,13 @@ from hivemind.averaging.control import StepControl
 from hivemind.compression import CompressionBase
 from hivemind.utils import get_dht_time
 
-from worker.strategy.checkpoint_format import DILOCO_STATE_KEY, LOCAL_EPOCH_KEY
-from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverager, apply_hivemind_fixes
+from worker import _hivemind_compat
+from worker._hivemind_compat import quiet_abandoned_event_loops
+from worker.protocol.checkpoints import DILOCO_STATE_KEY, LOCAL_EPOCH_KEY
+from worker.strategy.diloco.averager import EPOCH_KEY, STEPPED_KEY, DiLoCoAverager
 from worker.strategy.diloco.outer import OuterStep
 from worker.strategy.diloco.schedule import RoundSchedule
 from worker.strategy.diloco.settings import DiLoCoSettings, round_matchmaking_s
-from worker.strategy.hivemind_fixes import quiet_abandoned_event_loops
 from worker.strategy.outcomes import Outcome, OutcomeCounter, round_outcome
 from worker.strategy.shutdown import stop_tracker_keeping_record
 from worker.strategy.tracker import SwarmBatchTracker
@@ -112,7 +113,7 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         self._control: StepControl | None = None  # the next round's, scheduled ahead
         self._control_running: StepControl | None = None  # the round being averaged
         self.outer = OuterStep(self._params, settings.outer_lr, settings.outer_momentum)
-        apply_hivemind_fixes()
+        _hivemind_compat.install()
         self.averager = DiLoCoAverager(
             self.outer,
             lambda: self.local_epoch,

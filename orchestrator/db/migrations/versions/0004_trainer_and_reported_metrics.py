@@ -25,7 +25,7 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-# worker/wire_trainer.py DEFAULT_REPORT_METRICS as of this revision (a migration never imports app code)
+# worker/protocol/trainer.py DEFAULT_REPORT_METRICS as of this revision (a migration never imports app code)
 DEFAULT_REPORT_METRICS = ["train_loss", "loss", "train/loss", "val_*"]
 
 

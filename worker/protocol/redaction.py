@@ -3,7 +3,7 @@
 Both sides apply it: the worker to every message and log line it writes once it knows the run's secrets
 (the first line of a user's exception often quotes a credential, e.g. an HTTP error whose URL carries
 ``?token=...``), and the orchestrator to everything a worker sends, with the run's own values, before
-it stores or logs it: an older or hand-written worker may not redact.
+it stores or logs it: a hand-written worker may not redact.
 """
 
 from __future__ import annotations

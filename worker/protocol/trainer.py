@@ -1,106 +1,40 @@
-"""The wire format of a run's ``trainer`` section and of the metrics its workers report: the part of
-the wire format (:mod:`worker.wire` builds ``RunSpec`` and ``Heartbeat`` from it) about training options.
+"""The Trainer options of a run (its ``trainer`` section), and the callbacks and loggers it names: which
+a worker accepts and how it builds them. One home for what a run may set on each worker's Lightning
+``Trainer``; the strategy's own keywords are :mod:`worker.strategy.options`.
 
-The ``trainer`` section is what a run may set on each worker's Lightning ``Trainer``: only options the
-agent can apply and ``HivemindStrategy`` can honour. Everything else is refused when the run is created,
-with the reason (see :data:`RESERVED_TRAINER_KEYS`), instead of failing on every worker after launch.
-
-``report_metrics`` names the metrics (names or shell-style glob patterns) that workers report in their
-heartbeats. Everything is bounded, because metric names become label values of the orchestrator's
-``/metrics`` series and keys of stored JSON: a run names at most :data:`MAX_REPORT_PATTERNS` patterns and
-a worker reports at most :data:`MAX_REPORTED_METRICS` values. Depends on pydantic only.
+The ``trainer`` section holds only options the agent can apply and ``HivemindStrategy`` can honour.
+Everything else is refused when the run is created, with the reason (see :data:`RESERVED_TRAINER_KEYS`),
+instead of failing on every worker after launch. A callback or logger must import, be of the right base,
+take its arguments and build (:func:`load_plugin_class`, :func:`construct_plugin`), checked by the
+create-time probe (``worker/agent/probe.py``) and again by every worker. Shared too: :data:`QUIET` and
+:data:`NO_VALIDATION`, the Trainer keywords of the agent, the examples, the test peers and the
+benchmarks. Pydantic only at import; Lightning is imported when a class is checked or built.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
+import importlib
+import inspect
 import re
+from collections.abc import Sequence
 from datetime import timedelta
-from fnmatch import fnmatchcase
-from functools import lru_cache
-from typing import Annotated, Any, Literal
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
-
-
-def pattern_in_words(pattern: str, hint: str) -> BeforeValidator:
-    """A validator that refuses a string not matching ``pattern`` with ``hint`` and the value, in words.
-
-    Put it after ``Field(pattern=pattern)`` in an ``Annotated`` type: it runs first, so a client reads
-    "use package.module:ClassName (got 'x')" instead of a regular expression; the schema keeps the pattern.
-    """
-    compiled = re.compile(pattern)
-
-    def check(value: Any) -> Any:
-        if isinstance(value, str) and not compiled.match(value):
-            raise PydanticCustomError(
-                "string_pattern_mismatch", f"{hint} (got {{got}})", {"got": repr(value[:100])}
-            )
-        return value
-
-    return BeforeValidator(check)
-
-
-ImportPath = Annotated[
-    str,
-    Field(pattern=IMPORT_PATH_PATTERN),
-    pattern_in_words(
-        IMPORT_PATH_PATTERN, "use package.module:ClassName, e.g. worker.examples.digits:DigitsModule"
-    ),
-]
+from worker.protocol.validators import ImportPath, StrictModel, plain_json
 
 #: Precisions ``HivemindStrategy`` trains with: fp32, bf16 autocast, and fp16 autocast with hivemind's
 #: gradient scaler (``worker/strategy/precision.py``). On a CPU, Lightning runs "16-mixed" as bf16.
 TRAINER_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 MAX_TRAINER_PLUGINS = 16  # callbacks, and loggers, per run
-MAX_REPORT_PATTERNS = 16  # entries of report_metrics
-MAX_REPORTED_METRICS = 32  # values in one heartbeat, and kept per worker and per run
-MAX_METRIC_NAME_CHARS = 100
 #: How often a worker validates, in seconds of its training, when the run's ``trainer`` section sets no
 #: cadence (``val_check_interval`` left out, ``check_val_every_n_epoch`` at 1): Lightning's own default,
 #: the end of each local pass over the data, can be many minutes away on a real data set, and a run
 #: whose first ``val_loss`` comes that late looks broken. A worker also validates as it stops.
 DEFAULT_VAL_CHECK_INTERVAL_S = 60.0
-#: What workers report when a run does not say: the training loss under its usual names, and every
-#: metric whose name starts with ``val_`` (what ``self.log("val_...")`` in ``validation_step`` gives).
-DEFAULT_REPORT_METRICS = ("train_loss", "loss", "train/loss", "val_*")
-#: Names of the training loss, in the order a worker looks for it (the heartbeat's ``loss``).
-LOSS_METRIC_NAMES = ("train_loss", "loss", "train/loss")
-
-# Printable text without control characters or spaces at either end: a metric name (or pattern) is a
-# label value in /metrics and a column in the CLI.
-_NAME_RE = re.compile(r"^[^\s\x00-\x1f\x7f-\x9f](?:[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f])?$")
-
-
-def is_metric_name(name: str) -> bool:
-    """Whether ``name`` may be a metric name (or pattern): see :data:`MetricName`."""
-    return len(name) <= MAX_METRIC_NAME_CHARS and _NAME_RE.match(name) is not None
-
-
-def _metric_name(name: str) -> str:
-    if not is_metric_name(name):
-        raise ValueError(
-            f"a metric name is 1 to {MAX_METRIC_NAME_CHARS} printable characters, "
-            "without spaces at either end"
-        )
-    return name
-
-
-MetricName = Annotated[str, AfterValidator(_metric_name)]
-
 #: Trainer keywords a run cannot set, and why: the agent or the strategy owns them.
 RESERVED_TRAINER_KEYS: dict[str, str] = {
     "accumulate_grad_batches": "HivemindStrategy accumulates gradients itself up to target_batch_size: "
@@ -129,20 +63,7 @@ def unknown_option_text(key: str, known: list[str]) -> str:
     return f"{key!r} is not a trainer option ({hint})"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def plain_json(value: dict[str, Any]) -> dict[str, Any]:
-    """A field validator: ``value`` unchanged if it is plain JSON, else ValueError."""
-    try:  # NaN and Infinity parse in Python but are not JSON: the database and clients would choke
-        json.dumps(value, allow_nan=False)
-    except ValueError as exc:
-        raise ValueError(f"not plain JSON: {exc}") from exc
-    return value
-
-
-class TrainerPlugin(_Strict):
+class TrainerPlugin(StrictModel):
     """A Lightning callback or logger every worker adds to its Trainer: a class and its keyword arguments.
 
     A plain string is short for ``{"path": ...}``. The class must import on the orchestrator (checked when
@@ -164,7 +85,7 @@ class TrainerPlugin(_Strict):
     _args_are_json = field_validator("args")(plain_json)
 
 
-class TrainerSection(_Strict):
+class TrainerSection(StrictModel):
     """Options of every worker's Lightning ``Trainer``; each one left out keeps Lightning's default.
 
     Keywords the agent or ``HivemindStrategy`` owns are refused with the reason
@@ -288,21 +209,122 @@ def trainer_option_in_strategy_options(options: dict[str, Any]) -> str | None:
     return None
 
 
-def check_report_patterns(patterns: list[str]) -> list[str]:
-    """``patterns`` unchanged, or ValueError for a duplicate (each becomes one bounded set of names)."""
-    if len(set(patterns)) != len(patterns):
-        raise ValueError("report_metrics lists a pattern twice")
-    return patterns
+#: A Trainer that writes nothing of its own (no logger, checkpoint files, progress bar or model summary):
+#: the process reports its progress itself (heartbeats, JSON lines, printed figures).
+QUIET: Final = MappingProxyType[str, Any](
+    {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+)
+
+#: No validation loop and no sanity check: for training-only peers.
+NO_VALIDATION: Final = MappingProxyType[str, Any]({"num_sanity_val_steps": 0, "limit_val_batches": 0})
+
+PluginKind = Literal["callback", "logger"]
+
+#: Stock callbacks a run's workers do not take, and why (subclasses included).
+REFUSED_CALLBACKS = {
+    "ModelCheckpoint": "the orchestrator keeps the run's checkpoints (checkpoint_every_epochs, "
+    "keep_checkpoints); files a worker saved would be lost with its machine",
+    "EarlyStopping": "it would end one worker's training, not the run (the orchestrator replaces a worker "
+    "that leaves): end the run with stop.target_epochs or stop.target_samples, or watch its val_* "
+    "metrics and stop it",
+}
 
 
-@lru_cache(maxsize=4096)
-def metric_matches(name: str, patterns: tuple[str, ...]) -> bool:
-    """Whether ``name`` is one of ``patterns`` or matches one (``*``, ``?``, ``[...]``; case-sensitive)."""
-    return any(name == pattern or fnmatchcase(name, pattern) for pattern in patterns)
+class TrainerPluginError(TypeError):
+    """A callback or logger of the run's trainer section that a worker cannot use; says why."""
 
 
-def select_metrics(values: dict[str, float], patterns: tuple[str, ...]) -> dict[str, float]:
-    """The entries of ``values`` whose names match ``patterns``: at most :data:`MAX_REPORTED_METRICS`,
-    first by name, only valid names. The caller makes sure the values are finite."""
-    names = sorted(name for name in values if is_metric_name(name) and metric_matches(name, patterns))
-    return {name: values[name] for name in names[:MAX_REPORTED_METRICS]}
+def plugin_class_problem(target: object, kind: PluginKind) -> str | None:
+    """None when ``target`` is a class a worker can add as a ``kind``; else the reason it cannot."""
+    from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import Logger
+
+    base = Callback if kind == "callback" else Logger
+    if not inspect.isclass(target) or not issubclass(target, base):
+        return f"is not a {base.__module__}.{base.__name__} subclass"
+    for refused in (ModelCheckpoint, EarlyStopping):
+        if kind == "callback" and issubclass(target, refused):
+            return f"{refused.__name__} is not supported: {REFUSED_CALLBACKS[refused.__name__]}"
+    return None
+
+
+def arguments_problem(target: type, args: dict[str, Any]) -> str | None:
+    """None when ``target(**args)`` binds to its signature; else why not, with the arguments it takes (no
+    code of it runs)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (a builtin): only building it will tell
+        return None
+    try:
+        signature.bind(**args)
+    except TypeError as exc:
+        return f"{exc} {takes_text(signature)}"
+    return None
+
+
+def takes_text(signature: inspect.Signature) -> str:
+    """``(it takes: every, norm_type)``: the keyword arguments a class's constructor takes."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [name for name, param in signature.parameters.items() if param.kind in kinds]
+    return f"(it takes: {', '.join(names) or 'nothing'})"
+
+
+def load_plugin_class(plugin: TrainerPlugin, kind: PluginKind) -> type:
+    """The class ``plugin.path`` names, checked; raises :class:`TrainerPluginError` saying why not."""
+    module_name, _, attr = plugin.path.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TrainerPluginError(f"{kind} {plugin.path}: cannot import: {type(exc).__name__}: {exc}") from exc
+    problem = plugin_class_problem(target, kind) or arguments_problem(target, plugin.args)
+    if problem:
+        raise TrainerPluginError(f"{kind} {plugin.path}: {problem}")
+    return target  # type: ignore[no-any-return]
+
+
+def build_plugins(plugins: Sequence[TrainerPlugin], kind: PluginKind) -> list[Any]:
+    """Instances of ``plugins`` for one worker's Trainer; raises :class:`TrainerPluginError`."""
+    built = []
+    for plugin in plugins:
+        target = load_plugin_class(plugin, kind)
+        try:
+            built.append(construct_plugin(target, plugin.args))
+        except TrainerPluginError as exc:
+            raise TrainerPluginError(f"{kind} {plugin.path}: {exc}") from exc
+    return built
+
+
+def construct_plugin(target: type, args: dict[str, Any]) -> Any:
+    """``target(**args)``; raises :class:`TrainerPluginError` with the reason when the class refuses.
+
+    The create-time probe builds each plugin with it too: a logger whose package is missing (Lightning's
+    ``WandbLogger`` without wandb) raises only when it is built, and must be refused at create time.
+    """
+    try:
+        return target(**args)
+    except Exception as exc:  # the user's class refused its arguments: a spec error
+        raise TrainerPluginError(_construction_failure(exc)) from exc
+
+
+#: how Lightning's loggers say a package they need is missing (lightning_utilities.RequirementCache)
+_REQUIREMENT_NOT_MET = re.compile(r"Requirement '([^']+)' not met")
+
+
+def _construction_failure(exc: Exception) -> str:
+    """Why a plugin could not be built; a missing package is named with the run's fix (its requirements),
+    not Lightning's ``pip install`` hint, which would install it on no worker."""
+    found = _REQUIREMENT_NOT_MET.search(str(exc))
+    package = found.group(1) if found else None
+    if package is None and isinstance(exc, ModuleNotFoundError) and exc.name:
+        package = exc.name.partition(".")[0]
+    if package is None:
+        return f"{type(exc).__name__}: {exc}"
+    return (
+        f"it needs {package}, which the run does not install: add it to the run's requirements "
+        f"(spotswarm runs create --requirement '{package}', or requirements: in the spec)"
+    )

@@ -13,7 +13,7 @@ same fields, so logs of both sides can be searched alike:
 or, for a process that serves one run (a worker), from :func:`set_log_context`. Fields not known are
 ``null`` in JSON and left out of text lines. A process that knows a run's secret values (a worker,
 once registered) names them with :func:`set_log_secrets`: every line, traceback included, has them
-masked (:mod:`worker.redaction`), since user code's exceptions quote credentials. Text lines escape
+masked (:mod:`worker.protocol.redaction`), since user code's exceptions quote credentials. Text lines escape
 control characters in messages and fields (a newline becomes ``\n``), so logged values cannot start
 lines of their own; the traceback after a message keeps its lines.
 
@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from worker.redaction import redact
-from worker.wire import CONTROL_CHARACTER_RE
+from worker.protocol.redaction import redact
+from worker.protocol.validators import CONTROL_CHARACTER_RE
 
 FORMAT_ENV = "SPOTSWARM_LOG_FORMAT"
 HIVEMIND_LEVEL_ENV = "SPOTSWARM_HIVEMIND_LOG_LEVEL"

@@ -1,4 +1,15 @@
-"""Workarounds of hivemind 1.1.12's behaviour, in one place.
+"""Workarounds of hivemind 1.1.12's behaviour, in one private module: the only place spotswarm changes
+hivemind (process-wide, in the process that calls them).
+
+:func:`install` is the entry point: ``HivemindStrategy`` calls it when it builds its optimizer (both sync
+modes), before hivemind forks its averagers, and it applies every process-wide fix of averaging and the
+DHT's log filter below (idempotent: a second call changes nothing). A program that drives hivemind itself
+in the same process gets the patched hivemind; nothing is changed before the first call. The other fixes
+belong to one object or one process, and their owner applies them: :func:`own_mpfuture_locks` in a peer
+forked from a process that imported hivemind, :func:`survive_unreadable_requests` and
+:func:`p2pd_in_own_session` in a DHT's own process (``worker/strategy/dht.py``, the orchestrator's DHT
+process), :func:`expose_defaults` on an optimizer, :func:`quiet_refusal_tracebacks` by the admission guard,
+:func:`quiet_abandoned_event_loops` when an optimizer shuts down.
 
 hivemind is pinned (``hivemind==1.1.12``). Each fix below says what hivemind does, why that hurts here,
 the version it was written against, and the upstream issue where one was found; when the pin moves,
@@ -65,10 +76,29 @@ from hivemind.averaging.key_manager import GroupKeyManager
 from hivemind.utils import asyncio as hivemind_asyncio
 from hivemind.utils.mpfuture import MPFuture
 
-from worker.logsetup import install_filter
+from worker.runtime.logsetup import install_filter
 
 log = logging.getLogger(__name__)
 OptimizerT = TypeVar("OptimizerT", bound=hivemind.Optimizer)
+
+
+def install() -> None:
+    """Apply the process-wide fixes of hivemind's averaging and the DHT's log filter (idempotent).
+
+    In order: :func:`quiet_cancelled_rounds`, :func:`keep_averager_tasks_alive`,
+    :func:`cancel_rounds_before_signalling`, :func:`bound_matchmaking_dht_calls`,
+    :func:`pace_group_lookups`, :func:`finalize_running_groups_on_shutdown` and
+    :func:`quiet_dead_sender_errors`. Call it before hivemind forks an averager (its processes inherit
+    the patches). Raises nothing of its own; each fix finds hivemind's attributes at import time.
+    """
+    quiet_cancelled_rounds()
+    keep_averager_tasks_alive()
+    cancel_rounds_before_signalling()
+    bound_matchmaking_dht_calls()
+    pace_group_lookups()
+    finalize_running_groups_on_shutdown()
+    quiet_dead_sender_errors()
+
 
 # -- averagers' tasks kept referenced until done ------------------------------------------------------
 

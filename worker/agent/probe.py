@@ -1,5 +1,7 @@
-"""The import checks, run in the server's fork server (:mod:`orchestrator.launchers.forkserver_main`),
-which has Lightning and hivemind imported already; driven by :mod:`orchestrator.importcheck.checker`.
+"""The import checks of a run about to be created, run in the server's fork server
+(``orchestrator/launchers/forkserver_main.py``), which has Lightning and hivemind imported already; driven
+by ``orchestrator/importcheck/checker.py``, which names :func:`check_in_child` by path (the orchestrator
+imports nothing of the agent). They are the checks a worker would fail on, made with the agent's own code.
 
 :func:`check_in_child` takes one request (``{"checks": [check, ...], "timeout_s": float, "cwd": str}``,
 optionally with the run's ``package_dir``, ``site_dir`` and ``env``) and returns ``{"ok": bool, "error":
@@ -41,7 +43,7 @@ def _check_class(
     module or datamodule whose constructor does not take ``args`` names ``<field>_args``."""
     from lightning.pytorch import LightningDataModule, LightningModule
 
-    from worker.trainer_options import arguments_problem, plugin_class_problem
+    from worker.protocol.trainer import arguments_problem, plugin_class_problem
 
     module_name, _, attr = path.partition(":")
     try:
@@ -67,7 +69,7 @@ def _check_class(
 
 def _construction_problem(target: type, args: dict[str, Any]) -> str | None:
     """Why the worker could not build this callback or logger (as it will: the same function), or None."""
-    from worker.trainer_options import TrainerPluginError, construct_plugin
+    from worker.protocol.trainer import TrainerPluginError, construct_plugin
 
     try:
         construct_plugin(target, args)
@@ -119,6 +121,14 @@ def _first_failure(request: dict[str, Any]) -> dict[str, Any]:
             field, error = failed
             return {"ok": False, "error": error, "field": field}
     return {"ok": True, "error": "", "field": ""}
+
+
+def warm_up() -> dict[str, Any]:
+    """Read what every check needs once, in the fork server before its first fork: hivemind's keywords."""
+    from worker.strategy.options import strategy_keywords
+
+    strategy_keywords()
+    return {}
 
 
 def check_in_child(request: dict[str, Any]) -> dict[str, Any]:
