@@ -57,9 +57,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="trials per arm (they alternate)")
     args = parser.parse_args()
     settings = tta.build_parser().parse_args(["--target", "0.8", "--timeout-s", "60"])  # its defaults else
-    import worker.strategy.optimizer as optimizer  # the peers are forked: they see what is set here
+    import worker._hivemind_compat as compat  # install() calls what is set here; the peers are forked
 
-    fixed = optimizer.cancel_rounds_before_signalling
+    fixed = compat.cancel_rounds_before_signalling
 
     def skip() -> None:
         """hivemind's own cancel order: the fix left out."""
@@ -69,7 +69,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="spotswarm-start-") as tmp:
         for index in range(args.rounds):
             for number, arm in enumerate(ARMS):
-                optimizer.cancel_rounds_before_signalling = fixed if arm.strategy_cancel_order else skip
+                compat.cancel_rounds_before_signalling = (
+                    fixed if arm.strategy_cancel_order else skip
+                )  # install() calls it
                 share = arm.chunk_timeout_share
                 settings.next_chunk_timeout = None if share is None else share * settings.averaging_timeout
                 workdir = Path(tmp) / f"arm{number}"  # its own status files
