@@ -1,5 +1,6 @@
 """Shared fixtures: processes that are always killed, a throwaway PostgreSQL, the orchestrators tests
-start (one factory, one module-scoped ``orch`` whose settings a module names), and no silent skips."""
+start (one factory, and ``served_orch``: one `spotswarm serve` subprocess per module, with the settings
+the module names), and no silent skips."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def orchestrator_factory(
 
 
 @pytest.fixture(scope="module")
-def orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFactory) -> Orchestrator:
+def served_orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFactory) -> Orchestrator:
     """One `spotswarm serve` shared by the tests of a module, with the module's ``ORCHESTRATOR_ENV``
     (default :data:`~tests.support.orchestrator.HAND_ONLY`: workers joined by hand, no import probe)."""
     return orchestrator_factory(getattr(request.module, "ORCHESTRATOR_ENV", HAND_ONLY))

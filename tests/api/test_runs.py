@@ -28,19 +28,19 @@ def new_name(prefix: str = "run") -> str:
     return f"{prefix}-{next(_names)}"
 
 
-def create(orch: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
-    with orch.admin() as http:
+def create(api_app: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
+    with api_app.admin() as http:
         response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
 @pytest.mark.timeout(60)
-def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
-    created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
+def test_create_returns_the_join_token_once(api_app: Orchestrator) -> None:
+    created = create(api_app, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
     assert created["join_token"].startswith("ssj_")
     assert created["state"] == "pending" and created["swarm_id"].startswith(created["name"] + "-")
-    with orch.admin() as http:  # the full view: spec args are for the admin token only
+    with api_app.admin() as http:  # the full view: spec args are for the admin token only
         fetched = http.get(f"/api/v1/runs/{created['name']}").json()
     assert "join_token" not in fetched and created["join_token"] not in str(fetched)
     assert fetched["spec"]["module_args"] == {"hidden": 8}
@@ -50,7 +50,7 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_only(
-    orch: Orchestrator,
+    api_app: Orchestrator,
 ) -> None:
     trainer = {
         "precision": "bf16-mixed",
@@ -60,10 +60,12 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
         "callbacks": [LR_MONITOR],
         "loggers": [{"path": "lightning.pytorch.loggers:CSVLogger", "args": {"save_dir": "/srv/private"}}],
     }
-    name = create(orch, new_name(), trainer=trainer, report_metrics=["train_loss", "val_*", "lr-*"])["name"]
-    with orch.admin() as http:
+    name = create(api_app, new_name(), trainer=trainer, report_metrics=["train_loss", "val_*", "lr-*"])[
+        "name"
+    ]
+    with api_app.admin() as http:
         full = http.get(f"/api/v1/runs/{name}").json()["spec"]
-    with orch.client() as http:
+    with api_app.client() as http:
         public = http.get(f"/api/v1/runs/{name}").json()["spec"]
     assert full["report_metrics"] == public["report_metrics"] == ["train_loss", "val_*", "lr-*"]
     assert full["trainer"]["precision"] == "bf16-mixed" and full["trainer"]["check_val_every_n_epoch"] is None
@@ -74,20 +76,22 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
 
 
 @pytest.mark.timeout(60)
-def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one(orch: Orchestrator) -> None:
-    plain = create(orch, new_name())
-    named = create(orch, new_name(), strategy_options={"sync": "gradients"})
-    diloco = create(orch, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
+def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one(
+    api_app: Orchestrator,
+) -> None:
+    plain = create(api_app, new_name())
+    named = create(api_app, new_name(), strategy_options={"sync": "gradients"})
+    diloco = create(api_app, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
     assert (plain["sync"], named["sync"], diloco["sync"]) == ("diloco", "gradients", "diloco")
-    with orch.admin() as http:  # written into the run, so a later change of the default never changes it
+    with api_app.admin() as http:  # written into the run, so a later change of the default never changes it
         stored = http.get(f"/api/v1/runs/{plain['name']}").json()["spec"]["strategy_options"]
     assert stored == {"sync": "diloco"}
-    with orch.client() as http:  # the public view says it too: a mode is no secret
+    with api_app.client() as http:  # the public view says it too: a mode is no secret
         listed = {r["name"]: r["sync"] for r in http.get("/api/v1/runs").json()["items"]}
     assert (listed[plain["name"]], listed[named["name"]]) == ("diloco", "gradients")
 
     # a run stored before runs named their mode trains, and reads, as it always did
-    engine = create_engine(orch.database_url())
+    engine = create_engine(api_app.database_url())
     try:
         with Session(engine) as session:
             row = session.scalars(select(Run).where(Run.name == plain["name"])).one()
@@ -95,23 +99,23 @@ def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one
             session.commit()
     finally:
         engine.dispose()
-    with orch.client() as http:
+    with api_app.client() as http:
         assert http.get(f"/api/v1/runs/{plain['name']}").json()["sync"] == "gradients"
 
 
 @pytest.mark.timeout(60)
-def test_duplicate_name_is_409(orch: Orchestrator) -> None:
+def test_duplicate_name_is_409(api_app: Orchestrator) -> None:
     name = new_name()
-    create(orch, name)
-    with orch.admin() as http:
+    create(api_app, name)
+    with api_app.admin() as http:
         response = http.post("/api/v1/runs", json=run_spec(name))
     assert response.status_code == 409 and "exists" in response.json()["detail"]
 
 
 @pytest.mark.timeout(60)
-def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
-    names = [create(orch, new_name("page"))["name"] for _ in range(3)]
-    with orch.admin() as http:
+def test_list_filters_by_state_and_paginates(api_app: Orchestrator) -> None:
+    names = [create(api_app, new_name("page"))["name"] for _ in range(3)]
+    with api_app.admin() as http:
         assert http.post(f"/api/v1/runs/{names[0]}/stop").json()["state"] == "stopped"
         first = http.get("/api/v1/runs", params={"limit": 2, "offset": 0}).json()
         second = http.get("/api/v1/runs", params={"limit": 2, "offset": 2}).json()
@@ -126,9 +130,9 @@ def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
+def test_scale_keeps_desired_within_bounds(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
         assert (
             http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).json()["workers"]["desired"]
             == 3
@@ -145,9 +149,9 @@ def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
+def test_stop_resume_delete_follow_the_lifecycle(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
         assert http.delete(f"/api/v1/runs/{name}").status_code == 409  # pending: stop first
         assert http.post(f"/api/v1/runs/{name}/resume").status_code == 409
         stopped = http.post(f"/api/v1/runs/{name}/stop", json={"reason": "enough"}).json()
@@ -161,9 +165,9 @@ def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_events_page_with_a_cursor(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
+def test_events_page_with_a_cursor(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
         http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2})
         http.post(f"/api/v1/runs/{name}/stop")
         first = http.get(f"/api/v1/runs/{name}/events", params={"limit": 2}).json()
@@ -291,9 +295,9 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("method", "path", "body", "status", "detail"), INVALID, ids=[f"{m} {p}" for m, p, *_ in INVALID]
 )
 def test_bad_input_gets_a_4xx_with_a_message(
-    orch: Orchestrator, method: str, path: str, body: Any, status: int, detail: str
+    api_app: Orchestrator, method: str, path: str, body: Any, status: int, detail: str
 ) -> None:
-    with orch.admin() as http:
+    with api_app.admin() as http:
         if isinstance(body, bytes):
             response = http.request(method, path, content=body, headers={"Content-Type": "application/json"})
         else:
@@ -304,12 +308,12 @@ def test_bad_input_gets_a_4xx_with_a_message(
 
 
 @pytest.mark.timeout(60)
-def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchestrator) -> None:
-    created = create(orch, new_name())
+def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(api_app: Orchestrator) -> None:
+    created = create(api_app, new_name())
     name, join = created["name"], created["join_token"]
     cases = [(None, 401), ("garbage", 401), (join, 403)]
     for token, status in cases:
-        with orch.client(token) as http:
+        with api_app.client(token) as http:
             for method, path, body in [
                 ("POST", "/api/v1/runs", run_spec(new_name("x"))),
                 ("POST", f"/api/v1/runs/{name}/scale", {"desired_workers": 2}),
@@ -320,7 +324,7 @@ def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchest
                 response = http.request(method, path, json=body)
                 assert response.status_code == status, (token, method, path, response.text)
                 assert "join_token" not in response.text and "swarm_id" not in response.text
-    with orch.client() as http:
+    with api_app.client() as http:
         assert http.get(f"/api/v1/runs/{name}").json()["workers"]["desired"] == 1  # nothing changed
 
 
@@ -331,14 +335,14 @@ EXPECTED_DB_FAILURE = {
 
 
 @pytest.mark.timeout(60)
-def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator, backend: str) -> None:
-    name = create(orch, new_name())["name"]
-    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+def test_a_database_failure_is_a_clean_json_error(api_app: Orchestrator, backend: str) -> None:
+    name = create(api_app, new_name())["name"]
+    url = api_app.db_url or f"sqlite:///{api_app.data_dir / 'spotswarm.db'}"
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE events RENAME TO events_hidden"))
-        with orch.client() as http:
+        with api_app.client() as http:
             response = http.get(f"/api/v1/runs/{name}/events")
         # PostgreSQL reports a missing table as a programming error (500), SQLite as operational (503).
         answer = (response.status_code, response.json()["detail"])
@@ -348,16 +352,16 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator, backend: s
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE events_hidden RENAME TO events"))
         engine.dispose()
-    with orch.client() as http:
+    with api_app.client() as http:
         assert http.get(f"/api/v1/runs/{name}/events").status_code == 200
 
 
 @pytest.mark.timeout(60)
-def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrator) -> None:
+def test_a_run_stored_before_the_create_time_rules_still_reads(api_app: Orchestrator) -> None:
     """strategy_options holding a Trainer option are refused at create time, not by the spec model: a run
     stored before that rule must not make every read of runs fail."""
-    name = create(orch, new_name())["name"]
-    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+    name = create(api_app, new_name())["name"]
+    url = api_app.db_url or f"sqlite:///{api_app.data_dir / 'spotswarm.db'}"
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
@@ -367,7 +371,7 @@ def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrato
             )
     finally:
         engine.dispose()
-    with orch.admin() as http:
+    with api_app.admin() as http:
         assert http.get(f"/api/v1/runs/{name}").json()["spec"]["strategy_options"] == {
             "precision": "bf16-mixed"
         }

@@ -42,21 +42,22 @@ def api_get(orch: Orchestrator, path: str) -> dict:
 
 
 @pytest.fixture
-def orch(processes: ProcessRegistry, tmp_path: Path) -> Orchestrator:
+def fresh_orch(processes: ProcessRegistry, tmp_path: Path) -> Orchestrator:
+    """A `spotswarm serve` of this test alone (workers joined by hand)."""
     return start_orchestrator(processes, tmp_path / "data", extra_env=HAND_ONLY)
 
 
 @pytest.fixture
-def hand_run(orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
+def hand_run(fresh_orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
     """Run "page-demo" (stop at epoch 50) with two hand-joined workers heartbeating in a thread."""
     spec = run_spec("page-demo", desired_workers=2, stop={"target_epochs": 50})
-    with orch.admin() as http:
+    with fresh_orch.admin() as http:
         created = http.post("/api/v1/runs", json=spec)
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
     workers = [
-        HandWorker(orch, join, "host-a", validates=True),
-        HandWorker(orch, join, "host-b", validates=True),
+        HandWorker(fresh_orch, join, "host-a", validates=True),
+        HandWorker(fresh_orch, join, "host-b", validates=True),
     ]
     beater = Beater(workers)
     beater.start()
@@ -84,12 +85,12 @@ def steer_with_the_token(page: Page, orch: Orchestrator) -> None:
 
 @pytest.mark.timeout(90)
 def test_page_shows_a_live_run_and_its_controls_work(
-    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater], tmp_path: Path
+    fresh_orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater], tmp_path: Path
 ) -> None:
     workers, beater = hand_run
     with open_browser() as browser:
         page = browser.page
-        page.goto(orch.url + "/")
+        page.goto(fresh_orch.url + "/")
         row = page.locator('tr[data-run="page-demo"]')
         expect(row.locator("td.workers")).to_have_text("2/2")
         row.locator("a").click()
@@ -115,7 +116,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         expect(page.locator("#events")).to_contain_text("worker.registered")
         expect(page.locator('#workers tr[data-state="running"]')).to_have_count(2)
 
-        steer_with_the_token(page, orch)
+        steer_with_the_token(page, fresh_orch)
 
         page.check("#per-worker")  # per-worker lines join the swarm-wide one
         expect(page.locator("#loss-chart path.series")).to_have_count(3)
@@ -136,7 +137,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         saved = Path(download.value.path())
         assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(blob.read_bytes()).digest()
 
-        expect(page.locator("#peers")).to_contain_text(f"/tcp/{orch.dht_port}/p2p/")
+        expect(page.locator("#peers")).to_contain_text(f"/tcp/{fresh_orch.dht_port}/p2p/")
         page.click("#copy-peers")
         expect(page.locator("#copy-peers")).to_have_text("copied")
 
@@ -144,10 +145,10 @@ def test_page_shows_a_live_run_and_its_controls_work(
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("#stop-button")
         expect(page.locator("#run-state")).to_have_text("stopping")
-        assert api_get(orch, "/runs/page-demo")["state"] == "stopping"
+        assert api_get(fresh_orch, "/runs/page-demo")["state"] == "stopping"
         assert not browser.problems, browser.problems
         stored = json.dumps(page.evaluate("Object.assign({}, localStorage)"))
-        assert orch.admin_token in stored  # the token survives reloads in this browser only
+        assert fresh_orch.admin_token in stored  # the token survives reloads in this browser only
 
 
 # -- where the admin token goes ------------------------------------------------------------------------
@@ -183,20 +184,20 @@ def paste_token(page: Page, token: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_polls_go_without_the_admin_token_admin_calls_with_it(
-    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater]
+    fresh_orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater]
 ) -> None:
     args = {"module_args": {"secret_path": "s3://team-bucket/private"}}
-    with orch.admin() as http:
+    with fresh_orch.admin() as http:
         assert http.post("/api/v1/runs", json=run_spec("token-rule", **args)).status_code == 201
     with open_browser() as browser:
         page = browser.page
         calls = Recorder(page)
-        page.goto(orch.url + "/runs/token-rule")
+        page.goto(fresh_orch.url + "/runs/token-rule")
         expect(page.locator("#spec-note")).to_contain_text("admin token only")
         assert "s3://team-bucket" not in page.locator("#spec").inner_text()
 
         pasted_at = len(calls.calls)
-        paste_token(page, orch.admin_token)
+        paste_token(page, fresh_orch.admin_token)
         expect(page.locator("#spec")).to_contain_text("s3://team-bucket/private")  # the full view
         wait_until(
             lambda: calls.polls_since(page, pasted_at, "/workers") >= 3,

@@ -53,10 +53,10 @@ def wait_exit(proc: Any, timeout_s: float) -> int:
 
 @pytest.mark.timeout(120)
 def test_bad_join_token_is_a_clear_permanent_error(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    create_run(orch, "tok")
-    agent = start_agent(processes, tmp_path, "agent", orch.url, "ssj_not-the-token")
+    create_run(served_orch, "tok")
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, "ssj_not-the-token")
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     errors = [line for line in agent.log().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "rejected the join token" in errors[0], agent.log()[-2000:]
@@ -64,13 +64,13 @@ def test_bad_join_token_is_a_clear_permanent_error(
 
 @pytest.mark.timeout(120)
 def test_module_that_fails_to_import_is_reported_on_the_run(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    token = create_run(orch, "imp", module="tests.integration.no_such_module:Model")
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    token = create_run(served_orch, "imp", module="tests.integration.no_such_module:Model")
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "cannot build tests.integration.no_such_module:Model: ModuleNotFoundError" in agent.log()
-    with orch.client() as http:
+    with served_orch.client() as http:
         workers = http.get("/api/v1/runs/imp/workers").json()["items"]
         events = " ".join(e["message"] for e in http.get("/api/v1/runs/imp/events").json()["items"])
     assert [w["state"] for w in workers] == ["failed"]
@@ -80,35 +80,38 @@ def test_module_that_fails_to_import_is_reported_on_the_run(
 
 @pytest.mark.timeout(120)
 def test_a_failure_message_quoting_a_secret_reaches_no_reader_and_no_log(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     secret = "sk-LEAKME-abcdef123456"
     token = create_run(
-        orch, "sec", module="tests.support.models:CredentialQuotingModule", secret_env={"API_KEY": secret}
+        served_orch,
+        "sec",
+        module="tests.support.models:CredentialQuotingModule",
+        secret_env={"API_KEY": secret},
     )
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     paths = ["/api/v1/runs/sec", "/api/v1/runs/sec/workers", "/api/v1/runs/sec/events"]
-    with orch.client() as anonymous:
+    with served_orch.client() as anonymous:
         seen = {path: anonymous.get(path).text for path in paths}
     # the failure is still told, with the secret masked, by the worker before it sends it
     assert "Unauthorized for url: https://api.example/whoami?token=***" in seen["/api/v1/runs/sec/events"]
     assert "whoami?token=***" in agent.log(), agent.log()[-2000:]
     leaks = dict(seen)
-    leaks.update({"agent log": agent.log(), "server log": orch.proc.log()})
+    leaks.update({"agent log": agent.log(), "server log": served_orch.proc.log()})
     assert [where for where, text in leaks.items() if secret in text] == []
 
 
 @pytest.mark.timeout(120)
 def test_a_mistyped_module_argument_is_refused_by_the_worker_and_a_hand_joined_one_fails_no_run(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     # the create-time check (off here) refuses this spec; a worker checks it again before building
-    token = create_run(orch, "typed", module_args={"hidden": "sixteen"})
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    token = create_run(served_orch, "typed", module_args={"hidden": "sixteen"})
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "module_args.hidden: expected int, got 'sixteen'" in agent.log()
-    with orch.client() as http:
+    with served_orch.client() as http:
         run = http.get("/api/v1/runs/typed").json()
         workers = http.get("/api/v1/runs/typed/workers").json()["items"]
     assert [w["state"] for w in workers] == ["failed"]

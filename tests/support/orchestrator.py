@@ -1,9 +1,9 @@
 """Start a real orchestrator (`spotswarm serve` in its own process group) for a test, and the settings
 presets every orchestrator of the tests starts with (here or in-process: ``tests/support/inprocess.py``).
 
-Most modules use the module-scoped ``orch`` fixture of ``tests/conftest.py`` (settings from the module's
-``ORCHESTRATOR_ENV``) or its ``orchestrator_factory``; a test that restarts or kills the server calls
-``start_orchestrator`` itself::
+Most modules use the module-scoped ``served_orch`` fixture of ``tests/conftest.py`` (settings from the
+module's ``ORCHESTRATOR_ENV``) or its ``orchestrator_factory``; a test that restarts or kills the server
+calls ``start_orchestrator`` itself::
 
     def test_something(processes, tmp_path):
         orch = start_orchestrator(processes, tmp_path / "orch", extra_env=HAND_ONLY)
