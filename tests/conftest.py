@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.db.session import Database
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory, start_orchestrator
-from tests.support.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster, running_postgres
 from tests.support.processes import ProcessRegistry
 
 # Plugins of tests/support modules, for every test: the moto server standing in for AWS, the two lanes
@@ -47,12 +47,16 @@ def processes(tmp_path: Path) -> Iterator[ProcessRegistry]:
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """One PostgreSQL 15 server for the whole test run, started here and stopped at the end."""
-    cluster = PostgresCluster()
-    cluster.start()
-    try:
+    with running_postgres() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
+
+
+@pytest.fixture
+def own_postgres_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL server of this test's own, for a test that stops and starts it under what uses it
+    (stopping the shared one would cut other tests off); stopped when the test ends."""
+    with running_postgres() as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -130,8 +130,9 @@ def test_list_show_scale_stop_resume(served_orch: Orchestrator) -> None:
     assert scaled.exit_code == 0 and "3 desired" in scaled.stdout
     assert api_run(served_orch, "steer")["workers"]["desired"] == 3
 
+    worker.beat()  # live as the stop comes: the run waits for it to leave
     stopped = cli(served_orch, "runs", "stop", "steer", "--reason", "enough", "--json")
-    assert stopped.exit_code == 0 and json.loads(stopped.stdout)["state"] in ("stopping", "stopped")
+    assert stopped.exit_code == 0 and json.loads(stopped.stdout)["state"] == "stopping"
     assert worker.beat().action.value == "stop"
     worker.leave(DeregisterReason.stopped)
     wait_until(lambda: api_run(served_orch, "steer")["state"] == "stopped", 15, message="run stopped")

@@ -25,7 +25,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import FUZZ_ENV, Orchestrator, start_orchestrator
-from tests.support.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster, running_postgres
 from tests.support.processes import ProcessRegistry
 from tests.support.waiting import wait_until
 
@@ -349,15 +349,11 @@ def fuzz_orchestrator(
     """Start the server under ``root`` (and a PostgreSQL cluster when ``postgres`` is True; pass a running
     cluster to use it instead); everything started here is stopped on exit."""
     registry = ProcessRegistry(root)
-    own_cluster = PostgresCluster() if postgres is True else None
-    cluster = own_cluster or (postgres if isinstance(postgres, PostgresCluster) else None)
-    try:
-        if own_cluster is not None:
-            own_cluster.start()
+    with ExitStack() as stack:
+        cluster = postgres if isinstance(postgres, PostgresCluster) else None
+        if postgres is True:
+            cluster = stack.enter_context(running_postgres())
+        stack.callback(registry.kill_all)
         db_url = cluster.create_database(f"fuzz_{root.name.replace('-', '_').lower()}") if cluster else None
         env = {**FUZZ_ENV, "SPOTSWARM_PUBLIC_READS": "true" if public_reads else "false"}
         yield start_orchestrator(registry, root / "data", db_url, extra_env=env)
-    finally:
-        registry.kill_all()
-        if own_cluster is not None:
-            own_cluster.stop()
