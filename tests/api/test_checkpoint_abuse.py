@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
@@ -59,13 +60,13 @@ class Run:
 
     def download(self, epoch: int | str) -> tuple[bytes, str]:
         with self.api_app.admin() as http:
-            response = http.get(f"/api/v1/runs/{self.name}/checkpoints/{epoch}/download")
+            response = http.get(api.run_checkpoint(self.name, epoch))
         response.raise_for_status()
         return response.content, response.headers[CHECKSUM_HEADER]
 
     def epochs(self) -> list[int]:
         with self.api_app.admin() as http:
-            items = http.get(f"/api/v1/runs/{self.name}/checkpoints").json()["items"]
+            items = http.get(api.run_checkpoints(self.name)).json()["items"]
         return [item["epoch"] for item in items]
 
     def checkpointer_is_a(self) -> None:
@@ -86,7 +87,7 @@ def sha(data: bytes) -> str:
 
 def register(api_app: Orchestrator, join: str) -> Worker:
     with api_app.client(join) as http:
-        reply = http.post("/api/v1/workers/register", json={"hostname": "abuse"}).json()
+        reply = http.post(api.register(), json={"hostname": "abuse"}).json()
     return Worker(reply["worker_id"], reply["worker_token"])
 
 
@@ -100,7 +101,7 @@ def upload(
 ) -> httpx.Response:
     sent = {**worker.auth(), CHECKSUM_HEADER: checksum if checksum is not None else sha(data), **headers}
     with api_app.client(timeout_s=60) as http:
-        return http.put(f"/api/v1/workers/{worker.id}/checkpoints/{epoch}", content=data, headers=sent)
+        return http.put(api.checkpoint_upload(worker.id, epoch), content=data, headers=sent)
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def run(api_app: Orchestrator) -> Run:
     name = f"abuse-{next(_runs)}"
     with api_app.admin() as http:
         spec = run_spec(name, keep_checkpoints=3, checkpoint_every_epochs=EVERY)
-        join = http.post("/api/v1/runs", json=spec).json()["join_token"]
+        join = http.post(api.runs(), json=spec).json()["join_token"]
     good = checkpoint_bytes(os.urandom(1 << 20))
     created = Run(api_app, name, join, register(api_app, join), register(api_app, join), good)
     created.checkpointer_is_a()
@@ -140,7 +141,7 @@ def test_oversize_uploads_are_413_declared_or_streamed(api_app: Orchestrator, ru
     headers = {**run.a.auth(), CHECKSUM_HEADER: sha(big)}
     with api_app.client(timeout_s=60) as http:
         try:
-            answer = http.put(f"/api/v1/workers/{run.a.id}/checkpoints/3", content=chunks(), headers=headers)
+            answer = http.put(api.checkpoint_upload(run.a.id, 3), content=chunks(), headers=headers)
             assert answer.status_code == 413, answer.text
         except (httpx.RemoteProtocolError, httpx.WriteError):
             pass  # the server answered 413 and closed while the client was still sending: also a refusal
@@ -163,10 +164,10 @@ def test_bad_checksums_are_refused(api_app: Orchestrator, run: Run) -> None:
 @pytest.mark.timeout(120)
 def test_other_workers_runs_and_tokens_cannot_upload(api_app: Orchestrator, run: Run) -> None:
     with api_app.admin() as http:
-        other_join = http.post("/api/v1/runs", json=run_spec(f"{run.name}-other")).json()["join_token"]
+        other_join = http.post(api.runs(), json=run_spec(f"{run.name}-other")).json()["join_token"]
     stranger = register(api_app, other_join)
     blob = checkpoint_bytes(os.urandom(50_000))
-    path = f"/api/v1/workers/{run.a.id}/checkpoints/1"
+    path = api.checkpoint_upload(run.a.id, 1)
     attempts = {
         "another run's worker": stranger.token,
         "the same run's other worker": run.b.token,
@@ -185,9 +186,7 @@ def test_other_workers_runs_and_tokens_cannot_upload(api_app: Orchestrator, run:
     become_checkpointer(api_app, stranger.reply())
     assert upload(api_app, stranger, 1, blob).status_code == 201
     with api_app.client(run.b.token) as http:
-        assert (
-            http.post(f"/api/v1/workers/{run.b.id}/deregister", json={"reason": "stopped"}).status_code == 204
-        )
+        assert http.post(api.deregister(run.b.id), json={"reason": "stopped"}).status_code == 204
     assert upload(api_app, run.b, 2, blob).status_code == 409  # an ended worker uploads nothing
     assert_clean(run, [1])
 
@@ -231,7 +230,7 @@ def assert_clean_kept(run: Run, expected: list[int]) -> None:
         data, recorded = run.download(epoch)
         assert sha(data) == recorded
     with run.api_app.admin() as http:
-        swarm_id = http.get(f"/api/v1/runs/{run.name}").json()["swarm_id"]
+        swarm_id = http.get(api.run(run.name)).json()["swarm_id"]
     files = list((run.api_app.data_dir / "checkpoints" / "runs" / swarm_id).iterdir())
     wait_until(
         lambda: (
@@ -305,7 +304,7 @@ def upload_stream(
 ) -> httpx.Response:
     headers = {**worker.auth(), CHECKSUM_HEADER: checksum}
     with api_app.client(timeout_s=90) as http:
-        return http.put(f"/api/v1/workers/{worker.id}/checkpoints/{epoch}", content=chunks, headers=headers)
+        return http.put(api.checkpoint_upload(worker.id, epoch), content=chunks, headers=headers)
 
 
 @pytest.mark.timeout(120)
@@ -318,7 +317,7 @@ def test_the_checkpointer_of_a_stopping_run_still_uploads_its_final_checkpoint(
     run.checkpointer_is_a()
     heartbeat(api_app, run.b.reply())
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{run.name}/stop").json()["state"] == "stopping"
+        assert http.post(api.run_stop(run.name)).json()["state"] == "stopping"
     told_a, told_b = heartbeat(api_app, run.a.reply()), heartbeat(api_app, run.b.reply())
     assert (told_a["action"], told_a["checkpointer"]) == ("stop", True), told_a
     assert (told_b["action"], told_b["checkpointer"]) == ("stop", False), told_b
@@ -339,11 +338,11 @@ def test_uploads_are_refused_while_the_disk_is_nearly_full(tmp_path: Path) -> No
 
 def _refused_while_the_disk_is_nearly_full(api_app: Orchestrator) -> None:
     with api_app.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec("full-disk")).json()["join_token"]
+        join = http.post(api.runs(), json=run_spec("full-disk")).json()["join_token"]
     worker = register(api_app, join)
     become_checkpointer(api_app, worker.reply())
     answer = upload(api_app, worker, 1, checkpoint_bytes(os.urandom(100_000)))
     assert answer.status_code == 507 and "free" in answer.json()["detail"], answer.text
     assert no_temporary_files(api_app)
     with api_app.admin() as http:
-        assert http.get("/api/v1/runs/full-disk/checkpoints").json()["items"] == []
+        assert http.get(api.run_checkpoints("full-disk")).json()["items"] == []

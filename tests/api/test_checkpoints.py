@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
@@ -31,9 +32,7 @@ def upload(
 ) -> Any:
     headers = {CHECKSUM_HEADER: checksum or hashlib.sha256(data).hexdigest()}
     with api_app.client(worker["worker_token"]) as http:
-        return http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}", content=data, headers=headers
-        )
+        return http.put(api.checkpoint_upload(worker["worker_id"], epoch), content=data, headers=headers)
 
 
 @pytest.mark.timeout(60)
@@ -49,17 +48,17 @@ def test_checkpoints_upload_verify_keep_last_k_and_download(api_app: Orchestrato
     assert upload(api_app, worker, 3, blobs[3]).status_code == 201  # a retried upload is accepted
     assert upload(api_app, worker, 3, blobs[2]).status_code == 409  # other bytes for a stored epoch
     with api_app.client() as http:
-        listed = http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"]
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
-        events = http.get(f"/api/v1/runs/{name}/events", params={"limit": 100}).json()["items"]
+        listed = http.get(api.run_checkpoints(name)).json()["items"]
+        assert http.get(api.run_latest_checkpoint(name)).status_code == 401
+        events = http.get(api.run_events(name), params={"limit": 100}).json()["items"]
     # sizes as the page and the CLI write them (it said "epoch 1, 0.0 MiB")
     stored_events = [e["message"] for e in events if e["kind"] == "checkpoint.stored"]
     assert f"epoch 1, {len(blobs[1]) / 1024:.1f} KiB" in stored_events, stored_events
     assert [c["epoch"] for c in listed] == [3, 2]
     assert heartbeat(api_app, worker)["latest_checkpoint_epoch"] == 3
     with api_app.client(join) as http:
-        latest = http.get(f"/api/v1/runs/{name}/checkpoints/latest/download")
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/1/download").status_code == 404
+        latest = http.get(api.run_latest_checkpoint(name))
+        assert http.get(api.run_checkpoint(name, 1)).status_code == 404
     with api_app.client(worker["worker_token"]) as http:
         second = http.get(listed[1]["download_path"])
     assert latest.content == blobs[3] and latest.headers[CHECKSUM_HEADER] == listed[0]["sha256"]
@@ -86,14 +85,14 @@ def test_checkpoint_uploads_are_checked(api_app: Orchestrator) -> None:
 
     with api_app.client(worker["worker_token"]) as http:
         response = http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/1",
+            api.checkpoint_upload(worker["worker_id"], 1),
             content=chunks(),
             headers={CHECKSUM_HEADER: "a" * 64},
         )
     assert response.status_code == 413
     _, other_join = create(api_app)
     with api_app.client(other_join) as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 403
+        assert http.get(api.run_latest_checkpoint(name)).status_code == 403
     with api_app.client() as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"] == []
+        assert http.get(api.run_checkpoints(name)).json()["items"] == []
     assert not list((api_app.data_dir / "tmp").glob("*"))  # temporary files are cleaned up

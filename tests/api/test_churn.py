@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
@@ -22,7 +23,7 @@ TARGET_BATCH = 64
 
 def progress(api_app: Orchestrator, name: str) -> dict[str, Any]:
     with api_app.client() as http:
-        response = http.get(f"/api/v1/runs/{name}/progress")
+        response = http.get(api.run_progress(name))
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -35,10 +36,10 @@ def test_progress_shows_desired_workers_notice_and_loss_marks(api_app: Orchestra
         heartbeat(api_app, worker, swarm_epoch=1, samples=10)
     wait_until(lambda: progress(api_app, name)["points"], 20, message="a first progress sample")
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).status_code == 200
+        assert http.post(api.run_scale(name), json={"desired_workers": 3}).status_code == 200
     with api_app.client(noticed["worker_token"]) as http:
         left = http.post(
-            f"/api/v1/workers/{noticed['worker_id']}/deregister",
+            api.deregister(noticed["worker_id"]),
             json={"reason": "interrupted", "message": "spot interruption notice: terminate at 12:00:00Z"},
         )
     assert left.status_code == 204, left.text

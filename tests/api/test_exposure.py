@@ -26,6 +26,7 @@ import pytest
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import workers
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import NO_RECONCILE
@@ -44,11 +45,11 @@ FREE_FORM = {
 def worker(api_app: Orchestrator) -> dict[str, Any]:
     """A run with free-form values and one worker joined by hand (id, token, run name, join token)."""
     with api_app.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("exposed", **FREE_FORM))
+        created = http.post(api.runs(), json=run_spec("exposed", **FREE_FORM))
         assert created.status_code == 201, created.text
     join = created.json()["join_token"]
     with api_app.client(join) as http:
-        registered = http.post("/api/v1/workers/register", json={"hostname": "box-1"})
+        registered = http.post(api.register(), json={"hostname": "box-1"})
         assert registered.status_code == 200, registered.text
     return {**registered.json(), "run": "exposed", "join_token": join}
 
@@ -60,7 +61,7 @@ def test_anonymous_reads_leave_out_free_form_values_the_admin_gets_them(
     api_app: Orchestrator, worker: dict[str, Any]
 ) -> None:
     with api_app.client() as anonymous, api_app.admin() as admin:
-        for path in ("/api/v1/runs/exposed", "/api/v1/runs"):
+        for path in (api.run("exposed"), api.runs()):
             public = anonymous.get(path).json()
             public_run = public if "spec" in public else public["items"][0]
             assert public_run["redacted"] is True
@@ -70,7 +71,7 @@ def test_anonymous_reads_leave_out_free_form_values_the_admin_gets_them(
             full_run = full if "spec" in full else full["items"][0]
             assert full_run["redacted"] is False
             assert {key: full_run["spec"][key] for key in FREE_FORM} == FREE_FORM
-        log = f"/api/v1/runs/exposed/workers/{worker['worker_id']}/log"
+        log = api.run_worker_log("exposed", worker["worker_id"])
         refused = anonymous.get(log)
         assert refused.status_code == 401, refused.text
         assert admin.get(log).status_code == 409  # allowed; a worker joined by hand keeps its log itself
@@ -97,7 +98,7 @@ def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
             workers.set_launch_details(row, "i-0123456789", details)
     finally:
         db.close()
-    path = f"/api/v1/runs/{worker['run']}/workers"
+    path = api.run_workers(worker["run"])
     with api_app.client() as anonymous, api_app.admin() as admin:
         public = anonymous.get(path).json()["items"][0]
         full = admin.get(path).json()["items"][0]
@@ -166,18 +167,18 @@ def test_control_characters_are_refused_where_they_would_reach_the_log(
     caplog.set_level(logging.DEBUG)  # every record the server writes, whatever its level
     with api_app.client(worker["join_token"]) as http:
         for body in ({"hostname": bad}, {"hostname": "ok", "launcher_handle": bad}):
-            refused = http.post("/api/v1/workers/register", json=body)
+            refused = http.post(api.register(), json=body)
             assert refused.status_code == 422 and "control character" in refused.text, refused.text
     with api_app.client(worker["worker_token"]) as http:
-        path = f"/api/v1/workers/{worker['worker_id']}/deregister"
+        path = api.deregister(worker["worker_id"])
         refused = http.post(path, json={"reason": "error", "message": bad})
         assert refused.status_code == 422 and "control character" in refused.text, refused.text
     with api_app.admin() as http:
-        refused = http.post("/api/v1/runs/exposed/stop", json={"reason": bad})
+        refused = http.post(api.run_stop("exposed"), json={"reason": bad})
         assert refused.status_code == 422 and "control character" in refused.text, refused.text
-        assert http.get("/api/v1/runs/exposed").json()["state"] != "stopping"
+        assert http.get(api.run("exposed")).json()["state"] != "stopping"
     with api_app.client(worker["join_token"]) as http:  # what is accepted is logged, and seen here
-        joined = http.post("/api/v1/workers/register", json={"hostname": "honest-box"})
+        joined = http.post(api.register(), json={"hostname": "honest-box"})
     assert joined.status_code == 200, joined.text
     assert "honest-box" in caplog.text  # the capture holds the server's lines
     assert "FORGED" not in caplog.text
@@ -196,20 +197,18 @@ def test_secret_values_a_worker_sends_are_masked_before_they_are_stored_or_logge
     caplog.set_level(logging.DEBUG)
     spec = run_spec("secretive", secret_env={"API_KEY": SECRET})
     with api_app.admin() as http:
-        created = http.post("/api/v1/runs", json=spec)
+        created = http.post(api.runs(), json=spec)
         assert created.status_code == 201, created.text
     with api_app.client(created.json()["join_token"]) as http:
-        registered = http.post("/api/v1/workers/register", json={"hostname": f"box-{SECRET}"})
+        registered = http.post(api.register(), json={"hostname": f"box-{SECRET}"})
         assert registered.status_code == 200, registered.text
     worker = registered.json()
     assert worker["secret_env"] == {"API_KEY": SECRET}  # the worker itself gets it
     leak = f"training failed: HTTPError: 401 for url: https://api.example/whoami?token={SECRET}"
     with api_app.client(worker["worker_token"]) as http:
-        left = http.post(
-            f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "error", "message": leak}
-        )
+        left = http.post(api.deregister(worker["worker_id"]), json={"reason": "error", "message": leak})
         assert left.status_code == 204, left.text
-    paths = ["/api/v1/runs/secretive", "/api/v1/runs/secretive/workers", "/api/v1/runs/secretive/events"]
+    paths = [api.run("secretive"), api.run_workers("secretive"), api.run_events("secretive")]
     with api_app.client() as anonymous, api_app.admin() as admin:
         seen = {
             f"{who} {path}": http.get(path).text
@@ -235,8 +234,8 @@ def test_private_reads_need_the_admin_token(tmp_path: Path) -> None:
 
 def _private_reads(api_app: Orchestrator) -> None:
     with api_app.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("private")).json()
-    for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:
+        created = http.post(api.runs(), json=run_spec("private")).json()
+    for path in [api.runs(), api.run("private"), api.run_events("private"), api.peers()]:
         with api_app.client() as http:
             assert http.get(path).status_code == 401
         with api_app.client(created["join_token"]) as http:
@@ -244,6 +243,6 @@ def _private_reads(api_app: Orchestrator) -> None:
         with api_app.admin() as http:
             assert http.get(path).status_code == 200
     with api_app.client(created["join_token"]) as http:  # a run's peers also take its join token
-        assert http.get("/api/v1/runs/private/peers").status_code == 200
+        assert http.get(api.run_peers("private")).status_code == 200
     with api_app.client() as http:
-        assert http.get("/api/v1/runs/private/peers").status_code == 401
+        assert http.get(api.run_peers("private")).status_code == 401

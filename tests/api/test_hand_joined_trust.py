@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import launch_intent
@@ -27,14 +28,12 @@ SECRET = "sk-TRUST-only-launched-123456"
 def upload(api_app: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes) -> httpx.Response:
     with api_app.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        return http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}", content=data, headers=headers
-        )
+        return http.put(api.checkpoint_upload(worker["worker_id"], epoch), content=data, headers=headers)
 
 
 def checkpointer_events(api_app: Orchestrator, name: str) -> list[str]:
     with api_app.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        events = http.get(api.run_events(name)).json()["items"]
     return [e["message"] for e in events if e["kind"] == "run.checkpointer"]
 
 
@@ -94,7 +93,7 @@ def test_bytes_that_are_no_checkpoint_are_refused_with_422(api_app: Orchestrator
         answer = upload(api_app, worker, 1, junk)
         assert answer.status_code == 422 and "checkpoint" in answer.json()["detail"], answer.text
     with api_app.client() as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"] == []
+        assert http.get(api.run_checkpoints(name)).json()["items"] == []
     assert upload(api_app, worker, 1, checkpoint_bytes(b"real")).status_code == 201
     assert register(api_app, join)["resume_checkpoint"]["epoch"] == 1
 
@@ -110,7 +109,7 @@ def test_a_run_may_keep_its_secrets_from_hand_joined_workers(api_app: Orchestrat
     _, shared_join = create_run(api_app, "trust", secret_env={"API_KEY": SECRET})  # the default: shared
     assert register(api_app, shared_join)["secret_env"] == {"API_KEY": SECRET}
     with api_app.admin() as http:
-        shown = http.get(f"/api/v1/runs/{kept}").json()["spec"]
+        shown = http.get(api.run(kept)).json()["spec"]
     assert shown["hand_joined_secrets"] is False and shown["hand_joined_checkpoint"] is True
 
 
@@ -123,14 +122,14 @@ def test_a_resume_failure_is_recorded_once_and_only_for_a_stored_checkpoint(api_
     become_checkpointer(api_app, uploader)
     assert upload(api_app, uploader, 1, checkpoint_bytes(b"real")).status_code == 201
     hand = register(api_app, join)
-    path = f"/api/v1/workers/{hand['worker_id']}/resume-failures"
+    path = api.resume_failure(hand["worker_id"])
     with api_app.client(hand["worker_token"]) as http:
         unknown = http.post(path, json={"epoch": 7, "message": "made up"})
         answers = [http.post(path, json={"epoch": 1, "message": "KeyError: x"}).status_code for _ in range(3)]
     assert unknown.status_code == 404 and "no checkpoint at epoch 7" in unknown.json()["detail"], unknown.text
     assert answers == [204, 204, 204]
     with api_app.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        events = http.get(api.run_events(name)).json()["items"]
     expected = (
         f"worker {hand['worker_id']} could not resume from the checkpoint of epoch 1, uploaded by worker "
         f"{uploader['worker_id']}: KeyError: x"

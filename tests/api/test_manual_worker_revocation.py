@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
@@ -30,13 +31,13 @@ LOOP = {
 
 def state_of(api_app: Orchestrator, name: str, worker: dict[str, Any]) -> str:
     with api_app.client() as http:
-        rows = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+        rows = http.get(api.run_workers(name)).json()["items"]
     return str(next(w["state"] for w in rows if w["id"] == worker["worker_id"]))
 
 
 def download_status(api_app: Orchestrator, name: str, token: str) -> int:
     with api_app.client(token) as http:
-        return http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code
+        return http.get(api.run_latest_checkpoint(name)).status_code
 
 
 def stored_checkpoint(api_app: Orchestrator, worker: dict[str, Any]) -> None:
@@ -44,7 +45,7 @@ def stored_checkpoint(api_app: Orchestrator, worker: dict[str, Any]) -> None:
     data = checkpoint_bytes(b"weights")
     with api_app.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/1"
+        path = api.checkpoint_upload(worker["worker_id"], 1)
         assert http.put(path, content=data, headers=headers).status_code == 201
 
 
@@ -57,13 +58,13 @@ def test_a_silent_hand_joined_workers_token_stops_working_after_the_bound(tmp_pa
         hand = register(api_app, join)
         stored_checkpoint(api_app, hand)
         with api_app.admin() as http:
-            http.post(f"/api/v1/runs/{name}/join-token").raise_for_status()
+            http.post(api.run_join_token(name)).raise_for_status()
         wait_until(lambda: state_of(api_app, name, hand) == "lost", 30, message="the silent worker is lost")
         assert download_status(api_app, name, hand["worker_token"]) == 200  # lost is not ended: it may return
         wait_until(lambda: state_of(api_app, name, hand) == "exited", 30, message="the lost worker has ended")
         assert download_status(api_app, name, hand["worker_token"]) == 403
         with api_app.client(hand["worker_token"]) as http:
-            again = http.post("/api/v1/workers/register", json={"hostname": "box"})
+            again = http.post(api.register(), json={"hostname": "box"})
         assert again.status_code in (403, 409) and "ended" in again.json()["detail"], again.text
         # the heartbeat cache learns of the change at its next reload (a flush interval)
         wait_until(lambda: heartbeat(api_app, hand)["action"] == "stop", 10, message="heartbeats answer stop")
@@ -76,7 +77,7 @@ def test_revoking_hand_joined_workers_ends_them_and_keeps_launched_ones(api_app:
     stored_checkpoint(api_app, first)
     request_id, launch_token = launch_intent(api_app, name)
     launched = register(api_app, launch_token, request_id=request_id)
-    path = f"/api/v1/runs/{name}/manual-workers/revoke"
+    path = api.run_revoke_manual(name)
     with api_app.client(join) as http:
         assert http.post(path).status_code == 403
     with api_app.admin() as http:
@@ -90,7 +91,7 @@ def test_revoking_hand_joined_workers_ends_them_and_keeps_launched_ones(api_app:
     assert download_status(api_app, name, launched["worker_token"]) == 200
     assert heartbeat(api_app, launched)["action"] == "continue"
     with api_app.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        events = http.get(api.run_events(name)).json()["items"]
     revoked = f"workers joined by hand revoked: {first['worker_id']}, {second['worker_id']}"
     assert revoked in [e["message"] for e in events if e["kind"] == "run.revoked"]
     with api_app.admin() as http:  # nothing left to revoke: an empty answer, no error

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.output import parse_time
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import (
@@ -46,14 +47,14 @@ def test_metrics_match_the_api_and_vanish_with_the_run(api_app: Orchestrator, tm
     checkpoint.write_bytes(checkpoint_bytes(b"weights" * 100))
     worker.client.upload_checkpoint(worker.worker_id, 4, checkpoint)
     with api_app.client() as anonymous:
-        refused = anonymous.post(f"/api/v1/workers/{worker.worker_id}/heartbeat", json={})
+        refused = anonymous.post(api.heartbeat(worker.worker_id), json={})
         assert refused.status_code == 401
         assert anonymous.get("/metrics").status_code == 401  # reads are not public here
     with api_app.client(join_token) as http:
         assert http.get("/metrics").status_code == 403
 
     samples = scrape_until(api_app, lambda s: s.get(("spotswarm_run_samples_total", (("run", name),))) == 256)
-    run = admin_get(api_app, f"/api/v1/runs/{name}")
+    run = admin_get(api_app, api.run(name))
     assert (
         value(samples, "spotswarm_run_workers", run=name, state="running") == run["workers"]["running"] == 1
     )
@@ -79,15 +80,15 @@ def test_metrics_match_the_api_and_vanish_with_the_run(api_app: Orchestrator, tm
     assert not [r for r in routes if re.search(r"/\d+(/|$)", r) or name in r], routes  # templates only
 
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
+        assert http.post(api.run_stop(name)).status_code == 200
     worker.leave(DeregisterReason.stopped)
-    wait_until(lambda: admin_get(api_app, f"/api/v1/runs/{name}")["state"] == "stopped", 15)
+    wait_until(lambda: admin_get(api_app, api.run(name))["state"] == "stopped", 15)
     samples = scrape(api_app)
     assert value(samples, "spotswarm_run_state", run=name, state="stopped") == 1
     # The worker has ended, so its cost is fixed: the run view, the worker view and /metrics show the
     # one value the server computed, from price_usd_per_hour.
-    run = admin_get(api_app, f"/api/v1/runs/{name}")
-    (listed,) = admin_get(api_app, f"/api/v1/runs/{name}/workers")["items"]
+    run = admin_get(api_app, api.run(name))
+    (listed,) = admin_get(api_app, api.run_workers(name))["items"]
     assert (
         run["cost_usd"]
         == listed["cost_usd"]
@@ -97,5 +98,5 @@ def test_metrics_match_the_api_and_vanish_with_the_run(api_app: Orchestrator, tm
     assert run["cost_usd"] == pytest.approx(PRICE_USD_PER_HOUR * hours)
     assert run["eta_s"] is None  # finished
     with api_app.admin() as http:
-        assert http.delete(f"/api/v1/runs/{name}").status_code == 204
+        assert http.delete(api.run(name)).status_code == 204
     assert not [key for key in scrape(api_app) if ("run", name) in key[1]], "series of a deleted run remain"

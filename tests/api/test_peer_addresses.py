@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -26,14 +27,14 @@ HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'
 
 def create(api_app: Orchestrator, **overrides: Any) -> dict[str, Any]:
     with api_app.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(f"pl-{next(_names)}", **overrides))
+        response = http.post(api.runs(), json=run_spec(f"pl-{next(_names)}", **overrides))
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
 def worker_peers(api_app: Orchestrator, name: str) -> list[str]:
     with api_app.client() as http:
-        return list(http.get(f"/api/v1/runs/{name}/peers").json()["worker_peers"])
+        return list(http.get(api.run_peers(name)).json()["worker_peers"])
 
 
 @pytest.mark.timeout(120)
@@ -66,7 +67,7 @@ def test_a_worker_without_a_swarm_token_announces_no_address(api_app: Orchestrat
     heartbeat(api_app, worker, visible_maddrs=[f"/ip4/10.1.2.3/tcp/4000/p2p/{stranger}"], samples=5)
     with api_app.client() as http:
         wait_until(
-            lambda: http.get(f"/api/v1/runs/{run['name']}").json()["reported"]["samples_total"] == 5,
+            lambda: http.get(api.run(run["name"])).json()["reported"]["samples_total"] == 5,
             10,
             message="the heartbeat is written",
         )

@@ -10,6 +10,7 @@ from typing import Any
 import base58
 import pytest
 
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import OPERABILITY_ENV, admin_get, create, join
 from tests.support.waiting import wait_until
@@ -34,10 +35,10 @@ def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(api_ap
 
     def peers() -> dict[str, Any]:
         with api_app.client(join_token) as http:  # a run's peers also accept its join token
-            return dict(http.get(f"/api/v1/runs/{name}/peers").json())
+            return dict(http.get(api.run_peers(name)).json())
 
     listed = wait_until(lambda: (p := peers())["worker_peers"][:3] == maddrs(9) and p, 15)
-    assert listed["orchestrator_peers"] == admin_get(api_app, "/api/v1/peers")["orchestrator_peers"]
+    assert listed["orchestrator_peers"] == admin_get(api_app, api.peers())["orchestrator_peers"]
     assert listed["initial_peers"] == listed["orchestrator_peers"] + listed["worker_peers"]
     expected = [m for index in range(9, -1, -1) for m in maddrs(index)][:16]  # at most 16 addresses
     assert listed["worker_peers"] == expected
@@ -47,4 +48,4 @@ def test_run_peers_are_the_orchestrator_then_the_freshest_workers_bounded(api_ap
     pool[0].leave(DeregisterReason.stopped)
     wait_until(lambda: not set(maddrs(0)) & set(peers()["worker_peers"]), 15, message="left: unlisted")
     with api_app.client() as anonymous:
-        assert anonymous.get(f"/api/v1/runs/{name}/peers").status_code == 401
+        assert anonymous.get(api.run_peers(name)).status_code == 401

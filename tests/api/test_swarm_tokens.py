@@ -10,6 +10,7 @@ import time
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import post_run, run_spec
@@ -24,7 +25,7 @@ ORCHESTRATOR_ENV = {**HAND_ONLY, "SPOTSWARM_SWARM_TOKEN_TTL_S": str(TOKEN_TTL_S)
 @pytest.mark.timeout(60)
 def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(api_app: Orchestrator) -> None:
     with api_app.client() as http:
-        info = http.get("/api/v1/swarm-auth").raise_for_status().json()
+        info = http.get(api.swarm_auth()).raise_for_status().json()
     assert info["enabled"] and info["authority_public_key"].startswith("ssh-rsa ")
     run = post_run(api_app, run_spec("adm-api"))
     worker, other = register(api_app, run["join_token"]), register(api_app, run["join_token"])
@@ -48,9 +49,7 @@ def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(api_ap
     assert 0 < lifetime_s <= info["token_ttl_s"]
 
     with api_app.client(worker["worker_token"]) as http:
-        http.post(
-            f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"}
-        ).raise_for_status()
+        http.post(api.deregister(worker["worker_id"]), json={"reason": "stopped"}).raise_for_status()
     assert ask_token(api_app, worker["worker_id"], worker["worker_token"], key).status_code == 409
 
     opted_out = post_run(api_app, run_spec("adm-open", strategy_options={"swarm_admission": False}))
@@ -60,6 +59,6 @@ def test_swarm_tokens_go_only_to_registered_live_workers_of_admitted_runs(api_ap
 
     def listed_open() -> bool:
         with api_app.client() as http:
-            return opted_out["swarm_id"] in http.get("/api/v1/swarm-auth").json()["open_swarms"]
+            return opted_out["swarm_id"] in http.get(api.swarm_auth()).json()["open_swarms"]
 
     wait_until(listed_open, 30, message="the opted-out run reaches the DHT peer's open list")

@@ -18,6 +18,7 @@ import pytest
 from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
@@ -40,7 +41,7 @@ def create(api_app: Orchestrator, **overrides: Any) -> tuple[str, str]:
 
 def post_register(api_app: Orchestrator, token: str, **body: Any) -> Any:
     with api_app.client(token) as http:
-        return http.post("/api/v1/workers/register", json={"hostname": "box", **body})
+        return http.post(api.register(), json={"hostname": "box", **body})
 
 
 def launch_intent(api_app: Orchestrator, name: str) -> tuple[int, str, str]:
@@ -56,7 +57,7 @@ def launch_intent(api_app: Orchestrator, name: str) -> tuple[int, str, str]:
 
 def worker_row(api_app: Orchestrator, name: str, worker_id: str | int) -> dict[str, Any]:
     with api_app.client() as http:
-        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+        items = http.get(api.run_workers(name)).json()["items"]
     return next(w for w in items if w["id"] == str(worker_id))
 
 
@@ -99,9 +100,9 @@ def test_a_launch_token_becomes_void_once_the_worker_uses_its_worker_token(api_a
     retried = register(api_app, launch_token)  # the first reply was lost: the worker asks again
     assert retried["worker_id"] == str(worker_id) and retried["worker_token"] != first["worker_token"]
     with api_app.client(first["worker_token"]) as http:  # the reply that never arrived grants nothing
-        assert http.post(f"/api/v1/workers/{worker_id}/heartbeat", json={}).status_code == 403
+        assert http.post(api.heartbeat(worker_id), json={}).status_code == 403
     with api_app.client(launch_token) as http:
-        assert http.post(f"/api/v1/workers/{worker_id}/heartbeat", json={}).status_code == 403
+        assert http.post(api.heartbeat(worker_id), json={}).status_code == 403
     assert heartbeat(api_app, retried, samples=7)["action"] == "continue"  # the worker token is in use now
     wait_until(lambda: worker_row(api_app, name, worker_id)["samples"] == 7, 10, message="heartbeat written")
     answer = post_register(api_app, launch_token)  # so the launch token died with the heartbeat's write
@@ -146,10 +147,10 @@ def test_an_ended_workers_token_no_longer_downloads_checkpoints(api_app: Orchest
     data = checkpoint_bytes(b"weights-v1")
     with api_app.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        assert http.put(f"/api/v1/workers/{worker['worker_id']}/checkpoints/1", content=data, headers=headers)
-        downloads = f"/api/v1/runs/{name}/checkpoints/latest/download"
+        assert http.put(api.checkpoint_upload(worker["worker_id"], 1), content=data, headers=headers)
+        downloads = api.run_latest_checkpoint(name)
         assert http.get(downloads).content == data
-        left = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+        left = http.post(api.deregister(worker["worker_id"]), json={"reason": "stopped"})
         assert left.status_code == 204
         answer = http.get(downloads)
     assert answer.status_code == 403 and "has ended" in answer.json()["detail"], answer.text
@@ -163,7 +164,7 @@ def test_join_tokens_respect_max_workers(api_app: Orchestrator) -> None:
     answer = post_register(api_app, join)
     assert answer.status_code == 409 and "max_workers" in answer.json()["detail"], answer.text
     with api_app.client(first["worker_token"]) as http:
-        http.post(f"/api/v1/workers/{first['worker_id']}/deregister", json={"reason": "stopped"})
+        http.post(api.deregister(first["worker_id"]), json={"reason": "stopped"})
     register(api_app, join)  # a place is free again
 
 
@@ -194,10 +195,8 @@ def _failing_hand_joined_workers(api_app: Orchestrator) -> None:
         worker = register(api_app, join)
         with api_app.client(worker["worker_token"]) as http:
             body = {"reason": "error", "message": "made up"}
-            assert (
-                http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body).status_code == 204
-            )
+            assert http.post(api.deregister(worker["worker_id"]), json=body).status_code == 204
     wait_ticks(api_app, 5)
     with api_app.client() as http:
-        run = http.get(f"/api/v1/runs/{name}").json()
+        run = http.get(api.run(name)).json()
     assert run["state"] == "running", run["state_reason"]

@@ -15,6 +15,7 @@ from orchestrator.clock import utc_now
 from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import create_run
@@ -40,7 +41,7 @@ def create(api_app: Orchestrator, **overrides: Any) -> tuple[str, str]:
 
 def get_run(api_app: Orchestrator, name: str) -> dict[str, Any]:
     with api_app.client() as http:
-        return dict(http.get(f"/api/v1/runs/{name}").json())
+        return dict(http.get(api.run(name)).json())
 
 
 @pytest.mark.timeout(60)
@@ -74,8 +75,8 @@ def test_manual_worker_registers_heartbeats_and_is_shown(api_app: Orchestrator) 
         "metrics": {},
     }
     with api_app.client() as http:
-        listed = http.get(f"/api/v1/runs/{name}/workers").json()
-        peers = http.get(f"/api/v1/runs/{name}/peers").json()
+        listed = http.get(api.run_workers(name)).json()
+        peers = http.get(api.run_peers(name)).json()
     assert listed["total"] == 1 and listed["items"][0]["manual"] and listed["items"][0]["hostname"] == "gpu-1"
     assert "token" not in str(listed).lower()
     assert peers["worker_peers"] == [maddr]
@@ -108,13 +109,13 @@ def test_workers_get_a_stable_slot_and_heartbeats_tell_the_live_count(api_app: O
     assert (second["worker_index"], second["num_workers"]) == (1, 2)
     wait_until(lambda: heartbeat(api_app, first)["num_workers"] == 2, 10, message="two running workers")
     with api_app.client(second["worker_token"]) as http:
-        left = http.post(f"/api/v1/workers/{second['worker_id']}/deregister", json={"reason": "interrupted"})
+        left = http.post(api.deregister(second["worker_id"]), json={"reason": "interrupted"})
     assert left.status_code == 204, left.text
     wait_until(lambda: heartbeat(api_app, first)["num_workers"] == 1, 10, message="one running worker")
     third = register(api_app, join)
     assert (third["worker_index"], third["num_workers"]) == (1, 2)  # the slot second left
     with api_app.client() as http:
-        listed = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+        listed = http.get(api.run_workers(name)).json()["items"]
     assert {w["id"]: w["worker_index"] for w in listed} == {
         first["worker_id"]: 0,
         second["worker_id"]: 1,
@@ -140,7 +141,7 @@ def test_registration_binds_to_the_launch_intent(api_app: Orchestrator) -> None:
     assert (first["worker_id"], second["worker_id"]) == (str(ids[0]), str(ids[2]))
     assert second["worker_token"].startswith("ssw_") and ids[3].startswith("ssl_")  # a fresh worker token
     with api_app.admin() as http:  # the full view: launch details beyond the public keys
-        items = {w["id"]: w for w in http.get(f"/api/v1/runs/{name}/workers").json()["items"]}
+        items = {w["id"]: w for w in http.get(api.run_workers(name)).json()["items"]}
     assert items[str(ids[0])]["state"] == "running" and items[str(ids[0])]["launch_details"] == {
         "zone": "test-1a"
     }
@@ -160,10 +161,7 @@ def test_exactly_one_checkpointer_and_another_takes_over(api_app: Orchestrator) 
     assert len(first) == 1 and get_run(api_app, name)["checkpointer_worker_id"] == first[0]
     leaving = next(w for w in pool if w["worker_id"] == first[0])
     with api_app.client(leaving["worker_token"]) as http:
-        assert (
-            http.post(f"/api/v1/workers/{first[0]}/deregister", json={"reason": "interrupted"}).status_code
-            == 204
-        )
+        assert http.post(api.deregister(first[0]), json={"reason": "interrupted"}).status_code == 204
     pool.remove(leaving)
     second = wait_until(lambda: (c := checkpointers()) and c, 10)
     assert len(second) == 1 and second != first
@@ -173,14 +171,14 @@ def test_exactly_one_checkpointer_and_another_takes_over(api_app: Orchestrator) 
 def test_worker_endpoints_accept_only_that_workers_token(api_app: Orchestrator) -> None:
     _, join = create(api_app)
     a, b = register(api_app, join), register(api_app, join)
-    path = f"/api/v1/workers/{a['worker_id']}/heartbeat"
+    path = api.heartbeat(a["worker_id"])
     for token, status in [(None, 401), (b["worker_token"], 403), (join, 403), (api_app.admin_token, 403)]:
         with api_app.client(token) as http:
             response = http.post(path, json={})
             assert response.status_code == status, (token, response.text)
             assert "action" not in response.text
     with api_app.client("ssj_not-a-real-token") as http:
-        assert http.post("/api/v1/workers/register", json={}).status_code == 401
+        assert http.post(api.register(), json={}).status_code == 401
 
 
 @pytest.mark.timeout(60)
@@ -192,14 +190,12 @@ def test_deregister_reasons_map_to_worker_states(api_app: Orchestrator) -> None:
         worker = register(api_app, join)
         with api_app.client(worker["worker_token"]) as http:
             body = {"reason": reason, "message": "boom" if reason == "error" else None}
-            assert (
-                http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body).status_code == 204
-            )
+            assert http.post(api.deregister(worker["worker_id"]), json=body).status_code == 204
         assert heartbeat(api_app, worker)["action"] == "stop"  # an ended worker is told to stop
         ids[worker["worker_id"]] = reason
     with api_app.client() as http:
-        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
-        events = http.get(f"/api/v1/runs/{name}/events", params={"limit": 1000}).json()["items"]
+        items = http.get(api.run_workers(name)).json()["items"]
+        events = http.get(api.run_events(name), params={"limit": 1000}).json()["items"]
     for item in items:
         assert item["state"] == expected[ids[item["id"]]] and item["ended_at"]
     assert next(i for i in items if ids[i["id"]] == "error")["exit_reason"] == "error: boom"
@@ -211,12 +207,12 @@ def test_stop_tells_workers_to_stop_and_the_run_stops_when_they_leave(api_app: O
     name, join = create(api_app)
     worker = register(api_app, join)
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+        assert http.post(api.run_stop(name)).json()["state"] == "stopping"
     assert heartbeat(api_app, worker)["action"] == "stop"
     with api_app.client(join) as http:
-        assert http.post("/api/v1/workers/register", json={}).status_code == 409
+        assert http.post(api.register(), json={}).status_code == 409
     with api_app.client(worker["worker_token"]) as http:
-        http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+        http.post(api.deregister(worker["worker_id"]), json={"reason": "stopped"})
     assert get_run(api_app, name)["state"] == "stopped"
 
 
@@ -232,11 +228,11 @@ def test_progress_is_sampled_and_downsampled(api_app: Orchestrator) -> None:
             api_app, worker, local_step=n, swarm_epoch=n, samples=10 * n, loss=1.0 / n, samples_per_s=5.0
         )
         with api_app.client() as http:
-            return int(http.get(f"/api/v1/runs/{name}/progress").json()["stored_points"]) >= 4
+            return int(http.get(api.run_progress(name)).json()["stored_points"]) >= 4
 
     wait_until(enough_points, 30, interval_s=0.3)
     with api_app.client() as http:
-        series = http.get(f"/api/v1/runs/{name}/progress", params={"max_points": 3}).json()
+        series = http.get(api.run_progress(name), params={"max_points": 3}).json()
     points = series["points"]
     assert len(points) == 3 and series["stored_points"] >= 4
     assert [p["at"] for p in points] == sorted(p["at"] for p in points)
@@ -277,8 +273,8 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
     assert run["reported"]["metrics"] == {"train_loss": 1.0, "val_acc": 0.5, "val_loss": 0.5}
     assert run["reported"]["loss"] == 2.0
     with api_app.client() as http:
-        items = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
-        progress = f"/api/v1/runs/{name}/progress"
+        items = http.get(api.run_workers(name)).json()["items"]
+        progress = api.run_progress(name)
         # samples are taken on a timer: wait for one taken after both reports were applied
         sampled = wait_until(
             lambda: [p for p in http.get(progress).json()["points"] if "val_acc" in (p["metrics"] or {})], 20
@@ -301,14 +297,14 @@ def test_reported_metrics_are_shown_per_worker_and_run_and_kept_when_the_run_sto
 
     report()
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+        assert http.post(api.run_stop(name)).json()["state"] == "stopping"
     for worker, val_loss in ((first, 0.5), (second, 0.3)):  # the final reports, as agents leave
         assert (
             heartbeat(api_app, worker, loss=0.9, phase="stopping", metrics={"val_loss": val_loss})["action"]
             == "stop"
         )
         with api_app.client(worker["worker_token"]) as http:
-            http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+            http.post(api.deregister(worker["worker_id"]), json={"reason": "stopped"})
     stopped = get_run(api_app, name)
     assert stopped["state"] == "stopped" and stopped["workers"]["live"] == 0
     assert stopped["reported"]["loss"] == pytest.approx(0.9)
@@ -324,19 +320,19 @@ def test_a_run_whose_workers_left_before_the_stop_keeps_its_last_sampled_values(
     worker = register(api_app, join)
     heartbeat(api_app, worker, loss=0.7, metrics={"val_loss": 0.6})
     with api_app.client() as http:
-        progress = f"/api/v1/runs/{name}/progress"
+        progress = api.run_progress(name)
         wait_until(lambda: any(p["metrics"] for p in http.get(progress).json()["points"]), 10)
         http.headers["Authorization"] = f"Bearer {worker['worker_token']}"
-        http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "stopped"})
+        http.post(api.deregister(worker["worker_id"]), json={"reason": "stopped"})
     with api_app.admin() as http:
-        stopped = http.post(f"/api/v1/runs/{name}/stop").json()
+        stopped = http.post(api.run_stop(name)).json()
     assert stopped["state"] == "stopped"
     assert stopped["reported"]["loss"] == 0.7 and stopped["reported"]["metrics"] == {"val_loss": 0.6}
 
 
 def deregister(api_app: Orchestrator, worker: dict[str, Any], **body: Any) -> None:
     with api_app.client(worker["worker_token"]) as http:
-        response = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json=body)
+        response = http.post(api.deregister(worker["worker_id"]), json=body)
     assert response.status_code == 204, response.text
 
 
@@ -357,7 +353,7 @@ def test_a_metric_no_live_worker_reports_keeps_its_last_value_as_workers_leave_a
     assert wait_until(lambda: shown(training, 2.0), 10) == {"train_loss": 2.0, "val_loss": 0.6}
     # its deregistration carries what it holds as it leaves: the validation it ran as it stopped
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopping"
+        assert http.post(api.run_stop(name)).json()["state"] == "stopping"
     heartbeat(api_app, training, loss=1.5, phase="stopping", metrics={"train_loss": 1.5})
     deregister(
         api_app, training, reason="stopped", metrics={"train_loss": 1.5, "val_loss": 0.45, "other": 1.0}
@@ -367,11 +363,11 @@ def test_a_metric_no_live_worker_reports_keeps_its_last_value_as_workers_leave_a
     assert stopped["reported"]["metrics"] == {"train_loss": 1.5, "val_loss": 0.45}
     # resumed, and stopped again before its new worker validated: the run still shows the last val_loss
     with api_app.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/resume").json()["state"] == "pending"
+        assert http.post(api.run_resume(name)).json()["state"] == "pending"
     resumed = register(api_app, join)
     assert wait_until(lambda: shown(resumed, 0.9), 10) == {"train_loss": 0.9, "val_loss": 0.45}
     with api_app.admin() as http:
-        http.post(f"/api/v1/runs/{name}/stop")
+        http.post(api.run_stop(name))
     heartbeat(api_app, resumed, loss=0.8, phase="stopping", metrics={"train_loss": 0.8})
     deregister(api_app, resumed, reason="stopped")
     again = get_run(api_app, name)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.aws import FakeAws
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
@@ -144,7 +145,7 @@ def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
     spec = digits_run(
         "spot-digits", desired_workers=1, checkpoint_every_epochs=10_000, stop={"target_epochs": 100_000}
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "spot-digits")
 
     def training() -> list[dict[str, Any]]:

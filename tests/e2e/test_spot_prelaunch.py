@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.spot_market import spot_market
@@ -34,9 +35,7 @@ def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is
     trace, env = spot_market(tmp_path, '[0, "add", {"nodes": ["a"]}]\n', slots=1, notice_s=NOTICE_S, seed=3)
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     created_at = time.time()  # the trace starts at the first launch, a moment later
-    admin_post(
-        orch, "/api/v1/runs", digits_run("prelaunch", desired_workers=1, stop={"target_epochs": 100_000})
-    )
+    admin_post(orch, api.runs(), digits_run("prelaunch", desired_workers=1, stop={"target_epochs": 100_000}))
     reader = RunReader(orch, "prelaunch")
 
     def training() -> list[dict[str, Any]]:

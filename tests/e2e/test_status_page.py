@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, Request, expect
 
+from tests.support import api
 from tests.support.browser import chart_points, open_browser
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import Beater, HandWorker
@@ -52,7 +53,7 @@ def hand_run(fresh_orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beate
     """Run "page-demo" (stop at epoch 50) with two hand-joined workers heartbeating in a thread."""
     spec = run_spec("page-demo", desired_workers=2, stop={"target_epochs": 50})
     with fresh_orch.admin() as http:
-        created = http.post("/api/v1/runs", json=spec)
+        created = http.post(api.runs(), json=spec)
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
     workers = [
@@ -188,7 +189,7 @@ def test_polls_go_without_the_admin_token_admin_calls_with_it(
 ) -> None:
     args = {"module_args": {"secret_path": "s3://team-bucket/private"}}
     with fresh_orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("token-rule", **args)).status_code == 201
+        assert http.post(api.runs(), json=run_spec("token-rule", **args)).status_code == 201
     with open_browser() as browser:
         page = browser.page
         calls = Recorder(page)
@@ -211,12 +212,12 @@ def test_polls_go_without_the_admin_token_admin_calls_with_it(
         after = calls.since(pasted_at)
         with_token = [(method, path) for method, path, auth in after if auth]
         # one read of the full run when the token was pasted, and the scale call: nothing else
-        assert with_token == [("GET", "/api/v1/runs/token-rule"), ("POST", "/api/v1/runs/token-rule/scale")]
+        assert with_token == [("GET", api.run("token-rule")), ("POST", api.run_scale("token-rule"))]
         polled = {path for method, path, auth in after if method == "GET" and not auth}
         assert {
-            "/api/v1/runs/token-rule",
-            "/api/v1/runs/token-rule/workers",
-            "/api/v1/runs/token-rule/events",
+            api.run("token-rule"),
+            api.run_workers("token-rule"),
+            api.run_events("token-rule"),
         } <= polled
         assert not browser.problems, browser.problems
 
@@ -229,7 +230,7 @@ def test_without_public_reads_the_page_reads_with_the_token(
         processes, tmp_path / "private", extra_env={**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false"}
     )
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("private-run")).status_code == 201
+        assert http.post(api.runs(), json=run_spec("private-run")).status_code == 201
     with open_browser(expected_statuses=(401,)) as browser:
         page = browser.page
         calls = Recorder(page)
@@ -267,7 +268,7 @@ def test_frozen_worker_shows_lost_then_replaced(
     # stop condition never reached (the test ends first); it gives the page an ETA to show
     spec = digits_run("live-digits", stop={"target_epochs": 100_000}, checkpoint_every_epochs=5)
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=spec).status_code == 201
+        assert http.post(api.runs(), json=spec).status_code == 201
     with open_browser() as browser:
         page = browser.page
         page.goto(orch.url + "/runs/live-digits")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.ports import free_port
 from tests.support.processes import VENV_BIN, ProcessRegistry
@@ -25,7 +26,7 @@ ORCHESTRATOR_ENV = HAND_ONLY
 
 def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:
     with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+        response = http.post(api.runs(), json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return str(response.json()["join_token"])
 
@@ -71,8 +72,8 @@ def test_module_that_fails_to_import_is_reported_on_the_run(
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "cannot build tests.integration.no_such_module:Model: ModuleNotFoundError" in agent.log()
     with served_orch.client() as http:
-        workers = http.get("/api/v1/runs/imp/workers").json()["items"]
-        events = " ".join(e["message"] for e in http.get("/api/v1/runs/imp/events").json()["items"])
+        workers = http.get(api.run_workers("imp")).json()["items"]
+        events = " ".join(e["message"] for e in http.get(api.run_events("imp")).json()["items"])
     assert [w["state"] for w in workers] == ["failed"]
     assert "No module named 'tests.integration.no_such_module'" in workers[0]["exit_reason"]
     assert f"deregistered ({workers[0]['exit_reason']})" in events  # the event carries the message
@@ -91,11 +92,11 @@ def test_a_failure_message_quoting_a_secret_reaches_no_reader_and_no_log(
     )
     agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
-    paths = ["/api/v1/runs/sec", "/api/v1/runs/sec/workers", "/api/v1/runs/sec/events"]
+    paths = [api.run("sec"), api.run_workers("sec"), api.run_events("sec")]
     with served_orch.client() as anonymous:
         seen = {path: anonymous.get(path).text for path in paths}
     # the failure is still told, with the secret masked, by the worker before it sends it
-    assert "Unauthorized for url: https://api.example/whoami?token=***" in seen["/api/v1/runs/sec/events"]
+    assert "Unauthorized for url: https://api.example/whoami?token=***" in seen[api.run_events("sec")]
     assert "whoami?token=***" in agent.log(), agent.log()[-2000:]
     leaks = dict(seen)
     leaks.update({"agent log": agent.log(), "server log": served_orch.proc.log()})
@@ -112,8 +113,8 @@ def test_a_mistyped_module_argument_is_refused_by_the_worker_and_a_hand_joined_o
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "module_args.hidden: expected int, got 'sixteen'" in agent.log()
     with served_orch.client() as http:
-        run = http.get("/api/v1/runs/typed").json()
-        workers = http.get("/api/v1/runs/typed/workers").json()["items"]
+        run = http.get(api.run("typed")).json()
+        workers = http.get(api.run_workers("typed")).json()["items"]
     assert [w["state"] for w in workers] == ["failed"]
     # an unusable spec fails a run at its first launched worker; the join token's holder cannot fail it
     assert run["state"] == "running", run["state_reason"]

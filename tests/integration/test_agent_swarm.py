@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.runs import ROUNDS, RunReader
@@ -79,24 +80,24 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
     env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
     orch = start_orchestrator(processes, tmp_path / "orch", extra_env=env)
     with orch.admin() as http:
-        token = http.post("/api/v1/runs", json=SPEC, timeout=120).raise_for_status().json()["join_token"]
-    api = Api(orch)
+        token = http.post(api.runs(), json=SPEC, timeout=120).raise_for_status().json()["join_token"]
+    run_api = Api(orch)
     first, second = (start_agent(processes, tmp_path, n, orch, token) for n in ("first", "second"))
 
     def both_train() -> bool:
         alive(first, second)
-        mine = [api.worker_of(first), api.worker_of(second)]
+        mine = [run_api.worker_of(first), run_api.worker_of(second)]
         return all(w and w["state"] == "running" and w["samples"] > 0 and w["loss"] for w in mine)
 
     wait_until(both_train, BOOT_S, interval_s=1, message="both agents register and report progress")
-    start_loss = max(w["loss"] for w in api.by_handle().values())
-    start_epoch = api.get("")["reported"]["swarm_epoch"]
+    start_loss = max(w["loss"] for w in run_api.by_handle().values())
+    start_epoch = run_api.get("")["reported"]["swarm_epoch"]
 
     def trained() -> bool:
         alive(first, second)
-        run = api.get("")
+        run = run_api.get("")
         return (
-            bool(api.get("/checkpoints")["items"])
+            bool(run_api.get("/checkpoints")["items"])
             and run["reported"]["swarm_epoch"] >= start_epoch + 4
             and (run["reported"]["loss"] or start_loss) < 0.6 * start_loss
         )
@@ -104,7 +105,7 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
     wait_until(trained, 150, interval_s=1, message="epoch rises, loss falls, a checkpoint is uploaded")
     # a peer's count drops for a moment when the other's record expires while it waits out a round
     wait_until(
-        lambda: all(w["num_peers"] >= 2 for w in api.by_handle().values()),
+        lambda: all(w["num_peers"] >= 2 for w in run_api.by_handle().values()),
         60,
         interval_s=1,
         message="the agents trained together (each counts two peers)",
@@ -112,18 +113,18 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
 
     second.signal_group(signal.SIGTERM)
     assert exit_code(second, 60) == 0
-    gone = api.worker_of(second)
+    gone = run_api.worker_of(second)
     assert gone and gone["state"] == "exited" and gone["exit_reason"].startswith("stopped"), gone
 
-    api.admin_post("/stop")
+    run_api.admin_post("/stop")
     assert exit_code(first, 60) == 0
-    wait_until(lambda: api.get("")["state"] == "stopped", 30, message="the run stops")
-    checkpoint_epoch = max(c["epoch"] for c in api.get("/checkpoints")["items"])
+    wait_until(lambda: run_api.get("")["state"] == "stopped", 30, message="the run stops")
+    checkpoint_epoch = max(c["epoch"] for c in run_api.get("/checkpoints")["items"])
 
-    api.admin_post("/resume")
+    run_api.admin_post("/resume")
     third = start_agent(processes, tmp_path, "third", orch, token)
     resumed = wait_until(
-        lambda: alive(third) or ((w := api.worker_of(third)) and w["samples"] > 0 and w),
+        lambda: alive(third) or ((w := run_api.worker_of(third)) and w["samples"] > 0 and w),
         BOOT_S,
         interval_s=1,
         message="a new agent trains after the resume",

@@ -12,6 +12,7 @@ import socket
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
@@ -32,7 +33,7 @@ def upload_response(
 ) -> httpx.Response:
     with orch.client(token, timeout_s=60) as http:
         headers = {CHECKSUM_HEADER: checksum}
-        return http.put(f"/api/v1/workers/{worker_id}/checkpoints/{epoch}", content=data, headers=headers)
+        return http.put(api.checkpoint_upload(worker_id, epoch), content=data, headers=headers)
 
 
 def upload(orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str) -> int:
@@ -71,7 +72,7 @@ def send_truncated(
 @pytest.mark.timeout(180)
 def test_truncated_uploads_store_nothing(served_orch: Orchestrator) -> None:
     with served_orch.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec("truncated", keep_checkpoints=3)).json()["join_token"]
+        join = http.post(api.runs(), json=run_spec("truncated", keep_checkpoints=3)).json()["join_token"]
     worker = register(served_orch, join)
     worker_id, token = worker["worker_id"], worker["worker_token"]
     become_checkpointer(served_orch, worker)
@@ -89,6 +90,6 @@ def test_truncated_uploads_store_nothing(served_orch: Orchestrator) -> None:
     tmp = served_orch.data_dir / "tmp"
     wait_until(lambda: not tmp.exists() or not any(tmp.iterdir()), 20, message="upload temp files removed")
     with served_orch.admin() as http:
-        assert [c["epoch"] for c in http.get("/api/v1/runs/truncated/checkpoints").json()["items"]] == [1]
-        stored = http.get("/api/v1/runs/truncated/checkpoints/1/download")
+        assert [c["epoch"] for c in http.get(api.run_checkpoints("truncated")).json()["items"]] == [1]
+        stored = http.get(api.run_checkpoint("truncated", 1))
     assert stored.content == good and stored.headers[CHECKSUM_HEADER] == sha(good)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import REPO_ROOT, VENV_BIN
@@ -22,12 +23,12 @@ from worker.wire import DeregisterReason
 
 def api_run(orch: Orchestrator, name: str) -> dict:
     with orch.admin() as http:  # the full view, with the spec's args
-        return dict(http.get(f"/api/v1/runs/{name}").json())
+        return dict(http.get(api.run(name)).json())
 
 
 def progress_points(orch: Orchestrator, name: str) -> list[dict]:
     with orch.client() as http:
-        return list(http.get(f"/api/v1/runs/{name}/progress").json()["points"])
+        return list(http.get(api.run_progress(name)).json()["points"])
 
 
 def create(orch: Orchestrator, name: str, **overrides: object) -> str:
@@ -172,7 +173,7 @@ def test_logs_prints_history_and_follow_exits_when_the_run_ends(served_orch: Orc
         with httpx.Client(
             base_url=served_orch.url, headers={"Authorization": f"Bearer {served_orch.admin_token}"}
         ) as http:
-            assert http.post("/api/v1/runs/logged/stop", json={"reason": "end of test"}).status_code == 200
+            assert http.post(api.run_stop("logged"), json={"reason": "end of test"}).status_code == 200
         out, err = follow.communicate(timeout=20)
     finally:
         follow.kill()
@@ -202,7 +203,7 @@ def test_the_compose_sections_create_command_works_as_documented(served_orch: Or
 
 def _post_register(orch: Orchestrator, token: str) -> httpx.Response:
     with orch.client(token) as http:
-        return http.post("/api/v1/workers/register", json={"hostname": "box"})
+        return http.post(api.register(), json={"hostname": "box"})
 
 
 @pytest.mark.timeout(120)
@@ -215,13 +216,13 @@ def test_rotating_the_join_token_voids_the_old_one_and_keeps_live_workers(served
     assert new_join.startswith("ssj_") and new_join != old_join
     assert _post_register(served_orch, old_join).status_code == 401
     with served_orch.client(old_join) as http:
-        assert http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code == 401
+        assert http.get(api.run_latest_checkpoint(name)).status_code == 401
     assert heartbeat(served_orch, worker)["action"] == "continue"  # live workers keep their worker tokens
     register(served_orch, new_join)
     with served_orch.client(worker["worker_token"]) as http:  # only the admin rotates
-        assert http.post(f"/api/v1/runs/{name}/join-token").status_code == 403
+        assert http.post(api.run_join_token(name)).status_code == 403
     with served_orch.admin() as http:
-        rotated = http.post(f"/api/v1/runs/{name}/join-token")
+        rotated = http.post(api.run_join_token(name))
     assert rotated.status_code == 200 and rotated.json()["join_token"] not in (old_join, new_join)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
+from tests.support import api
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.ports import free_port
@@ -120,7 +121,7 @@ def test_validation_errors_say_what_to_write_and_list_every_field(served_orch: O
 @pytest.mark.timeout(30)
 def test_the_api_gives_the_same_words(served_orch: Orchestrator) -> None:
     with served_orch.admin() as http:
-        answer = http.post("/api/v1/runs", json=run_spec("api-words", module="mypkg.model.TinyMLP"))
+        answer = http.post(api.runs(), json=run_spec("api-words", module="mypkg.model.TinyMLP"))
     assert answer.status_code == 422
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "module"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_AUTH, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_USAGE
+from tests.support import api
 from tests.support.checkpoint_files import NotAWeight, checkpoint_bytes
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
@@ -204,7 +205,7 @@ def test_runs_revoke_manual_workers_ends_them_and_their_tokens(served_orch: Orch
     assert revoked.stdout.strip() == f"revoked the workers of run revoked joined by hand: {worker.worker_id}"
     assert worker.beat().action == "stop"
     with served_orch.client(worker.client.token) as http:
-        answer = http.get("/api/v1/runs/revoked/checkpoints/latest/download")
+        answer = http.get(api.run_latest_checkpoint("revoked"))
     assert answer.status_code == 403 and "has ended" in answer.json()["detail"], answer.text
     again = cli(served_orch, "runs", "revoke-manual-workers", "revoked", "--yes", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["revoked"] == []

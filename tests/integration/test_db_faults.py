@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from orchestrator.db.models import Run
 from orchestrator.db.session import Database
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.postgres import PostgresCluster
 from tests.support.processes import ProcessRegistry
@@ -56,16 +57,16 @@ def _admin_writer(orch: Orchestrator, acked: Acked, stop: threading.Event) -> No
                 return
             name = f"crash-{index}"
             try:
-                created = http.post("/api/v1/runs", json=run_spec(name, desired_workers=1))
+                created = http.post(api.runs(), json=run_spec(name, desired_workers=1))
                 if created.status_code != 201:
                     return
                 acked.runs.append(name)
-                scaled = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2})
+                scaled = http.post(api.run_scale(name), json={"desired_workers": 2})
                 if scaled.status_code == 200:
                     acked.desired[name] = 2
                 join = created.json()["join_token"]
                 joined = http.post(
-                    "/api/v1/workers/register",
+                    api.register(),
                     json={"hostname": "w"},
                     headers={"Authorization": f"Bearer {join}"},
                 )
@@ -80,7 +81,7 @@ def _admin_writer(orch: Orchestrator, acked: Acked, stop: threading.Event) -> No
 
 def _start_heartbeats(orch: Orchestrator, reply: dict[str, str], acked: Acked, stop: threading.Event) -> None:
     def beat() -> None:
-        path = f"/api/v1/workers/{reply['worker_id']}/heartbeat"
+        path = api.heartbeat(reply["worker_id"])
         with orch.client(reply["worker_token"], timeout_s=10) as http:
             for samples in range(1, 1_000_000):
                 if stop.is_set():
@@ -152,13 +153,13 @@ def _during_outage(orch: Orchestrator, name: str, worker: dict[str, str]) -> dic
     with orch.admin() as http:
         calls = {
             "readyz": lambda: http.get("/readyz"),
-            "list runs": lambda: http.get("/api/v1/runs"),
-            "get run": lambda: http.get(f"/api/v1/runs/{name}"),
-            "events": lambda: http.get(f"/api/v1/runs/{name}/events"),
-            "create run": lambda: http.post("/api/v1/runs", json=run_spec(f"{name}-during")),
-            "scale": lambda: http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 0}),
+            "list runs": lambda: http.get(api.runs()),
+            "get run": lambda: http.get(api.run(name)),
+            "events": lambda: http.get(api.run_events(name)),
+            "create run": lambda: http.post(api.runs(), json=run_spec(f"{name}-during")),
+            "scale": lambda: http.post(api.run_scale(name), json={"desired_workers": 0}),
             "heartbeat": lambda: http.post(
-                f"/api/v1/workers/{worker['worker_id']}/heartbeat", json={"samples": 500}, headers=auth
+                api.heartbeat(worker["worker_id"]), json={"samples": 500}, headers=auth
             ),
             "metrics": lambda: http.get("/metrics"),
         }
@@ -178,14 +179,14 @@ def test_postgres_restart_gives_503_then_recovers(
     orch = start_orchestrator(processes, tmp_path / "data", url, extra_env=ENV)
     name = "outage"
     with orch.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec(name)).json()["join_token"]
+        join = http.post(api.runs(), json=run_spec(name)).json()["join_token"]
     with orch.client(join) as http:
-        worker = http.post("/api/v1/workers/register", json={"hostname": "w"}).json()
+        worker = http.post(api.register(), json={"hostname": "w"}).json()
 
     own_postgres_cluster.stop_server()
     outage = _during_outage(orch, name, worker)
     with orch.client(join) as http:  # a joining worker is told when to come back, and retries then
-        refused = http.post("/api/v1/workers/register", json={"hostname": "w2"})
+        refused = http.post(api.register(), json={"hostname": "w2"})
     assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, refused.headers
     assert outage.pop("heartbeat") == 200, "heartbeats are answered from memory while the database is away"
     assert outage.pop("metrics") == 200  # per-run values are left out while the database is away
@@ -194,11 +195,11 @@ def test_postgres_restart_gives_503_then_recovers(
 
     wait_until(lambda: httpx.get(f"{orch.url}/readyz", timeout=10).status_code == 200, 60, message="ready")
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec(f"{name}-after")).status_code == 201
-        assert http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2}).status_code == 200
+        assert http.post(api.runs(), json=run_spec(f"{name}-after")).status_code == 201
+        assert http.post(api.run_scale(name), json={"desired_workers": 2}).status_code == 200
 
         def heartbeat_written() -> bool:
-            workers = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+            workers = http.get(api.run_workers(name)).json()["items"]
             return bool(workers[0]["samples"] == 500)
 
         wait_until(heartbeat_written, 30, message="the heartbeat buffered during the outage is written")

@@ -11,6 +11,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from tests.support import api
 from tests.support.dht_reads import read_latest
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
@@ -51,7 +52,7 @@ def test_plain_peers_store_and_read_a_key_through_the_orchestrator(served_orch: 
 @pytest.mark.timeout(180)
 def test_run_shows_swarm_progress_published_by_progress_trackers(served_orch: Orchestrator) -> None:
     with served_orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("dht-progress", target_batch_size=100)).json()
+        created = http.post(api.runs(), json=run_spec("dht-progress", target_batch_size=100)).json()
     swarm_id = created["swarm_id"]
     assert created["swarm"] is None
     peers = served_orch.peers()
@@ -66,7 +67,7 @@ def test_run_shows_swarm_progress_published_by_progress_trackers(served_orch: Or
 
         def swarm() -> dict[str, Any]:
             with served_orch.client() as http:
-                progress = http.get("/api/v1/runs/dht-progress").json()["swarm"]
+                progress = http.get(api.run("dht-progress")).json()["swarm"]
             return dict(progress) if progress and progress["num_peers"] == 2 else {}
 
         progress = wait_until(swarm, 60, interval_s=0.5)

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support import api
 from tests.support.aws import REGION, FakeAws
 from tests.support.ec2_capacity import CapacityProxy
 from tests.support.orchestrator import Orchestrator, start_orchestrator
@@ -185,7 +186,7 @@ def create_ec2_run(ec2: Ec2Orchestrator, name: str, desired: int, **options: Any
     """An ec2 run of ``desired`` workers; ``options`` are its launcher_options (none: the defaults)."""
     spec = run_spec(name, launcher="ec2", launcher_options=options, desired_workers=desired)
     with ec2.orch.admin() as http:
-        response = http.post("/api/v1/runs", json=spec)
+        response = http.post(api.runs(), json=spec)
     assert response.status_code == 201, response.text
 
 
@@ -366,7 +367,7 @@ def test_a_four_gpu_instance_runs_four_workers_and_ends_when_none_of_them_is_lef
     options = {"instance_types": ["g5.12xlarge"]}
     spec = run_spec("spot-4gpu", launcher="ec2", launcher_options=options, desired_workers=4, max_workers=8)
     with ec2.orch.admin() as http:
-        assert http.post("/api/v1/runs", json=spec).status_code == 201
+        assert http.post(api.runs(), json=spec).status_code == 201
     [machine] = launched(ec2, "spot-4gpu", 1)
     peers = workers(ec2, "spot-4gpu")
     assert len(peers) == 4 and {w["launcher_handle"] for w in peers} == {machine["InstanceId"]}

@@ -20,6 +20,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from orchestrator.swarm.dht import progress_key
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import cli
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
@@ -72,19 +73,19 @@ def progress_peer(served_orch: Orchestrator) -> Iterator[ProgressPeer]:
 def create(orch: Orchestrator, **overrides: Any) -> dict[str, Any]:
     spec = run_spec(f"fp-{next(_names)}", desired_workers=0, min_workers=0, max_workers=8, **overrides)
     with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=spec)
+        response = http.post(api.runs(), json=spec)
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
 def get_run(orch: Orchestrator, name: str) -> dict[str, Any]:
     with orch.client() as http:
-        return dict(http.get(f"/api/v1/runs/{name}").json())
+        return dict(http.get(api.run(name)).json())
 
 
 def leave(orch: Orchestrator, worker: dict[str, Any], reason: str = "completed") -> None:
     with orch.client(worker["worker_token"]) as http:
-        answer = http.post(f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": reason})
+        answer = http.post(api.deregister(worker["worker_id"]), json={"reason": reason})
     assert answer.status_code == 204, answer.text
 
 
@@ -174,7 +175,7 @@ def test_the_dht_epoch_completes_the_run_and_a_completed_run_resumes_with_a_high
     final = checkpoint_bytes(b"state at epoch 16")
     headers = {CHECKSUM_HEADER: hashlib.sha256(final).hexdigest()}
     with served_orch.client(worker["worker_token"]) as http:
-        path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/16"
+        path = api.checkpoint_upload(worker["worker_id"], 16)
         assert http.put(path, content=final, headers=headers).status_code == 201
     progress_peer.publish(run["swarm_id"], 16)  # 1024 samples
     wait_until(lambda: heartbeat(served_orch, worker, swarm_epoch=16)["action"] == "stop", 15, message="stop")
@@ -211,7 +212,7 @@ def test_an_epoch_published_just_before_the_last_worker_leaves_completes_the_run
     peer = ProgressPeer(orch)
     try:
         with orch.admin() as http:
-            assert http.post(f"/api/v1/runs/{run['name']}/stop").json()["state"] == "stopping"
+            assert http.post(api.run_stop(run["name"])).json()["state"] == "stopping"
         peer.publish(run["swarm_id"], 3)
         heartbeat(orch, worker, swarm_epoch=3)  # answered from memory, written at the next flush
         leave(orch, worker)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.cli import cli
 from tests.support.operability import admin_get, create, join, local_worker_with_log
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
@@ -33,7 +34,7 @@ def test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_end
 ) -> None:
     name, _ = create(served_orch)
     worker, log = local_worker_with_log(served_orch, name, "".join(f"old {i}\n" for i in range(100)))
-    path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
+    path = api.run_worker_log(name, worker.worker_id)
     since = admin_get(served_orch, path, from_offset=log.stat().st_size - 14, tail_bytes=100)
     assert since["text"] == "old 98\nold 99\n" and since["next_offset"] == log.stat().st_size
     partial = admin_get(
@@ -88,7 +89,7 @@ def test_every_run_event_is_a_json_log_line_with_the_same_fields(served_orch: Or
     name, join_token = create(served_orch)
     worker = join(served_orch, join_token)
     worker.leave(DeregisterReason.error, "out of memory")
-    events = admin_get(served_orch, f"/api/v1/runs/{name}/events")["items"]
+    events = admin_get(served_orch, api.run_events(name))["items"]
     assert {"run.created", "worker.joined", "worker.state"} <= {e["kind"] for e in events}
 
     def log_lines() -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.models import TinyModule
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
@@ -37,13 +38,13 @@ def lightning_checkpoint(module: torch.nn.Module, path: Path) -> bytes:
 def upload(orch: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes) -> None:
     with orch.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}"
+        path = api.checkpoint_upload(worker["worker_id"], epoch)
         assert http.put(path, content=data, headers=headers).status_code == 201
 
 
 def unloadable_events(orch: Orchestrator, name: str) -> list[str]:
     with orch.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        events = http.get(api.run_events(name)).json()["items"]
     return [e["message"] for e in events if e["kind"] == "checkpoint.unloadable"]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli.packaging import pack
+from tests.support import api
 from tests.support.archives import path_max_escape
 from tests.support.aws import FakeAws
 from tests.support.cli import cli
@@ -103,16 +104,16 @@ def test_a_package_uploads_once_and_only_the_runs_workers_download_it(
 ) -> None:
     data, sha = packed(project, tmp_path)
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
-        first = http.put(f"/api/v1/packages/{sha}", content=data)
-        again = http.put(f"/api/v1/packages/{sha}", content=data)
+        assert http.get(api.package(sha)).status_code == 404
+        first = http.put(api.package(sha), content=data)
+        again = http.put(api.package(sha), content=data)
         assert (first.status_code, again.status_code) == (201, 200), first.text
         assert first.json() == again.json() == {"sha256": sha, "size_bytes": len(data)}
-        created = http.post("/api/v1/runs", json=spec(workdir=sha))
-        other = http.post("/api/v1/runs", json=spec(workdir=sha))
+        created = http.post(api.runs(), json=spec(workdir=sha))
+        other = http.post(api.runs(), json=spec(workdir=sha))
     assert created.status_code == 201, created.text
     name, join = created.json()["name"], created.json()["join_token"]
-    path = f"/api/v1/runs/{name}/package"
+    path = api.run_package(name)
     with store_orch.client(join) as http:
         download = http.get(path)
     assert download.content == data and download.headers["x-checksum-sha256"] == sha
@@ -120,17 +121,17 @@ def test_a_package_uploads_once_and_only_the_runs_workers_download_it(
         assert http.get(path).status_code == 403
     with store_orch.client() as http:
         assert http.get(path).status_code == 401
-        public = http.get(f"/api/v1/runs/{name}").json()["spec"]
+        public = http.get(api.run(name)).json()["spec"]
     assert public["workdir"] == sha
     on_disk = (store_orch.data_dir / "checkpoints" / "packages" / f"{sha}.tar.gz").exists()
     assert on_disk == (request.node.callspec.params["store_orch"] == "local")
     # Deleted with the last run that names it.
     with store_orch.admin() as http:
         for run in (name, other.json()["name"]):
-            assert http.get(f"/api/v1/packages/{sha}").status_code == 200
-            http.post(f"/api/v1/runs/{run}/stop").raise_for_status()
-            assert http.delete(f"/api/v1/runs/{run}").status_code == 204
-        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
+            assert http.get(api.package(sha)).status_code == 200
+            http.post(api.run_stop(run)).raise_for_status()
+            assert http.delete(api.run(run)).status_code == 204
+        assert http.get(api.package(sha)).status_code == 404
 
 
 @pytest.mark.timeout(120)
@@ -144,13 +145,13 @@ def test_uploads_that_are_not_what_they_claim_are_refused(store_orch: Orchestrat
     evil_sha = hashlib.sha256(evil.getvalue()).hexdigest()
     big = b"x" * (300 << 10)
     with store_orch.admin() as http:
-        mismatch = http.put(f"/api/v1/packages/{'0' * 64}", content=b"some bytes")
-        unsafe = http.put(f"/api/v1/packages/{evil_sha}", content=evil.getvalue())
-        too_big = http.put(f"/api/v1/packages/{hashlib.sha256(big).hexdigest()}", content=big)
-        missing = http.post("/api/v1/runs", json=spec(workdir="f" * 64))
-        escaping = http.put(f"/api/v1/packages/{hashlib.sha256(escape).hexdigest()}", content=escape)
+        mismatch = http.put(api.package("0" * 64), content=b"some bytes")
+        unsafe = http.put(api.package(evil_sha), content=evil.getvalue())
+        too_big = http.put(api.package(hashlib.sha256(big).hexdigest()), content=big)
+        missing = http.post(api.runs(), json=spec(workdir="f" * 64))
+        escaping = http.put(api.package(hashlib.sha256(escape).hexdigest()), content=escape)
     with store_orch.client() as http:
-        anonymous = http.put(f"/api/v1/packages/{evil_sha}", content=evil.getvalue())
+        anonymous = http.put(api.package(evil_sha), content=evil.getvalue())
     assert mismatch.status_code == 400 and "sha256" in mismatch.text
     assert unsafe.status_code == 422 and "../outside.py" in unsafe.text
     assert too_big.status_code == 413
@@ -168,8 +169,8 @@ def test_create_refuses_arguments_the_constructor_does_not_take(store_orch: Orch
         datamodule_args={"size": 8, "shuffle": True},
     )
     with store_orch.admin() as http:
-        module = http.post("/api/v1/runs", json=bad_module)
-        data = http.post("/api/v1/runs", json=bad_data)
+        module = http.post(api.runs(), json=bad_module)
+        data = http.post(api.runs(), json=bad_data)
     assert module.status_code == 422, module.text
     assert module.json()["detail"] == "module_args: TinyModule takes no argument 'hiden' (it takes: hidden)"
     assert data.status_code == 422 and "datamodule_args" in data.text and "'shuffle'" in data.text
@@ -198,7 +199,7 @@ def test_spec_errors_a_worker_would_meet_are_refused_at_create_in_one_line_namin
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and expected in errors[0], result.output
         with store_orch.client() as http:
-            assert http.get(f"/api/v1/runs/{name}").status_code == 404, "a refused create leaves no run"
+            assert http.get(api.run(name)).status_code == 404, "a refused create leaves no run"
     assert "--requirement 'wandb>=0.12.10'" in errors[0] and "pip install" not in result.output
     fine = cli(
         store_orch,
@@ -251,7 +252,7 @@ def test_a_module_the_server_cannot_import_suggests_shipping_it_with_workdir(
 @pytest.mark.timeout(120)
 def test_launcher_options_are_checked_when_the_run_is_created(store_orch: Orchestrator) -> None:
     with store_orch.admin() as http:
-        answer = http.post("/api/v1/runs", json=spec(
+        answer = http.post(api.runs(), json=spec(
             module="tests.support.models:TinyModule",
             datamodule="tests.support.models:TinyDataModule",
             launcher_options={"workdir": "/tmp/x"},
@@ -280,7 +281,7 @@ def test_secret_values_never_come_back_and_a_round_trip_must_give_them_again(
     assert "env          DATA_URL, API_KEY (secret)" in table.output, table.output
     assert "value-never-shown" not in created.output + shown.output
     with store_orch.client() as http:
-        public = http.get(f"/api/v1/runs/{name}").json()["spec"]
+        public = http.get(api.run(name)).json()["spec"]
     assert (public["env"], public["secret_env"]) == ({}, {})
     (tmp_path / "spec.json").write_text(json.dumps(json.loads(shown.output)["run"]["spec"]))
     copy = cli(store_orch, "runs", "create", "-f", str(tmp_path / "spec.json"), "--name", f"{name}-copy")
@@ -335,7 +336,7 @@ def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
     assert "worker/registration.json" in dry.output and "worker/swarm/7/token.json" in dry.output
     assert "nothing was uploaded or created" in dry.output
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/runs/{name}").status_code == 404
+        assert http.get(api.run(name)).status_code == 404
 
     created = cli(store_orch, *args)
     assert created.exit_code == 0, created.output
@@ -345,7 +346,7 @@ def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
     )
     assert "left out 6 (--include-secrets packs them)" in created.output
     with store_orch.admin() as http:
-        shipped = http.get(f"/api/v1/runs/{name}/package")
+        shipped = http.get(api.run_package(name))
     with tarfile.open(fileobj=io.BytesIO(shipped.content), mode="r:gz") as archive:
         assert archive.getnames() == ["byopkg/__init__.py", "byopkg/model.py", "tokenizer.json"]
 
@@ -372,7 +373,7 @@ def test_a_spec_missing_fields_is_refused_before_anything_is_packed_or_uploaded(
         "packed or uploaded)"
     )
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
+        assert http.get(api.package(sha)).status_code == 404
 
 
 @pytest.mark.timeout(300)
@@ -392,7 +393,7 @@ def test_the_workdirs_requirements_txt_is_used_by_default_and_a_missing_dependen
     assert created.exit_code == 0, created.output
     assert "requirements: the workdir's requirements.txt, installed on every worker" in created.output
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/runs/{name}").json()["spec"]["requirements"] == ["-r requirements.txt"]
+        assert http.get(api.run(name)).json()["spec"]["requirements"] == ["-r requirements.txt"]
 
     without = cli(store_orch, *args, "--name", f"code-{next(_names)}", "--no-requirements-txt")
     assert without.exit_code == 1
@@ -414,7 +415,7 @@ def test_a_refused_create_leaves_no_package_stored_unless_a_run_names_it(
     assert refused.exit_code == 1 and "takes no argument 'hiden'" in refused.output
     assert f"package {sha[:12]}" in refused.output and "uploaded" in refused.output
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/packages/{sha}").status_code == 404
+        assert http.get(api.package(sha)).status_code == 404
 
     assert cli(store_orch, *args, "--name", name).exit_code == 0
     taken = cli(
@@ -422,4 +423,4 @@ def test_a_refused_create_leaves_no_package_stored_unless_a_run_names_it(
     )  # the same package, refused: the run that names it keeps it
     assert taken.exit_code == 6 and "exists already" in taken.output and "already stored" in taken.output
     with store_orch.admin() as http:
-        assert http.get(f"/api/v1/packages/{sha}").status_code == 200
+        assert http.get(api.package(sha)).status_code == 200

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.processes import descendants
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry, command_line
@@ -96,14 +97,14 @@ def _mode(path: Path) -> int:
 
 def test_the_data_dir_and_its_files_are_private(served_orch: Orchestrator) -> None:
     with served_orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("private-files"))
+        created = http.post(api.runs(), json=run_spec("private-files"))
         assert created.status_code == 201, created.text
     worker = register(served_orch, created.json()["join_token"])
     blob = checkpoint_bytes(b"weights" * 100)
     become_checkpointer(served_orch, worker)  # only the run's checkpointer uploads
     with served_orch.client(worker["worker_token"]) as http:
         uploaded = http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/3",
+            api.checkpoint_upload(worker["worker_id"], 3),
             content=blob,
             headers={CHECKSUM_HEADER: hashlib.sha256(blob).hexdigest()},
         )
@@ -124,11 +125,11 @@ def test_a_request_naming_a_host_the_server_is_not_served_as_gets_400(served_orc
     """DNS rebinding: a page on a name made to resolve to 127.0.0.1 sends that name as Host."""
     port = served_orch.port
     with served_orch.client() as http:
-        refused = http.get("/api/v1/runs", headers={"Host": f"rebind.attacker.example:{port}"})
+        refused = http.get(api.runs(), headers={"Host": f"rebind.attacker.example:{port}"})
         assert refused.status_code == 400 and "Host" in refused.text, refused.text
         assert http.get("/healthz", headers={"Host": "rebind.attacker.example"}).status_code == 400
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost.", f"[::1]:{port}", "10.0.3.7"):
-            assert http.get("/api/v1/runs", headers={"Host": host}).status_code == 200, host
+            assert http.get(api.runs(), headers={"Host": host}).status_code == 200, host
 
 
 def _closed_by_server(sock: socket.socket) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator
 from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.specs import run_spec
@@ -41,14 +42,12 @@ ORCHESTRATOR_ENV = {
 def create_run(orch: Orchestrator, name: str, **options: Any) -> dict[str, Any]:
     spec = run_spec(name, strategy_options=options)
     with orch.admin() as http:
-        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())
+        return dict(http.post(api.runs(), json=spec, timeout=120).raise_for_status().json())
 
 
 def register(orch: Orchestrator, join_token: str) -> dict[str, Any]:
     with orch.client(join_token) as http:
-        return dict(
-            http.post("/api/v1/workers/register", json={"hostname": "peer"}).raise_for_status().json()
-        )
+        return dict(http.post(api.register(), json={"hostname": "peer"}).raise_for_status().json())
 
 
 def start_peers(processes: ProcessRegistry, tmp: Path, count: int) -> list[tuple[ManagedProcess, Path]]:

@@ -5,6 +5,8 @@
   ``spotswarm-worker``, the test programs), seconds of CPU less per start.
 - ``waiting.py``: ``wait_until`` (a condition with a deadline), ``wait_for_file``, ``BOOT_S``.
 - ``ports.py``: free TCP ports.
+- ``api.py``: the JSON API's paths, one function a route (``api.run(name)``), filled in from
+  ``ApiPath``: tests name the endpoint instead of writing ``/api/v1/...``.
 - ``sockets.py``: connections that hold a server's sockets with unfinished requests (one client's flood).
 - ``orchestrator.py``: ``spotswarm serve`` as a subprocess, ``ApiServer`` (what both kinds of
   orchestrator offer a test: API clients, the database), and the settings presets every test starts

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.demo import demo_spec
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.waiting import BOOT_S, wait_until
@@ -36,7 +37,7 @@ def start_training_agent(
     # the hand-started agent stands in for a launched worker: it checkpoints the run
     spec = {**demo_spec(workers=1), "name": run_name, "hand_joined_checkpoint": True}
     with orch.admin() as http:
-        token = http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json()["join_token"]
+        token = http.post(api.runs(), json=spec, timeout=120).raise_for_status().json()["join_token"]
     env = {
         "SPOTSWARM_URL": orch.url,
         "SPOTSWARM_JOIN_TOKEN": token,
@@ -51,7 +52,7 @@ def start_training_agent(
         if not agent.alive():
             pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
         with orch.client() as http:
-            workers = http.get(f"/api/v1/runs/{run_name}/workers").raise_for_status().json()["items"]
+            workers = http.get(api.run_workers(run_name)).raise_for_status().json()["items"]
         return bool(workers) and workers[0]["state"] == "running" and workers[0]["samples"] > 0
 
     wait_until(trains, BOOT_S, interval_s=1, message="the agent trains")
