@@ -132,7 +132,7 @@ def test_a_heartbeat_with_huge_counters_is_refused_and_cannot_block_other_writes
 
     def stored() -> bool:
         with api_app.admin() as http:
-            workers = http.get(f"/api/v1/runs/{name}-2/workers").json()["items"]
+            workers = http.get(api.run_workers(f"{name}-2")).json()["items"]
         return bool(workers) and workers[0]["samples"] == 77
 
     wait_until(stored, 15, message="the good worker's heartbeat is written")

@@ -84,5 +84,5 @@ def test_a_burst_of_joins_all_register_with_their_own_slots(
     assert sorted(answers.refused_for_good) == [401] * 5 + [409] * EXTRA  # the full run, the unknown token
     assert sorted(answers.workers.values()) == list(range(BURST))  # no slot twice, none skipped
     with orch.admin() as http:
-        listed = http.get(f"/api/v1/runs/burst-{backend}/workers", params={"limit": 1000}).json()["items"]
+        listed = http.get(api.run_workers(f"burst-{backend}"), params={"limit": 1000}).json()["items"]
     assert len(listed) == BURST and {w["state"] for w in listed} == {"running"}
