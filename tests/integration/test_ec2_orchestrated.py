@@ -12,7 +12,6 @@ request id read back from the instance's user data, as the agent on that instanc
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -23,10 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from tests.support import api
-from tests.support.aws import REGION, FakeAws
+from tests.support.aws import REGION, WORKER_TEMPLATE, FakeAws, worker_env_of, worker_network
 from tests.support.ec2_capacity import CapacityProxy
 from tests.support.orchestrator import Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
@@ -35,7 +33,7 @@ from tests.support.terraform import evaluate, module_workspace
 from tests.support.waiting import wait_until
 
 ORCH_ID = "orch-e2e"
-TEMPLATE = "spotswarm-worker"
+TEMPLATE = WORKER_TEMPLATE
 TYPES = ["g4dn.xlarge", "g5.xlarge"]
 DEFAULT_MAX_PRICE = "1.25"
 PUBLIC_URL = "http://10.0.0.5:8000"  # what workers would use to reach the API (never dialled here)
@@ -47,17 +45,7 @@ class Cloud:
 
     def __init__(self, fake: FakeAws) -> None:
         self.ec2 = fake.client("ec2")
-        vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        self.subnets = [
-            self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=f"us-east-1{z}")[
-                "Subnet"
-            ]["SubnetId"]
-            for i, z in ((1, "a"), (2, "b"))
-        ]
-        self.ec2.create_launch_template(
-            LaunchTemplateName=TEMPLATE,
-            LaunchTemplateData={"ImageId": "ami-12345678", "InstanceType": TYPES[0]},
-        )
+        self.subnets = list(worker_network(self.ec2, TYPES[0]))
 
     def instances(self, run: str, *, alive: bool = True) -> list[dict[str, Any]]:
         """This orchestrator's instances of ``run`` (pending/running only unless ``alive`` is False)."""
@@ -76,11 +64,7 @@ class Cloud:
 
     def worker_env(self, instance_id: str) -> dict[str, str]:
         """The worker's environment file, decoded from the instance's cloud-init user data."""
-        attr = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-        cloud_config = yaml.safe_load(base64.b64decode(attr["UserData"]["Value"]))
-        env_file = next(f for f in cloud_config["write_files"] if f["path"] == "/etc/spotswarm/worker.env")
-        lines = base64.b64decode(env_file["content"]).decode().splitlines()
-        return dict(line.split("=", 1) for line in lines)
+        return worker_env_of(self.ec2, instance_id)
 
 
 def tags(raw: dict[str, Any]) -> dict[str, str]:
@@ -266,7 +250,7 @@ def register_as_agent(ec2: Ec2Orchestrator, instance_id: str) -> dict[str, Any]:
         "launcher_handle": instance_id,
     }
     response = httpx.post(
-        f"{ec2.orch.url}/api/v1/workers/register",
+        ec2.orch.url + api.register(),
         json=body,
         headers={"Authorization": f"Bearer {env['SPOTSWARM_JOIN_TOKEN']}"},
         timeout=30,
