@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.agent.config import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
@@ -34,15 +35,8 @@ def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:
 def start_agent(
     processes: ProcessRegistry, tmp_path: Path, name: str, url: str, token: str, **env: str
 ) -> Any:
-    agent_env = {
-        "SPOTSWARM_URL": url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
-        "SPOTSWARM_METADATA_URL": "off",
-        **env,
-    }
     # exec'd, not preloaded: these agents end before they import Lightning, torch and hivemind
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env)
+    return start_hand_agent(processes, name, url, token, tmp_path / name, env, preloaded=False)
 
 
 def wait_exit(proc: Any, timeout_s: float) -> int:

@@ -15,39 +15,22 @@ from typing import Any
 import pytest
 
 from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
-from tests.support.runs import ROUNDS, RunReader
+from tests.support.processes import ManagedProcess, ProcessRegistry
+from tests.support.runs import RunReader, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
 RUN = "agents"
-SPEC: dict[str, Any] = {
-    "name": RUN,
-    "module": "worker.examples.digits:DigitsModule",
-    "module_args": {"hidden": 32, "lr": 0.05},
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
-    "strategy_options": dict(ROUNDS),  # the default mode, rounds short enough for a test
-    "min_workers": 0,
-    "desired_workers": 2,
-    "max_workers": 4,
-    "checkpoint_every_epochs": 2,
-    "hand_joined_checkpoint": True,  # the agents, started by hand, checkpoint the run
-}
+# the default mode, rounds short enough for a test; the agents, started by hand, checkpoint the run
+SPEC = digits_run(RUN, target_batch_size=64, batch_size=16)
 
 
 def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orchestrator, token: str) -> Any:
-    env = {
-        "SPOTSWARM_URL": orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
-        "SPOTSWARM_STOP_GRACE_S": "20",
-    }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
+    return start_hand_agent(
+        processes, name, orch.url, token, tmp_path / name, {"SPOTSWARM_STOP_GRACE_S": "20"}
+    )
 
 
 class Api(RunReader):

@@ -21,11 +21,12 @@ import torch
 from lightning.pytorch import Trainer
 
 from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.cli import cli
 from tests.support.failover_proxy import FailoverProxy
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.runs import digits_run
 from tests.support.waiting import BOOT_S, wait_until
 from worker.agent.state import CHECKPOINTER_TAKEN
@@ -67,15 +68,10 @@ def start_run(
         proxy.backends = [orch.port]
     with orch.admin() as http:
         token = http.post(api.runs(), json=SPEC, timeout=120).raise_for_status().json()["join_token"]
-    env = {
-        "SPOTSWARM_URL": proxy.url if proxy else orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / "agent"),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
-        "SPOTSWARM_STOP_GRACE_S": str(STOP_GRACE_S),
-    }
-    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
+    url = proxy.url if proxy else orch.url
+    agent = start_hand_agent(
+        processes, "agent", url, token, tmp_path / "agent", {"SPOTSWARM_STOP_GRACE_S": str(STOP_GRACE_S)}
+    )
     run_api = Api(orch)
 
     def checkpointer_past_epoch_2() -> bool:

@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import HAND_ONLY, NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.runs import GRADIENTS, digits_run
 from tests.support.specs import post_run, run_spec
 from tests.support.waiting import BOOT_S, wait_until
 from tests.support.workers import register
@@ -33,22 +35,16 @@ from worker.admission.tokens import (
 pytestmark = [pytest.mark.swarm]
 INTRUDERS = ("none", "forged", "expired", "other_run")
 TOKEN_TTL_S = 60  # long enough for a killed agent to restart on its cached token, short enough to renew
-DIGITS = {
-    "module": "worker.examples.digits:DigitsModule",
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
+DIGITS = digits_run(
+    "adm-swarm",
+    module_args={},  # the example's own defaults
+    target_batch_size=64,
+    batch_size=16,
     # gradient averaging, as the hand-started HivemindStrategy's own default (it takes no run options)
-    "strategy_options": {
-        "sync": "gradients",
-        "matchmaking_time": 1.0,
-        "averaging_timeout": 10.0,
-    },
-    "min_workers": 0,
-    "desired_workers": 2,
-    "max_workers": 4,
-    "checkpoint_every_epochs": 1000,
-}
+    strategy_options=dict(GRADIENTS),
+    checkpoint_every_epochs=1000,
+    hand_joined_checkpoint=False,
+)
 
 
 # no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life) while
@@ -66,18 +62,13 @@ def start_agent(
     extra_env: dict[str, str] | None = None,
 ) -> Any:
     env = {
-        "SPOTSWARM_URL": orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / (worker_dir or name)),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": "20",
         # the peer list cached every few seconds, not every minute: the restart below waits for one that
         # holds the other agent's address
         "SPOTSWARM_PEERS_REFRESH_S": "3",
         **(extra_env or {}),
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
+    return start_hand_agent(processes, name, orch.url, token, tmp_path / (worker_dir or name), env)
 
 
 def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
@@ -89,7 +80,7 @@ def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
 def test_only_admitted_peers_join_the_runs_swarm(
     served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    run = post_run(served_orch, {"name": "adm-swarm", **DIGITS})
+    run = post_run(served_orch, DIGITS)
     other_run = post_run(served_orch, run_spec("adm-other"))
     open_run = post_run(served_orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
     agents = [
