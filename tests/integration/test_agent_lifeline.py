@@ -40,7 +40,7 @@ def test_agent_killed_takes_its_dht_and_p2pd_with_it(
     served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, target: str
 ) -> None:
     _, agent = start_training_agent(
-        processes, tmp_path, f"lifeline-{target}", served_orch=served_orch, preloaded=False
+        processes, tmp_path, f"lifeline-{target}", orch=served_orch, preloaded=False
     )
     family = process_family(agent.pid)
     names = " ".join(alive_of(family).values())
@@ -64,7 +64,7 @@ def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
     served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     _, agent = start_training_agent(
-        processes, tmp_path, "group-sigterm", served_orch=served_orch, preloaded=False
+        processes, tmp_path, "group-sigterm", orch=served_orch, preloaded=False
     )
     reader = RunReader(served_orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
