@@ -455,7 +455,7 @@ def test_without_capacity_launches_back_off_the_run_waits_and_launches_when_capa
 
     [raw] = launched(ec2, "spot-dry", 1)  # capacity is back: the next try launches, no resume needed
     assert raw["InstanceLifecycle"] == "spot"
-    assert read(ec2, "/runs/spot-dry")["state"] in ("pending", "running")
+    assert read(ec2, "/runs/spot-dry")["state"] == "pending"  # no agent boots on moto: none registers
     stop_run(ec2, "spot-dry")
 
 
