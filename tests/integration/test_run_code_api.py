@@ -296,10 +296,10 @@ def secrets_beside(project: Path, above: Path) -> Path:
     as ``--workdir`` one directory too high finds them."""
     shutil.copytree(project / "byopkg", above / "byopkg")
     files = {
-        "store_orch/data/admin_token": "ssa_admin",
-        "store_orch/data/swarm_authority.pem": "-----BEGIN PRIVATE KEY-----",
-        "store_orch/data/spotswarm.db": "SQLite format 3",
-        "store_orch/data/checkpoints/packages/old.tar.gz": "x",
+        "orch/data/admin_token": "ssa_admin",
+        "orch/data/swarm_authority.pem": "-----BEGIN PRIVATE KEY-----",
+        "orch/data/spotswarm.db": "SQLite format 3",
+        "orch/data/checkpoints/packages/old.tar.gz": "x",
         "worker/registration.json": '{"secret_env": {"API_KEY": "sk-1"}}',
         "worker/swarm/7/identity.key": "k",
         "worker/swarm/7/token.json": "{}",
@@ -331,7 +331,7 @@ def test_a_workdir_one_directory_too_high_leaves_secrets_out_and_says_so(
     assert dry.exit_code == 0, dry.output
     listed = [line.split()[0] for line in dry.output.splitlines() if line.startswith("  ")]
     assert listed == ["byopkg/__init__.py", "byopkg/model.py", "tokenizer.json"], dry.output
-    assert "store_orch/data/: an orchestrator's data dir (it holds admin_token)" in dry.output
+    assert "orch/data/: an orchestrator's data dir (it holds admin_token)" in dry.output
     assert ".env: looks like a secret" in dry.output and "deploy/id_rsa" in dry.output
     assert "worker/registration.json" in dry.output and "worker/swarm/7/token.json" in dry.output
     assert "nothing was uploaded or created" in dry.output

@@ -46,7 +46,7 @@ class Api:
 
     def get(self, path: str = "") -> Any:
         with self.orch.admin() as http:
-            response = http.get(f"/run_api/v1/runs/{RUN}{path}", timeout=15)
+            response = http.get(api.run(RUN) + path, timeout=15)
             response.raise_for_status()
             return response.json()
 
