@@ -63,9 +63,7 @@ LEFT_WITHIN_S = 10.0
 def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
     served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    _, agent = start_training_agent(
-        processes, tmp_path, "group-sigterm", orch=served_orch, preloaded=False
-    )
+    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=served_orch, preloaded=False)
     reader = RunReader(served_orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
     wait_until(lambda: reader.epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")
