@@ -1,5 +1,6 @@
 """Shared fixtures: processes that are always killed, a throwaway PostgreSQL, the orchestrators tests
-start (one factory, one module-scoped ``orch`` whose settings a module names), and no silent skips."""
+start (one factory, and ``served_orch``: one `spotswarm serve` subprocess per module, with the settings
+the module names), and no silent skips."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from orchestrator.db.session import Database
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory, start_orchestrator
-from tests.support.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster, running_postgres
 from tests.support.processes import ProcessRegistry
 
 # Plugins of tests/support modules, for every test: the moto server standing in for AWS, the two lanes
@@ -46,12 +47,16 @@ def processes(tmp_path: Path) -> Iterator[ProcessRegistry]:
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """One PostgreSQL 15 server for the whole test run, started here and stopped at the end."""
-    cluster = PostgresCluster()
-    cluster.start()
-    try:
+    with running_postgres() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
+
+
+@pytest.fixture
+def own_postgres_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL server of this test's own, for a test that stops and starts it under what uses it
+    (stopping the shared one would cut other tests off); stopped when the test ends."""
+    with running_postgres() as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -87,7 +92,7 @@ def orchestrator_factory(
 
 
 @pytest.fixture(scope="module")
-def orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFactory) -> Orchestrator:
+def served_orch(request: pytest.FixtureRequest, orchestrator_factory: OrchestratorFactory) -> Orchestrator:
     """One `spotswarm serve` shared by the tests of a module, with the module's ``ORCHESTRATOR_ENV``
     (default :data:`~tests.support.orchestrator.HAND_ONLY`: workers joined by hand, no import probe)."""
     return orchestrator_factory(getattr(request.module, "ORCHESTRATOR_ENV", HAND_ONLY))

@@ -139,7 +139,7 @@ def keep_averager_tasks_alive() -> None:
     Call this before hivemind starts (forks) its averagers: the averager processes inherit the change.
 
     Upstream issue: none found for this cause (learning-at-home/hivemind#519 reports the same "could
-    not find a group" message, undiagnosed). Test: ``tests/unit/test_swarm_keepalive.py``.
+    not find a group" message, undiagnosed). Test: ``tests/integration/test_swarm_keepalive.py``.
     """
     original: Callable[..., asyncio.AbstractEventLoop] = averager_module.switch_to_uvloop
     if getattr(original, _MARK, False):
@@ -177,7 +177,7 @@ def cancel_rounds_before_signalling() -> None:
     The fix writes the state first: by the time the averager is woken, ``cancelled()`` is true, and it
     leaves matchmaking as hivemind means it to. Call this before hivemind forks its averagers.
 
-    Upstream issue: none found. Test: ``tests/unit/test_cancelled_rounds.py`` (the race made certain
+    Upstream issue: none found. Test: ``tests/integration/test_cancelled_rounds.py`` (the race made certain
     with a delayed state write; without the fix a cancelled round averages with a groupmate).
     """
     cancel = StepControl.cancel
@@ -219,7 +219,7 @@ def own_mpfuture_locks() -> None:
     fresh locks for futures, this the executor's, which the peer's DHT and averagers (forked from it)
     then share with it and no one else.
 
-    Upstream issue: none found. Tests: ``tests/unit/test_forked_peer_locks.py``,
+    Upstream issue: none found. Tests: ``tests/integration/test_forked_peer_locks.py``,
     ``tests/integration/test_local_preload.py``.
     """
     MPFuture.reset_backend()
@@ -252,7 +252,7 @@ def bound_matchmaking_dht_calls() -> None:
     one of them seconds later: the swarm stalls the benchmarks and the training tests met).
 
     Upstream issue: none found (learning-at-home/hivemind#519 reports the same "could not find a group"
-    message, undiagnosed). Tests: ``tests/unit/test_hivemind_fixes.py``.
+    message, undiagnosed). Tests: ``tests/integration/test_hivemind_fixes.py``.
     """
     if getattr(GroupKeyManager.declare_averager, _MARK, False):
         return
@@ -300,7 +300,7 @@ def pace_group_lookups() -> None:
     ``matchmaking_time`` of the tests, a hundredth of the strategy's default. Call this before hivemind
     starts (forks) its averagers.
 
-    Upstream issue: none found. Tests: ``tests/unit/test_hivemind_fixes.py``.
+    Upstream issue: none found. Tests: ``tests/integration/test_hivemind_fixes.py``.
     """
     if getattr(GroupKeyManager.get_averagers, _PACED, False):
         return
@@ -332,7 +332,7 @@ def finalize_running_groups_on_shutdown() -> None:
     was not made yet has its future cancelled, so that a groupmate's request waiting for it ends. Call
     this before hivemind starts (forks) its averagers: the averager processes inherit the change.
 
-    Upstream issue: none found. Test: ``tests/unit/test_hivemind_fixes.py``.
+    Upstream issue: none found. Test: ``tests/integration/test_hivemind_fixes.py``.
     """
     original = averager_module.DecentralizedAverager._shutdown
     if getattr(original, _MARK, False):
@@ -372,7 +372,7 @@ def expose_defaults(optimizer: OptimizerT) -> OptimizerT:
 
     Upstream issue: none found for ``hivemind.Optimizer`` (learning-at-home/hivemind#592, fixed by #593,
     was the same ``defaults`` problem in ``hivemind.moe``'s ``OptimizerWrapper``). Test:
-    ``tests/unit/test_strategy_callbacks.py`` (the learning-rate monitor).
+    ``tests/integration/test_strategy_callbacks.py`` (the learning-rate monitor).
     """
     optimizer.defaults = optimizer.opt.defaults
     return optimizer
@@ -446,7 +446,8 @@ def survive_unreadable_requests(dht: Any) -> None:
     reply is lost; its sender's own timeout covers it (an averager's matchmaking had none:
     :func:`bound_matchmaking_dht_calls`).
 
-    Upstream issue: none found in learning-at-home/hivemind. Test: ``tests/unit/test_hivemind_fixes.py``.
+    Upstream issue: none found in learning-at-home/hivemind.
+    Test: ``tests/integration/test_hivemind_fixes.py``.
     """
     dht._inner_pipe = _RequestPipe(dht._inner_pipe)
 

@@ -86,7 +86,7 @@ def import_checker() -> Iterator[ImportChecker]:
 
 
 @pytest.fixture
-def orch(
+def api_app(
     request: pytest.FixtureRequest, tmp_path: Path, db_url: str | None, seed_files: SeedFiles
 ) -> Iterator[InProcessOrchestrator]:
     """The test's own app, with the module's ``ORCHESTRATOR_ENV``, on a seeded data dir; stopped when

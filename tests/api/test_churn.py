@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import create_run
 from tests.support.waiting import wait_until
@@ -20,32 +21,32 @@ pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 TARGET_BATCH = 64
 
 
-def progress(orch: Orchestrator, name: str) -> dict[str, Any]:
-    with orch.client() as http:
-        response = http.get(f"/api/v1/runs/{name}/progress")
+def progress(api_app: Orchestrator, name: str) -> dict[str, Any]:
+    with api_app.client() as http:
+        response = http.get(api.run_progress(name))
     assert response.status_code == 200, response.text
     return dict(response.json())
 
 
 @pytest.mark.timeout(60)
-def test_progress_shows_desired_workers_notice_and_loss_marks(orch: Orchestrator) -> None:
-    name, join = create_run(orch, "churn", desired_workers=2, max_workers=4)
-    noticed, lost = register(orch, join), register(orch, join)
+def test_progress_shows_desired_workers_notice_and_loss_marks(api_app: Orchestrator) -> None:
+    name, join = create_run(api_app, "churn", desired_workers=2, max_workers=4)
+    noticed, lost = register(api_app, join), register(api_app, join)
     for worker in (noticed, lost):
-        heartbeat(orch, worker, swarm_epoch=1, samples=10)
-    wait_until(lambda: progress(orch, name)["points"], 20, message="a first progress sample")
-    with orch.admin() as http:
-        assert http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).status_code == 200
-    with orch.client(noticed["worker_token"]) as http:
+        heartbeat(api_app, worker, swarm_epoch=1, samples=10)
+    wait_until(lambda: progress(api_app, name)["points"], 20, message="a first progress sample")
+    with api_app.admin() as http:
+        assert http.post(api.run_scale(name), json={"desired_workers": 3}).status_code == 200
+    with api_app.client(noticed["worker_token"]) as http:
         left = http.post(
-            f"/api/v1/workers/{noticed['worker_id']}/deregister",
+            api.deregister(noticed["worker_id"]),
             json={"reason": "interrupted", "message": "spot interruption notice: terminate at 12:00:00Z"},
         )
     assert left.status_code == 204, left.text
-    mark_lost(orch, lost["worker_id"], "no heartbeat for 10 s")
+    mark_lost(api_app, lost["worker_id"], "no heartbeat for 10 s")
 
     def sampled_after_scaling() -> dict[str, Any] | None:
-        series = progress(orch, name)
+        series = progress(api_app, name)
         return series if series["points"][-1]["desired_workers"] == 3 else None
 
     series = wait_until(sampled_after_scaling, 20, message="a progress sample after the scale")
@@ -60,13 +61,15 @@ def test_progress_shows_desired_workers_notice_and_loss_marks(orch: Orchestrator
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sync", ["gradients", "diloco"])
-def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestrator, sync: str) -> None:
+def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orchestrator, sync: str) -> None:
     """In gradients mode an epoch is ``target_batch_size`` samples; in DiLoCo a round is an epoch, and
     the samples in the model are those the workers report as kept (here half of a round's 2 x
     ``target_batch_size``, so that reading rounds as batches would give another figure)."""
-    name, join = create_run(orch, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync})
-    worker = register(orch, join)
-    assert progress(orch, name)["goodput"] is None
+    name, join = create_run(
+        api_app, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync}
+    )
+    worker = register(api_app, join)
+    assert progress(api_app, name)["goodput"] is None
     epochs = itertools.count(1)
     kept_per_epoch = TARGET_BATCH if sync == "diloco" else 0
 
@@ -74,8 +77,8 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(orch: Orchestr
         epoch = next(epochs)
         samples = (2 if sync == "diloco" else 1) * TARGET_BATCH * epoch
         counts = {"averaged": epoch, "kept_samples": kept_per_epoch * epoch}
-        heartbeat(orch, worker, swarm_epoch=epoch, samples=samples, samples_per_s=10.0, averaging=counts)
-        series = progress(orch, name)
+        heartbeat(api_app, worker, swarm_epoch=epoch, samples=samples, samples_per_s=10.0, averaging=counts)
+        series = progress(api_app, name)
         return series if series["goodput"] else None
 
     series = wait_until(measured, 40, interval_s=0.4, message="goodput over steady epochs")

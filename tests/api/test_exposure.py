@@ -26,6 +26,7 @@ import pytest
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import workers
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import NO_RECONCILE
@@ -41,14 +42,14 @@ FREE_FORM = {
 
 
 @pytest.fixture
-def worker(orch: Orchestrator) -> dict[str, Any]:
+def worker(api_app: Orchestrator) -> dict[str, Any]:
     """A run with free-form values and one worker joined by hand (id, token, run name, join token)."""
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("exposed", **FREE_FORM))
+    with api_app.admin() as http:
+        created = http.post(api.runs(), json=run_spec("exposed", **FREE_FORM))
         assert created.status_code == 201, created.text
     join = created.json()["join_token"]
-    with orch.client(join) as http:
-        registered = http.post("/api/v1/workers/register", json={"hostname": "box-1"})
+    with api_app.client(join) as http:
+        registered = http.post(api.register(), json={"hostname": "box-1"})
         assert registered.status_code == 200, registered.text
     return {**registered.json(), "run": "exposed", "join_token": join}
 
@@ -57,10 +58,10 @@ def worker(orch: Orchestrator) -> dict[str, Any]:
 
 
 def test_anonymous_reads_leave_out_free_form_values_the_admin_gets_them(
-    orch: Orchestrator, worker: dict[str, Any]
+    api_app: Orchestrator, worker: dict[str, Any]
 ) -> None:
-    with orch.client() as anonymous, orch.admin() as admin:
-        for path in ("/api/v1/runs/exposed", "/api/v1/runs"):
+    with api_app.client() as anonymous, api_app.admin() as admin:
+        for path in (api.run("exposed"), api.runs()):
             public = anonymous.get(path).json()
             public_run = public if "spec" in public else public["items"][0]
             assert public_run["redacted"] is True
@@ -70,14 +71,14 @@ def test_anonymous_reads_leave_out_free_form_values_the_admin_gets_them(
             full_run = full if "spec" in full else full["items"][0]
             assert full_run["redacted"] is False
             assert {key: full_run["spec"][key] for key in FREE_FORM} == FREE_FORM
-        log = f"/api/v1/runs/exposed/workers/{worker['worker_id']}/log"
+        log = api.run_worker_log("exposed", worker["worker_id"])
         refused = anonymous.get(log)
         assert refused.status_code == 401, refused.text
         assert admin.get(log).status_code == 409  # allowed; a worker joined by hand keeps its log itself
 
 
 def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
-    orch: Orchestrator, worker: dict[str, Any]
+    api_app: Orchestrator, worker: dict[str, Any]
 ) -> None:
     details = {
         "instance_type": "g5.xlarge",
@@ -89,7 +90,7 @@ def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
         "subnet_id": "subnet-0abc",
         "log_path": "/srv/spotswarm/workers/req.log",
     }
-    db = Database(f"sqlite:///{(orch.data_dir / 'spotswarm.db').resolve()}")
+    db = Database(f"sqlite:///{(api_app.data_dir / 'spotswarm.db').resolve()}")
     try:  # what a launcher reports about its instance, written as the reconciler writes it
         with db.begin() as session:
             row = session.get(Worker, int(worker["worker_id"]))
@@ -97,8 +98,8 @@ def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
             workers.set_launch_details(row, "i-0123456789", details)
     finally:
         db.close()
-    path = f"/api/v1/runs/{worker['run']}/workers"
-    with orch.client() as anonymous, orch.admin() as admin:
+    path = api.run_workers(worker["run"])
+    with api_app.client() as anonymous, api_app.admin() as admin:
         public = anonymous.get(path).json()["items"][0]
         full = admin.get(path).json()["items"][0]
     assert public["redacted"] is True and full["redacted"] is False
@@ -116,9 +117,9 @@ def test_anonymous_worker_views_keep_what_describes_a_machine_not_where_it_is(
 PUBLIC_GETS = re.compile(r"^/(healthz|readyz|metrics|api/v1/(swarm-auth|peers|runs(/\{name\}(/[a-z]+)?)?))$")
 
 
-def _authenticated_operations(orch: Orchestrator) -> list[tuple[str, str, bool]]:
+def _authenticated_operations(api_app: Orchestrator) -> list[tuple[str, str, bool]]:
     """(method, path template, has a body) of every operation that needs a token, from the schema."""
-    with orch.client() as http:
+    with api_app.client() as http:
         schema = http.get("/openapi.json").json()
     found = []
     for path, operations in schema["paths"].items():
@@ -130,14 +131,14 @@ def _authenticated_operations(orch: Orchestrator) -> list[tuple[str, str, bool]]
 
 
 def test_every_authenticated_route_checks_the_token_before_the_body(
-    orch: Orchestrator, worker: dict[str, Any]
+    api_app: Orchestrator, worker: dict[str, Any]
 ) -> None:
-    operations = _authenticated_operations(orch)
+    operations = _authenticated_operations(api_app)
     assert len(operations) >= 12, operations  # the schema lists them all (not a silently empty loop)
     values = {"name": worker["run"], "worker_id": worker["worker_id"], "epoch": "1", "sha256": "0" * 64}
     wrong = {}
     for token in (None, "garbage"):
-        with orch.client(token) as http:
+        with api_app.client(token) as http:
             for method, template, has_body in operations:
                 path = template.format(**values)
                 body = {"content": b'{"bogus": [1, 2]}', "headers": {"Content-Type": "application/json"}}
@@ -161,23 +162,23 @@ CONTROLLED = [FORGED, "gpu-1\rFORGED", "red\x1b[31mFORGED", "tab\tFORGED", "ls\u
 
 @pytest.mark.parametrize("bad", CONTROLLED)
 def test_control_characters_are_refused_where_they_would_reach_the_log(
-    orch: Orchestrator, worker: dict[str, Any], bad: str, caplog: pytest.LogCaptureFixture
+    api_app: Orchestrator, worker: dict[str, Any], bad: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)  # every record the server writes, whatever its level
-    with orch.client(worker["join_token"]) as http:
+    with api_app.client(worker["join_token"]) as http:
         for body in ({"hostname": bad}, {"hostname": "ok", "launcher_handle": bad}):
-            refused = http.post("/api/v1/workers/register", json=body)
+            refused = http.post(api.register(), json=body)
             assert refused.status_code == 422 and "control character" in refused.text, refused.text
-    with orch.client(worker["worker_token"]) as http:
-        path = f"/api/v1/workers/{worker['worker_id']}/deregister"
+    with api_app.client(worker["worker_token"]) as http:
+        path = api.deregister(worker["worker_id"])
         refused = http.post(path, json={"reason": "error", "message": bad})
         assert refused.status_code == 422 and "control character" in refused.text, refused.text
-    with orch.admin() as http:
-        refused = http.post("/api/v1/runs/exposed/stop", json={"reason": bad})
+    with api_app.admin() as http:
+        refused = http.post(api.run_stop("exposed"), json={"reason": bad})
         assert refused.status_code == 422 and "control character" in refused.text, refused.text
-        assert http.get("/api/v1/runs/exposed").json()["state"] != "stopping"
-    with orch.client(worker["join_token"]) as http:  # what is accepted is logged, and seen here
-        joined = http.post("/api/v1/workers/register", json={"hostname": "honest-box"})
+        assert http.get(api.run("exposed")).json()["state"] != "stopping"
+    with api_app.client(worker["join_token"]) as http:  # what is accepted is logged, and seen here
+        joined = http.post(api.register(), json={"hostname": "honest-box"})
     assert joined.status_code == 200, joined.text
     assert "honest-box" in caplog.text  # the capture holds the server's lines
     assert "FORGED" not in caplog.text
@@ -189,28 +190,26 @@ SECRET = "sk-LEAKME-abcdef123456"
 
 
 def test_secret_values_a_worker_sends_are_masked_before_they_are_stored_or_logged(
-    orch: Orchestrator, caplog: pytest.LogCaptureFixture
+    api_app: Orchestrator, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A worker that does not redact (older, hand-written) sends the first line of a user's exception,
     which quotes the run's secret: no view, event or log line of the server holds it."""
     caplog.set_level(logging.DEBUG)
     spec = run_spec("secretive", secret_env={"API_KEY": SECRET})
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=spec)
+    with api_app.admin() as http:
+        created = http.post(api.runs(), json=spec)
         assert created.status_code == 201, created.text
-    with orch.client(created.json()["join_token"]) as http:
-        registered = http.post("/api/v1/workers/register", json={"hostname": f"box-{SECRET}"})
+    with api_app.client(created.json()["join_token"]) as http:
+        registered = http.post(api.register(), json={"hostname": f"box-{SECRET}"})
         assert registered.status_code == 200, registered.text
     worker = registered.json()
     assert worker["secret_env"] == {"API_KEY": SECRET}  # the worker itself gets it
     leak = f"training failed: HTTPError: 401 for url: https://api.example/whoami?token={SECRET}"
-    with orch.client(worker["worker_token"]) as http:
-        left = http.post(
-            f"/api/v1/workers/{worker['worker_id']}/deregister", json={"reason": "error", "message": leak}
-        )
+    with api_app.client(worker["worker_token"]) as http:
+        left = http.post(api.deregister(worker["worker_id"]), json={"reason": "error", "message": leak})
         assert left.status_code == 204, left.text
-    paths = ["/api/v1/runs/secretive", "/api/v1/runs/secretive/workers", "/api/v1/runs/secretive/events"]
-    with orch.client() as anonymous, orch.admin() as admin:
+    paths = [api.run("secretive"), api.run_workers("secretive"), api.run_events("secretive")]
+    with api_app.client() as anonymous, api_app.admin() as admin:
         seen = {
             f"{who} {path}": http.get(path).text
             for path in paths
@@ -229,21 +228,21 @@ def test_secret_values_a_worker_sends_are_masked_before_they_are_stored_or_logge
 @pytest.mark.timeout(60)
 def test_private_reads_need_the_admin_token(tmp_path: Path) -> None:
     env = {**NO_RECONCILE, "SPOTSWARM_PUBLIC_READS": "false", "SPOTSWARM_CHECK_IMPORTS": "false"}
-    with inprocess_orchestrator(tmp_path / "data", env=env) as orch:
-        _private_reads(orch)
+    with inprocess_orchestrator(tmp_path / "data", env=env) as api_app:
+        _private_reads(api_app)
 
 
-def _private_reads(orch: Orchestrator) -> None:
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("private")).json()
-    for path in ["/api/v1/runs", "/api/v1/runs/private", "/api/v1/runs/private/events", "/api/v1/peers"]:
-        with orch.client() as http:
+def _private_reads(api_app: Orchestrator) -> None:
+    with api_app.admin() as http:
+        created = http.post(api.runs(), json=run_spec("private")).json()
+    for path in [api.runs(), api.run("private"), api.run_events("private"), api.peers()]:
+        with api_app.client() as http:
             assert http.get(path).status_code == 401
-        with orch.client(created["join_token"]) as http:
+        with api_app.client(created["join_token"]) as http:
             assert http.get(path).status_code == 403
-        with orch.admin() as http:
+        with api_app.admin() as http:
             assert http.get(path).status_code == 200
-    with orch.client(created["join_token"]) as http:  # a run's peers also take its join token
-        assert http.get("/api/v1/runs/private/peers").status_code == 200
-    with orch.client() as http:
-        assert http.get("/api/v1/runs/private/peers").status_code == 401
+    with api_app.client(created["join_token"]) as http:  # a run's peers also take its join token
+        assert http.get(api.run_peers("private")).status_code == 200
+    with api_app.client() as http:
+        assert http.get(api.run_peers("private")).status_code == 401

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.parametrize("backend", BOTH_BACKENDS, indirect=True)
 
 
 @pytest.mark.timeout(60)
-def test_health_readiness_and_openapi(orch: Orchestrator) -> None:
-    with orch.client() as http:
+def test_health_readiness_and_openapi(api_app: Orchestrator) -> None:
+    with api_app.client() as http:
         assert http.get("/healthz").json() == {"status": "ok"}
         ready = http.get("/readyz").json()
         assert ready["database"] and ready["dht"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.inprocess import inprocess_orchestrator
@@ -28,23 +29,23 @@ LOOP = {
 }
 
 
-def state_of(orch: Orchestrator, name: str, worker: dict[str, Any]) -> str:
-    with orch.client() as http:
-        rows = http.get(f"/api/v1/runs/{name}/workers").json()["items"]
+def state_of(api_app: Orchestrator, name: str, worker: dict[str, Any]) -> str:
+    with api_app.client() as http:
+        rows = http.get(api.run_workers(name)).json()["items"]
     return str(next(w["state"] for w in rows if w["id"] == worker["worker_id"]))
 
 
-def download_status(orch: Orchestrator, name: str, token: str) -> int:
-    with orch.client(token) as http:
-        return http.get(f"/api/v1/runs/{name}/checkpoints/latest/download").status_code
+def download_status(api_app: Orchestrator, name: str, token: str) -> int:
+    with api_app.client(token) as http:
+        return http.get(api.run_latest_checkpoint(name)).status_code
 
 
-def stored_checkpoint(orch: Orchestrator, worker: dict[str, Any]) -> None:
-    become_checkpointer(orch, worker)
+def stored_checkpoint(api_app: Orchestrator, worker: dict[str, Any]) -> None:
+    become_checkpointer(api_app, worker)
     data = checkpoint_bytes(b"weights")
-    with orch.client(worker["worker_token"]) as http:
+    with api_app.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/1"
+        path = api.checkpoint_upload(worker["worker_id"], 1)
         assert http.put(path, content=data, headers=headers).status_code == 201
 
 
@@ -52,46 +53,46 @@ def stored_checkpoint(orch: Orchestrator, worker: dict[str, Any]) -> None:
 def test_a_silent_hand_joined_workers_token_stops_working_after_the_bound(tmp_path: Path) -> None:
     """Before, a silent hand-joined worker stayed lost as long as its run lived: its token kept
     downloading checkpoints and re-registering (secret_env included), after a join-token rotation too."""
-    with inprocess_orchestrator(tmp_path / "data", env=LOOP) as orch:  # the reconcile loop on
-        name, join = create_run(orch, "silent", desired_workers=0, min_workers=0)
-        hand = register(orch, join)
-        stored_checkpoint(orch, hand)
-        with orch.admin() as http:
-            http.post(f"/api/v1/runs/{name}/join-token").raise_for_status()
-        wait_until(lambda: state_of(orch, name, hand) == "lost", 30, message="the silent worker is lost")
-        assert download_status(orch, name, hand["worker_token"]) == 200  # lost is not ended: it may return
-        wait_until(lambda: state_of(orch, name, hand) == "exited", 30, message="the lost worker has ended")
-        assert download_status(orch, name, hand["worker_token"]) == 403
-        with orch.client(hand["worker_token"]) as http:
-            again = http.post("/api/v1/workers/register", json={"hostname": "box"})
-        assert again.status_code in (403, 409) and "ended" in again.json()["detail"], again.text
+    with inprocess_orchestrator(tmp_path / "data", env=LOOP) as api_app:  # the reconcile loop on
+        name, join = create_run(api_app, "silent", desired_workers=0, min_workers=0)
+        hand = register(api_app, join)
+        stored_checkpoint(api_app, hand)
+        with api_app.admin() as http:
+            http.post(api.run_join_token(name)).raise_for_status()
+        wait_until(lambda: state_of(api_app, name, hand) == "lost", 30, message="the silent worker is lost")
+        assert download_status(api_app, name, hand["worker_token"]) == 200  # lost is not ended: it may return
+        wait_until(lambda: state_of(api_app, name, hand) == "exited", 30, message="the lost worker has ended")
+        assert download_status(api_app, name, hand["worker_token"]) == 403
+        with api_app.client(hand["worker_token"]) as http:
+            again = http.post(api.register(), json={"hostname": "box"})
+        assert again.status_code == 409 and "ended" in again.json()["detail"], again.text
         # the heartbeat cache learns of the change at its next reload (a flush interval)
-        wait_until(lambda: heartbeat(orch, hand)["action"] == "stop", 10, message="heartbeats answer stop")
+        wait_until(lambda: heartbeat(api_app, hand)["action"] == "stop", 10, message="heartbeats answer stop")
 
 
 @pytest.mark.timeout(120)
-def test_revoking_hand_joined_workers_ends_them_and_keeps_launched_ones(orch: Orchestrator) -> None:
-    name, join = create_run(orch, "revoke")
-    first, second = register(orch, join), register(orch, join)
-    stored_checkpoint(orch, first)
-    request_id, launch_token = launch_intent(orch, name)
-    launched = register(orch, launch_token, request_id=request_id)
-    path = f"/api/v1/runs/{name}/manual-workers/revoke"
-    with orch.client(join) as http:
+def test_revoking_hand_joined_workers_ends_them_and_keeps_launched_ones(api_app: Orchestrator) -> None:
+    name, join = create_run(api_app, "revoke")
+    first, second = register(api_app, join), register(api_app, join)
+    stored_checkpoint(api_app, first)
+    request_id, launch_token = launch_intent(api_app, name)
+    launched = register(api_app, launch_token, request_id=request_id)
+    path = api.run_revoke_manual(name)
+    with api_app.client(join) as http:
         assert http.post(path).status_code == 403
-    with orch.admin() as http:
+    with api_app.admin() as http:
         answer = http.post(path)
     assert answer.status_code == 200, answer.text
     assert sorted(answer.json()["revoked"]) == sorted([first["worker_id"], second["worker_id"]])
     for hand in (first, second):
-        assert download_status(orch, name, hand["worker_token"]) == 403
-        assert heartbeat(orch, hand)["action"] == "stop"
-        assert state_of(orch, name, hand) == "exited"
-    assert download_status(orch, name, launched["worker_token"]) == 200
-    assert heartbeat(orch, launched)["action"] == "continue"
-    with orch.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        assert download_status(api_app, name, hand["worker_token"]) == 403
+        assert heartbeat(api_app, hand)["action"] == "stop"
+        assert state_of(api_app, name, hand) == "exited"
+    assert download_status(api_app, name, launched["worker_token"]) == 200
+    assert heartbeat(api_app, launched)["action"] == "continue"
+    with api_app.client() as http:
+        events = http.get(api.run_events(name)).json()["items"]
     revoked = f"workers joined by hand revoked: {first['worker_id']}, {second['worker_id']}"
     assert revoked in [e["message"] for e in events if e["kind"] == "run.revoked"]
-    with orch.admin() as http:  # nothing left to revoke: an empty answer, no error
+    with api_app.admin() as http:  # nothing left to revoke: an empty answer, no error
         assert http.post(path).json()["revoked"] == []

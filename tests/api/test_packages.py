@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.packaging import pack
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
@@ -30,19 +31,21 @@ def package_bytes(tmp_path: Path, text: str) -> tuple[bytes, str]:
 
 
 @pytest.mark.timeout(60)
-def test_packages_no_run_names_are_swept_after_the_grace_period(orch: Orchestrator, tmp_path: Path) -> None:
+def test_packages_no_run_names_are_swept_after_the_grace_period(
+    api_app: Orchestrator, tmp_path: Path
+) -> None:
     (named, named_sha), (orphan, orphan_sha) = package_bytes(tmp_path, "a"), package_bytes(tmp_path, "b")
-    with orch.admin() as http:
-        assert http.put(f"/api/v1/packages/{named_sha}", content=named).status_code == 201
-        assert http.post("/api/v1/runs", json=run_spec("named", workdir=named_sha)).status_code == 201
-        assert http.put(f"/api/v1/packages/{orphan_sha}", content=orphan).status_code == 201
-        assert http.get(f"/api/v1/packages/{orphan_sha}").status_code == 200  # within its grace period
+    with api_app.admin() as http:
+        assert http.put(api.package(named_sha), content=named).status_code == 201
+        assert http.post(api.runs(), json=run_spec("named", workdir=named_sha)).status_code == 201
+        assert http.put(api.package(orphan_sha), content=orphan).status_code == 201
+        assert http.get(api.package(orphan_sha)).status_code == 200  # within its grace period
 
         def swept() -> bool:
-            return http.get(f"/api/v1/packages/{orphan_sha}").status_code == 404
+            return http.get(api.package(orphan_sha)).status_code == 404
 
         wait_until(swept, 20, message="the package no run names is deleted")
-        assert http.get(f"/api/v1/packages/{named_sha}").status_code == 200
-    assert sorted(p.name for p in (orch.data_dir / "checkpoints" / "packages").iterdir()) == [
+        assert http.get(api.package(named_sha)).status_code == 200
+    assert sorted(p.name for p in (api_app.data_dir / "checkpoints" / "packages").iterdir()) == [
         f"{named_sha}.tar.gz"
     ]

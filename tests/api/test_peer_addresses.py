@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
@@ -24,23 +25,23 @@ _names = itertools.count()
 HTML = '/ip4/1.2.3.4/tcp/1"><img src=x>'
 
 
-def create(orch: Orchestrator, **overrides: Any) -> dict[str, Any]:
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(f"pl-{next(_names)}", **overrides))
+def create(api_app: Orchestrator, **overrides: Any) -> dict[str, Any]:
+    with api_app.admin() as http:
+        response = http.post(api.runs(), json=run_spec(f"pl-{next(_names)}", **overrides))
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
-def worker_peers(orch: Orchestrator, name: str) -> list[str]:
-    with orch.client() as http:
-        return list(http.get(f"/api/v1/runs/{name}/peers").json()["worker_peers"])
+def worker_peers(api_app: Orchestrator, name: str) -> list[str]:
+    with api_app.client() as http:
+        return list(http.get(api.run_peers(name)).json()["worker_peers"])
 
 
 @pytest.mark.timeout(120)
-def test_only_dialable_addresses_of_the_workers_own_peer_reach_new_workers(orch: Orchestrator) -> None:
-    run = create(orch)
-    worker = register(orch, run["join_token"])
-    own = swarm_token_peer_id(orch, worker)
+def test_only_dialable_addresses_of_the_workers_own_peer_reach_new_workers(api_app: Orchestrator) -> None:
+    run = create(api_app)
+    worker = register(api_app, run["join_token"])
+    own = swarm_token_peer_id(api_app, worker)
     foreign = peer_id_of(new_public_key())
     good = [f"/ip4/10.1.2.3/tcp/4000/p2p/{own}", f"/dns4/worker-7.internal/tcp/4000/p2p/{own}"]
     bad = [
@@ -51,35 +52,35 @@ def test_only_dialable_addresses_of_the_workers_own_peer_reach_new_workers(orch:
         "/ip4/10.1.2.3/tcp/4000",  # no peer id
         f"/ip4/10.1.2.3/tcp/99999/p2p/{own}",  # no such port
     ]
-    heartbeat(orch, worker, visible_maddrs=bad[:3] + good + bad[3:])
-    wait_until(lambda: worker_peers(orch, run["name"]), 10, message="the heartbeat is written")
-    assert worker_peers(orch, run["name"]) == good
-    newcomer = register(orch, run["join_token"])
-    assert newcomer["initial_peers"] == orch.peers() + good
+    heartbeat(api_app, worker, visible_maddrs=bad[:3] + good + bad[3:])
+    wait_until(lambda: worker_peers(api_app, run["name"]), 10, message="the heartbeat is written")
+    assert worker_peers(api_app, run["name"]) == good
+    newcomer = register(api_app, run["join_token"])
+    assert newcomer["initial_peers"] == api_app.peers() + good
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_without_a_swarm_token_announces_no_address(orch: Orchestrator) -> None:
-    run = create(orch)
-    worker = register(orch, run["join_token"])
+def test_a_worker_without_a_swarm_token_announces_no_address(api_app: Orchestrator) -> None:
+    run = create(api_app)
+    worker = register(api_app, run["join_token"])
     stranger = peer_id_of(new_public_key())
-    heartbeat(orch, worker, visible_maddrs=[f"/ip4/10.1.2.3/tcp/4000/p2p/{stranger}"], samples=5)
-    with orch.client() as http:
+    heartbeat(api_app, worker, visible_maddrs=[f"/ip4/10.1.2.3/tcp/4000/p2p/{stranger}"], samples=5)
+    with api_app.client() as http:
         wait_until(
-            lambda: http.get(f"/api/v1/runs/{run['name']}").json()["reported"]["samples_total"] == 5,
+            lambda: http.get(api.run(run["name"])).json()["reported"]["samples_total"] == 5,
             10,
             message="the heartbeat is written",
         )
-    assert worker_peers(orch, run["name"]) == []
+    assert worker_peers(api_app, run["name"]) == []
 
 
 @pytest.mark.timeout(120)
-def test_a_run_without_swarm_admission_keeps_only_well_formed_addresses(orch: Orchestrator) -> None:
+def test_a_run_without_swarm_admission_keeps_only_well_formed_addresses(api_app: Orchestrator) -> None:
     """No swarm token, so no peer id to check against: any peer may join such a swarm anyway, so
     announcing one is no more than joining; malformed addresses are still dropped."""
-    run = create(orch, strategy_options={"swarm_admission": False})  # no training: the opt-out's own rule
-    worker = register(orch, run["join_token"])
+    run = create(api_app, strategy_options={"swarm_admission": False})  # no training: the opt-out's own rule
+    worker = register(api_app, run["join_token"])
     anyone = f"/ip4/10.1.2.3/tcp/4000/p2p/{peer_id_of(new_public_key())}"
-    heartbeat(orch, worker, visible_maddrs=[HTML, anyone, "garbage"])
-    wait_until(lambda: worker_peers(orch, run["name"]), 10, message="the heartbeat is written")
-    assert worker_peers(orch, run["name"]) == [anyone]
+    heartbeat(api_app, worker, visible_maddrs=[HTML, anyone, "garbage"])
+    wait_until(lambda: worker_peers(api_app, run["name"]), 10, message="the heartbeat is written")
+    assert worker_peers(api_app, run["name"]) == [anyone]

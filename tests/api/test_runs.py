@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.db.models import Run
 from tests.api.conftest import BOTH_BACKENDS
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.orchestrator import NO_RECONCILE
 from tests.support.specs import run_spec
@@ -28,20 +29,20 @@ def new_name(prefix: str = "run") -> str:
     return f"{prefix}-{next(_names)}"
 
 
-def create(orch: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+def create(api_app: Orchestrator, name: str, **overrides: Any) -> dict[str, Any]:
+    with api_app.admin() as http:
+        response = http.post(api.runs(), json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return dict(response.json())
 
 
 @pytest.mark.timeout(60)
-def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
-    created = create(orch, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
+def test_create_returns_the_join_token_once(api_app: Orchestrator) -> None:
+    created = create(api_app, new_name(), module_args={"hidden": 8}, stop={"target_epochs": 3})
     assert created["join_token"].startswith("ssj_")
     assert created["state"] == "pending" and created["swarm_id"].startswith(created["name"] + "-")
-    with orch.admin() as http:  # the full view: spec args are for the admin token only
-        fetched = http.get(f"/api/v1/runs/{created['name']}").json()
+    with api_app.admin() as http:  # the full view: spec args are for the admin token only
+        fetched = http.get(api.run(created["name"])).json()
     assert "join_token" not in fetched and created["join_token"] not in str(fetched)
     assert fetched["spec"]["module_args"] == {"hidden": 8}
     assert fetched["spec"]["stop"]["target_epochs"] == 3
@@ -50,7 +51,7 @@ def test_create_returns_the_join_token_once(orch: Orchestrator) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_only(
-    orch: Orchestrator,
+    api_app: Orchestrator,
 ) -> None:
     trainer = {
         "precision": "bf16-mixed",
@@ -60,11 +61,13 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
         "callbacks": [LR_MONITOR],
         "loggers": [{"path": "lightning.pytorch.loggers:CSVLogger", "args": {"save_dir": "/srv/private"}}],
     }
-    name = create(orch, new_name(), trainer=trainer, report_metrics=["train_loss", "val_*", "lr-*"])["name"]
-    with orch.admin() as http:
-        full = http.get(f"/api/v1/runs/{name}").json()["spec"]
-    with orch.client() as http:
-        public = http.get(f"/api/v1/runs/{name}").json()["spec"]
+    name = create(api_app, new_name(), trainer=trainer, report_metrics=["train_loss", "val_*", "lr-*"])[
+        "name"
+    ]
+    with api_app.admin() as http:
+        full = http.get(api.run(name)).json()["spec"]
+    with api_app.client() as http:
+        public = http.get(api.run(name)).json()["spec"]
     assert full["report_metrics"] == public["report_metrics"] == ["train_loss", "val_*", "lr-*"]
     assert full["trainer"]["precision"] == "bf16-mixed" and full["trainer"]["check_val_every_n_epoch"] is None
     assert full["trainer"]["callbacks"] == [{"path": LR_MONITOR, "args": {}}]
@@ -74,20 +77,22 @@ def test_a_trainer_section_is_kept_and_its_plugin_arguments_are_for_the_admin_on
 
 
 @pytest.mark.timeout(60)
-def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one(orch: Orchestrator) -> None:
-    plain = create(orch, new_name())
-    named = create(orch, new_name(), strategy_options={"sync": "gradients"})
-    diloco = create(orch, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
+def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one(
+    api_app: Orchestrator,
+) -> None:
+    plain = create(api_app, new_name())
+    named = create(api_app, new_name(), strategy_options={"sync": "gradients"})
+    diloco = create(api_app, new_name(), strategy_options={"sync": "diloco", "sync_every_s": 5.0})
     assert (plain["sync"], named["sync"], diloco["sync"]) == ("diloco", "gradients", "diloco")
-    with orch.admin() as http:  # written into the run, so a later change of the default never changes it
-        stored = http.get(f"/api/v1/runs/{plain['name']}").json()["spec"]["strategy_options"]
+    with api_app.admin() as http:  # written into the run, so a later change of the default never changes it
+        stored = http.get(api.run(plain["name"])).json()["spec"]["strategy_options"]
     assert stored == {"sync": "diloco"}
-    with orch.client() as http:  # the public view says it too: a mode is no secret
-        listed = {r["name"]: r["sync"] for r in http.get("/api/v1/runs").json()["items"]}
+    with api_app.client() as http:  # the public view says it too: a mode is no secret
+        listed = {r["name"]: r["sync"] for r in http.get(api.runs()).json()["items"]}
     assert (listed[plain["name"]], listed[named["name"]]) == ("diloco", "gradients")
 
     # a run stored before runs named their mode trains, and reads, as it always did
-    engine = create_engine(orch.database_url())
+    engine = create_engine(api_app.database_url())
     try:
         with Session(engine) as session:
             row = session.scalars(select(Run).where(Run.name == plain["name"])).one()
@@ -95,27 +100,27 @@ def test_a_new_run_is_stored_with_its_sync_mode_diloco_unless_the_spec_names_one
             session.commit()
     finally:
         engine.dispose()
-    with orch.client() as http:
-        assert http.get(f"/api/v1/runs/{plain['name']}").json()["sync"] == "gradients"
+    with api_app.client() as http:
+        assert http.get(api.run(plain["name"])).json()["sync"] == "gradients"
 
 
 @pytest.mark.timeout(60)
-def test_duplicate_name_is_409(orch: Orchestrator) -> None:
+def test_duplicate_name_is_409(api_app: Orchestrator) -> None:
     name = new_name()
-    create(orch, name)
-    with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name))
+    create(api_app, name)
+    with api_app.admin() as http:
+        response = http.post(api.runs(), json=run_spec(name))
     assert response.status_code == 409 and "exists" in response.json()["detail"]
 
 
 @pytest.mark.timeout(60)
-def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
-    names = [create(orch, new_name("page"))["name"] for _ in range(3)]
-    with orch.admin() as http:
-        assert http.post(f"/api/v1/runs/{names[0]}/stop").json()["state"] == "stopped"
-        first = http.get("/api/v1/runs", params={"limit": 2, "offset": 0}).json()
-        second = http.get("/api/v1/runs", params={"limit": 2, "offset": 2}).json()
-        stopped = http.get("/api/v1/runs", params={"state": "stopped", "limit": 1000}).json()
+def test_list_filters_by_state_and_paginates(api_app: Orchestrator) -> None:
+    names = [create(api_app, new_name("page"))["name"] for _ in range(3)]
+    with api_app.admin() as http:
+        assert http.post(api.run_stop(names[0])).json()["state"] == "stopped"
+        first = http.get(api.runs(), params={"limit": 2, "offset": 0}).json()
+        second = http.get(api.runs(), params={"limit": 2, "offset": 2}).json()
+        stopped = http.get(api.runs(), params={"state": "stopped", "limit": 1000}).json()
     assert first["total"] == second["total"] >= 3 and len(first["items"]) == 2
     assert not {r["name"] for r in first["items"]} & {r["name"] for r in second["items"]}
     assert [r["name"] for r in first["items"]][:2] == [names[2], names[1]]  # newest first
@@ -126,18 +131,15 @@ def test_list_filters_by_state_and_paginates(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
-        assert (
-            http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 3}).json()["workers"]["desired"]
-            == 3
-        )
-        too_many = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 5})
-        bounds = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 6, "max_workers": 6}).json()
-        inverted = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2, "min_workers": 3})
-        http.post(f"/api/v1/runs/{name}/stop")
-        after_stop = http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 1})
+def test_scale_keeps_desired_within_bounds(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
+        assert http.post(api.run_scale(name), json={"desired_workers": 3}).json()["workers"]["desired"] == 3
+        too_many = http.post(api.run_scale(name), json={"desired_workers": 5})
+        bounds = http.post(api.run_scale(name), json={"desired_workers": 6, "max_workers": 6}).json()
+        inverted = http.post(api.run_scale(name), json={"desired_workers": 2, "min_workers": 3})
+        http.post(api.run_stop(name))
+        after_stop = http.post(api.run_scale(name), json={"desired_workers": 1})
     assert too_many.status_code == 422 and "[0, 4]" in too_many.json()["detail"]
     assert bounds["workers"]["desired"] == 6 and bounds["workers"]["max"] == 6
     assert inverted.status_code == 422
@@ -145,30 +147,30 @@ def test_scale_keeps_desired_within_bounds(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_stop_resume_delete_follow_the_lifecycle(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
-        assert http.delete(f"/api/v1/runs/{name}").status_code == 409  # pending: stop first
-        assert http.post(f"/api/v1/runs/{name}/resume").status_code == 409
-        stopped = http.post(f"/api/v1/runs/{name}/stop", json={"reason": "enough"}).json()
+def test_stop_resume_delete_follow_the_lifecycle(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
+        assert http.delete(api.run(name)).status_code == 409  # pending: stop first
+        assert http.post(api.run_resume(name)).status_code == 409
+        stopped = http.post(api.run_stop(name), json={"reason": "enough"}).json()
         assert stopped["state"] == "stopped" and stopped["finished_at"]
-        assert http.post(f"/api/v1/runs/{name}/stop").json()["state"] == "stopped"  # idempotent
-        assert http.post(f"/api/v1/runs/{name}/resume").json()["state"] == "pending"
-        http.post(f"/api/v1/runs/{name}/stop")
-        assert http.delete(f"/api/v1/runs/{name}").status_code == 204
-        assert http.get(f"/api/v1/runs/{name}").status_code == 404
-        assert http.delete(f"/api/v1/runs/{name}").status_code == 404
+        assert http.post(api.run_stop(name)).json()["state"] == "stopped"  # idempotent
+        assert http.post(api.run_resume(name)).json()["state"] == "pending"
+        http.post(api.run_stop(name))
+        assert http.delete(api.run(name)).status_code == 204
+        assert http.get(api.run(name)).status_code == 404
+        assert http.delete(api.run(name)).status_code == 404
 
 
 @pytest.mark.timeout(60)
-def test_events_page_with_a_cursor(orch: Orchestrator) -> None:
-    name = create(orch, new_name())["name"]
-    with orch.admin() as http:
-        http.post(f"/api/v1/runs/{name}/scale", json={"desired_workers": 2})
-        http.post(f"/api/v1/runs/{name}/stop")
-        first = http.get(f"/api/v1/runs/{name}/events", params={"limit": 2}).json()
-        rest = http.get(f"/api/v1/runs/{name}/events", params={"after_id": first["next_after_id"]}).json()
-        empty = http.get(f"/api/v1/runs/{name}/events", params={"after_id": rest["next_after_id"]}).json()
+def test_events_page_with_a_cursor(api_app: Orchestrator) -> None:
+    name = create(api_app, new_name())["name"]
+    with api_app.admin() as http:
+        http.post(api.run_scale(name), json={"desired_workers": 2})
+        http.post(api.run_stop(name))
+        first = http.get(api.run_events(name), params={"limit": 2}).json()
+        rest = http.get(api.run_events(name), params={"after_id": first["next_after_id"]}).json()
+        empty = http.get(api.run_events(name), params={"after_id": rest["next_after_id"]}).json()
     kinds = [e["kind"] for e in first["items"] + rest["items"]]
     assert kinds[:2] == ["run.created", "run.scaled"] and "run.state" in kinds[2:]
     assert len(first["items"]) == 2 and all(e["id"] > first["next_after_id"] for e in rest["items"])
@@ -181,39 +183,39 @@ EARLY_STOPPING = "lightning.pytorch.callbacks:EarlyStopping"
 
 # (method, path, json body or raw bytes, expected status, text expected in the detail)
 INVALID: list[tuple[str, str, Any, int, str]] = [
-    ("POST", "/api/v1/runs", {**run_spec("bad-1"), "surprise": 1}, 422, "surprise"),
-    ("POST", "/api/v1/runs", {**run_spec("bad-2"), "batch_size": "eight"}, 422, "batch_size"),
-    ("POST", "/api/v1/runs", {**run_spec("bad-3"), "desired_workers": -1}, 422, "desired_workers"),
-    ("POST", "/api/v1/runs", {**run_spec("bad-4"), "min_workers": 3, "max_workers": 2}, 422, "min_workers"),
-    ("POST", "/api/v1/runs", {**run_spec("bad-5"), "module": "no.such.module:Thing"}, 422, "cannot import"),
+    ("POST", api.runs(), {**run_spec("bad-1"), "surprise": 1}, 422, "surprise"),
+    ("POST", api.runs(), {**run_spec("bad-2"), "batch_size": "eight"}, 422, "batch_size"),
+    ("POST", api.runs(), {**run_spec("bad-3"), "desired_workers": -1}, 422, "desired_workers"),
+    ("POST", api.runs(), {**run_spec("bad-4"), "min_workers": 3, "max_workers": 2}, 422, "min_workers"),
+    ("POST", api.runs(), {**run_spec("bad-5"), "module": "no.such.module:Thing"}, 422, "cannot import"),
     (
         "POST",
-        "/api/v1/runs",
+        api.runs(),
         {**run_spec("bad-6"), "module": "tests.support.models:Missing"},
         422,
         "no attribute",
     ),
     (
         "POST",
-        "/api/v1/runs",
+        api.runs(),
         {**run_spec("bad-7"), "module": "tests.support.models:NotAModule"},
         422,
         "not a LightningModule",
     ),
     (
         "POST",
-        "/api/v1/runs",
+        api.runs(),
         {**run_spec("bad-8"), "datamodule": "tests.support.models:TinyModule"},
         422,
         "LightningDataModule",
     ),
-    ("POST", "/api/v1/runs", {**run_spec("bad-9"), "name": "Bad Name"}, 422, "name"),
-    ("POST", "/api/v1/runs", {**run_spec("bad-10"), "stop": {"target_epochs": 0}}, 422, "target_epochs"),
-    ("POST", "/api/v1/runs", b"{not json", 422, ""),
-    ("POST", "/api/v1/runs", [1, 2], 422, ""),
-    ("POST", "/api/v1/runs", {**run_spec("bad-11"), "module_args": {"x": "y" * 70_000}}, 413, "limit"),
+    ("POST", api.runs(), {**run_spec("bad-9"), "name": "Bad Name"}, 422, "name"),
+    ("POST", api.runs(), {**run_spec("bad-10"), "stop": {"target_epochs": 0}}, 422, "target_epochs"),
+    ("POST", api.runs(), b"{not json", 422, ""),
+    ("POST", api.runs(), [1, 2], 422, ""),
+    ("POST", api.runs(), {**run_spec("bad-11"), "module_args": {"x": "y" * 70_000}}, 413, "limit"),
     *[
-        ("POST", "/api/v1/runs", {**run_spec(f"trainer-{i}"), **change}, 422, detail)
+        ("POST", api.runs(), {**run_spec(f"trainer-{i}"), **change}, 422, detail)
         for i, (change, detail) in enumerate(
             [
                 ({"trainer": {"precision": "16-true"}}, "'bf16-mixed'"),
@@ -274,15 +276,15 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("GET", "/api/v1/runs?limit=abc", None, 422, "limit"),
     ("GET", "/api/v1/runs?state=sleeping", None, 422, "state"),
     ("GET", "/api/v1/runs?offset=-1", None, 422, "offset"),
-    ("GET", "/api/v1/runs/nope", None, 404, "not found"),
-    ("POST", "/api/v1/runs/nope/scale", {"desired_workers": 1}, 404, "not found"),
-    ("POST", "/api/v1/runs/nope/stop", None, 404, "not found"),
+    ("GET", api.run("nope"), None, 404, "not found"),
+    ("POST", api.run_scale("nope"), {"desired_workers": 1}, 404, "not found"),
+    ("POST", api.run_stop("nope"), None, 404, "not found"),
     ("GET", "/api/v1/runs/nope/progress?max_points=0", None, 422, "max_points"),
-    ("POST", "/api/v1/workers/register", {"hostname": "x"}, 401, "token"),
-    ("POST", "/api/v1/workers/abc/heartbeat", {}, 422, "worker_id"),
+    ("POST", api.register(), {"hostname": "x"}, 401, "token"),
+    ("POST", api.heartbeat("abc"), {}, 422, "worker_id"),
     # the caller is checked before the body: an unknown worker is 404 whatever the body
-    ("POST", "/api/v1/workers/999999/heartbeat", {"samples": -1}, 404, "not found"),
-    ("GET", "/api/v1/runs/nope/checkpoints/latest/download", None, 404, "not found"),
+    ("POST", api.heartbeat("999999"), {"samples": -1}, 404, "not found"),
+    ("GET", api.run_latest_checkpoint("nope"), None, 404, "not found"),
 ]
 
 
@@ -291,9 +293,9 @@ INVALID: list[tuple[str, str, Any, int, str]] = [
     ("method", "path", "body", "status", "detail"), INVALID, ids=[f"{m} {p}" for m, p, *_ in INVALID]
 )
 def test_bad_input_gets_a_4xx_with_a_message(
-    orch: Orchestrator, method: str, path: str, body: Any, status: int, detail: str
+    api_app: Orchestrator, method: str, path: str, body: Any, status: int, detail: str
 ) -> None:
-    with orch.admin() as http:
+    with api_app.admin() as http:
         if isinstance(body, bytes):
             response = http.request(method, path, content=body, headers={"Content-Type": "application/json"})
         else:
@@ -304,24 +306,24 @@ def test_bad_input_gets_a_4xx_with_a_message(
 
 
 @pytest.mark.timeout(60)
-def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(orch: Orchestrator) -> None:
-    created = create(orch, new_name())
+def test_admin_endpoints_refuse_missing_wrong_and_non_admin_tokens(api_app: Orchestrator) -> None:
+    created = create(api_app, new_name())
     name, join = created["name"], created["join_token"]
     cases = [(None, 401), ("garbage", 401), (join, 403)]
     for token, status in cases:
-        with orch.client(token) as http:
+        with api_app.client(token) as http:
             for method, path, body in [
-                ("POST", "/api/v1/runs", run_spec(new_name("x"))),
-                ("POST", f"/api/v1/runs/{name}/scale", {"desired_workers": 2}),
-                ("POST", f"/api/v1/runs/{name}/stop", None),
-                ("POST", f"/api/v1/runs/{name}/resume", None),
-                ("DELETE", f"/api/v1/runs/{name}", None),
+                ("POST", api.runs(), run_spec(new_name("x"))),
+                ("POST", api.run_scale(name), {"desired_workers": 2}),
+                ("POST", api.run_stop(name), None),
+                ("POST", api.run_resume(name), None),
+                ("DELETE", api.run(name), None),
             ]:
                 response = http.request(method, path, json=body)
                 assert response.status_code == status, (token, method, path, response.text)
                 assert "join_token" not in response.text and "swarm_id" not in response.text
-    with orch.client() as http:
-        assert http.get(f"/api/v1/runs/{name}").json()["workers"]["desired"] == 1  # nothing changed
+    with api_app.client() as http:
+        assert http.get(api.run(name)).json()["workers"]["desired"] == 1  # nothing changed
 
 
 EXPECTED_DB_FAILURE = {
@@ -331,15 +333,15 @@ EXPECTED_DB_FAILURE = {
 
 
 @pytest.mark.timeout(60)
-def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator, backend: str) -> None:
-    name = create(orch, new_name())["name"]
-    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+def test_a_database_failure_is_a_clean_json_error(api_app: Orchestrator, backend: str) -> None:
+    name = create(api_app, new_name())["name"]
+    url = api_app.db_url or f"sqlite:///{api_app.data_dir / 'spotswarm.db'}"
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE events RENAME TO events_hidden"))
-        with orch.client() as http:
-            response = http.get(f"/api/v1/runs/{name}/events")
+        with api_app.client() as http:
+            response = http.get(api.run_events(name))
         # PostgreSQL reports a missing table as a programming error (500), SQLite as operational (503).
         answer = (response.status_code, response.json()["detail"])
         assert answer == EXPECTED_DB_FAILURE[backend], response.text
@@ -348,16 +350,16 @@ def test_a_database_failure_is_a_clean_json_error(orch: Orchestrator, backend: s
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE events_hidden RENAME TO events"))
         engine.dispose()
-    with orch.client() as http:
-        assert http.get(f"/api/v1/runs/{name}/events").status_code == 200
+    with api_app.client() as http:
+        assert http.get(api.run_events(name)).status_code == 200
 
 
 @pytest.mark.timeout(60)
-def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrator) -> None:
+def test_a_run_stored_before_the_create_time_rules_still_reads(api_app: Orchestrator) -> None:
     """strategy_options holding a Trainer option are refused at create time, not by the spec model: a run
     stored before that rule must not make every read of runs fail."""
-    name = create(orch, new_name())["name"]
-    url = orch.db_url or f"sqlite:///{orch.data_dir / 'spotswarm.db'}"
+    name = create(api_app, new_name())["name"]
+    url = api_app.db_url or f"sqlite:///{api_app.data_dir / 'spotswarm.db'}"
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
@@ -367,9 +369,7 @@ def test_a_run_stored_before_the_create_time_rules_still_reads(orch: Orchestrato
             )
     finally:
         engine.dispose()
-    with orch.admin() as http:
-        assert http.get(f"/api/v1/runs/{name}").json()["spec"]["strategy_options"] == {
-            "precision": "bf16-mixed"
-        }
-        assert http.get("/api/v1/runs", params={"limit": 1000}).status_code == 200
-        assert http.post(f"/api/v1/runs/{name}/stop").status_code == 200
+    with api_app.admin() as http:
+        assert http.get(api.run(name)).json()["spec"]["strategy_options"] == {"precision": "bf16-mixed"}
+        assert http.get(api.runs(), params={"limit": 1000}).status_code == 200
+        assert http.post(api.run_stop(name)).status_code == 200

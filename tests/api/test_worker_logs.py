@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.operability import (
     OPERABILITY_ENV,
@@ -20,35 +21,35 @@ ORCHESTRATOR_ENV = OPERABILITY_ENV
 
 
 @pytest.mark.timeout(120)
-def test_worker_log_tail_is_bounded_and_follows_the_read_rule(orch: Orchestrator) -> None:
-    name, join_token = create(orch)
+def test_worker_log_tail_is_bounded_and_follows_the_read_rule(api_app: Orchestrator) -> None:
+    name, join_token = create(api_app)
     worker, log = local_worker_with_log(
-        orch, name, "".join(f"line {i:05d} of the worker's log\n" for i in range(5000))
+        api_app, name, "".join(f"line {i:05d} of the worker's log\n" for i in range(5000))
     )
-    path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
+    path = api.run_worker_log(name, worker.worker_id)
 
-    tail = admin_get(orch, path, tail_bytes=100)
+    tail = admin_get(api_app, path, tail_bytes=100)
     assert tail["size_bytes"] == log.stat().st_size and tail["truncated"]
     assert len(tail["text"].encode()) <= 100 and tail["text"].startswith("line ")
     assert tail["text"].endswith("line 04999 of the worker's log\n")
     assert tail["offset"] + len(tail["text"].encode()) == tail["size_bytes"]
-    whole = admin_get(orch, path, tail_bytes=1024 * 1024)
+    whole = admin_get(api_app, path, tail_bytes=1024 * 1024)
     assert not whole["truncated"] and whole["text"] == log.read_text()
 
-    with orch.admin() as http:
+    with api_app.admin() as http:
         assert http.get(path, params={"tail_bytes": 1024 * 1024 + 1}).status_code == 422
         assert http.get(path, params={"tail_bytes": 0}).status_code == 422
-        assert http.get(f"/api/v1/runs/{name}/workers/999999/log").status_code == 404
-        other_name, _ = create(orch)
+        assert http.get(api.run_worker_log(name, "999999")).status_code == 404
+        other_name, _ = create(api_app)
         assert http.get(path.replace(name, other_name)).status_code == 404  # not that run's worker
-        manual = join(orch, join_token)
-        refused = http.get(f"/api/v1/runs/{name}/workers/{manual.worker_id}/log")
+        manual = join(api_app, join_token)
+        refused = http.get(api.run_worker_log(name, manual.worker_id))
         assert refused.status_code == 409 and "by hand" in refused.json()["detail"]
-        other_request, other_launch = launch_intent(orch, other_name)
-        silent = join(orch, other_launch, other_request)
-        missing = http.get(f"/api/v1/runs/{other_name}/workers/{silent.worker_id}/log")
+        other_request, other_launch = launch_intent(api_app, other_name)
+        silent = join(api_app, other_launch, other_request)
+        missing = http.get(api.run_worker_log(other_name, silent.worker_id))
         assert missing.status_code == 404 and "no log" in missing.json()["detail"]
-    with orch.client() as anonymous:
+    with api_app.client() as anonymous:
         assert anonymous.get(path).status_code == 401
-    with orch.client(join_token) as http:
+    with api_app.client(join_token) as http:
         assert http.get(path).status_code == 403

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from tests.support import api
 from tests.support.browser import open_browser
 from tests.support.cli import cli
 from tests.support.orchestrator import Orchestrator
@@ -43,7 +44,7 @@ def test_a_run_whose_rounds_all_time_out_shows_the_averaging_warning_everywhere(
     options = dict(GRADIENTS)  # its gradient rounds are refused; admission left at its default (on)
     spec = digits_run("apart", module=f"{MODELS}:NoAveragingDigitsModule", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "apart")
     # the warning comes at once (the swarm never formed: domain/swarm_forming.py); the window's figures
     # once it is covered

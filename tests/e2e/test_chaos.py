@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.runs import (
@@ -75,8 +76,8 @@ class ApiSampler:
         while not self.stop.wait(0.5):
             try:
                 with httpx.Client(base_url=self.orch.url, timeout=5) as http:
-                    run = http.get(f"/api/v1/runs/{self.name}").json()
-                    workers = http.get(f"/api/v1/runs/{self.name}/workers", params={"limit": 500}).json()
+                    run = http.get(api.run(self.name)).json()
+                    workers = http.get(api.run_workers(self.name), params={"limit": 500}).json()
             except (httpx.HTTPError, ValueError):
                 continue  # the orchestrator is down (killed on purpose) or busy: no reading this time
             self.reported.append(run["reported"]["swarm_epoch"])
@@ -88,8 +89,8 @@ def start_observer(processes: ProcessRegistry, orch: Orchestrator, name: str) ->
     """A DHT peer of the test's own reading the swarm's progress (tests/programs/swarm_observer.py): an
     operator's monitoring peer, with a token it signs itself with the authority key in the data dir."""
     with orch.client() as http:
-        run = http.get(f"/api/v1/runs/{name}").json()
-        peers = http.get(f"/api/v1/runs/{name}/peers").json()["initial_peers"]
+        run = http.get(api.run(name)).json()
+        peers = http.get(api.run_peers(name)).json()["initial_peers"]
     args = [
         sys.executable,
         "-m",
@@ -124,7 +125,7 @@ def went_back(series: list[int]) -> list[tuple[int, int]]:
 def verify_checkpoints(orch: Orchestrator, name: str) -> list[dict[str, Any]]:
     """Download every recorded checkpoint; each must match its recorded size and SHA-256."""
     with orch.admin() as http:
-        items = http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"]
+        items = http.get(api.run_checkpoints(name)).json()["items"]
         for item in items:
             response = http.get(item["download_path"])
             assert response.status_code == 200, (item, response.text)
@@ -172,7 +173,7 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         # 3 s the run took 124 s alone and overran the 300 s bound once in the full suite)
         strategy_options=dict(GRADIENTS),
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "chaos")
     # both samplers read from the swarm's first epoch: two workers that have not yet seen each other step
     # alone (at the usual digits settings an epoch in a fraction of a second), and once ran through 26 of

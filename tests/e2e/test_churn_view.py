@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.support import api
 from tests.support.browser import chart_points, open_browser
 from tests.support.cli import Beater, HandWorker
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
@@ -30,7 +31,7 @@ RUN = "churn-demo"
 
 def last_point(orch: Orchestrator) -> dict[str, Any]:
     with orch.client() as http:
-        response = http.get(f"/api/v1/runs/{RUN}/progress")
+        response = http.get(api.run_progress(RUN))
     response.raise_for_status()
     return dict(response.json()["points"][-1])
 
@@ -45,7 +46,7 @@ def test_page_charts_live_against_desired_marks_notice_and_loss_and_shows_goodpu
 ) -> None:
     orch: Orchestrator = start_orchestrator(processes, tmp_path / "data", extra_env=HAND_ONLY)
     with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec(RUN, desired_workers=3))
+        created = http.post(api.runs(), json=run_spec(RUN, desired_workers=3))
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
     # the run trains in the default mode, DiLoCo: the workers report the samples their rounds kept

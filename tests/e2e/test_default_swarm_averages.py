@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
@@ -76,7 +77,7 @@ def test_workers_with_default_options_average_nearly_every_epoch(
     spec = digits_run(
         "defaults", target_batch_size=target_batch_size, strategy_options=options, desired_workers=workers
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "defaults")
     formed = wait_until(
         lambda: _all_averaged_once(reader, workers),

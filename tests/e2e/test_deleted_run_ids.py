@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
@@ -50,18 +51,18 @@ def test_the_run_after_a_deleted_one_gets_new_worker_ids_and_averages(
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
     first = RunReader(orch, "first")
-    admin_post(orch, "/api/v1/runs", digits_run("first"))
+    admin_post(orch, api.runs(), digits_run("first"))
     old_ids = {w["id"] for w in _train_until_averaged(first)}
     first.admin_post("/stop")
     wait_until(lambda: first.run()["state"] == "stopped", 120, message="first run stopped")
     with orch.admin() as http:
-        http.delete("/api/v1/runs/first", timeout=60).raise_for_status()
+        http.delete(api.run("first"), timeout=60).raise_for_status()
 
     second = RunReader(orch, "second")
-    admin_post(orch, "/api/v1/runs", digits_run("second"))
+    admin_post(orch, api.runs(), digits_run("second"))
     wait_until(lambda: len(second.running()) == 2, BOOT_S, message="the second run's two workers registered")
     new_ids = {w["id"] for w in second.running()}
     assert not new_ids & old_ids, f"ids of the deleted run's workers handed out again: {new_ids & old_ids}"
     _train_until_averaged(second)
     with orch.client() as http:
-        assert http.get("/api/v1/runs/first").status_code == httpx.codes.NOT_FOUND
+        assert http.get(api.run("first")).status_code == httpx.codes.NOT_FOUND

@@ -23,6 +23,7 @@ import pytest
 
 from orchestrator.cli.demo import DEMO_RUN, STOP_WAIT_S
 from orchestrator.config import Settings
+from tests.support import api
 from tests.support.ports import free_port
 from tests.support.processes import (
     VENV_BIN,
@@ -61,7 +62,7 @@ def training_workers(demo: ManagedProcess, url: str) -> int:
     them training, not joining the swarm while the demo's own DHT peer goes."""
     if not demo.alive():
         pytest.fail(f"the demo exited with {demo.popen.returncode}:\n{demo.log()[-3000:]}")
-    workers = httpx.get(f"{url}/api/v1/runs/{DEMO_RUN}/workers", timeout=10).raise_for_status().json()
+    workers = httpx.get(url + api.run_workers(DEMO_RUN), timeout=10).raise_for_status().json()
     return sum(1 for w in workers["items"] if w["state"] == "running" and w["samples"] > 0)
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
+from tests.support import api
 from tests.support.browser import open_browser
 from tests.support.cli import cli
 from tests.support.orchestrator import Orchestrator
@@ -37,7 +38,7 @@ def test_a_diloco_run_of_two_pinned_workers_completes_in_rounds(
         stop={"target_epochs": ROUNDS},
         checkpoint_every_epochs=4,
     )
-    admin_post(loop_orch, "/api/v1/runs", spec)
+    admin_post(loop_orch, api.runs(), spec)
     reader = RunReader(loop_orch, "diloco")
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed", "stopped") and run,

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run
 from tests.support.waiting import BOOT_S, wait_until
@@ -64,7 +65,7 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(loop_orch: Orchestrator, rou
     options = {**GRADIENTS, "averaging_timeout": AVERAGING_TIMEOUT_S, **extra_options}
     spec = digits_run(name, module=f"{MODELS}:{model}", strategy_options=options)
     spec["datamodule"] = f"{MODELS}:DigitsDataModule"
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, name)
 
     wait_until(
@@ -91,7 +92,7 @@ def test_a_stop_ends_the_rounds_its_workers_wait_in(loop_orch: Orchestrator, rou
         ),
     )
     stopped_at = time.monotonic()
-    admin_post(orch, f"/api/v1/runs/{name}/stop")
+    admin_post(orch, api.run_stop(name))
     wait_until(lambda: reader.run()["state"] == "stopped", AVERAGING_TIMEOUT_S + 30, message="the run stops")
     took_s = time.monotonic() - stopped_at
     assert took_s < LEFT_WITHIN_S, f"the workers left {took_s:.0f} s after the stop"

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
@@ -52,7 +53,7 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
 ) -> None:
     env = {"SPOTSWARM_CHECK_IMPORTS": "false", "SPOTSWARM_LOG_FORMAT": "json"}  # workers inherit the env
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
-    admin_post(orch, "/api/v1/runs", digits_run(RUN, target_batch_size=64, checkpoint_every_epochs=2))
+    admin_post(orch, api.runs(), digits_run(RUN, target_batch_size=64, checkpoint_every_epochs=2))
     reader = RunReader(orch, RUN)
     wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 1, BOOT_S, message="2 workers train")
 
@@ -93,13 +94,13 @@ def test_metrics_follow_a_training_run_and_vanish_when_it_is_deleted(
 
     worker = reader.running()[0]
     with orch.admin() as http:  # logs need the admin token
-        tail = http.get(f"/api/v1/runs/{RUN}/workers/{worker['id']}/log", params={"tail_bytes": 65536}).json()
+        tail = http.get(api.run_worker_log(RUN, worker["id"]), params={"tail_bytes": 65536}).json()
     lines = [json.loads(line) for line in tail["text"].splitlines() if line.startswith("{")]
     assert any(line["run"] == RUN and line["worker"] == worker["id"] for line in lines), tail["text"][-2000:]
 
-    admin_post(orch, f"/api/v1/runs/{RUN}/stop")
+    admin_post(orch, api.run_stop(RUN))
     wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
     with orch.admin() as http:
-        assert http.delete(f"/api/v1/runs/{RUN}").status_code == 204
+        assert http.delete(api.run(RUN)).status_code == 204
     left = [key for key in scrape(orch) if ("run", RUN) in key[1]]
     assert not left, left

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.spot_market import spot_market
@@ -39,7 +40,7 @@ def test_two_peers_share_one_machine_train_together_and_both_leave_at_its_reclai
         launcher_options={"peers_per_machine": 2},
         stop={"target_epochs": 100_000},
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "two-per-machine")
 
     def both_training() -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.swarm.admission import load_or_create_key
+from tests.support import api
 from tests.support.failover_proxy import FailoverProxy
 from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
 from tests.support.ports import free_ports
@@ -80,7 +81,7 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
         leader, standby = _roles(started)
         reader = RunReader(leader, "ha")
         spec = digits_run("ha", desired_workers=1, strategy_options=dict(ROUNDS))
-        admin_post(leader, "/api/v1/runs", spec)
+        admin_post(leader, api.runs(), spec)
         # training, not only registered: past joining the swarm through the leader's DHT peer (a worker
         # still starting when the leader dies joins through the new leader's: test_dht_bootstrap_retry)
         worker = wait_until(
@@ -103,7 +104,7 @@ def test_only_the_leader_launches_and_the_standby_takes_over_without_relaunching
             60,
             message="the worker heartbeats through the proxy to the new leader",
         )
-        admin_post(standby, "/api/v1/runs/ha/stop")  # only a live reconcile loop can finish stopping
+        admin_post(standby, api.run_stop("ha"))  # only a live reconcile loop can finish stopping
         wait_until(lambda: reader.run()["state"] == "stopped", 120, message="the new leader stops the run")
     finally:
         proxy.close()

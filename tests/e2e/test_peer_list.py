@@ -20,6 +20,7 @@ from typing import Any
 import hivemind
 import pytest
 
+from tests.support import api
 from tests.support.dht_reads import read_latest
 from tests.support.monitor_peer import monitor_dht
 from tests.support.orchestrator import Orchestrator
@@ -53,7 +54,7 @@ def register_by_hand(orch: Orchestrator, join_token: str, swarm_id: str, worker_
     """What a user does before starting a worker by hand: register it with the run's join token and
     fetch its swarm token (cached in ``worker_dir`` with its identity). Returns the worker's JSON."""
     with orch.client(join_token) as http:
-        response = http.post("/api/v1/workers/register", json={"hostname": "by-hand"})
+        response = http.post(api.register(), json={"hostname": "by-hand"})
         registration = response.raise_for_status().json()
     worker_id, token = registration["worker_id"], registration["worker_token"]
     fetch = ClientTokenSource(lambda: OrchestratorClient(orch.url, token), worker_id)
@@ -81,7 +82,7 @@ def test_saved_peer_list_joins_a_hand_started_worker_while_the_orchestrator_is_d
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
     options = dict(GRADIENTS)  # the hand-started worker is a plain HivemindStrategy; admission on
     spec = digits_run(RUN, target_batch_size=TARGET_BATCH_SIZE, strategy_options=options)
-    created = admin_post(orch, "/api/v1/runs", spec).json()
+    created = admin_post(orch, api.runs(), spec).json()
     swarm_id = created["swarm_id"]
     reader = RunReader(orch, RUN)
     # the worker a user starts by hand later: it imports now, and trains once its peer list appears

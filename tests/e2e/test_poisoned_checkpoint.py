@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import Orchestrator
 from tests.support.runs import RunReader, admin_post, digits_run
@@ -28,20 +29,18 @@ pytestmark = [pytest.mark.swarm]
 def upload(orch: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes) -> httpx.Response:
     with orch.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        return http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}", content=data, headers=headers
-        )
+        return http.put(api.checkpoint_upload(worker["worker_id"], epoch), content=data, headers=headers)
 
 
 def create(orch: Orchestrator, name: str, **overrides: Any) -> str:
     """Create a digits run with no worker launched yet; its join token."""
     spec = digits_run(name, desired_workers=0, min_workers=0, **overrides)
-    return str(admin_post(orch, "/api/v1/runs", spec).json()["join_token"])
+    return str(admin_post(orch, api.runs(), spec).json()["join_token"])
 
 
 def launched_worker_trains(orch: Orchestrator, reader: RunReader) -> dict[str, Any]:
     """Scale the run to one launched worker and wait until it trains; that worker's row."""
-    admin_post(orch, f"/api/v1/runs/{reader.name}/scale", {"desired_workers": 1})
+    admin_post(orch, api.run_scale(reader.name), {"desired_workers": 1})
 
     def training() -> dict[str, Any] | None:
         workers = reader.workers()
@@ -85,7 +84,7 @@ def test_a_checkpoint_that_does_not_load_is_skipped_reported_and_no_start_failur
     foreign = checkpoint_bytes(state_dict={"encoder.weight": 0})
     assert upload(orch, hand, 1, foreign).status_code == 201
     with orch.client(hand["worker_token"]) as http:  # the hand-joined worker leaves
-        http.post(f"/api/v1/workers/{hand['worker_id']}/deregister", json={"reason": "stopped"})
+        http.post(api.deregister(hand["worker_id"]), json={"reason": "stopped"})
     reader = RunReader(orch, "poison-opted-in")
     worker = launched_worker_trains(orch, reader)
     unloadable = [e["message"] for e in reader.events() if e["kind"] == "checkpoint.unloadable"]

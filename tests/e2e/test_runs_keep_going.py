@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, kill_worker, start_loop_orchestrator
@@ -32,7 +33,7 @@ def test_run_of_two_workers_completes_with_falling_loss(loop_orch: Orchestrator)
     # 10 rounds of 3 s (the default mode): long enough for the second worker to join and train
     rounds = {**ROUNDS, "sync_every_s": 3.0}
     spec = digits_run("done", stop={"target_epochs": TARGET_ROUNDS}, strategy_options=rounds)
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "done")
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed", "stopped") and run,
@@ -62,7 +63,7 @@ def test_run_of_two_workers_completes_with_falling_loss(loop_orch: Orchestrator)
 @pytest.mark.timeout(600)
 def test_run_survives_churn_and_scaling(loop_orch: Orchestrator) -> None:
     orch = loop_orch
-    admin_post(orch, "/api/v1/runs", digits_run("churn"))
+    admin_post(orch, api.runs(), digits_run("churn"))
     reader = RunReader(orch, "churn")
     wait_until(lambda: len(reader.running()) == 2 and reader.epoch() >= 2, BOOT_S, message="2 workers train")
 
@@ -81,16 +82,16 @@ def test_run_survives_churn_and_scaling(loop_orch: Orchestrator) -> None:
     )
     assert reader.epoch() >= epoch_at_kill
 
-    admin_post(orch, "/api/v1/runs/churn/scale", {"desired_workers": 3})
+    admin_post(orch, api.run_scale("churn"), {"desired_workers": 3})
     wait_until(lambda: len(reader.running()) == 3, BOOT_S, message="scaled up to 3 running workers")
-    admin_post(orch, "/api/v1/runs/churn/scale", {"desired_workers": 2})
+    admin_post(orch, api.run_scale("churn"), {"desired_workers": 2})
     wait_until(
         lambda: any(w["state"] == "exited" for w in reader.workers()) and len(reader.running()) == 2,
         90,
         message="one worker retired by the scale-down",
     )
 
-    admin_post(orch, "/api/v1/runs/churn/stop")
+    admin_post(orch, api.run_stop("churn"))
     wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
     kinds = " ".join(f"{e['kind']} {e['message']}" for e in reader.events())
     assert "-> lost" in kinds and "run.scaled" in kinds and "worker.retire" in kinds
@@ -102,7 +103,7 @@ def test_orchestrator_crash_and_total_loss_keep_the_swarm_epoch(
     processes: ProcessRegistry, loop_data_dir: Path
 ) -> None:
     orch = start_loop_orchestrator(processes, loop_data_dir)
-    admin_post(orch, "/api/v1/runs", digits_run("crash"))
+    admin_post(orch, api.runs(), digits_run("crash"))
     reader = RunReader(orch, "crash")
     wait_until(lambda: len(reader.running()) == 2 and reader.checkpoints(), BOOT_S, message="a checkpoint")
     epoch_at_crash = reader.epoch()
@@ -131,7 +132,7 @@ def test_orchestrator_crash_and_total_loss_keep_the_swarm_epoch(
     replacements = [w for w in reader.running() if w["id"] not in originals]
     assert all(w["swarm_epoch"] >= checkpoint_epoch for w in replacements), (checkpoint_epoch, replacements)
 
-    admin_post(orch, "/api/v1/runs/crash/stop")
+    admin_post(orch, api.run_stop("crash"))
     wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
 
 
@@ -146,7 +147,7 @@ def test_worker_that_cannot_import_the_module_fails_the_run_with_the_reason(
         datamodule="tests.e2e.worker_only_broken:DigitsDataModule",
         desired_workers=1,
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "broken")
     run = wait_until(lambda: (r := reader.run())["state"] == "failed" and r, BOOT_S, message="run failed")
     messages = " ".join(e["message"] for e in reader.events())

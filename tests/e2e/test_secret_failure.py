@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.runs import RunReader, admin_post
 from tests.support.specs import run_spec
@@ -23,7 +24,7 @@ def test_a_launched_workers_failure_quoting_a_secret_is_masked_everywhere(loop_o
         min_workers=1,
         max_workers=1,
     )
-    admin_post(loop_orch, "/api/v1/runs", spec)
+    admin_post(loop_orch, api.runs(), spec)
     reader = RunReader(loop_orch, "secret-failure")
     failed = wait_until(
         lambda: [w for w in reader.workers() if w["state"] == "failed" and w["exit_reason"]],

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import BOOT_S, wait_until
@@ -43,7 +44,7 @@ def test_workers_of_an_opted_out_run_average_with_each_other_from_the_start(
         "swarm_admission": False,
         "ensure_bootstrap_success": False,  # a worker nobody answers trains alone instead of giving up
     }
-    admin_post(orch, "/api/v1/runs", digits_run("apart", strategy_options=options))
+    admin_post(orch, api.runs(), digits_run("apart", strategy_options=options))
     reader = RunReader(orch, "apart")
     wait_until(lambda: len([w for w in reader.running() if w["samples"] > 0]) == 2, BOOT_S, message="2 train")
 

@@ -12,107 +12,27 @@ the ``ec2`` launcher writes it into an instance's user data.
 
 from __future__ import annotations
 
-import json
-import secrets
-import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.aws import FakeAws
+from tests.support.imds import FakeImds, serving_imds
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.waiting import wait_until
-from worker.protocol.imds import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TOKEN_TTL_HEADER
 
 HEARTBEAT_TIMEOUT_S = 30.0  # the replacement must come long before the loop could call the worker lost
 
 
-class InstanceMetadata(ThreadingHTTPServer):
-    """A fake IMDSv2 on 127.0.0.1 that all local workers share, each as if on its own instance.
-
-    Every worker gets its own session token (``PUT /latest/api/token``). :meth:`interrupt` arms an
-    interruption notice; the first token to poll for it afterwards owns it (that worker's "instance"
-    is being reclaimed) and sees it from then on, while every other token, and so every replacement,
-    keeps getting 404 as on another instance.
-    """
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _MetadataHandler)
-        self.lock = threading.Lock()
-        self.tokens: set[str] = set()
-        self.armed: dict[str, str] | None = None
-        self.notice: dict[str, str] | None = None
-        self.notice_token: str | None = None
-        self.delivered = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def interrupt(self, seconds_ahead: float = 120.0) -> None:
-        """Arm EC2's notice: ``terminate`` at ``seconds_ahead`` from now, for the next worker that polls."""
-        when = datetime.now(UTC) + timedelta(seconds=seconds_ahead)
-        with self.lock:
-            self.armed = {"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
-
-    def instance_action(self, token: str) -> dict[str, str] | None:
-        with self.lock:
-            if self.armed is not None and self.notice_token is None:
-                self.notice, self.notice_token, self.armed = self.armed, token, None
-                self.delivered.set()
-            return self.notice if token == self.notice_token else None
-
-
-class _MetadataHandler(BaseHTTPRequestHandler):
-    server: InstanceMetadata
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_PUT(self) -> None:
-        if self.path != TOKEN_PATH or not self.headers.get(TOKEN_TTL_HEADER):
-            self._reply(400, "")
-            return
-        token = secrets.token_hex(8)
-        with self.server.lock:
-            self.server.tokens.add(token)
-        self._reply(200, token)
-
-    def do_GET(self) -> None:
-        token = self.headers.get(TOKEN_HEADER, "")
-        with self.server.lock:
-            known = token in self.server.tokens
-        if not known:
-            self._reply(401, "")
-            return
-        notice = self.server.instance_action(token) if self.path == INSTANCE_ACTION_PATH else None
-        self._reply(200, json.dumps(notice)) if notice else self._reply(404, "Not Found")
-
-    def _reply(self, status: int, body: str) -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
 @pytest.fixture
-def metadata() -> Iterator[InstanceMetadata]:
-    server = InstanceMetadata()
-    thread = threading.Thread(target=server.serve_forever, name="fake-imds", daemon=True)
-    thread.start()
-    try:
+def metadata() -> Iterator[FakeImds]:
+    with serving_imds() as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def event_time(event: dict[str, Any]) -> datetime:
@@ -122,7 +42,7 @@ def event_time(event: dict[str, Any]) -> datetime:
 @pytest.mark.swarm
 @pytest.mark.timeout(300)
 def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
-    processes: ProcessRegistry, loop_data_dir: Path, metadata: InstanceMetadata, aws: FakeAws
+    processes: ProcessRegistry, loop_data_dir: Path, metadata: FakeImds, aws: FakeAws
 ) -> None:
     s3 = aws.client("s3")
     s3.create_bucket(Bucket="spotswarm-checkpoints")
@@ -144,7 +64,7 @@ def test_spot_notice_checkpoints_leaves_interrupted_and_is_replaced_at_once(
     spec = digits_run(
         "spot-digits", desired_workers=1, checkpoint_every_epochs=10_000, stop={"target_epochs": 100_000}
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "spot-digits")
 
     def training() -> list[dict[str, Any]]:

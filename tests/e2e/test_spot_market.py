@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.spot_market import spot_market
@@ -59,7 +60,7 @@ def test_market_refuses_launches_reclaims_with_notice_and_gives_capacity_back(
     }
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
     admin_post(
-        orch, "/api/v1/runs", digits_run("spot-market", desired_workers=2, stop={"target_epochs": 100_000})
+        orch, api.runs(), digits_run("spot-market", desired_workers=2, stop={"target_epochs": 100_000})
     )
     reader = RunReader(orch, "spot-market")
 
@@ -133,9 +134,7 @@ def test_a_market_without_capacity_is_asked_ever_less_often_never_fails_the_run_
         "SPOTSWARM_MAX_START_FAILURES": "3",  # start-up failures this often fail a run; refusals never
     }
     orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=env)
-    admin_post(
-        orch, "/api/v1/runs", digits_run("dry-market", desired_workers=1, stop={"target_epochs": 100_000})
-    )
+    admin_post(orch, api.runs(), digits_run("dry-market", desired_workers=1, stop={"target_epochs": 100_000}))
     reader = RunReader(orch, "dry-market")
 
     def six_refused() -> list[dict[str, Any]]:

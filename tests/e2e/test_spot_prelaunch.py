@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import ROUNDS, RunReader, admin_post, digits_run, start_loop_orchestrator
 from tests.support.spot_market import spot_market
@@ -42,7 +43,7 @@ def test_the_replacement_of_a_noticed_worker_trains_before_the_noticed_worker_is
     created_at = time.time()  # the trace starts at the first launch, a moment later
     admin_post(
         orch,
-        "/api/v1/runs",
+        api.runs(),
         digits_run(
             "prelaunch",
             desired_workers=1,

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, Request, expect
 
+from tests.support import api
 from tests.support.browser import chart_points, open_browser
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.cli import Beater, HandWorker
@@ -42,21 +43,22 @@ def api_get(orch: Orchestrator, path: str) -> dict:
 
 
 @pytest.fixture
-def orch(processes: ProcessRegistry, tmp_path: Path) -> Orchestrator:
+def fresh_orch(processes: ProcessRegistry, tmp_path: Path) -> Orchestrator:
+    """A `spotswarm serve` of this test alone (workers joined by hand)."""
     return start_orchestrator(processes, tmp_path / "data", extra_env=HAND_ONLY)
 
 
 @pytest.fixture
-def hand_run(orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
+def hand_run(fresh_orch: Orchestrator) -> Iterator[tuple[list[HandWorker], Beater]]:
     """Run "page-demo" (stop at epoch 50) with two hand-joined workers heartbeating in a thread."""
     spec = run_spec("page-demo", desired_workers=2, stop={"target_epochs": 50})
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=spec)
+    with fresh_orch.admin() as http:
+        created = http.post(api.runs(), json=spec)
     assert created.status_code == 201, created.text
     join = created.json()["join_token"]
     workers = [
-        HandWorker(orch, join, "host-a", validates=True),
-        HandWorker(orch, join, "host-b", validates=True),
+        HandWorker(fresh_orch, join, "host-a", validates=True),
+        HandWorker(fresh_orch, join, "host-b", validates=True),
     ]
     beater = Beater(workers)
     beater.start()
@@ -84,12 +86,12 @@ def steer_with_the_token(page: Page, orch: Orchestrator) -> None:
 
 @pytest.mark.timeout(90)
 def test_page_shows_a_live_run_and_its_controls_work(
-    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater], tmp_path: Path
+    fresh_orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater], tmp_path: Path
 ) -> None:
     workers, beater = hand_run
     with open_browser() as browser:
         page = browser.page
-        page.goto(orch.url + "/")
+        page.goto(fresh_orch.url + "/")
         row = page.locator('tr[data-run="page-demo"]')
         expect(row.locator("td.workers")).to_have_text("2/2")
         row.locator("a").click()
@@ -115,7 +117,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         expect(page.locator("#events")).to_contain_text("worker.registered")
         expect(page.locator('#workers tr[data-state="running"]')).to_have_count(2)
 
-        steer_with_the_token(page, orch)
+        steer_with_the_token(page, fresh_orch)
 
         page.check("#per-worker")  # per-worker lines join the swarm-wide one
         expect(page.locator("#loss-chart path.series")).to_have_count(3)
@@ -136,7 +138,7 @@ def test_page_shows_a_live_run_and_its_controls_work(
         saved = Path(download.value.path())
         assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(blob.read_bytes()).digest()
 
-        expect(page.locator("#peers")).to_contain_text(f"/tcp/{orch.dht_port}/p2p/")
+        expect(page.locator("#peers")).to_contain_text(f"/tcp/{fresh_orch.dht_port}/p2p/")
         page.click("#copy-peers")
         expect(page.locator("#copy-peers")).to_have_text("copied")
 
@@ -144,10 +146,10 @@ def test_page_shows_a_live_run_and_its_controls_work(
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("#stop-button")
         expect(page.locator("#run-state")).to_have_text("stopping")
-        assert api_get(orch, "/runs/page-demo")["state"] == "stopping"
+        assert api_get(fresh_orch, "/runs/page-demo")["state"] == "stopping"
         assert not browser.problems, browser.problems
         stored = json.dumps(page.evaluate("Object.assign({}, localStorage)"))
-        assert orch.admin_token in stored  # the token survives reloads in this browser only
+        assert fresh_orch.admin_token in stored  # the token survives reloads in this browser only
 
 
 # -- where the admin token goes ------------------------------------------------------------------------
@@ -183,20 +185,20 @@ def paste_token(page: Page, token: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_polls_go_without_the_admin_token_admin_calls_with_it(
-    orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater]
+    fresh_orch: Orchestrator, hand_run: tuple[list[HandWorker], Beater]
 ) -> None:
     args = {"module_args": {"secret_path": "s3://team-bucket/private"}}
-    with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("token-rule", **args)).status_code == 201
+    with fresh_orch.admin() as http:
+        assert http.post(api.runs(), json=run_spec("token-rule", **args)).status_code == 201
     with open_browser() as browser:
         page = browser.page
         calls = Recorder(page)
-        page.goto(orch.url + "/runs/token-rule")
+        page.goto(fresh_orch.url + "/runs/token-rule")
         expect(page.locator("#spec-note")).to_contain_text("admin token only")
         assert "s3://team-bucket" not in page.locator("#spec").inner_text()
 
         pasted_at = len(calls.calls)
-        paste_token(page, orch.admin_token)
+        paste_token(page, fresh_orch.admin_token)
         expect(page.locator("#spec")).to_contain_text("s3://team-bucket/private")  # the full view
         wait_until(
             lambda: calls.polls_since(page, pasted_at, "/workers") >= 3,
@@ -210,12 +212,12 @@ def test_polls_go_without_the_admin_token_admin_calls_with_it(
         after = calls.since(pasted_at)
         with_token = [(method, path) for method, path, auth in after if auth]
         # one read of the full run when the token was pasted, and the scale call: nothing else
-        assert with_token == [("GET", "/api/v1/runs/token-rule"), ("POST", "/api/v1/runs/token-rule/scale")]
+        assert with_token == [("GET", api.run("token-rule")), ("POST", api.run_scale("token-rule"))]
         polled = {path for method, path, auth in after if method == "GET" and not auth}
         assert {
-            "/api/v1/runs/token-rule",
-            "/api/v1/runs/token-rule/workers",
-            "/api/v1/runs/token-rule/events",
+            api.run("token-rule"),
+            api.run_workers("token-rule"),
+            api.run_events("token-rule"),
         } <= polled
         assert not browser.problems, browser.problems
 
@@ -228,7 +230,7 @@ def test_without_public_reads_the_page_reads_with_the_token(
         processes, tmp_path / "private", extra_env={**HAND_ONLY, "SPOTSWARM_PUBLIC_READS": "false"}
     )
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("private-run")).status_code == 201
+        assert http.post(api.runs(), json=run_spec("private-run")).status_code == 201
     with open_browser(expected_statuses=(401,)) as browser:
         page = browser.page
         calls = Recorder(page)
@@ -266,7 +268,7 @@ def test_frozen_worker_shows_lost_then_replaced(
     # stop condition never reached (the test ends first); it gives the page an ETA to show
     spec = digits_run("live-digits", stop={"target_epochs": 100_000}, checkpoint_every_epochs=5)
     with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=spec).status_code == 201
+        assert http.post(api.runs(), json=spec).status_code == 201
     with open_browser() as browser:
         page = browser.page
         page.goto(orch.url + "/runs/live-digits")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from tests.support import api
 from tests.support.browser import open_browser
 from tests.support.cli import cli
 from tests.support.processes import ProcessRegistry
@@ -43,7 +44,7 @@ def test_a_run_whose_workers_never_average_is_warned_within_seconds_and_ends_say
     options = {"sync": "gradients", "matchmaking_time": 1.0, "averaging_timeout": 5.0}  # split: its records
     spec = digits_run("split", module=f"{MODELS}:SplitDigitsModule", strategy_options=options)
     spec.update(datamodule=f"{MODELS}:DigitsDataModule", target_batch_size=512)
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "split")
     wait_until(
         lambda: len([w for w in reader.running() if w["averaging"]]) == 2, BOOT_S, message="both train"

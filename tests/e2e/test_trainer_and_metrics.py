@@ -20,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboardX.proto.event_pb2 import Event
 
+from tests.support import api
 from tests.support.cli import cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
@@ -112,9 +113,7 @@ def test_a_trainer_section_is_applied_and_its_metrics_are_shown_forwarded_and_ke
     assert "val_acc=" in listed.stdout and f"{LR}=" in listed.stdout, listed.stdout  # cut after these
 
     with orch.admin() as http:  # the worker applied the section: bf16 autocast (Lightning says so)
-        log = http.get(
-            f"/api/v1/runs/{RUN}/workers/{worker['id']}/log", params={"tail_bytes": 1 << 20}
-        ).json()
+        log = http.get(api.run_worker_log(RUN, worker["id"]), params={"tail_bytes": 1 << 20}).json()
     assert "Using bfloat16 Automatic Mixed Precision" in log["text"], log["text"][-3000:]
     rows = list(csv.DictReader((next((tmp_path / "csv").rglob("metrics.csv"))).open()))
     assert any(row.get("val_loss") for row in rows) and any(row.get(LR) for row in rows)
@@ -148,7 +147,7 @@ def test_the_validation_a_worker_runs_as_the_run_completes_is_kept_by_the_run(
     # validation only as a worker stops: a cadence the run never reaches (batches across passes)
     trainer = {"val_check_interval": 1_000_000, "check_val_every_n_epoch": None, "limit_val_batches": 2}
     spec = digits_run("last-val", desired_workers=1, trainer=trainer, stop={"target_epochs": 3})
-    admin_post(loop_orch, "/api/v1/runs", spec)
+    admin_post(loop_orch, api.runs(), spec)
     reader = RunReader(loop_orch, "last-val")
     run = wait_until(
         lambda: (r := reader.run())["state"] in ("completed", "stopped", "failed") and r,

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.cli import cli
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, kill_worker, start_loop_orchestrator
@@ -156,7 +157,7 @@ def test_a_project_outside_the_repository_trains_with_its_own_requirement_and_re
     assert [p.name for p in cache.glob("envs/*/lib/python*/site-packages/byoreq")] == ["byoreq"]
 
     with orch.admin() as http:
-        run = http.get("/api/v1/runs/byo").json()
+        run = http.get(api.run("byo")).json()
         events = http.get("/api/v1/runs/byo/events?limit=1000").text
     logs = worker_log(loop_data_dir, first) + worker_log(loop_data_dir, second)
     assert run["spec"]["secret_env"] == {"USER_TOKEN": None}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import GRADIENTS, RunReader, admin_post, digits_run, start_loop_orchestrator
@@ -34,7 +35,7 @@ def test_workers_of_a_module_seeded_by_the_user_draw_different_batches_and_know_
         datamodule=f"{MODELS}:DigitsDataModule",
         module_args={"record_dir": str(records), "hidden": 32, "lr": 0.05},
     )
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "seeded")
     files = wait_until(
         lambda: len(found := sorted(records.glob("*.json"))) == 2 and found,
@@ -47,7 +48,7 @@ def test_workers_of_a_module_seeded_by_the_user_draw_different_batches_and_know_
     assert {first["worker_index"], second["worker_index"]} == {0, 1}
     assert {first["worker_id"], second["worker_id"]} == {str(w["id"]) for w in reader.workers()}
     assert all(1 <= r["num_workers"] <= 2 for r in (first, second))
-    admin_post(orch, "/api/v1/runs/seeded/stop")
+    admin_post(orch, api.run_stop("seeded"))
     wait_until(lambda: reader.run()["state"] == "stopped", 90, message="the run stops")
 
 
@@ -61,7 +62,7 @@ def test_a_run_whose_workers_keep_crashing_after_training_fails_with_the_error(
         "crashing", module=f"{MODELS}:CrashingDigitsModule", datamodule=f"{MODELS}:DigitsDataModule"
     )
     spec["module_args"] = {"crash_after_batches": 5, "crash_after_s": 4.0, "hidden": 32}
-    admin_post(orch, "/api/v1/runs", spec)
+    admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "crashing")
     started = time.monotonic()
     run = wait_until(
@@ -92,7 +93,7 @@ def test_a_worker_that_cannot_use_the_spec_fails_the_run_at_once_with_its_error(
     spec = digits_run(
         "unusable", module=f"{MODELS}:GpuOnlyDigitsModule", datamodule=f"{MODELS}:DigitsDataModule"
     )
-    admin_post(orch, "/api/v1/runs", spec)  # the create-time check imports the module; it never builds it
+    admin_post(orch, api.runs(), spec)  # the create-time check imports the module; it never builds it
     reader = RunReader(orch, "unusable")
     run = wait_until(
         lambda: (r := reader.run())["state"] in ("failed", "stopped", "completed") and r,
@@ -118,7 +119,7 @@ def test_a_run_with_a_sample_target_completes_at_the_first_epoch_past_it(loop_or
     orch = loop_orch
     admin_post(
         orch,
-        "/api/v1/runs",
+        api.runs(),
         digits_run(
             "by-samples", desired_workers=1, stop={"target_samples": 385}, strategy_options=dict(GRADIENTS)
         ),

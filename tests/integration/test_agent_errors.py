@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.processes import ProcessRegistry
 from tests.support.specs import run_spec
 from tests.support.waiting import wait_until
 from worker.protocol.exit_codes import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
@@ -25,7 +27,7 @@ ORCHESTRATOR_ENV = HAND_ONLY
 
 def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:
     with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+        response = http.post(api.runs(), json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return str(response.json()["join_token"])
 
@@ -33,15 +35,8 @@ def create_run(orch: Orchestrator, name: str, **overrides: Any) -> str:
 def start_agent(
     processes: ProcessRegistry, tmp_path: Path, name: str, url: str, token: str, **env: str
 ) -> Any:
-    agent_env = {
-        "SPOTSWARM_URL": url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
-        "SPOTSWARM_METADATA_URL": "off",
-        **env,
-    }
     # exec'd, not preloaded: these agents end before they import Lightning, torch and hivemind
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=agent_env)
+    return start_hand_agent(processes, name, url, token, tmp_path / name, env, preloaded=False)
 
 
 def wait_exit(proc: Any, timeout_s: float) -> int:
@@ -53,10 +48,10 @@ def wait_exit(proc: Any, timeout_s: float) -> int:
 
 @pytest.mark.timeout(120)
 def test_bad_join_token_is_a_clear_permanent_error(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    create_run(orch, "tok")
-    agent = start_agent(processes, tmp_path, "agent", orch.url, "ssj_not-the-token")
+    create_run(served_orch, "tok")
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, "ssj_not-the-token")
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     errors = [line for line in agent.log().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "rejected the join token" in errors[0], agent.log()[-2000:]
@@ -64,15 +59,15 @@ def test_bad_join_token_is_a_clear_permanent_error(
 
 @pytest.mark.timeout(120)
 def test_module_that_fails_to_import_is_reported_on_the_run(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    token = create_run(orch, "imp", module="tests.integration.no_such_module:Model")
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    token = create_run(served_orch, "imp", module="tests.integration.no_such_module:Model")
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "cannot build tests.integration.no_such_module:Model: ModuleNotFoundError" in agent.log()
-    with orch.client() as http:
-        workers = http.get("/api/v1/runs/imp/workers").json()["items"]
-        events = " ".join(e["message"] for e in http.get("/api/v1/runs/imp/events").json()["items"])
+    with served_orch.client() as http:
+        workers = http.get(api.run_workers("imp")).json()["items"]
+        events = " ".join(e["message"] for e in http.get(api.run_events("imp")).json()["items"])
     assert [w["state"] for w in workers] == ["failed"]
     assert "No module named 'tests.integration.no_such_module'" in workers[0]["exit_reason"]
     assert f"deregistered ({workers[0]['exit_reason']})" in events  # the event carries the message
@@ -80,37 +75,40 @@ def test_module_that_fails_to_import_is_reported_on_the_run(
 
 @pytest.mark.timeout(120)
 def test_a_failure_message_quoting_a_secret_reaches_no_reader_and_no_log(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     secret = "sk-LEAKME-abcdef123456"
     token = create_run(
-        orch, "sec", module="tests.support.models:CredentialQuotingModule", secret_env={"API_KEY": secret}
+        served_orch,
+        "sec",
+        module="tests.support.models:CredentialQuotingModule",
+        secret_env={"API_KEY": secret},
     )
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
-    paths = ["/api/v1/runs/sec", "/api/v1/runs/sec/workers", "/api/v1/runs/sec/events"]
-    with orch.client() as anonymous:
+    paths = [api.run("sec"), api.run_workers("sec"), api.run_events("sec")]
+    with served_orch.client() as anonymous:
         seen = {path: anonymous.get(path).text for path in paths}
     # the failure is still told, with the secret masked, by the worker before it sends it
-    assert "Unauthorized for url: https://api.example/whoami?token=***" in seen["/api/v1/runs/sec/events"]
+    assert "Unauthorized for url: https://api.example/whoami?token=***" in seen[api.run_events("sec")]
     assert "whoami?token=***" in agent.log(), agent.log()[-2000:]
     leaks = dict(seen)
-    leaks.update({"agent log": agent.log(), "server log": orch.proc.log()})
+    leaks.update({"agent log": agent.log(), "server log": served_orch.proc.log()})
     assert [where for where, text in leaks.items() if secret in text] == []
 
 
 @pytest.mark.timeout(120)
 def test_a_mistyped_module_argument_is_refused_by_the_worker_and_a_hand_joined_one_fails_no_run(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     # the create-time check (off here) refuses this spec; a worker checks it again before building
-    token = create_run(orch, "typed", module_args={"hidden": "sixteen"})
-    agent = start_agent(processes, tmp_path, "agent", orch.url, token)
+    token = create_run(served_orch, "typed", module_args={"hidden": "sixteen"})
+    agent = start_agent(processes, tmp_path, "agent", served_orch.url, token)
     assert wait_exit(agent, FAST_EXIT_S) == EXIT_CONFIG
     assert "module_args.hidden: expected int, got 'sixteen'" in agent.log()
-    with orch.client() as http:
-        run = http.get("/api/v1/runs/typed").json()
-        workers = http.get("/api/v1/runs/typed/workers").json()["items"]
+    with served_orch.client() as http:
+        run = http.get(api.run("typed")).json()
+        workers = http.get(api.run_workers("typed")).json()["items"]
     assert [w["state"] for w in workers] == ["failed"]
     # an unusable spec fails a run at its first launched worker; the join token's holder cannot fail it
     assert run["state"] == "running", run["state_reason"]

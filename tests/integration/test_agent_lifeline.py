@@ -37,9 +37,11 @@ KILLS = {"pid": os.kill, "group": os.killpg}
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", list(KILLS))
 def test_agent_killed_takes_its_dht_and_p2pd_with_it(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, target: str
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path, target: str
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, f"lifeline-{target}", orch=orch, preloaded=False)
+    _, agent = start_training_agent(
+        processes, tmp_path, f"lifeline-{target}", orch=served_orch, preloaded=False
+    )
     family = process_family(agent.pid)
     names = " ".join(alive_of(family).values())
     assert "p2pd" in names, names  # the agent's peer runs: the test sees what it kills
@@ -59,10 +61,10 @@ LEFT_WITHIN_S = 10.0
 
 @pytest.mark.timeout(300)
 def test_a_sigterm_to_the_agents_group_is_an_orderly_leave(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=orch, preloaded=False)
-    reader = RunReader(orch, "group-sigterm")
+    _, agent = start_training_agent(processes, tmp_path, "group-sigterm", orch=served_orch, preloaded=False)
+    reader = RunReader(served_orch, "group-sigterm")
     # past its first epoch, the state it holds is newer than any stored: it owes a final checkpoint
     wait_until(lambda: reader.epoch() >= 1, BOOT_S, interval_s=0.5, message="the agent's first swarm epoch")
     family = process_family(agent.pid)

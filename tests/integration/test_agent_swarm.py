@@ -14,39 +14,23 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
-from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
-from tests.support.runs import ROUNDS, RunReader
+from tests.support.processes import ManagedProcess, ProcessRegistry
+from tests.support.runs import RunReader, digits_run
 from tests.support.waiting import BOOT_S, wait_until
 
 pytestmark = [pytest.mark.swarm]
 RUN = "agents"
-SPEC: dict[str, Any] = {
-    "name": RUN,
-    "module": "worker.examples.digits:DigitsModule",
-    "module_args": {"hidden": 32, "lr": 0.05},
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
-    "strategy_options": dict(ROUNDS),  # the default mode, rounds short enough for a test
-    "min_workers": 0,
-    "desired_workers": 2,
-    "max_workers": 4,
-    "checkpoint_every_epochs": 2,
-    "hand_joined_checkpoint": True,  # the agents, started by hand, checkpoint the run
-}
+# the default mode, rounds short enough for a test; the agents, started by hand, checkpoint the run
+SPEC = digits_run(RUN, target_batch_size=64, batch_size=16)
 
 
 def start_agent(processes: ProcessRegistry, tmp_path: Path, name: str, orch: Orchestrator, token: str) -> Any:
-    env = {
-        "SPOTSWARM_URL": orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / name),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
-        "SPOTSWARM_STOP_GRACE_S": "20",
-    }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
+    return start_hand_agent(
+        processes, name, orch.url, token, tmp_path / name, {"SPOTSWARM_STOP_GRACE_S": "20"}
+    )
 
 
 class Api(RunReader):
@@ -79,24 +63,24 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
     env = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
     orch = start_orchestrator(processes, tmp_path / "orch", extra_env=env)
     with orch.admin() as http:
-        token = http.post("/api/v1/runs", json=SPEC, timeout=120).raise_for_status().json()["join_token"]
-    api = Api(orch)
+        token = http.post(api.runs(), json=SPEC, timeout=120).raise_for_status().json()["join_token"]
+    run_api = Api(orch)
     first, second = (start_agent(processes, tmp_path, n, orch, token) for n in ("first", "second"))
 
     def both_train() -> bool:
         alive(first, second)
-        mine = [api.worker_of(first), api.worker_of(second)]
+        mine = [run_api.worker_of(first), run_api.worker_of(second)]
         return all(w and w["state"] == "running" and w["samples"] > 0 and w["loss"] for w in mine)
 
     wait_until(both_train, BOOT_S, interval_s=1, message="both agents register and report progress")
-    start_loss = max(w["loss"] for w in api.by_handle().values())
-    start_epoch = api.get("")["reported"]["swarm_epoch"]
+    start_loss = max(w["loss"] for w in run_api.by_handle().values())
+    start_epoch = run_api.get("")["reported"]["swarm_epoch"]
 
     def trained() -> bool:
         alive(first, second)
-        run = api.get("")
+        run = run_api.get("")
         return (
-            bool(api.get("/checkpoints")["items"])
+            bool(run_api.get("/checkpoints")["items"])
             and run["reported"]["swarm_epoch"] >= start_epoch + 4
             and (run["reported"]["loss"] or start_loss) < 0.6 * start_loss
         )
@@ -104,7 +88,7 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
     wait_until(trained, 150, interval_s=1, message="epoch rises, loss falls, a checkpoint is uploaded")
     # a peer's count drops for a moment when the other's record expires while it waits out a round
     wait_until(
-        lambda: all(w["num_peers"] >= 2 for w in api.by_handle().values()),
+        lambda: all(w["num_peers"] >= 2 for w in run_api.by_handle().values()),
         60,
         interval_s=1,
         message="the agents trained together (each counts two peers)",
@@ -112,18 +96,18 @@ def test_agents_train_checkpoint_stop_and_resume(processes: ProcessRegistry, tmp
 
     second.signal_group(signal.SIGTERM)
     assert exit_code(second, 60) == 0
-    gone = api.worker_of(second)
+    gone = run_api.worker_of(second)
     assert gone and gone["state"] == "exited" and gone["exit_reason"].startswith("stopped"), gone
 
-    api.admin_post("/stop")
+    run_api.admin_post("/stop")
     assert exit_code(first, 60) == 0
-    wait_until(lambda: api.get("")["state"] == "stopped", 30, message="the run stops")
-    checkpoint_epoch = max(c["epoch"] for c in api.get("/checkpoints")["items"])
+    wait_until(lambda: run_api.get("")["state"] == "stopped", 30, message="the run stops")
+    checkpoint_epoch = max(c["epoch"] for c in run_api.get("/checkpoints")["items"])
 
-    api.admin_post("/resume")
+    run_api.admin_post("/resume")
     third = start_agent(processes, tmp_path, "third", orch, token)
     resumed = wait_until(
-        lambda: alive(third) or ((w := api.worker_of(third)) and w["samples"] > 0 and w),
+        lambda: alive(third) or ((w := run_api.worker_of(third)) and w["samples"] > 0 and w),
         BOOT_S,
         interval_s=1,
         message="a new agent trains after the resume",

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from bench.api_load import JOIN_AT_ONCE
+from tests.support import api
 from tests.support.orchestrator import start_orchestrator
 from tests.support.processes import REPO_ROOT, ProcessRegistry
 from tests.support.specs import run_spec
@@ -59,10 +60,10 @@ def test_load_script_runs_and_silent_hand_joined_workers_are_lost(
     assert "p99" in done.stdout and "load average" in done.stdout
 
     with orch.admin() as http:
-        run = http.get("/api/v1/runs", params={"limit": 1}).json()["items"][0]["name"]
+        run = http.get(api.runs(), params={"limit": 1}).json()["items"][0]["name"]
 
         def states() -> list[str]:
-            items = http.get(f"/api/v1/runs/{run}/workers", params={"limit": 100}).json()["items"]
+            items = http.get(api.run_workers(run), params={"limit": 100}).json()["items"]
             return [w["state"] for w in items]
 
         assert len(states()) == 50
@@ -75,10 +76,10 @@ def test_the_heartbeat_fast_path_answers_as_the_route_does(
 ) -> None:
     orch = start_orchestrator(processes, tmp_path / "data", extra_env={**ENV, "SPOTSWARM_RECONCILE": "false"})
     with orch.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec("fast")).json()["join_token"]
+        join = http.post(api.runs(), json=run_spec("fast")).json()["join_token"]
     with orch.client(join) as http:
-        worker = http.post("/api/v1/workers/register", json={}).json()
-    path = f"/api/v1/workers/{worker['worker_id']}/heartbeat"
+        worker = http.post(api.register(), json={}).json()
+    path = api.heartbeat(worker["worker_id"])
     auth = {"Authorization": f"Bearer {worker['worker_token']}"}
     body = b'{"samples": 12, "swarm_epoch": 3, "loss": 0.5}'
     json_type = {"Content-Type": "application/json; charset=utf-8"}

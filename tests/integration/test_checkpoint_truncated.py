@@ -12,6 +12,7 @@ import socket
 import httpx
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
@@ -32,7 +33,7 @@ def upload_response(
 ) -> httpx.Response:
     with orch.client(token, timeout_s=60) as http:
         headers = {CHECKSUM_HEADER: checksum}
-        return http.put(f"/api/v1/workers/{worker_id}/checkpoints/{epoch}", content=data, headers=headers)
+        return http.put(api.checkpoint_upload(worker_id, epoch), content=data, headers=headers)
 
 
 def upload(orch: Orchestrator, token: str, worker_id: str, epoch: int, data: bytes, checksum: str) -> int:
@@ -69,23 +70,26 @@ def send_truncated(
 
 
 @pytest.mark.timeout(180)
-def test_truncated_uploads_store_nothing(orch: Orchestrator) -> None:
-    with orch.admin() as http:
-        join = http.post("/api/v1/runs", json=run_spec("truncated", keep_checkpoints=3)).json()["join_token"]
-    worker = register(orch, join)
+def test_truncated_uploads_store_nothing(served_orch: Orchestrator) -> None:
+    with served_orch.admin() as http:
+        join = http.post(api.runs(), json=run_spec("truncated", keep_checkpoints=3)).json()["join_token"]
+    worker = register(served_orch, join)
     worker_id, token = worker["worker_id"], worker["worker_token"]
-    become_checkpointer(orch, worker)
+    become_checkpointer(served_orch, worker)
     good = checkpoint_bytes(os.urandom(1 << 20))
-    assert upload(orch, token, worker_id, 1, good, sha(good)) == 201
+    assert upload(served_orch, token, worker_id, 1, good, sha(good)) == 201
     blob = checkpoint_bytes(os.urandom(2 << 20))
-    send_truncated(orch, worker_id, token, 2, len(blob), blob[: len(blob) // 3])
+    send_truncated(served_orch, worker_id, token, 2, len(blob), blob[: len(blob) // 3])
     # a cut file, sent once the server has seen the hang-up
-    assert upload_once_the_slot_is_free(orch, token, worker_id, 2, blob[: len(blob) // 2], sha(blob)) == 400
+    assert (
+        upload_once_the_slot_is_free(served_orch, token, worker_id, 2, blob[: len(blob) // 2], sha(blob))
+        == 400
+    )
     # over the good one: bytes that do not match their checksum are refused before the epoch is looked at
-    assert upload(orch, token, worker_id, 1, good[:1000], sha(good)) == 400
-    tmp = orch.data_dir / "tmp"
+    assert upload(served_orch, token, worker_id, 1, good[:1000], sha(good)) == 400
+    tmp = served_orch.data_dir / "tmp"
     wait_until(lambda: not tmp.exists() or not any(tmp.iterdir()), 20, message="upload temp files removed")
-    with orch.admin() as http:
-        assert [c["epoch"] for c in http.get("/api/v1/runs/truncated/checkpoints").json()["items"]] == [1]
-        stored = http.get("/api/v1/runs/truncated/checkpoints/1/download")
+    with served_orch.admin() as http:
+        assert [c["epoch"] for c in http.get(api.run_checkpoints("truncated")).json()["items"]] == [1]
+        stored = http.get(api.run_checkpoint("truncated", 1))
     assert stored.content == good and stored.headers[CHECKSUM_HEADER] == sha(good)

@@ -48,17 +48,19 @@ def test_unreachable_server_is_one_line_and_exit_3() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_bad_token_is_exit_4_with_the_servers_detail(orch: Orchestrator) -> None:
-    done = spotswarm("runs", "scale", "any", "2", "--url", orch.url, env={"SPOTSWARM_TOKEN": "ssa_wrong"})
+def test_bad_token_is_exit_4_with_the_servers_detail(served_orch: Orchestrator) -> None:
+    done = spotswarm(
+        "runs", "scale", "any", "2", "--url", served_orch.url, env={"SPOTSWARM_TOKEN": "ssa_wrong"}
+    )
     assert done.returncode == EXIT_AUTH
     assert_one_line_error(done.stderr, "401", "invalid token")
-    missing = cli(orch, "runs", "stop", "anything", token="")
+    missing = cli(served_orch, "runs", "stop", "anything", token="")
     assert missing.exit_code == EXIT_AUTH
     assert_one_line_error(missing.stderr, "401", "--token")
 
 
 @pytest.mark.timeout(30)
-def test_unknown_run_is_exit_5(orch: Orchestrator) -> None:
+def test_unknown_run_is_exit_5(served_orch: Orchestrator) -> None:
     for args in (
         ["runs", "show", "no-such-run"],
         ["workers", "list", "no-such-run"],
@@ -66,15 +68,17 @@ def test_unknown_run_is_exit_5(orch: Orchestrator) -> None:
         ["runs", "export", "no-such-run"],
         ["runs", "logs", "no-such-run"],
     ):
-        result = cli(orch, *args)
+        result = cli(served_orch, *args)
         assert result.exit_code == EXIT_NOT_FOUND, (args, result.output)
         assert_one_line_error(result.stderr, "404", "no-such-run")
 
 
 @pytest.mark.timeout(30)
-def test_rejected_spec_and_conflicting_actions_are_one_line(orch: Orchestrator, tmp_path: Path) -> None:
+def test_rejected_spec_and_conflicting_actions_are_one_line(
+    served_orch: Orchestrator, tmp_path: Path
+) -> None:
     bad = cli(
-        orch,
+        served_orch,
         "runs",
         "create",
         "--name",
@@ -93,32 +97,35 @@ def test_rejected_spec_and_conflicting_actions_are_one_line(orch: Orchestrator, 
 
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
-    unreadable = cli(orch, "runs", "create", "--file", str(broken))
+    unreadable = cli(served_orch, "runs", "create", "--file", str(broken))
     assert unreadable.exit_code == EXIT_ERROR
     assert_one_line_error(unreadable.stderr, "not valid YAML")
 
-    assert cli(orch, "runs", "create", "--file", "-", stdin=json.dumps(run_spec("conflicted"))).exit_code == 0
-    nothing = cli(orch, "runs", "export", "conflicted")
+    assert (
+        cli(served_orch, "runs", "create", "--file", "-", stdin=json.dumps(run_spec("conflicted"))).exit_code
+        == 0
+    )
+    nothing = cli(served_orch, "runs", "export", "conflicted")
     assert nothing.exit_code == EXIT_NOT_FOUND
     assert_one_line_error(nothing.stderr, "conflicted has no checkpoints yet")
-    again = cli(orch, "runs", "resume", "conflicted")  # pending: nothing to resume
+    again = cli(served_orch, "runs", "resume", "conflicted")  # pending: nothing to resume
     assert again.exit_code == EXIT_CONFLICT
     assert_one_line_error(again.stderr, "409")
-    over = cli(orch, "runs", "scale", "conflicted", "99")  # above max_workers
+    over = cli(served_orch, "runs", "scale", "conflicted", "99")  # above max_workers
     assert over.exit_code == EXIT_ERROR
     assert_one_line_error(over.stderr, "422", "desired_workers (99)")
 
 
 @pytest.mark.timeout(30)
-def test_url_and_token_come_from_flags_env_or_config_file(orch: Orchestrator, tmp_path: Path) -> None:
+def test_url_and_token_come_from_flags_env_or_config_file(served_orch: Orchestrator, tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
-    config.write_text(f'# spotswarm CLI\nurl = "{orch.url}"\ntoken = "{orch.admin_token}"\n')
+    config.write_text(f'# spotswarm CLI\nurl = "{served_orch.url}"\ntoken = "{served_orch.admin_token}"\n')
     from_file = spotswarm("runs", "scale", "not-there", "2", env={"SPOTSWARM_CONFIG": str(config)})
     assert from_file.returncode == EXIT_NOT_FOUND, from_file.stderr  # URL and token both came from the file
     dead = f"http://127.0.0.1:{free_port()}"
     env_wins = spotswarm("runs", "list", env={"SPOTSWARM_CONFIG": str(config), "SPOTSWARM_URL": dead})
     assert env_wins.returncode == EXIT_UNREACHABLE
-    flag_wins = spotswarm("runs", "list", "--url", orch.url, env={"SPOTSWARM_URL": dead})
+    flag_wins = spotswarm("runs", "list", "--url", served_orch.url, env={"SPOTSWARM_URL": dead})
     assert flag_wins.returncode == 0 and flag_wins.stdout.startswith("NAME")
     config.write_text("url = [broken\n")
     broken = spotswarm("runs", "list", env={"SPOTSWARM_CONFIG": str(config)})

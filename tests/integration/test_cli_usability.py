@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.client import EXIT_CONFLICT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_UNREACHABLE
+from tests.support import api
 from tests.support.cli import HandWorker, cli
 from tests.support.orchestrator import Orchestrator
 from tests.support.ports import free_port
@@ -33,16 +34,18 @@ def one_line_error(stderr: str) -> str:
 
 
 @pytest.mark.timeout(30)
-def test_connection_options_work_before_and_after_the_subcommand(orch: Orchestrator) -> None:
-    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("global-opts")))
+def test_connection_options_work_before_and_after_the_subcommand(served_orch: Orchestrator) -> None:
+    created = cli(
+        served_orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("global-opts"))
+    )
     assert created.exit_code == 0, created.output
-    before = cli(None, "--url", orch.url, "--token", orch.admin_token, "--json", "runs", "list")
+    before = cli(None, "--url", served_orch.url, "--token", served_orch.admin_token, "--json", "runs", "list")
     assert before.exit_code == 0, before.output
     assert [run["name"] for run in json.loads(before.stdout)["items"]] == ["global-opts"]
-    after = cli(None, "runs", "list", "--url", orch.url, "--json")
+    after = cli(None, "runs", "list", "--url", served_orch.url, "--json")
     assert after.exit_code == 0 and json.loads(after.stdout)["items"][0]["name"] == "global-opts"
     dead = f"http://127.0.0.1:{free_port()}"
-    command_wins = cli(None, "--url", dead, "runs", "show", "global-opts", "--url", orch.url)
+    command_wins = cli(None, "--url", dead, "runs", "show", "global-opts", "--url", served_orch.url)
     assert command_wins.exit_code == 0 and "run global-opts" in command_wins.stdout, command_wins.output
     group_used = cli(None, "--url", dead, "--timeout", "2", "runs", "list")
     assert group_used.exit_code == EXIT_UNREACHABLE and dead in one_line_error(group_used.stderr)
@@ -71,7 +74,7 @@ def test_help_shows_defaults_and_examples() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_validation_errors_say_what_to_write_and_list_every_field(orch: Orchestrator) -> None:
+def test_validation_errors_say_what_to_write_and_list_every_field(served_orch: Orchestrator) -> None:
     flags = [
         "--target-batch-size",
         "8",
@@ -80,39 +83,45 @@ def test_validation_errors_say_what_to_write_and_list_every_field(orch: Orchestr
         "--datamodule",
         "worker.examples.digits:DigitsDataModule",
     ]
-    file_path = cli(orch, "runs", "create", "--name", "mlp", "--module", "mypkg/model.py:TinyMLP", *flags)
+    file_path = cli(
+        served_orch, "runs", "create", "--name", "mlp", "--module", "mypkg/model.py:TinyMLP", *flags
+    )
     assert file_path.exit_code == EXIT_ERROR
     assert one_line_error(file_path.stderr) == (
         "error: 422 module: use package.module:ClassName, e.g. worker.examples.digits:DigitsModule "
         "(got 'mypkg/model.py:TinyMLP')"
     )
-    bad_name = cli(orch, "runs", "create", "--name", "MLP_1", "--module", "a.b:C", *flags)
+    bad_name = cli(served_orch, "runs", "create", "--name", "MLP_1", "--module", "a.b:C", *flags)
     assert "name: use 1 to 63 lowercase letters, digits and hyphens" in one_line_error(bad_name.stderr)
     assert "(got 'MLP_1')" in bad_name.stderr and "pattern" not in bad_name.stderr
 
-    missing = cli(orch, "runs", "create", "--name", "mlp", "--module", "a.b:C", "--datamodule", "a.b:D")
+    missing = cli(
+        served_orch, "runs", "create", "--name", "mlp", "--module", "a.b:C", "--datamodule", "a.b:D"
+    )
     assert one_line_error(missing.stderr) == "error: 422 missing fields: target_batch_size, batch_size"
     named = ["runs", "create", "--name", "mlp", "--module", "a.b:C", *flags, "--trainer-option"]
-    misspelt = cli(orch, *named, "gradient_clip_value=1.0")
+    misspelt = cli(served_orch, *named, "gradient_clip_value=1.0")
     assert one_line_error(misspelt.stderr) == (
         "error: 422 trainer: 'gradient_clip_value' is not a trainer option "
         "(did you mean 'gradient_clip_val'?)"
     )
-    one_callback = cli(orch, *named, "callbacks=shapes.callbacks:GradNorm")
+    one_callback = cli(served_orch, *named, "callbacks=shapes.callbacks:GradNorm")
     assert one_line_error(one_callback.stderr) == (
         "error: 422 trainer.callbacks: a list is needed, one class per entry: "
         'callbacks=["shapes.callbacks:GradNorm"]'
     )
-    too_many = cli(orch, "runs", "create", "--name", "mlp", "--module", "a.b:C", *flags, "--workers", "12")
+    too_many = cli(
+        served_orch, "runs", "create", "--name", "mlp", "--module", "a.b:C", *flags, "--workers", "12"
+    )
     assert one_line_error(too_many.stderr) == (
         "error: 422 desired_workers (12) must lie in [min_workers=1, max_workers=8]"
     )
 
 
 @pytest.mark.timeout(30)
-def test_the_api_gives_the_same_words(orch: Orchestrator) -> None:
-    with orch.admin() as http:
-        answer = http.post("/api/v1/runs", json=run_spec("api-words", module="mypkg.model.TinyMLP"))
+def test_the_api_gives_the_same_words(served_orch: Orchestrator) -> None:
+    with served_orch.admin() as http:
+        answer = http.post(api.runs(), json=run_spec("api-words", module="mypkg.model.TinyMLP"))
     assert answer.status_code == 422
     [error] = answer.json()["detail"]
     assert error["loc"] == ["body", "module"]
@@ -120,23 +129,31 @@ def test_the_api_gives_the_same_words(orch: Orchestrator) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_delete_asks_first_refuses_an_active_run_and_removes_a_finished_one(orch: Orchestrator) -> None:
-    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed")))
+def test_delete_asks_first_refuses_an_active_run_and_removes_a_finished_one(
+    served_orch: Orchestrator,
+) -> None:
+    created = cli(
+        served_orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed"))
+    )
     assert created.exit_code == 0, created.output
-    active = cli(orch, "runs", "delete", "doomed", "--yes")
+    active = cli(served_orch, "runs", "delete", "doomed", "--yes")
     assert active.exit_code == EXIT_CONFLICT and "stop it before deleting" in one_line_error(active.stderr)
-    assert cli(orch, "runs", "stop", "doomed").exit_code == 0
+    assert cli(served_orch, "runs", "stop", "doomed").exit_code == 0
 
-    declined = cli(orch, "runs", "delete", "doomed", stdin="n\n")
+    declined = cli(served_orch, "runs", "delete", "doomed", stdin="n\n")
     assert declined.exit_code == EXIT_ERROR and "Delete run doomed" in declined.stderr
-    assert cli(orch, "runs", "show", "doomed").exit_code == 0
-    confirmed = cli(orch, "runs", "delete", "doomed", stdin="y\n")
+    assert cli(served_orch, "runs", "show", "doomed").exit_code == 0
+    confirmed = cli(served_orch, "runs", "delete", "doomed", stdin="y\n")
     assert confirmed.exit_code == 0 and confirmed.stdout == "deleted run doomed\n", confirmed.output
-    assert cli(orch, "runs", "show", "doomed").exit_code == EXIT_NOT_FOUND
+    assert cli(served_orch, "runs", "show", "doomed").exit_code == EXIT_NOT_FOUND
 
-    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed")))
-    assert created.exit_code == 0 and cli(orch, "runs", "stop", "doomed").exit_code == 0
-    assert cli(orch, "--json", "runs", "delete", "doomed", "-y").stdout == '{\n  "deleted": "doomed"\n}\n'
+    created = cli(
+        served_orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("doomed"))
+    )
+    assert created.exit_code == 0 and cli(served_orch, "runs", "stop", "doomed").exit_code == 0
+    assert (
+        cli(served_orch, "--json", "runs", "delete", "doomed", "-y").stdout == '{\n  "deleted": "doomed"\n}\n'
+    )
 
 
 def start_watch(orch: Orchestrator, name: str, stdout: int) -> subprocess.Popen[bytes]:
@@ -153,17 +170,19 @@ def finish_run(orch: Orchestrator, name: str, worker: HandWorker) -> None:
 
 @pytest.mark.timeout(60)
 def test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the_run_stops(
-    orch: Orchestrator, tmp_path: Path
+    served_orch: Orchestrator, tmp_path: Path
 ) -> None:
-    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched")))
-    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], validates=True)
+    created = cli(
+        served_orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched"))
+    )
+    worker = HandWorker(served_orch, json.loads(created.stdout)["join_token"], validates=True)
     worker.beat()
     out = tmp_path / "watch.out"
     with out.open("wb") as sink:
-        watcher = start_watch(orch, "watched", sink.fileno())
+        watcher = start_watch(served_orch, "watched", sink.fileno())
     try:
         wait_until(lambda: "workers 1/1" in out.read_text(), 20, message="a refresh shows the worker")
-        finish_run(orch, "watched", worker)
+        finish_run(served_orch, "watched", worker)
         assert watcher.wait(timeout=20) == EXIT_ERROR
     finally:
         os.killpg(watcher.pid, signal.SIGKILL) if watcher.poll() is None else None
@@ -179,11 +198,13 @@ def test_watch_prints_a_line_per_refresh_without_a_terminal_and_exits_1_when_the
 
 
 @pytest.mark.timeout(60)
-def test_watch_redraws_a_table_of_the_run_and_its_workers_on_a_terminal(orch: Orchestrator) -> None:
-    created = cli(orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched-tty")))
-    worker = HandWorker(orch, json.loads(created.stdout)["join_token"], hostname="tty-box")
+def test_watch_redraws_a_table_of_the_run_and_its_workers_on_a_terminal(served_orch: Orchestrator) -> None:
+    created = cli(
+        served_orch, "runs", "create", "--json", "--file", "-", stdin=json.dumps(run_spec("watched-tty"))
+    )
+    worker = HandWorker(served_orch, json.loads(created.stdout)["join_token"], hostname="tty-box")
     leader, follower = pty.openpty()
-    watcher = start_watch(orch, "watched-tty", follower)
+    watcher = start_watch(served_orch, "watched-tty", follower)
     os.close(follower)
     screen = bytearray()
 
@@ -198,7 +219,7 @@ def test_watch_redraws_a_table_of_the_run_and_its_workers_on_a_terminal(orch: Or
     try:
         worker.beat()
         wait_until(lambda: seen(b"tty-box"), 20, message="the workers table shows the worker's host")
-        finish_run(orch, "watched-tty", worker)
+        finish_run(served_orch, "watched-tty", worker)
         assert watcher.wait(timeout=20) == EXIT_ERROR
         seen(b"")
     finally:

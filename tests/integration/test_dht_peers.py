@@ -11,6 +11,7 @@ from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from tests.support import api
 from tests.support.dht_reads import read_latest
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
 from tests.support.specs import run_spec
@@ -32,8 +33,8 @@ def plain_peer(initial_peers: list[str], **kwargs: Any) -> hivemind.DHT:
 
 
 @pytest.mark.timeout(180)
-def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchestrator) -> None:
-    peers = orch.peers()
+def test_plain_peers_store_and_read_a_key_through_the_orchestrator(served_orch: Orchestrator) -> None:
+    peers = served_orch.peers()
     assert peers and all(p.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in p for p in peers)
     # Client-mode peers store nothing themselves: the record can only live on the orchestrator's peer.
     writer = plain_peer(peers, client_mode=True)
@@ -49,12 +50,12 @@ def test_plain_peers_store_and_read_a_key_through_the_orchestrator(orch: Orchest
 
 
 @pytest.mark.timeout(180)
-def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestrator) -> None:
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("dht-progress", target_batch_size=100)).json()
+def test_run_shows_swarm_progress_published_by_progress_trackers(served_orch: Orchestrator) -> None:
+    with served_orch.admin() as http:
+        created = http.post(api.runs(), json=run_spec("dht-progress", target_batch_size=100)).json()
     swarm_id = created["swarm_id"]
     assert created["swarm"] is None
-    peers = orch.peers()
+    peers = served_orch.peers()
     dhts = [plain_peer(peers), plain_peer(peers)]
     trackers = [
         ProgressTracker(dht, swarm_id, 100, private_key=RSAPrivateKey(), metadata_expiration=30, start=True)
@@ -65,8 +66,8 @@ def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestra
         trackers[1].report_local_progress(local_epoch=3, samples_accumulated=16)
 
         def swarm() -> dict[str, Any]:
-            with orch.client() as http:
-                progress = http.get("/api/v1/runs/dht-progress").json()["swarm"]
+            with served_orch.client() as http:
+                progress = http.get(api.run("dht-progress")).json()["swarm"]
             return dict(progress) if progress and progress["num_peers"] == 2 else {}
 
         progress = wait_until(swarm, 60, interval_s=0.5)
@@ -81,15 +82,15 @@ def test_run_shows_swarm_progress_published_by_progress_trackers(orch: Orchestra
 
 @pytest.mark.timeout(180)
 def test_a_worker_drops_unusable_initial_peers_and_joins_through_the_rest(
-    orch: Orchestrator, caplog: pytest.LogCaptureFixture
+    served_orch: Orchestrator, caplog: pytest.LogCaptureFixture
 ) -> None:
     """p2pd refuses to start when any bootstrap address does not parse: before, one bad address in the
     run's peer list made every new worker fail. Now the bad ones are dropped with a warning."""
     bad = ['/ip4/1.2.3.4/tcp/1"><img src=x>', "garbage", "/ip4/1.2.3.4/tcp/1"]
     with caplog.at_level(logging.WARNING, logger="worker.protocol.peer_addresses"):
-        dht = start_dht(initial_peers=[*bad, *orch.peers()], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        dht = start_dht(initial_peers=[*bad, *served_orch.peers()], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     try:
-        other = plain_peer(orch.peers(), client_mode=True)
+        other = plain_peer(served_orch.peers(), client_mode=True)
         try:
             assert dht.store("spotswarm-bad-peers", "joined", get_dht_time() + 60)
             assert (

@@ -145,11 +145,11 @@ def _enter_project(command: DocCommand, root: Path, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.timeout(120)
 def test_every_documented_cli_and_curl_command_runs_as_written(
-    orch: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_orch: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _yaml_files(tmp_path)
-    _ensure_present(orch, "joinable")
-    with orch.admin() as http:
+    _ensure_present(served_orch, "joinable")
+    with served_orch.admin() as http:
         join_token = http.post("/api/v1/runs/joinable/join-token").json()["join_token"]
     ran, file = 0, ""
     for command in documented_commands():
@@ -159,9 +159,9 @@ def test_every_documented_cli_and_curl_command_runs_as_written(
         if command.text in PROJECT_DIRS:
             _enter_project(command, tmp_path, monkeypatch)
         elif command.is_plain_cli and command.text not in RUN_ELSEWHERE:
-            _run_cli(orch, command)
+            _run_cli(served_orch, command)
         elif command.text in RUN_IN_SHELL:
-            _run_shell(orch, command, Path.cwd(), join_token)
+            _run_shell(served_orch, command, Path.cwd(), join_token)
         else:
             continue
         ran += 1

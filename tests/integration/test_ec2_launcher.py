@@ -31,10 +31,10 @@ from orchestrator.launchers.ec2.userdata import (
     machine_env,
     render_worker_user_data,
 )
-from tests.support.aws import FakeAws
+from tests.support.aws import WORKER_TEMPLATE, FakeAws, worker_env_of, worker_network
 
 ORCH = "orch-test"
-TEMPLATE = "spotswarm-worker"
+TEMPLATE = WORKER_TEMPLATE
 TYPES = ("g5.xlarge", "g4dn.xlarge")
 
 
@@ -100,17 +100,7 @@ class Cloud:
     def __init__(self, fake: FakeAws) -> None:
         self.capacity = SpotCapacity()
         self.ec2 = self.capacity.install(fake.client("ec2"))
-        vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-        self.subnets = tuple(
-            self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=f"us-east-1{z}")[
-                "Subnet"
-            ]["SubnetId"]
-            for i, z in ((1, "a"), (2, "b"))
-        )
-        self.ec2.create_launch_template(
-            LaunchTemplateName=TEMPLATE,
-            LaunchTemplateData={"ImageId": "ami-12345678", "InstanceType": TYPES[0]},
-        )
+        self.subnets = worker_network(self.ec2, TYPES[0])
 
     def launcher(self, orchestrator_id: str = ORCH, **overrides: Any) -> Ec2Launcher:
         settings = Ec2Settings(
@@ -143,11 +133,7 @@ def _request(request_id: str, run: str = "run-a", **options: Any) -> LaunchReque
 
 
 def _worker_env(cloud: Cloud, instance_id: str) -> dict[str, str]:
-    attr = cloud.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-    cloud_config = yaml.safe_load(base64.b64decode(attr["UserData"]["Value"]))
-    env_file = next(f for f in cloud_config["write_files"] if f["path"] == "/etc/spotswarm/worker.env")
-    lines = base64.b64decode(env_file["content"]).decode().splitlines()
-    return dict(line.split("=", 1) for line in lines)
+    return worker_env_of(cloud.ec2, instance_id)
 
 
 @pytest.mark.timeout(60)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, OrchestratorFactory
 from tests.support.specs import run_spec
 
@@ -33,7 +34,7 @@ def test_the_import_check_runs_user_code_without_the_servers_secrets_outside_the
     env = {**NO_RECONCILE, "PYTHONPATH": str(user_code)}
     orch = orchestrator_factory(env, backend=backend, admin_token=ADMIN_TOKEN)
     with orch.admin() as http:
-        answer = http.post("/api/v1/runs", json=run_spec("spied", module="probe_spy:NoSuchModule"))
+        answer = http.post(api.runs(), json=run_spec("spied", module="probe_spy:NoSuchModule"))
     assert answer.status_code == 422 and "no attribute 'NoSuchModule'" in answer.text, answer.text
     seen = json.loads((user_code / "seen.json").read_text())
     assert ADMIN_TOKEN not in json.dumps(seen)

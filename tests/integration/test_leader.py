@@ -94,19 +94,17 @@ def test_postgres_advisory_lock_has_one_leader_and_a_standby_takes_over(
 
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
-def test_a_leader_whose_database_restarts_steps_down_then_one_leads_again() -> None:
-    cluster = PostgresCluster()  # of its own: restarting the shared one would cut other tests off
-    cluster.start()
-    try:
-        url = cluster.create_database("leader")
-        first, second = leader_election(url), leader_election(url)
-        assert first.check() and not second.check()
-        cluster.stop_server()
-        assert not first.check() and not second.check()  # nobody leads without the database
-        cluster.start_server()
-        wait_until(lambda: first.check() or second.check(), 30, message="a leader again")
-        assert first.check() + second.check() == 1
-        first.release()
-        second.release()
-    finally:
-        cluster.stop()
+def test_a_leader_whose_database_restarts_steps_down_then_one_leads_again(
+    own_postgres_cluster: PostgresCluster,
+) -> None:
+    cluster = own_postgres_cluster
+    url = cluster.create_database("leader")
+    first, second = leader_election(url), leader_election(url)
+    assert first.check() and not second.check()
+    cluster.stop_server()
+    assert not first.check() and not second.check()  # nobody leads without the database
+    cluster.start_server()
+    wait_until(lambda: first.check() or second.check(), 30, message="a leader again")
+    assert first.check() + second.check() == 1
+    first.release()
+    second.release()

@@ -15,6 +15,7 @@ from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.local_cpus import usable_cpus
 from orchestrator.processes import descendants
 from tests.integration.test_local_preload import registering, running_launcher
+from tests.support import api
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
@@ -73,8 +74,8 @@ def test_a_run_needing_more_cores_than_the_machine_has_is_refused_when_created(
     fits = run_spec("fits", desired_workers=1, launcher_options={"cpus_per_worker": cores})
     app = inprocess_orchestrator(tmp_path / "orch", env=HAND_ONLY, launchers={"local": launcher})
     with app as orch, orch.admin() as http:
-        refused = http.post("/api/v1/runs", json=spec)
-        accepted = http.post("/api/v1/runs", json=fits)
+        refused = http.post(api.runs(), json=spec)
+        accepted = http.post(api.runs(), json=fits)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"] == (
         f"launcher_options: cpus_per_worker={cores} for 2 desired worker(s) needs {2 * cores} cores, and "

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.launchers.base import Launcher, LaunchRequest
 from orchestrator.launchers.local import LocalLauncher
 from tests.support.processes import ProcessRegistry
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 
 FAKE_WORKER = textwrap.dedent(
     """
@@ -128,8 +128,8 @@ def test_terminate_escalates_to_sigkill_without_blocking(tmp_path: Path, fake_co
     began = time.monotonic()
     launcher.terminate("req-stubborn")
     assert time.monotonic() - began < 0.3
-    time.sleep(0.2)  # well inside the grace period: SIGTERM alone must not have stopped it
-    assert pid_alive(worker)
+    # well inside the grace period: SIGTERM alone must not stop it
+    holds_for(lambda: pid_alive(worker), 0.2, message="the worker ignoring SIGTERM stays alive")
     wait_until(lambda: not pid_alive(worker), 10, message="SIGKILL after the grace period")
     wait_until(lambda: not instance_of(launcher, "req-stubborn").alive, 5)
 
@@ -236,8 +236,8 @@ def test_a_reused_pid_is_not_mistaken_for_a_worker(tmp_path: Path, fake_command:
         restarted = LocalLauncher(data, fake_command, grace_s=0.2)
         assert not instance_of(restarted, "req-old").alive
         restarted.terminate("req-old")
-        time.sleep(0.5)  # past the grace period: no SIGKILL may reach the stranger
-        assert stranger.poll() is None
+        # past the grace period: no SIGKILL may reach the stranger
+        holds_for(lambda: stranger.poll() is None, 0.5, message="the stranger holding the PID lives on")
     finally:
         os.killpg(stranger.pid, signal.SIGKILL)
         stranger.wait()

@@ -26,6 +26,7 @@ from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.local_cpus import usable_cpus
 from orchestrator.reconciler.loop import Reconciler
 from orchestrator.reconciler.policy import ReconcileSettings
+from tests.support import api
 from tests.support.inprocess import inprocess_orchestrator
 from tests.support.orchestrator import HAND_ONLY
 from tests.support.specs import run_spec
@@ -157,6 +158,6 @@ def test_a_bad_peers_per_machine_is_refused_when_the_run_is_created(
     spec = run_spec("bad-peers", launcher_options={"peers_per_machine": value})
     app = inprocess_orchestrator(tmp_path / "orch", env=HAND_ONLY, launchers={"local": launcher})
     with app as orch, orch.admin() as http:
-        response = http.post("/api/v1/runs", json=spec)
+        response = http.post(api.runs(), json=spec)
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith(f"launcher_options: {message} "), response.text

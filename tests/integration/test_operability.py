@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.cli import cli
 from tests.support.operability import admin_get, create, join, local_worker_with_log
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
@@ -29,21 +30,23 @@ JSON_FIELDS = {"timestamp", "level", "logger", "run", "worker", "event", "messag
 
 @pytest.mark.timeout(60)
 def test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_ends(
-    orch: Orchestrator, tmp_path: Path
+    served_orch: Orchestrator, tmp_path: Path
 ) -> None:
-    name, _ = create(orch)
-    worker, log = local_worker_with_log(orch, name, "".join(f"old {i}\n" for i in range(100)))
-    path = f"/api/v1/runs/{name}/workers/{worker.worker_id}/log"
-    since = admin_get(orch, path, from_offset=log.stat().st_size - 14, tail_bytes=100)
+    name, _ = create(served_orch)
+    worker, log = local_worker_with_log(served_orch, name, "".join(f"old {i}\n" for i in range(100)))
+    path = api.run_worker_log(name, worker.worker_id)
+    since = admin_get(served_orch, path, from_offset=log.stat().st_size - 14, tail_bytes=100)
     assert since["text"] == "old 98\nold 99\n" and since["next_offset"] == log.stat().st_size
-    partial = admin_get(orch, path, from_offset=0, tail_bytes=10)  # ends at the last whole line it holds
+    partial = admin_get(
+        served_orch, path, from_offset=0, tail_bytes=10
+    )  # ends at the last whole line it holds
     assert partial["text"] == "old 0\n" and partial["next_offset"] == 6
-    tail = admin_get(orch, path, tail_bytes=100)
-    printed = cli(orch, "runs", "logs", name, "--worker", str(worker.worker_id), "--tail-bytes", "100")
+    tail = admin_get(served_orch, path, tail_bytes=100)
+    printed = cli(served_orch, "runs", "logs", name, "--worker", str(worker.worker_id), "--tail-bytes", "100")
     assert printed.exit_code == 0 and printed.output == tail["text"]
-    as_json = cli(orch, "runs", "logs", name, "--worker", str(worker.worker_id), "--json")
+    as_json = cli(served_orch, "runs", "logs", name, "--worker", str(worker.worker_id), "--json")
     assert json.loads(as_json.output)["size_bytes"] == log.stat().st_size
-    assert cli(orch, "runs", "logs", name, "--worker", "1", token="").exit_code == 4
+    assert cli(served_orch, "runs", "logs", name, "--worker", "1", token="").exit_code == 4
 
     registry = ProcessRegistry(tmp_path)
     args = [
@@ -58,7 +61,11 @@ def test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_end
         "--interval",
         "0.2",
     ]
-    env = {"SPOTSWARM_URL": orch.url, "SPOTSWARM_TOKEN": orch.admin_token, "SPOTSWARM_CONFIG": "/absent.toml"}
+    env = {
+        "SPOTSWARM_URL": served_orch.url,
+        "SPOTSWARM_TOKEN": served_orch.admin_token,
+        "SPOTSWARM_CONFIG": "/absent.toml",
+    }
     try:
         follower = registry.start("follow", [str(VENV_BIN / "spotswarm"), *args], env=env)
         wait_until(lambda: "old 99" in follower.log(), 20, message="the tail is printed")
@@ -78,15 +85,15 @@ def test_runs_logs_prints_a_workers_log_tail_and_follows_it_until_the_worker_end
 
 
 @pytest.mark.timeout(120)
-def test_every_run_event_is_a_json_log_line_with_the_same_fields(orch: Orchestrator) -> None:
-    name, join_token = create(orch)
-    worker = join(orch, join_token)
+def test_every_run_event_is_a_json_log_line_with_the_same_fields(served_orch: Orchestrator) -> None:
+    name, join_token = create(served_orch)
+    worker = join(served_orch, join_token)
     worker.leave(DeregisterReason.error, "out of memory")
-    events = admin_get(orch, f"/api/v1/runs/{name}/events")["items"]
+    events = admin_get(served_orch, api.run_events(name))["items"]
     assert {"run.created", "worker.joined", "worker.state"} <= {e["kind"] for e in events}
 
     def log_lines() -> list[dict[str, Any]]:
-        lines = [line for line in orch.proc.log().splitlines() if line.strip()]
+        lines = [line for line in served_orch.proc.log().splitlines() if line.strip()]
         # the admin token is printed once, on purpose, for the operator: the only line not in JSON
         parsed = [json.loads(line) for line in lines if not line.startswith("spotswarm admin token:")]
         assert all(set(line) >= JSON_FIELDS for line in parsed)

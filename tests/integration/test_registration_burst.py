@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from bench.api_load import JOIN_AT_ONCE, ONE_ADDRESS
+from tests.support import api
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory
 from tests.support.specs import run_spec
 
@@ -41,7 +42,7 @@ async def _burst(url: str, join_token: str, answers: Answers) -> None:
             auth = {"Authorization": f"Bearer {token}"}
             while True:
                 body = {"hostname": f"burst-{index}"}
-                reply = await http.post("/api/v1/workers/register", json=body, headers=auth)
+                reply = await http.post(api.register(), json=body, headers=auth)
                 if reply.status_code == 200:
                     answers.workers[reply.json()["worker_id"]] = reply.json()["worker_index"]
                     return
@@ -71,7 +72,7 @@ def test_a_burst_of_joins_all_register_with_their_own_slots(
 ) -> None:
     orch = _start(orchestrator_factory, backend)
     with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec(f"burst-{backend}", max_workers=BURST))
+        created = http.post(api.runs(), json=run_spec(f"burst-{backend}", max_workers=BURST))
         assert created.status_code == 201, created.text
     answers = Answers()
     asyncio.run(_burst(orch.url, created.json()["join_token"], answers))
@@ -83,5 +84,5 @@ def test_a_burst_of_joins_all_register_with_their_own_slots(
     assert sorted(answers.refused_for_good) == [401] * 5 + [409] * EXTRA  # the full run, the unknown token
     assert sorted(answers.workers.values()) == list(range(BURST))  # no slot twice, none skipped
     with orch.admin() as http:
-        listed = http.get(f"/api/v1/runs/burst-{backend}/workers", params={"limit": 1000}).json()["items"]
+        listed = http.get(api.run_workers(f"burst-{backend}"), params={"limit": 1000}).json()["items"]
     assert len(listed) == BURST and {w["state"] for w in listed} == {"running"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
@@ -21,10 +22,10 @@ ENV = {**NO_RECONCILE, "SPOTSWARM_CHECK_IMPORTS": "false"}
 def snapshot(orch: Orchestrator, name: str) -> dict[str, Any]:
     with orch.client() as http:
         return {
-            "run": http.get(f"/api/v1/runs/{name}").json(),
-            "workers": http.get(f"/api/v1/runs/{name}/workers").json()["items"],
-            "events": http.get(f"/api/v1/runs/{name}/events", params={"limit": 1000}).json()["items"],
-            "checkpoints": http.get(f"/api/v1/runs/{name}/checkpoints").json()["items"],
+            "run": http.get(api.run(name)).json(),
+            "workers": http.get(api.run_workers(name)).json()["items"],
+            "events": http.get(api.run_events(name), params={"limit": 1000}).json()["items"],
+            "checkpoints": http.get(api.run_checkpoints(name)).json()["items"],
         }
 
 
@@ -39,10 +40,10 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
     first = start_orchestrator(processes, tmp_path / "data", extra_env=ENV)  # admin token generated
     peers = first.peers()
     with first.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("keep")).status_code == 201
-        join = http.post("/api/v1/runs", json=run_spec("keep-2")).json()["join_token"]
+        assert http.post(api.runs(), json=run_spec("keep")).status_code == 201
+        join = http.post(api.runs(), json=run_spec("keep-2")).json()["join_token"]
     with first.client(join) as http:
-        worker = http.post("/api/v1/workers/register", json={"hostname": "h1"}).json()
+        worker = http.post(api.register(), json={"hostname": "h1"}).json()
     auth = {"Authorization": f"Bearer {worker['worker_token']}"}
     with first.client() as http:
         base = f"/api/v1/workers/{worker['worker_id']}"
@@ -69,7 +70,7 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
     assert after["workers"] == before["workers"] and after["checkpoints"] == before["checkpoints"]
     assert [e["id"] for e in after["events"]] == [e["id"] for e in before["events"]]
     with second.client() as http:
-        assert http.get("/api/v1/runs/keep").json()["state"] == "pending"
+        assert http.get(api.run("keep")).json()["state"] == "pending"
         reply = http.post(f"{base}/heartbeat", json={"samples": 150, "swarm_epoch": 5}, headers=auth)
     assert reply.status_code == 200 and reply.json()["action"] == "continue"  # the worker token still works
     assert reply.json()["latest_checkpoint_epoch"] == 4
@@ -83,4 +84,4 @@ def test_state_token_and_dht_address_survive_restarts(processes: ProcessRegistry
         before["events"]
     )
     with third.client(join) as http:
-        assert http.get("/api/v1/runs/keep-2/checkpoints/latest/download").content == data
+        assert http.get(api.run_latest_checkpoint("keep-2")).content == data

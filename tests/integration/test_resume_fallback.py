@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.models import TinyModule
 from tests.support.orchestrator import HAND_ONLY, Orchestrator
@@ -38,36 +39,38 @@ def lightning_checkpoint(module: torch.nn.Module, path: Path) -> bytes:
 def upload(orch: Orchestrator, worker: dict[str, Any], epoch: int, data: bytes) -> None:
     with orch.client(worker["worker_token"]) as http:
         headers = {CHECKSUM_HEADER: hashlib.sha256(data).hexdigest()}
-        path = f"/api/v1/workers/{worker['worker_id']}/checkpoints/{epoch}"
+        path = api.checkpoint_upload(worker["worker_id"], epoch)
         assert http.put(path, content=data, headers=headers).status_code == 201
 
 
 def unloadable_events(orch: Orchestrator, name: str) -> list[str]:
     with orch.client() as http:
-        events = http.get(f"/api/v1/runs/{name}/events").json()["items"]
+        events = http.get(api.run_events(name)).json()["items"]
     return [e["message"] for e in events if e["kind"] == "checkpoint.unloadable"]
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_falls_back_to_the_newest_checkpoint_that_loads(orch: Orchestrator, tmp_path: Path) -> None:
-    name, join = create_run(orch, "fallback", keep_checkpoints=3)
-    uploader = register(orch, join)
-    become_checkpointer(orch, uploader)
+def test_a_worker_falls_back_to_the_newest_checkpoint_that_loads(
+    served_orch: Orchestrator, tmp_path: Path
+) -> None:
+    name, join = create_run(served_orch, "fallback", keep_checkpoints=3)
+    uploader = register(served_orch, join)
+    become_checkpointer(served_orch, uploader)
     good = lightning_checkpoint(TinyModule(), tmp_path / "good.ckpt")
-    upload(orch, uploader, 1, good)
-    upload(orch, uploader, 2, lightning_checkpoint(TinyModule(hidden=7), tmp_path / "wider.ckpt"))
+    upload(served_orch, uploader, 1, good)
+    upload(served_orch, uploader, 2, lightning_checkpoint(TinyModule(hidden=7), tmp_path / "wider.ckpt"))
     torch.save({"state_dict": TinyModule().state_dict()}, tmp_path / "bare.ckpt")  # not Lightning's
-    upload(orch, uploader, 3, (tmp_path / "bare.ckpt").read_bytes())
-    registration = WorkerRegistered.model_validate(register(orch, join))
+    upload(served_orch, uploader, 3, (tmp_path / "bare.ckpt").read_bytes())
+    registration = WorkerRegistered.model_validate(register(served_orch, join))
     assert [c.epoch for c in registration.older_checkpoints] == [2, 1]
     assert registration.resume_checkpoint is not None
     candidates = [registration.resume_checkpoint, *registration.older_checkpoints]
-    with OrchestratorClient(orch.url, registration.worker_token) as client:
+    with OrchestratorClient(served_orch.url, registration.worker_token) as client:
         chosen = resume_path(client, registration, tmp_path / "worker", TinyModule(), candidates)
     assert chosen is not None and Path(chosen).read_bytes() == good
     me, by = registration.worker_id, uploader["worker_id"]
     prefix = f"worker {me} could not resume from the checkpoint of epoch {{}}, uploaded by worker {by}: "
-    assert unloadable_events(orch, name) == [
+    assert unloadable_events(served_orch, name) == [
         prefix.format(3) + "it is no Lightning checkpoint: no pytorch-lightning_version, optimizer_states",
         prefix.format(2)
         + "its state_dict's shapes differ from the module's at ['layer.weight', 'layer.bias']",
@@ -75,17 +78,19 @@ def test_a_worker_falls_back_to_the_newest_checkpoint_that_loads(orch: Orchestra
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_starts_without_a_checkpoint_when_none_loads(orch: Orchestrator, tmp_path: Path) -> None:
-    name, join = create_run(orch, "fallback")
-    uploader = register(orch, join)
-    become_checkpointer(orch, uploader)
-    upload(orch, uploader, 1, checkpoint_bytes(state_dict={"other.weight": 0}))
-    registration = WorkerRegistered.model_validate(register(orch, join))
+def test_a_worker_starts_without_a_checkpoint_when_none_loads(
+    served_orch: Orchestrator, tmp_path: Path
+) -> None:
+    name, join = create_run(served_orch, "fallback")
+    uploader = register(served_orch, join)
+    become_checkpointer(served_orch, uploader)
+    upload(served_orch, uploader, 1, checkpoint_bytes(state_dict={"other.weight": 0}))
+    registration = WorkerRegistered.model_validate(register(served_orch, join))
     assert registration.resume_checkpoint is not None and registration.older_checkpoints == []
-    with OrchestratorClient(orch.url, registration.worker_token) as client:
+    with OrchestratorClient(served_orch.url, registration.worker_token) as client:
         chosen = resume_path(client, registration, tmp_path, TinyModule(), [registration.resume_checkpoint])
     assert chosen is None and not (tmp_path / "resume" / "resume.ckpt").exists()
-    assert len(unloadable_events(orch, name)) == 1
+    assert len(unloadable_events(served_orch, name)) == 1
 
 
 def test_bytes_torch_cannot_load_are_a_problem_not_an_exception(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.processes import descendants
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry, command_line
@@ -84,31 +85,31 @@ def test_serve_raises_its_open_files_limit_and_its_dht_maps_no_router_port(
 # -- the admin token and the data dir --------------------------------------------------------------------
 
 
-def test_the_generated_admin_token_is_not_in_the_server_output(orch: Orchestrator) -> None:
-    output = orch.proc.log()
-    assert orch.admin_token not in output
-    assert str(orch.data_dir / "admin_token") in output  # where to read it
+def test_the_generated_admin_token_is_not_in_the_server_output(served_orch: Orchestrator) -> None:
+    output = served_orch.proc.log()
+    assert served_orch.admin_token not in output
+    assert str(served_orch.data_dir / "admin_token") in output  # where to read it
 
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_the_data_dir_and_its_files_are_private(orch: Orchestrator) -> None:
-    with orch.admin() as http:
-        created = http.post("/api/v1/runs", json=run_spec("private-files"))
+def test_the_data_dir_and_its_files_are_private(served_orch: Orchestrator) -> None:
+    with served_orch.admin() as http:
+        created = http.post(api.runs(), json=run_spec("private-files"))
         assert created.status_code == 201, created.text
-    worker = register(orch, created.json()["join_token"])
+    worker = register(served_orch, created.json()["join_token"])
     blob = checkpoint_bytes(b"weights" * 100)
-    become_checkpointer(orch, worker)  # only the run's checkpointer uploads
-    with orch.client(worker["worker_token"]) as http:
+    become_checkpointer(served_orch, worker)  # only the run's checkpointer uploads
+    with served_orch.client(worker["worker_token"]) as http:
         uploaded = http.put(
-            f"/api/v1/workers/{worker['worker_id']}/checkpoints/3",
+            api.checkpoint_upload(worker["worker_id"], 3),
             content=blob,
             headers={CHECKSUM_HEADER: hashlib.sha256(blob).hexdigest()},
         )
     assert uploaded.status_code == 201, uploaded.text
-    data = orch.data_dir
+    data = served_orch.data_dir
     checkpoints = [p for p in (data / "checkpoints").rglob("*") if p.is_file()]
     assert checkpoints
     wait_until(lambda: (data / "spotswarm.db").exists(), 10)
@@ -120,15 +121,15 @@ def test_the_data_dir_and_its_files_are_private(orch: Orchestrator) -> None:
 # -- Host names and half-open connections ---------------------------------------------------------------
 
 
-def test_a_request_naming_a_host_the_server_is_not_served_as_gets_400(orch: Orchestrator) -> None:
+def test_a_request_naming_a_host_the_server_is_not_served_as_gets_400(served_orch: Orchestrator) -> None:
     """DNS rebinding: a page on a name made to resolve to 127.0.0.1 sends that name as Host."""
-    port = orch.port
-    with orch.client() as http:
-        refused = http.get("/api/v1/runs", headers={"Host": f"rebind.attacker.example:{port}"})
+    port = served_orch.port
+    with served_orch.client() as http:
+        refused = http.get(api.runs(), headers={"Host": f"rebind.attacker.example:{port}"})
         assert refused.status_code == 400 and "Host" in refused.text, refused.text
         assert http.get("/healthz", headers={"Host": "rebind.attacker.example"}).status_code == 400
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost.", f"[::1]:{port}", "10.0.3.7"):
-            assert http.get("/api/v1/runs", headers={"Host": host}).status_code == 200, host
+            assert http.get(api.runs(), headers={"Host": host}).status_code == 200, host
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
@@ -141,16 +142,16 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_one_client_holding_half_open_connections_keeps_no_one_else_out(orch: Orchestrator) -> None:
+def test_one_client_holding_half_open_connections_keeps_no_one_else_out(served_orch: Orchestrator) -> None:
     """Without bounds, connections past limit_concurrency get every caller, /healthz included, a 503 for
     as long as one client holds them. Here the client's connections past its share are closed at once,
     and the rest once their header is late; /healthz answers 200 throughout."""
     flood = open_half_requests(
-        orch.port, 5 * LIMIT_CONCURRENCY, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        served_orch.port, 5 * LIMIT_CONCURRENCY, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     )
     try:
         opened_at = time.monotonic()
-        with orch.client() as http:
+        with served_orch.client() as http:
             for _ in range(5):
                 assert http.get("/healthz").status_code == 200
         wait_until(lambda: sum(map(_closed_by_server, flood)) >= len(flood) - PER_CLIENT, 10,

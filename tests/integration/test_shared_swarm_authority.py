@@ -13,12 +13,13 @@ import httpx
 import pytest
 
 from orchestrator.swarm.admission import load_or_create_key
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 
 
 def authority_key(orch: Orchestrator) -> str:
-    return str(httpx.get(f"{orch.url}/api/v1/swarm-auth", timeout=10).json()["authority_public_key"])
+    return str(httpx.get(orch.url + api.swarm_auth(), timeout=10).json()["authority_public_key"])
 
 
 @pytest.mark.timeout(300)

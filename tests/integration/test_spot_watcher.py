@@ -2,108 +2,31 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.support.imds import FakeImds, serving_imds
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from worker.agent.spot import SpotNotice, SpotWatcher
 from worker.protocol.imds import (
-    INSTANCE_ACTION_PATH,
     METADATA_URL_ENV,
-    REBALANCE_PATH,
-    TOKEN_HEADER,
-    TOKEN_PATH,
-    TOKEN_TTL_HEADER,
 )
-
-
-class FakeImds(ThreadingHTTPServer):
-    """Tokens from PUT, 401 for a missing/unknown/expired token, 404 until a notice is set."""
-
-    daemon_threads = True
-
-    def __init__(self, max_token_lifetime_s: float = 3600.0) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.max_token_lifetime_s = max_token_lifetime_s
-        self.lock = threading.Lock()
-        self.tokens: dict[str, float] = {}  # token -> expiry (monotonic)
-        self.refused = 0
-        self.action_polls = 0
-        self.instance_action: dict[str, str] | None = None
-        self.rebalance: dict[str, str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeImds
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_PUT(self) -> None:
-        ttl = self.headers.get(TOKEN_TTL_HEADER)
-        if self.path != TOKEN_PATH or ttl is None or not 1 <= int(ttl) <= 21600:
-            self._reply(400, "")
-            return
-        with self.server.lock:
-            token = f"token-{len(self.server.tokens)}"
-            lifetime = min(float(ttl), self.server.max_token_lifetime_s)
-            self.server.tokens[token] = time.monotonic() + lifetime
-        self._reply(200, token)
-
-    def do_GET(self) -> None:
-        with self.server.lock:
-            expiry = self.server.tokens.get(self.headers.get(TOKEN_HEADER, ""))
-            if expiry is None or time.monotonic() >= expiry:
-                self.server.refused += 1
-                self._reply(401, "")
-                return
-            if self.path == INSTANCE_ACTION_PATH:
-                self.server.action_polls += 1
-                notice = self.server.instance_action
-            elif self.path == REBALANCE_PATH:
-                notice = self.server.rebalance
-            else:
-                notice = None
-        self._reply(200, json.dumps(notice)) if notice else self._reply(404, "Not Found")
-
-    def _reply(self, status: int, body: str) -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def _serve(server: FakeImds) -> Iterator[FakeImds]:
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @pytest.fixture
 def imds() -> Iterator[FakeImds]:
-    yield from _serve(FakeImds())
+    with serving_imds() as server:
+        yield server
 
 
 @pytest.fixture
 def short_token_imds() -> Iterator[FakeImds]:
     """Tokens live 0.3 s whatever the client asks: the watcher must notice and renew."""
-    yield from _serve(FakeImds(max_token_lifetime_s=0.3))
+    with serving_imds(max_token_lifetime_s=0.3) as server:
+        yield server
 
 
 class Recorder:

@@ -20,11 +20,13 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from tests.support import api
+from tests.support.agent import start_hand_agent
 from tests.support.cli import cli
 from tests.support.failover_proxy import FailoverProxy
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.ports import free_port
-from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
+from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.runs import digits_run
 from tests.support.waiting import BOOT_S, wait_until
 from worker.agent.state import CHECKPOINTER_TAKEN
@@ -44,13 +46,13 @@ class Api:
 
     def get(self, path: str = "") -> Any:
         with self.orch.admin() as http:
-            response = http.get(f"/api/v1/runs/{RUN}{path}", timeout=15)
+            response = http.get(api.run(RUN) + path, timeout=15)
             response.raise_for_status()
             return response.json()
 
     def stop(self) -> None:
         with self.orch.admin() as http:
-            http.post(f"/api/v1/runs/{RUN}/stop", json={}, timeout=60).raise_for_status()
+            http.post(api.run_stop(RUN), json={}, timeout=60).raise_for_status()
 
     def checkpoint_epochs(self) -> list[int]:
         return [c["epoch"] for c in self.get("/checkpoints")["items"]]
@@ -65,30 +67,25 @@ def start_run(
     if proxy is not None:
         proxy.backends = [orch.port]
     with orch.admin() as http:
-        token = http.post("/api/v1/runs", json=SPEC, timeout=120).raise_for_status().json()["join_token"]
-    env = {
-        "SPOTSWARM_URL": proxy.url if proxy else orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / "agent"),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
-        "SPOTSWARM_STOP_GRACE_S": str(STOP_GRACE_S),
-    }
-    agent = processes.start("agent", [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
-    api = Api(orch)
+        token = http.post(api.runs(), json=SPEC, timeout=120).raise_for_status().json()["join_token"]
+    url = proxy.url if proxy else orch.url
+    agent = start_hand_agent(
+        processes, "agent", url, token, tmp_path / "agent", {"SPOTSWARM_STOP_GRACE_S": str(STOP_GRACE_S)}
+    )
+    run_api = Api(orch)
 
     def checkpointer_past_epoch_2() -> bool:
         if not agent.alive():
             pytest.fail(f"agent exited with {agent.popen.returncode}:\n{agent.log()[-3000:]}")
-        workers = api.get("/workers")["items"]
+        workers = run_api.get("/workers")["items"]
         elected = bool(workers) and workers[0]["checkpointer"] and workers[0]["swarm_epoch"] >= 2
         # the agent itself must know it (its next heartbeat reply tells it): the API shows the election
         # first, and an agent stopped in between rightly saves nothing
         return elected and CHECKPOINTER_TAKEN in agent.log()
 
     wait_until(checkpointer_past_epoch_2, BOOT_S + 120, interval_s=1, message="the agent trains")
-    assert api.checkpoint_epochs() == [], "no periodic checkpoint at this cadence"
-    return orch, api, agent
+    assert run_api.checkpoint_epochs() == [], "no periodic checkpoint at this cadence"
+    return orch, run_api, agent
 
 
 def exit_code(agent: ManagedProcess, timeout_s: float) -> int:
@@ -100,14 +97,14 @@ def exit_code(agent: ManagedProcess, timeout_s: float) -> int:
 def test_runs_stop_uploads_a_final_checkpoint_of_the_epoch_it_stopped_at(
     processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    orch, api, agent = start_run(processes, tmp_path)
-    stopped_at = api.get()["reported"]["swarm_epoch"]
-    api.stop()
+    orch, run_api, agent = start_run(processes, tmp_path)
+    stopped_at = run_api.get()["reported"]["swarm_epoch"]
+    run_api.stop()
     assert exit_code(agent, STOP_GRACE_S + 30) == 0
-    wait_until(lambda: api.get()["state"] == "stopped", 30, message="the run stops")
-    final_epoch = api.get()["reported"]["swarm_epoch"]
-    assert api.checkpoint_epochs(), f"no final checkpoint\n{agent.log()[-3000:]}"
-    newest = max(api.checkpoint_epochs())
+    wait_until(lambda: run_api.get()["state"] == "stopped", 30, message="the run stops")
+    final_epoch = run_api.get()["reported"]["swarm_epoch"]
+    assert run_api.checkpoint_epochs(), f"no final checkpoint\n{agent.log()[-3000:]}"
+    newest = max(run_api.checkpoint_epochs())
     assert stopped_at - 1 <= newest <= final_epoch, (stopped_at, newest, final_epoch)
     assert "saved checkpoint of epoch" in agent.log()
     assert_quiet_log(agent.log())
@@ -164,8 +161,8 @@ def test_a_stop_while_the_orchestrator_is_out_of_reach_uploads_the_final_checkpo
     proxy: FailoverProxy | None = FailoverProxy(free_port(), [])
     port = proxy.port
     try:
-        orch, api, agent = start_run(processes, tmp_path, proxy)
-        stopped_at = api.get()["reported"]["swarm_epoch"]
+        orch, run_api, agent = start_run(processes, tmp_path, proxy)
+        stopped_at = run_api.get()["reported"]["swarm_epoch"]
         proxy.close()
         proxy = None
         # `kill PID` while the orchestrator is away (the agent's process only: its hivemind children
@@ -182,8 +179,8 @@ def test_a_stop_while_the_orchestrator_is_out_of_reach_uploads_the_final_checkpo
     finally:
         if proxy is not None:
             proxy.close()
-    epochs = api.checkpoint_epochs()
+    epochs = run_api.checkpoint_epochs()
     assert epochs, f"no final checkpoint\n{agent.log()[-3000:]}"
     assert max(epochs) >= stopped_at - 1, (epochs, stopped_at)
-    assert api.get("/workers")["items"][0]["state"] == "exited"
+    assert run_api.get("/workers")["items"][0]["state"] == "exited"
     assert not list((tmp_path / "agent" / "checkpoints").glob("*.ckpt")), "uploaded: nothing kept"

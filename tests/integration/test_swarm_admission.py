@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.agent import start_hand_agent
 from tests.support.orchestrator import HAND_ONLY, NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.processes import VENV_BIN, ProcessRegistry
+from tests.support.runs import GRADIENTS, digits_run
 from tests.support.specs import post_run, run_spec
 from tests.support.waiting import BOOT_S, wait_until
 from tests.support.workers import register
@@ -33,22 +35,16 @@ from worker.admission.tokens import (
 pytestmark = [pytest.mark.swarm]
 INTRUDERS = ("none", "forged", "expired", "other_run")
 TOKEN_TTL_S = 60  # long enough for a killed agent to restart on its cached token, short enough to renew
-DIGITS = {
-    "module": "worker.examples.digits:DigitsModule",
-    "datamodule": "worker.examples.digits:DigitsDataModule",
-    "target_batch_size": 64,
-    "batch_size": 16,
+DIGITS = digits_run(
+    "adm-swarm",
+    module_args={},  # the example's own defaults
+    target_batch_size=64,
+    batch_size=16,
     # gradient averaging, as the hand-started HivemindStrategy's own default (it takes no run options)
-    "strategy_options": {
-        "sync": "gradients",
-        "matchmaking_time": 1.0,
-        "averaging_timeout": 10.0,
-    },
-    "min_workers": 0,
-    "desired_workers": 2,
-    "max_workers": 4,
-    "checkpoint_every_epochs": 1000,
-}
+    strategy_options=dict(GRADIENTS),
+    checkpoint_every_epochs=1000,
+    hand_joined_checkpoint=False,
+)
 
 
 # no import probe at run creation; tokens live TOKEN_TTL_S, so agents renew theirs (at half-life) while
@@ -66,18 +62,13 @@ def start_agent(
     extra_env: dict[str, str] | None = None,
 ) -> Any:
     env = {
-        "SPOTSWARM_URL": orch.url,
-        "SPOTSWARM_JOIN_TOKEN": token,
-        "SPOTSWARM_WORKER_DIR": str(tmp_path / (worker_dir or name)),
-        "SPOTSWARM_METADATA_URL": "off",
-        "SPOTSWARM_HOST_MADDRS": "/ip4/127.0.0.1/tcp/0",
         "SPOTSWARM_STOP_GRACE_S": "20",
         # the peer list cached every few seconds, not every minute: the restart below waits for one that
         # holds the other agent's address
         "SPOTSWARM_PEERS_REFRESH_S": "3",
         **(extra_env or {}),
     }
-    return processes.start(name, [str(VENV_BIN / "spotswarm-worker")], env=env, preloaded=True)
+    return start_hand_agent(processes, name, orch.url, token, tmp_path / (worker_dir or name), env)
 
 
 def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
@@ -87,12 +78,14 @@ def run_view(orch: Orchestrator, name: str, path: str = "") -> Any:
 
 @pytest.mark.timeout(420)
 def test_only_admitted_peers_join_the_runs_swarm(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
-    run = post_run(orch, {"name": "adm-swarm", **DIGITS})
-    other_run = post_run(orch, run_spec("adm-other"))
-    open_run = post_run(orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
-    agents = [start_agent(processes, tmp_path, n, orch, run["join_token"]) for n in ("first", "second")]
+    run = post_run(served_orch, DIGITS)
+    other_run = post_run(served_orch, run_spec("adm-other"))
+    open_run = post_run(served_orch, run_spec("adm-open-swarm", strategy_options={"swarm_admission": False}))
+    agents = [
+        start_agent(processes, tmp_path, n, served_orch, run["join_token"]) for n in ("first", "second")
+    ]
     config_path, out_path = tmp_path / "probe.json", tmp_path / "probe-out.json"
     probe = processes.start(  # imports now, runs once the config file appears
         "probe",
@@ -101,31 +94,33 @@ def test_only_admitted_peers_join_the_runs_swarm(
     )
 
     def trained_together() -> Any:
-        workers = [w for w in run_view(orch, "adm-swarm", "/workers")["items"] if w["state"] == "running"]
+        workers = [
+            w for w in run_view(served_orch, "adm-swarm", "/workers")["items"] if w["state"] == "running"
+        ]
         together = len(workers) == 2 and all(w["num_peers"] >= 2 and w["samples"] > 0 for w in workers)
         return together and workers
 
     wait_until(trained_together, BOOT_S, interval_s=1, message="two admitted agents train in one swarm")
-    epoch = run_view(orch, "adm-swarm")["reported"]["swarm_epoch"]
+    epoch = run_view(served_orch, "adm-swarm")["reported"]["swarm_epoch"]
     wait_until(
-        lambda: run_view(orch, "adm-swarm")["reported"]["swarm_epoch"] >= epoch + 2,
+        lambda: run_view(served_orch, "adm-swarm")["reported"]["swarm_epoch"] >= epoch + 2,
         90,
         interval_s=1,
         message="the swarm epoch advances with two admitted peers",
     )
-    worker_maddrs = run_view(orch, "adm-swarm", "/peers")["worker_peers"]
+    worker_maddrs = run_view(served_orch, "adm-swarm", "/peers")["worker_peers"]
     target = worker_maddrs[0].rsplit("/p2p/", 1)[1]
 
     config = {
-        "url": orch.url,
+        "url": served_orch.url,
         "swarm_id": run["swarm_id"],
-        "initial_peers": orch.peers() + worker_maddrs,
+        "initial_peers": served_orch.peers() + worker_maddrs,
         "worker_peer_id": target,
-        "authority_key_path": str(orch.data_dir / "swarm_authority.pem"),
-        "admitted": credentials(register(orch, run["join_token"]), run["swarm_id"]),
-        "other_run": credentials(register(orch, other_run["join_token"]), other_run["swarm_id"]),
-        "strategy": credentials(register(orch, run["join_token"]), run["swarm_id"]),
-        "orchestrator_peers": orch.peers(),
+        "authority_key_path": str(served_orch.data_dir / "swarm_authority.pem"),
+        "admitted": credentials(register(served_orch, run["join_token"]), run["swarm_id"]),
+        "other_run": credentials(register(served_orch, other_run["join_token"]), other_run["swarm_id"]),
+        "strategy": credentials(register(served_orch, run["join_token"]), run["swarm_id"]),
+        "orchestrator_peers": served_orch.peers(),
         "open_run": "adm-open-swarm",
         "open_swarm_id": open_run["swarm_id"],
         "modes": ["strategy", *INTRUDERS, "admitted", "open"],
@@ -165,12 +160,12 @@ def test_only_admitted_peers_join_the_runs_swarm(
     assert admitted["download_state"].startswith("ok") and admitted["join_group"].startswith("ok"), admitted
 
     def admitted_record_visible() -> Any:
-        swarm = run_view(orch, "adm-swarm")["swarm"]
+        swarm = run_view(served_orch, "adm-swarm")["swarm"]
         return swarm and swarm["num_clients"] == 1 and swarm
 
     swarm = wait_until(admitted_record_visible, 30, message="the admitted probe's record reaches the workers")
     assert swarm["num_peers"] >= 3 and swarm["epoch"] < 1000, swarm  # two agents + the admitted probe
-    assert all(w["swarm_epoch"] < 1000 for w in run_view(orch, "adm-swarm", "/workers")["items"])
+    assert all(w["swarm_epoch"] < 1000 for w in run_view(served_orch, "adm-swarm", "/workers")["items"])
     assert all(agent.alive() for agent in agents)
     # tokens live TOKEN_TTL_S and are renewed at half-life: the agents train on by renewing theirs (first
     # token + renewals); on a quiet machine the steps above take less than the half-life, so wait for it
@@ -182,7 +177,7 @@ def test_only_admitted_peers_join_the_runs_swarm(
     )
     assert all(agent.alive() for agent in agents)
 
-    restart_on_cached_token(orch, processes, tmp_path, agents, run)
+    restart_on_cached_token(served_orch, processes, tmp_path, agents, run)
 
 
 def cached_token_lifetime_s(worker_dir: Path) -> float:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator
 from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.specs import run_spec
@@ -41,14 +42,12 @@ ORCHESTRATOR_ENV = {
 def create_run(orch: Orchestrator, name: str, **options: Any) -> dict[str, Any]:
     spec = run_spec(name, strategy_options=options)
     with orch.admin() as http:
-        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())
+        return dict(http.post(api.runs(), json=spec, timeout=120).raise_for_status().json())
 
 
 def register(orch: Orchestrator, join_token: str) -> dict[str, Any]:
     with orch.client(join_token) as http:
-        return dict(
-            http.post("/api/v1/workers/register", json={"hostname": "peer"}).raise_for_status().json()
-        )
+        return dict(http.post(api.register(), json={"hostname": "peer"}).raise_for_status().json())
 
 
 def start_peers(processes: ProcessRegistry, tmp: Path, count: int) -> list[tuple[ManagedProcess, Path]]:
@@ -100,11 +99,11 @@ def assert_one_swarm(outs: list[Path], peers: int) -> None:
 
 @pytest.mark.timeout(240)
 def test_peers_of_an_opted_out_run_are_answered_from_their_first_contact(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     started = start_peers(processes, tmp_path, 2)
-    run = create_run(orch, "open-first", swarm_admission=False)
-    outs = [join(config, register(orch, run["join_token"]), None) for _, config in started]
+    run = create_run(served_orch, "open-first", swarm_admission=False)
+    outs = [join(config, register(served_orch, run["join_token"]), None) for _, config in started]
     try:
         assert_one_swarm(outs, 2)
     finally:
@@ -115,18 +114,18 @@ def test_peers_of_an_opted_out_run_are_answered_from_their_first_contact(
 
 @pytest.mark.timeout(240)
 def test_an_admitted_worker_whose_first_contact_fails_joins_the_same_swarm(
-    orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
+    served_orch: Orchestrator, processes: ProcessRegistry, tmp_path: Path
 ) -> None:
     started = start_peers(processes, tmp_path, 2)
-    run = create_run(orch, "admitted-first")
-    registrations = [register(orch, run["join_token"]) for _ in started]
-    dht_pid = int(json.loads((orch.data_dir / "dht.pid").read_text())["pid"])
+    run = create_run(served_orch, "admitted-first")
+    registrations = [register(served_orch, run["join_token"]) for _ in started]
+    dht_pid = int(json.loads((served_orch.data_dir / "dht.pid").read_text())["pid"])
     os.kill(dht_pid, signal.SIGSTOP)  # the orchestrator's DHT peer answers nobody for a moment
     try:
         outs = []
         for i, ((_, config), registration) in enumerate(zip(started, registrations, strict=True)):
             admission = {
-                "url": orch.url,
+                "url": served_orch.url,
                 "worker_id": registration["worker_id"],
                 "worker_token": registration["worker_token"],
                 "worker_dir": str(tmp_path / f"worker-{i}"),

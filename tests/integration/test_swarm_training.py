@@ -203,8 +203,9 @@ def test_parameters_of_the_two_peers_agree_after_each_averaged_epoch(swarm: Swar
     downloads = {name: sorted(_downloaded_epochs(swarm.statuses[name])) for name in "ab"}
     assert len(common) >= EPOCHS_TOGETHER - 1, (common, downloads)
     # Peers that train apart never match bit for bit, so epochs of identical parameters show real
-    # averaging (of gradients, then of parameters). Rounds may fail for a few epochs in a row on a
-    # loaded machine (CI saw 4); the swarm re-unites at the next successful state averaging.
+    # averaging (of gradients, then of parameters). Not every common epoch: a round that finds no
+    # group within matchmaking_time, or times out, leaves that epoch's parameters apart until the
+    # next state averaging re-unites the swarm, and how many rounds do depends on the machine's load.
     diffs = {e: float((swarm.a.snapshot(e) - swarm.b.snapshot(e)).abs().max()) for e in common}
     assert len(_identical_epochs(swarm.b, (swarm.a,))) >= IDENTICAL_EPOCHS, (diffs, downloads)
 

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from orchestrator.config import Settings
+from tests.support import api
 from tests.support.orchestrator import NO_RECONCILE, Orchestrator, start_orchestrator
 from tests.support.ports import PORT_ATTEMPTS, free_port, free_ports, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
@@ -193,7 +194,7 @@ def test_users_get_https_with_a_certificate_they_can_trust(front_door: FrontDoor
         assert http.get("/readyz").status_code == 200
         assert (
             http.get(
-                "/api/v1/runs", headers={"Authorization": f"Bearer {front_door.orch.admin_token}"}
+                api.runs(), headers={"Authorization": f"Bearer {front_door.orch.admin_token}"}
             ).status_code
             == 200
         )
@@ -345,7 +346,7 @@ def test_a_code_package_over_the_json_limit_uploads_through_the_proxy(front_door
     digest = hashlib.sha256(body).hexdigest()
     admin = {"Authorization": f"Bearer {front_door.orch.admin_token}"}
     with front_door.user(headers=admin) as http:
-        stored = http.put(f"/api/v1/packages/{digest}", content=body)
+        stored = http.put(api.package(digest), content=body)
     assert stored.status_code == 201, stored.text
     assert stored.json()["size_bytes"] == len(body)
 
@@ -378,7 +379,7 @@ class Worker:
 def register_worker(front_door: FrontDoor, run: str) -> Worker:
     """A run and a worker registered with its join token, over the workers' plain-HTTP port."""
     with front_door.user(headers={"Authorization": f"Bearer {front_door.orch.admin_token}"}) as http:
-        created = http.post("/api/v1/runs", json=run_spec(run, desired_workers=0))
+        created = http.post(api.runs(), json=run_spec(run, desired_workers=0))
     assert created.status_code == 201, created.text
     join = {"Authorization": f"Bearer {created.json()['join_token']}"}
     joined = httpx.post(f"{front_door.worker_url}/api/v1/workers/register", json={"hostname": "w1"},

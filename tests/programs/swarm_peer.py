@@ -25,7 +25,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from tests.support.waiting import wait_for_file
 from worker.examples.digits import DigitsDataModule, DigitsModule
-from worker.protocol.trainer import NO_VALIDATION, QUIET
+from worker.examples.local_swarm import local_trainer
 from worker.strategy import HivemindStrategy
 
 STOPPED_MARKER = "swarm_peer: training stopped, tearing down"
@@ -160,24 +160,14 @@ def main() -> None:
             os.environ["INITIAL_PEERS"] = peers
         else:
             initial_peers = peers
-    strategy = HivemindStrategy(
-        target_batch_size=args.target_batch_size,
-        run_id=args.run_id,
-        initial_peers=initial_peers,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        matchmaking_time=1.0,
-        averaging_timeout=10.0,
+    trainer = local_trainer(
+        args.run_id,
+        args.target_batch_size,
+        initial_peers,
+        args.max_seconds,
+        [Recorder(args.status, args.snapshots, args.stop, args.step_delay)],
         sync=args.sync,
         **({} if args.average_state_every is None else {"average_state_every": args.average_state_every}),
-    )
-    trainer = Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        max_epochs=-1,
-        max_time={"seconds": args.max_seconds},
-        callbacks=[Recorder(args.status, args.snapshots, args.stop, args.step_delay)],
-        **QUIET,
-        **NO_VALIDATION,
     )
     trainer.fit(ScheduledDigits(hidden=32, lr=0.03), DigitsDataModule(batch_size=args.batch_size))
 

@@ -5,6 +5,8 @@
   ``spotswarm-worker``, the test programs), seconds of CPU less per start.
 - ``waiting.py``: ``wait_until`` (a condition with a deadline), ``wait_for_file``, ``BOOT_S``.
 - ``ports.py``: free TCP ports.
+- ``api.py``: the JSON API's paths, one function a route (``api.run(name)``), filled in from
+  ``ApiPath``: tests name the endpoint instead of writing ``/api/v1/...``.
 - ``sockets.py``: connections that hold a server's sockets with unfinished requests (one client's flood).
 - ``orchestrator.py``: ``spotswarm serve`` as a subprocess, ``ApiServer`` (what both kinds of
   orchestrator offer a test: API clients, the database), and the settings presets every test starts
@@ -19,11 +21,14 @@
 - ``cli.py``: the ``spotswarm`` CLI in-process, and workers joined by hand through the agent's client.
 - ``checkpoint_files.py``: checkpoint bytes the server's format check takes, made without torch (and one
   that does not load).
-- ``agent.py``, ``runs.py``: an orchestrator with a real agent, or with the reconcile loop and its readers;
+- ``agent.py``, ``runs.py``: agents started by hand (alone, or one training beside an orchestrator), or an
+  orchestrator with the reconcile loop and its readers, and the digits run (``digits_run``);
   ``spot_market.py``: a simulated spot market following a trace the test writes.
 - ``archives.py``: hand-made tar archives, the crafted code packages among them.
-- ``postgres.py``, ``aws.py`` (moto), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``,
-  ``terraform.py``, ``wheels.py``, ``docs_commands.py``, ``fuzz.py``, ``strategy.py``,
-  ``monitor_peer.py``: the other systems and harnesses tests drive; ``diloco.py``: DiLoCo peers
-  without Lightning and the plain-torch reference of the outer step.
+- ``postgres.py`` (``running_postgres``), ``aws.py`` (moto; the workers' network and launch template
+  on it, what an instance's user data gives its worker), ``imds.py`` (EC2's instance metadata
+  service), ``ec2_capacity.py``, ``failover_proxy.py``, ``browser.py``, ``terraform.py``, ``wheels.py``,
+  ``docs_commands.py``, ``fuzz.py``, ``strategy.py``, ``monitor_peer.py``: the other systems and
+  harnesses tests drive; ``diloco.py``: DiLoCo peers without Lightning and the plain-torch reference of
+  the outer step.
 """

@@ -25,7 +25,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support import api
 from tests.support.checkpoint_files import checkpoint_bytes
 from tests.support.orchestrator import FUZZ_ENV, Orchestrator, start_orchestrator
-from tests.support.postgres import PostgresCluster
+from tests.support.postgres import PostgresCluster, running_postgres
 from tests.support.processes import ProcessRegistry
 from tests.support.waiting import wait_until
 
@@ -65,7 +66,7 @@ CHECKS = [
 
 CALLERS = ("none", "garbage", "generated", "admin", "join:a", "join:b", "worker:0", "worker:1", "worker:2")
 ADMIN_OPS = {
-    ("POST", "/api/v1/runs"),
+    ("POST", api.runs()),
     ("DELETE", "/api/v1/runs/{name}"),
     ("POST", "/api/v1/runs/{name}/scale"),
     ("POST", "/api/v1/runs/{name}/stop"),
@@ -83,14 +84,14 @@ WORKER_OPS = {
     ("POST", "/api/v1/workers/{worker_id}/swarm-token"),
     ("POST", "/api/v1/workers/{worker_id}/resume-failures"),
 }
-REGISTER_OP = ("POST", "/api/v1/workers/register")
+REGISTER_OP = ("POST", api.register())
 RUN_TOKEN_OPS = {  # the admin token, the run's join token or one of its worker tokens
     ("GET", "/api/v1/runs/{name}/checkpoints/latest/download"),
     ("GET", "/api/v1/runs/{name}/checkpoints/{epoch}/download"),
 }
 RUN_PEERS_OP = ("GET", "/api/v1/runs/{name}/peers")
 # Open to anyone: liveness, readiness, and the swarm's token-signing public key.
-OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/api/v1/swarm-auth")}
+OPEN_OPS = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", api.swarm_auth())}
 # Any other operation follows the read rule (public reads, or the admin token): a new endpoint that
 # gives more away fails here until it is classified above.
 # Destructive operations go last so that the world stays useful for the others as long as possible.
@@ -161,17 +162,17 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
             "desired_workers": 0,
             "hand_joined_checkpoint": True,  # its hand-joined worker uploads the checkpoint
         }
-        response = http.post("/api/v1/runs", json=spec, headers=admin)
+        response = http.post(api.runs(), json=spec, headers=admin)
         response.raise_for_status()
         world.join[key], world.run_names[key] = response.json()["join_token"], name
     for key in ("a", "a", "b"):
         auth = {"Authorization": f"Bearer {world.join[key]}"}
-        response = http.post("/api/v1/workers/register", json={"hostname": "fuzz"}, headers=auth)
+        response = http.post(api.register(), json={"hostname": "fuzz"}, headers=auth)
         response.raise_for_status()
         world.workers.append((response.json()["worker_id"], response.json()["worker_token"], key))
     worker_id, token, _ = world.workers[0]
     auth = {"Authorization": f"Bearer {token}"}
-    beat = f"/api/v1/workers/{worker_id}/heartbeat"
+    beat = api.heartbeat(worker_id)
     wait_until(  # only the run's checkpointer uploads: wait for the election
         lambda: http.post(beat, json={}, headers=auth).json()["checkpointer"],
         30,
@@ -179,7 +180,7 @@ def build_world(http: httpx.Client, admin_token: str, public_reads: bool, prefix
     )
     data = checkpoint_bytes(b"a checkpoint the fuzzer must never damage")
     headers = {**auth, "X-Checksum-Sha256": hashlib.sha256(data).hexdigest()}
-    http.put(f"/api/v1/workers/{worker_id}/checkpoints/1", content=data, headers=headers).raise_for_status()
+    http.put(api.checkpoint_upload(worker_id, 1), content=data, headers=headers).raise_for_status()
     return world
 
 
@@ -349,15 +350,11 @@ def fuzz_orchestrator(
     """Start the server under ``root`` (and a PostgreSQL cluster when ``postgres`` is True; pass a running
     cluster to use it instead); everything started here is stopped on exit."""
     registry = ProcessRegistry(root)
-    own_cluster = PostgresCluster() if postgres is True else None
-    cluster = own_cluster or (postgres if isinstance(postgres, PostgresCluster) else None)
-    try:
-        if own_cluster is not None:
-            own_cluster.start()
+    with ExitStack() as stack:
+        cluster = postgres if isinstance(postgres, PostgresCluster) else None
+        if postgres is True:
+            cluster = stack.enter_context(running_postgres())
+        stack.callback(registry.kill_all)
         db_url = cluster.create_database(f"fuzz_{root.name.replace('-', '_').lower()}") if cluster else None
         env = {**FUZZ_ENV, "SPOTSWARM_PUBLIC_READS": "true" if public_reads else "false"}
         yield start_orchestrator(registry, root / "data", db_url, extra_env=env)
-    finally:
-        registry.kill_all()
-        if own_cluster is not None:
-            own_cluster.stop()

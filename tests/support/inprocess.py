@@ -7,7 +7,7 @@ Usage (``tests/api/conftest.py`` has the fixtures)::
 
     with inprocess_orchestrator(tmp_path / "data", env=HAND_ONLY) as orch:
         with orch.admin() as http:
-            http.post("/api/v1/runs", json=run_spec("r"))
+            http.post(api.runs(), json=run_spec("r"))
 
 The app runs on an event loop in a thread of its own (an anyio blocking portal); the clients are plain
 synchronous ``httpx.Client`` objects whose transport hands each request to that loop, so tests read as

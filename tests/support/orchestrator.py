@@ -1,14 +1,14 @@
 """Start a real orchestrator (`spotswarm serve` in its own process group) for a test, and the settings
 presets every orchestrator of the tests starts with (here or in-process: ``tests/support/inprocess.py``).
 
-Most modules use the module-scoped ``orch`` fixture of ``tests/conftest.py`` (settings from the module's
-``ORCHESTRATOR_ENV``) or its ``orchestrator_factory``; a test that restarts or kills the server calls
-``start_orchestrator`` itself::
+Most modules use the module-scoped ``served_orch`` fixture of ``tests/conftest.py`` (settings from the
+module's ``ORCHESTRATOR_ENV``) or its ``orchestrator_factory``; a test that restarts or kills the server
+calls ``start_orchestrator`` itself::
 
     def test_something(processes, tmp_path):
         orch = start_orchestrator(processes, tmp_path / "orch", extra_env=HAND_ONLY)
         with orch.admin() as http:
-            http.post("/api/v1/runs", json={...})
+            http.post(api.runs(), json={...})
 
 ``start_orchestrator`` picks free ports (HTTP and DHT, the DHT on 127.0.0.1), waits until ``/readyz``
 answers 200 and returns an :class:`Orchestrator` with its URL and admin token. Pass the same
@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from orchestrator.db.session import Database
+from tests.support import api
 from tests.support.ports import PORT_ATTEMPTS, free_port, port_was_taken
 from tests.support.processes import VENV_BIN, ManagedProcess, ProcessRegistry
 from tests.support.waiting import wait_until
@@ -88,7 +89,7 @@ class ApiServer:
     def peers(self) -> list[str]:
         """The orchestrator's DHT multiaddrs (``GET /api/v1/peers``)."""
         with self.client() as http:
-            response = http.get("/api/v1/peers")
+            response = http.get(api.peers())
             response.raise_for_status()
             return list(response.json()["orchestrator_peers"])
 

@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.ports import free_port
@@ -105,3 +107,15 @@ class PostgresCluster:
 
     def url(self, name: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+
+@contextmanager
+def running_postgres() -> Iterator[PostgresCluster]:
+    """A cluster started here and stopped on exit: the session's shared one (``postgres_cluster``) or a
+    test's own (``own_postgres_cluster``, for tests that stop and start it)."""
+    cluster = PostgresCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

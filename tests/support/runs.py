@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import api
 from tests.support.orchestrator import LOOP_ENV, Orchestrator, start_orchestrator
 from tests.support.processes import ProcessRegistry
 
@@ -81,7 +82,7 @@ class RunReader:
     def worker_log(self, worker_id: str | int) -> str:
         """The tail of a worker's log (an admin read, as `spotswarm runs logs NAME --worker ID` does)."""
         with self.orch.admin() as http:
-            response = http.get(f"/api/v1/runs/{self.name}/workers/{worker_id}/log")
+            response = http.get(api.run_worker_log(self.name, worker_id))
             response.raise_for_status()
             return str(response.json()["text"])
 
@@ -111,7 +112,7 @@ def admin_post(orch: Orchestrator, path: str, body: dict[str, Any] | None = None
 def run_names(orch: Orchestrator) -> set[str]:
     """The names of every run on ``orch``."""
     with orch.client(timeout_s=15) as http:
-        items = http.get("/api/v1/runs", params={"limit": 500}).raise_for_status().json()["items"]
+        items = http.get(api.runs(), params={"limit": 500}).raise_for_status().json()["items"]
     return {str(run["name"]) for run in items}
 
 
@@ -119,7 +120,7 @@ def stop_runs(orch: Orchestrator, names: Iterable[str]) -> None:
     """Stop each of ``names`` that is still active (a stop of an ended run is refused; that is fine)."""
     with orch.admin() as http:
         for name in names:
-            http.post(f"/api/v1/runs/{name}/stop", json={}, timeout=60)
+            http.post(api.run_stop(name), json={}, timeout=60)
 
 
 def kill_worker(worker: dict[str, Any]) -> None:

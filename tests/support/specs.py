@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from tests.support import api
+
 if TYPE_CHECKING:
     from tests.support.orchestrator import ApiServer
 
@@ -35,7 +37,7 @@ def create_run(orch: ApiServer, prefix: str = "run", **overrides: Any) -> tuple[
     its name and join token."""
     name = f"{prefix}-{next(_names)}"
     with orch.admin() as http:
-        response = http.post("/api/v1/runs", json=run_spec(name, **overrides))
+        response = http.post(api.runs(), json=run_spec(name, **overrides))
     assert response.status_code == 201, response.text
     return name, response.json()["join_token"]
 
@@ -43,4 +45,4 @@ def create_run(orch: ApiServer, prefix: str = "run", **overrides: Any) -> tuple[
 def post_run(orch: ApiServer, spec: dict[str, Any]) -> dict[str, Any]:
     """Create the run ``spec`` describes, as the admin; the API's reply (with its join token)."""
     with orch.admin() as http:
-        return dict(http.post("/api/v1/runs", json=spec, timeout=120).raise_for_status().json())
+        return dict(http.post(api.runs(), json=spec, timeout=120).raise_for_status().json())

@@ -1,4 +1,5 @@
-"""Waiting on a condition or a file with a deadline (never a bare sleep), and how long a process that
+"""Waiting on a condition or a file with a deadline (never a bare sleep), checking that a condition holds
+for a while (what must not happen, watched instead of slept through), and how long a process that
 imports torch, Lightning and hivemind may take to boot."""
 
 from __future__ import annotations
@@ -51,3 +52,15 @@ def wait_for_file(path: Path, timeout_s: float, poll_s: float = 0.05) -> Path:
             raise TimeoutError(f"{path} did not appear within {timeout_s:g} s")
         time.sleep(poll_s)
     return path
+
+
+def holds_for(predicate: Callable[[], object], duration_s: float, message: str, poll_s: float = 0.02) -> None:
+    """Check ``predicate`` every ``poll_s`` for ``duration_s`` and fail (AssertionError with ``message``) as
+    soon as it is false: for what must *not* happen within a window (a process that must not be stopped
+    yet), watched the whole time instead of slept through and checked once at the end."""
+    deadline = time.monotonic() + duration_s
+    while True:
+        assert predicate(), f"{message} (failed after {duration_s - (deadline - time.monotonic()):.2f} s)"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(poll_s)

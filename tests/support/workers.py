@@ -14,6 +14,7 @@ from orchestrator.clock import utc_now
 from orchestrator.db.models import Worker
 from orchestrator.db.session import Database
 from orchestrator.domain import runs
+from tests.support import api
 from tests.support.orchestrator import ApiServer
 from tests.support.waiting import wait_until
 from worker.admission.tokens import openssh_public_key
@@ -23,7 +24,7 @@ from worker.protocol.workers import WorkerState
 def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:
     """Register with ``token`` (join, launch or worker token); asserts a 200 and returns the reply."""
     with orch.client(token) as http:
-        response = http.post("/api/v1/workers/register", json={"hostname": "box", **body})
+        response = http.post(api.register(), json={"hostname": "box", **body})
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -31,13 +32,13 @@ def register(orch: ApiServer, token: str, **body: Any) -> dict[str, Any]:
 def ask_token(orch: ApiServer, worker_id: str, token: str | None, public_key: str) -> httpx.Response:
     """Ask for a swarm token for ``worker_id``'s peer with ``token``; the answer as it is."""
     with orch.client(token) as http:
-        return http.post(f"/api/v1/workers/{worker_id}/swarm-token", json={"public_key": public_key})
+        return http.post(api.swarm_token(worker_id), json={"public_key": public_key})
 
 
 def heartbeat(orch: ApiServer, worker: dict[str, Any], **body: Any) -> dict[str, Any]:
     """One heartbeat of ``worker`` (a registration reply); asserts a 200 and returns the reply."""
     with orch.client(worker["worker_token"]) as http:
-        response = http.post(f"/api/v1/workers/{worker['worker_id']}/heartbeat", json=body)
+        response = http.post(api.heartbeat(worker["worker_id"]), json=body)
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -59,9 +60,7 @@ def new_public_key() -> str:
 def swarm_token_peer_id(orch: ApiServer, worker: dict[str, Any]) -> str:
     """Ask for the worker's swarm token (as its agent does before starting its DHT); its peer id."""
     with orch.client(worker["worker_token"]) as http:
-        answer = http.post(
-            f"/api/v1/workers/{worker['worker_id']}/swarm-token", json={"public_key": new_public_key()}
-        )
+        answer = http.post(api.swarm_token(worker["worker_id"]), json={"public_key": new_public_key()})
     assert answer.status_code == 200, answer.text
     return str(answer.json()["peer_id"])
 

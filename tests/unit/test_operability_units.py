@@ -20,6 +20,7 @@ from orchestrator.launchers.local import LocalLauncher
 from orchestrator.launchers.worker_logs import read_tail, worker_log_path
 from orchestrator.metrics.middleware import route_template
 from orchestrator.metrics.service import ServiceMetrics
+from tests.support import api
 from tests.support.waiting import wait_until
 from worker.protocol.redaction import redact
 from worker.runtime.logsetup import configure_logging, log_fields, set_log_context, set_log_secrets
@@ -153,8 +154,8 @@ def test_route_templates_are_full_and_bounded() -> None:
     def scope(path: str, template: str | None) -> dict[str, object]:
         return {"path": path, "route": SimpleNamespace(path=template) if template else None}
 
-    assert route_template(scope("/api/v1/runs/digits", "/runs/{name}")) == "/api/v1/runs/{name}"
-    assert route_template(scope("/api/v1/workers/12/heartbeat", "/workers/{worker_id}/heartbeat")) == (
+    assert route_template(scope(api.run("digits"), "/runs/{name}")) == "/api/v1/runs/{name}"
+    assert route_template(scope(api.heartbeat("12"), "/workers/{worker_id}/heartbeat")) == (
         "/api/v1/workers/{worker_id}/heartbeat"
     )
     assert route_template(scope("/", "/")) == "/"

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import api
 from worker.agent.client import (
     ChecksumMismatch,
     Conflict,
@@ -60,7 +61,7 @@ def test_transient_failures_are_retried_with_growing_backoff() -> None:
     assert answer.checkpointer and answer.checkpoint_every_epochs == 2
     assert len(sleeps) == 2 and sleeps[1] > sleeps[0]
     request = server.requests[-1]
-    assert request.url.path == "/api/v1/workers/w1/heartbeat"
+    assert request.url.path == api.heartbeat("w1")
     assert request.headers["Authorization"] == "Bearer wt"
     assert json.loads(server.bodies[-1])["swarm_epoch"] == 3
 
@@ -91,7 +92,7 @@ def test_upload_streams_the_file_with_its_checksum_and_restreams_on_retry(tmp_pa
     sleeps: list[float] = []
     assert make_client(server, sleeps).upload_checkpoint("w1", 4, blob) == {"epoch": 4}
     last = server.requests[-1]
-    assert last.method == "PUT" and last.url.path == "/api/v1/workers/w1/checkpoints/4"
+    assert last.method == "PUT" and last.url.path == api.checkpoint_upload("w1", 4)
     assert last.headers[CHECKSUM_HEADER] == hashlib.sha256(blob.read_bytes()).hexdigest()
     assert last.headers["Content-Length"] == "3000000"
     assert server.bodies == [blob.read_bytes(), blob.read_bytes()]
@@ -102,9 +103,9 @@ def test_download_verifies_the_checksum_and_leaves_nothing_on_mismatch(tmp_path:
     good = hashlib.sha256(payload).hexdigest()
     server = FakeServer(httpx.Response(200, content=payload, headers={CHECKSUM_HEADER: good}))
     client = make_client(server, [])
-    dest = client.download_checkpoint("/api/v1/runs/demo/checkpoints/latest/download", tmp_path / "a.ckpt")
+    dest = client.download_checkpoint(api.run_latest_checkpoint("demo"), tmp_path / "a.ckpt")
     assert dest.read_bytes() == payload
-    assert server.requests[-1].url.path == "/api/v1/runs/demo/checkpoints/latest/download"
+    assert server.requests[-1].url.path == api.run_latest_checkpoint("demo")
     with pytest.raises(ChecksumMismatch):
         client.download_checkpoint("/runs/demo/checkpoints/latest/download", tmp_path / "b.ckpt", "0" * 64)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt"]

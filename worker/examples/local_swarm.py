@@ -19,7 +19,9 @@ import queue
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -65,6 +67,37 @@ class Reporter(Callback):
         self.reports.put(("progress", self.index, float(outputs["loss"]), progress, strategy.local_samples))
 
 
+def local_trainer(
+    run_id: str,
+    target_batch_size: int,
+    initial_peers: str | Sequence[str] | None,
+    seconds: float,
+    callbacks: list[Callback],
+    **strategy_options: Any,
+) -> Trainer:
+    """A quiet CPU trainer for ``seconds`` whose HivemindStrategy starts or joins (``initial_peers``) the
+    swarm ``run_id`` of peers on this machine: its DHT on 127.0.0.1, hivemind's waits cut to what one
+    machine needs (1 s to form a group, 10 s for a round); ``strategy_options`` go to the strategy."""
+    strategy = HivemindStrategy(
+        target_batch_size=target_batch_size,
+        run_id=run_id,
+        initial_peers=initial_peers,
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        matchmaking_time=1.0,
+        averaging_timeout=10.0,
+        **strategy_options,
+    )
+    return Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        max_epochs=-1,
+        max_time=timedelta(seconds=seconds),
+        callbacks=callbacks,
+        **QUIET,
+        **NO_VALIDATION,
+    )
+
+
 def run_peer(config: PeerConfig, reports: mp.Queue) -> None:
     """One peer: its own session (so its group can be signalled) and hivemind locks (so a peer killed
     while holding one cannot block the others), then train until time is up."""
@@ -74,22 +107,9 @@ def run_peer(config: PeerConfig, reports: mp.Queue) -> None:
         level=logging.WARNING, format=f"[peer {config.index}] %(name)s %(levelname)s %(message)s"
     )
     torch.set_num_threads(1)
-    strategy = HivemindStrategy(
-        target_batch_size=config.target_batch_size,
-        run_id="local_swarm",
-        initial_peers=list(config.initial_peers),
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        matchmaking_time=1.0,
-        averaging_timeout=10.0,
-    )
-    trainer = Trainer(
-        strategy=strategy,
-        accelerator="cpu",
-        max_epochs=-1,
-        max_time={"seconds": int(config.seconds)},
-        callbacks=[Reporter(config.index, reports, config.report_every_s)],
-        **QUIET,
-        **NO_VALIDATION,
+    reporter = Reporter(config.index, reports, config.report_every_s)
+    trainer = local_trainer(
+        "local_swarm", config.target_batch_size, list(config.initial_peers), int(config.seconds), [reporter]
     )
     # SIGTERMException: asked to stop, Lightning has already torn the strategy down
     with contextlib.suppress(SIGTERMException):

@@ -72,7 +72,7 @@ class Optimizer(hivemind.Optimizer):
         """hivemind 1.1.12 gives ``averager_opts`` to its state averager only, although its docstring says
         both averagers get them (no upstream issue found): the gradient averager gets them too, so a
         ``request_timeout`` below the matchmaking time reaches the averager whose rounds every epoch
-        waits for. ``tests/unit/test_strategy_parity.py`` checks that hivemind's warning is gone.
+        waits for. ``tests/integration/test_strategy_parity.py`` checks that hivemind's warning is gone.
 
         Each gradient round also tells the groupmates the epoch this peer enters after it
         (:func:`group_next_epoch`)."""

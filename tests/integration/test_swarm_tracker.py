@@ -8,7 +8,7 @@ is the swarm's epoch as the strategy reports it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import hivemind
 import pytest
@@ -134,98 +134,97 @@ def two_dhts() -> Iterator[tuple[hivemind.DHT, hivemind.DHT]]:
     first.shutdown()
 
 
-def _tracker(dht: hivemind.DHT, target: int, max_refresh_period: float = 0.5) -> SwarmBatchTracker:
-    # each with a key of its own: two trackers of one process would otherwise share one progress record
-    return SwarmBatchTracker(
-        dht=dht, prefix="tracker_test", target_batch_size=target, min_refresh_period=0.2,
-        max_refresh_period=max_refresh_period, default_refresh_period=0.2, private_key=RSAPrivateKey(),
-        start=True,
-    )  # fmt: skip
+#: makes a tracker on DHT peer 0 or 1 of ``two_dhts``: ``tracker_of(peer, target, max_refresh_period=0.5)``
+TrackerOf = Callable[..., SwarmBatchTracker]
+
+
+@pytest.fixture
+def tracker_of(two_dhts: tuple[hivemind.DHT, hivemind.DHT]) -> Iterator[TrackerOf]:
+    """Trackers on the two DHT peers, each shut down when the test ends (before the peers)."""
+    made: list[SwarmBatchTracker] = []
+
+    def make(peer: int, target: int, max_refresh_period: float = 0.5) -> SwarmBatchTracker:
+        # each with a key of its own: two trackers of one process would otherwise share one progress record
+        tracker = SwarmBatchTracker(
+            dht=two_dhts[peer], prefix="tracker_test", target_batch_size=target, min_refresh_period=0.2,
+            max_refresh_period=max_refresh_period, default_refresh_period=0.2, private_key=RSAPrivateKey(),
+            start=True,
+        )  # fmt: skip
+        made.append(tracker)
+        return tracker
+
+    yield make
+    for tracker in made:
+        tracker.shutdown()
 
 
 def test_a_peer_counts_the_others_samples_and_ends_the_epoch_before_its_own_count_does(
-    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+    tracker_of: TrackerOf,
 ) -> None:
-    trainer, watcher = _tracker(two_dhts[0], 1000), _tracker(two_dhts[1], 1000)
-    try:
-        trainer.report_local_progress(0, 600)
-        watcher.report_local_progress(0, 300)
-        assert not watcher.ready_to_update_epoch  # its own 300 are far from 1000
-        wait_until(lambda: watcher.ready_to_update_epoch, 30, message="the watcher counts the other's 600")
-        assert watcher.estimated_samples() >= 300 + 600
-    finally:
-        trainer.shutdown()
-        watcher.shutdown()
+    trainer, watcher = tracker_of(0, 1000), tracker_of(1, 1000)
+    trainer.report_local_progress(0, 600)
+    watcher.report_local_progress(0, 300)
+    assert not watcher.ready_to_update_epoch  # its own 300 are far from 1000
+    wait_until(lambda: watcher.ready_to_update_epoch, 30, message="the watcher counts the other's 600")
+    assert watcher.estimated_samples() >= 300 + 600
 
 
 def test_a_peer_waiting_in_its_round_reports_a_rate_of_zero(
-    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+    tracker_of: TrackerOf,
 ) -> None:
-    trainer, watcher = _tracker(two_dhts[0], 10_000), _tracker(two_dhts[1], 10_000)
-    try:
-        for samples in range(32, 640, 32):  # a training rate for its performance estimate
-            trainer.report_local_progress(0, samples)
-        with trainer.pause_updates():  # hivemind holds this while the epoch ends (the averaging round)
-            assert trainer.local_progress.samples_per_second == 0.0
+    trainer, watcher = tracker_of(0, 10_000), tracker_of(1, 10_000)
+    for samples in range(32, 640, 32):  # a training rate for its performance estimate
+        trainer.report_local_progress(0, samples)
+    with trainer.pause_updates():  # hivemind holds this while the epoch ends (the averaging round)
+        assert trainer.local_progress.samples_per_second == 0.0
 
-            def sees_it_waiting() -> bool:
-                records = [r for r in watcher._others if r.epoch == 0]
-                return bool(records) and records[0].rate == 0.0 and records[0].samples == 608
+        def sees_it_waiting() -> bool:
+            records = [r for r in watcher._others if r.epoch == 0]
+            return bool(records) and records[0].rate == 0.0 and records[0].samples == 608
 
-            wait_until(sees_it_waiting, 30, message="the other peer reads rate 0 with its final count")
-            now = get_dht_time()
-            assert watcher.estimated_samples(now + 60) == watcher.estimated_samples(now) == 608
-            trainer.update_epoch(1)
-        assert trainer.local_progress.samples_per_second > 0  # training again in its next epoch
-    finally:
-        trainer.shutdown()
-        watcher.shutdown()
+        wait_until(sees_it_waiting, 30, message="the other peer reads rate 0 with its final count")
+        now = get_dht_time()
+        assert watcher.estimated_samples(now + 60) == watcher.estimated_samples(now) == 608
+        trainer.update_epoch(1)
+    assert trainer.local_progress.samples_per_second > 0  # training again in its next epoch
 
 
 def test_the_next_fetch_comes_soon_after_an_epoch_change_and_while_the_others_wait_in_a_round(
-    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+    tracker_of: TrackerOf,
 ) -> None:
-    waiting, reader = _tracker(two_dhts[0], 10_000), _tracker(two_dhts[1], 10_000, max_refresh_period=30)
-    try:
-        for samples in range(32, 320, 32):
-            waiting.report_local_progress(0, samples)
-            reader.report_local_progress(0, samples)
-        # both stop accumulating (their rounds): both records say rate 0, so hivemind's own ETA would be
-        # unbounded and it would fetch again only after max_refresh_period (30 s here)
-        with reader.pause_updates():
-            pass  # its record now says rate 0 until its next report
-        with waiting.pause_updates():
+    waiting, reader = tracker_of(0, 10_000), tracker_of(1, 10_000, max_refresh_period=30)
+    for samples in range(32, 320, 32):
+        waiting.report_local_progress(0, samples)
+        reader.report_local_progress(0, samples)
+    # both stop accumulating (their rounds): both records say rate 0, so hivemind's own ETA would be
+    # unbounded and it would fetch again only after max_refresh_period (30 s here)
+    with reader.pause_updates():
+        pass  # its record now says rate 0 until its next report
+    with waiting.pause_updates():
 
-            def reads_both_waiting() -> bool:
-                return reader.global_progress.num_peers == 2 and all(r.rate == 0.0 for r in reader._others)
+        def reads_both_waiting() -> bool:
+            return reader.global_progress.num_peers == 2 and all(r.rate == 0.0 for r in reader._others)
 
-            wait_until(reads_both_waiting, 30, message="reads both records at rate 0")
-            assert reader.global_progress.next_fetch_time - get_dht_time() < 10
-        with reader.pause_updates():
-            reader.update_epoch(1)
-        assert reader.global_progress.next_fetch_time - get_dht_time() <= reader.min_refresh_period
-    finally:
-        waiting.shutdown()
-        reader.shutdown()
+        wait_until(reads_both_waiting, 30, message="reads both records at rate 0")
+        assert reader.global_progress.next_fetch_time - get_dht_time() < 10
+    with reader.pause_updates():
+        reader.update_epoch(1)
+    assert reader.global_progress.next_fetch_time - get_dht_time() <= reader.min_refresh_period
 
 
 def test_epochs_shorter_than_the_refresh_period_do_not_put_the_next_fetch_off(
-    two_dhts: tuple[hivemind.DHT, hivemind.DHT],
+    tracker_of: TrackerOf,
 ) -> None:
     """A lone peer's epochs can last milliseconds: it must still fetch, or it never sees a newcomer."""
-    lone, newcomer = _tracker(two_dhts[0], 64), _tracker(two_dhts[1], 64)
-    try:
-        newcomer.report_local_progress(0, 32)
-        deadline = get_dht_time() + 30
-        epoch = 0
-        while not lone._others and get_dht_time() < deadline:
-            with lone.pause_updates():  # an epoch every 50 ms, as a fast lone peer has
-                epoch = lone.update_epoch(epoch + 1)
-            time.sleep(0.05)
-        assert lone._others, "the lone peer never fetched the newcomer's record"
-    finally:
-        lone.shutdown()
-        newcomer.shutdown()
+    lone, newcomer = tracker_of(0, 64), tracker_of(1, 64)
+    newcomer.report_local_progress(0, 32)
+    deadline = get_dht_time() + 30
+    epoch = 0
+    while not lone._others and get_dht_time() < deadline:
+        with lone.pause_updates():  # an epoch every 50 ms, as a fast lone peer has
+            epoch = lone.update_epoch(epoch + 1)
+        time.sleep(0.05)
+    assert lone._others, "the lone peer never fetched the newcomer's record"
 
 
 @pytest.mark.parametrize("tracker_class", [SwarmBatchTracker, ProgressTracker])

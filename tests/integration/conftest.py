@@ -1,4 +1,4 @@
-"""Fixtures of the unit tests."""
+"""Fixtures of the integration tests."""
 
 from __future__ import annotations
 
