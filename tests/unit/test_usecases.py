@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -16,23 +17,14 @@ from orchestrator.domain.usecases import UseCases
 from orchestrator.errors import InvalidRequest, RunExists
 from orchestrator.progress import SwarmProgressCache
 from orchestrator.storage.local import LocalCheckpointStore
+from tests.support.specs import run_spec
 from worker.protocol.runs import RunSpec, RunState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def spec(**overrides: object) -> RunSpec:
-    values: dict[str, object] = {
-        "name": "uc",
-        "module": "a.b:C",
-        "datamodule": "a.b:D",
-        "target_batch_size": 64,
-        "batch_size": 8,
-        "min_workers": 0,
-        "max_workers": 4,
-        "desired_workers": 2,
-    }
-    return RunSpec.model_validate({**values, **overrides})
+def spec(**overrides: Any) -> RunSpec:
+    return RunSpec.model_validate(run_spec(str(overrides.pop("name", "uc")), **overrides))
 
 
 class Signals:
