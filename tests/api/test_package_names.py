@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.packaging import pack
+from tests.support import api
 from tests.support.inprocess import InProcessOrchestrator as Orchestrator
 from tests.support.specs import run_spec
 
@@ -22,7 +23,7 @@ def upload(orch: Orchestrator, root: Path, files: dict[str, str]) -> str:
     data = pack(root, root.parent, 1 << 20).archive.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     with orch.admin() as http:
-        assert http.put(f"/api/v1/packages/{digest}", content=data).status_code == 201
+        assert http.put(api.package(digest), content=data).status_code == 201
     return digest
 
 
@@ -36,25 +37,25 @@ def upload(orch: Orchestrator, root: Path, files: dict[str, str]) -> str:
     ids=["package", "namespace-package", "module"],
 )
 def test_a_package_with_a_top_level_worker_or_orchestrator_is_refused_at_create(
-    orch: Orchestrator, tmp_path: Path, files: dict[str, str], entry: str
+    api_app: Orchestrator, tmp_path: Path, files: dict[str, str], entry: str
 ) -> None:
-    digest = upload(orch, tmp_path / "project", files)
-    with orch.admin() as http:
-        refused = http.post("/api/v1/runs", json=run_spec("clash", workdir=digest))
+    digest = upload(api_app, tmp_path / "project", files)
+    with api_app.admin() as http:
+        refused = http.post(api.runs(), json=run_spec("clash", workdir=digest))
         assert refused.status_code == 422
         detail = refused.json()["detail"]
         assert f"the package ships a top-level {entry}, a name spotswarm's own code takes" in detail
         assert "rename it" in detail and "\n" not in detail
-        assert http.get("/api/v1/runs/clash").status_code == 404
-        assert http.get(f"/api/v1/packages/{digest}").status_code == 404  # no run names it: deleted
+        assert http.get(api.run("clash")).status_code == 404
+        assert http.get(api.package(digest)).status_code == 404  # no run names it: deleted
 
 
-def test_names_that_only_look_alike_are_accepted(orch: Orchestrator, tmp_path: Path) -> None:
+def test_names_that_only_look_alike_are_accepted(api_app: Orchestrator, tmp_path: Path) -> None:
     files = {
         "workers/__init__.py": "",
         "my_orchestrator.py": "X = 1\n",
         "worker/settings.yaml": "data only: nothing imports it\n",
     }
-    digest = upload(orch, tmp_path / "project", files)
-    with orch.admin() as http:
-        assert http.post("/api/v1/runs", json=run_spec("alike", workdir=digest)).status_code == 201
+    digest = upload(api_app, tmp_path / "project", files)
+    with api_app.admin() as http:
+        assert http.post(api.runs(), json=run_spec("alike", workdir=digest)).status_code == 201
