@@ -5,8 +5,8 @@ each entry is a callable and the keywords it is called with, nothing from the ``
 ``worker.strategy`` registers :data:`LIGHTNING_NAME` there (:func:`register_with_lightning`): at once when
 Lightning's strategies are loaded already, else the moment Lightning loads them, by a one-time import hook
 on that one module that removes itself when used. Importing the package thus never loads Lightning on its
-own: the orchestrator and the CLI import its light modules (``diloco/settings.py``,
-``checkpoint_format.py``) and have no use for Lightning, which takes seconds to import.
+own: the orchestrator imports ``worker.strategy.dht`` (through swarm admission's authorizer) and has no
+use for Lightning, which takes seconds to import.
 
 A strategy built from the name gets :data:`DEFAULT_TARGET_BATCH_SIZE` for the one keyword without a
 default, and the constructor's defaults for the rest: ``run_id="lightning_run"``, initial peers from
