@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from hivemind.averaging.control import AveragingStage
 
 from tests.support.diloco import AVERAGING_TIMEOUT_S, MATCHMAKING_S, Peer, diloco_peers, make_peer, start_dht
 from tests.support.processes import ProcessRegistry
@@ -253,3 +254,28 @@ def test_a_peer_whose_swarm_mates_miss_its_round_waits_no_longer_than_the_matchm
     assert counts.no_group >= 2 and counts.averaged == 0, counts
     # the round's matchmaking time after its boundary, and the time to learn that no group formed
     assert mean_blocked_s < 2.5 * MATCHMAKING_S, f"each round blocked a's training {mean_blocked_s:.1f} s"
+
+
+def test_a_peer_told_to_leave_mid_round_ends_the_round_its_group_formed_for() -> None:
+    """A spot notice's leave can land while the worker's last round is averaging. Calling that round
+    off lost the whole round's training (discarded back to the global weights) and broke the round of
+    every groupmate; a peer that leaves ends it, and only a round still looking for its group is off."""
+    with diloco_peers(2) as (a, b):
+        see_each_other([a, b])
+        a.train(5, seed=1)
+        samples = a.optimizer.samples_in_round
+        # b joins a's group but holds its all-reduce back until a was told to leave
+        held = b.optimizer.averager.step(
+            gather={"epoch": 0}, weight=1.0, timeout=AVERAGING_TIMEOUT_S, require_trigger=True, wait=False
+        )
+        with ThreadPoolExecutor(1) as pool:
+            round_of_a = pool.submit(a.optimizer.run_round)
+            wait_until(lambda: held.stage is AveragingStage.AWAITING_TRIGGER, 30, message="the group forms")
+            a.optimizer.leave_rounds()
+            held.allow_allreduce()
+            outcome = round_of_a.result(timeout=ROUND_BOUND_S)
+        assert held.result(timeout=ROUND_BOUND_S) is not None  # b's round went through
+        assert outcome is Outcome.averaged
+        assert a.optimizer.local_epoch == 1
+        assert kept_samples(a) == samples > 0  # its round's training went into the model
+        assert torch.equal(a.flat(), a.global_flat())

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from hivemind import DHT
-from hivemind.averaging.control import StepControl
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.compression import CompressionBase
 from hivemind.utils import get_dht_time
 
@@ -166,6 +166,8 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
                 self._control = self._start_round(scheduled_time=self.schedule.round_at)
             if self.schedule.due():
                 self.run_round()
+        elif self._round_in_flight() and self.schedule.due():
+            self.run_round()  # its group formed before the leave (see leave_rounds)
         return loss
 
     # ------------------------------------------------------------------------------------ rounds
@@ -307,18 +309,27 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
 
     # --------------------------------------------------------------------------- leaving, state
     def leave_rounds(self) -> None:
-        """Start no more rounds (a peer about to leave; any thread); one it waits in is called off."""
+        """Start no more rounds (a peer about to leave; any thread). A round still looking for its group
+        is called off; one whose group formed is not: calling it off would break the round of every
+        groupmate and throw this peer's round of training away. The training thread ends that round at
+        its moment (:meth:`step`) or as it shuts down, within ``averaging_timeout``."""
         self._leaving = True
         for control in (self._control, self._control_running):
-            if control is not None and not control.done():
+            if control is not None and not control.done() and not _group_formed(control):
                 control.cancel()
         self.tracker.count_alone()
+
+    def _round_in_flight(self) -> bool:
+        """A round scheduled ahead whose group formed, not run yet."""
+        return self._control is not None and not self._control.done() and _group_formed(self._control)
 
     def is_alive(self) -> bool:
         return bool(self.averager.is_alive())
 
     def shutdown(self, keep_progress: bool = False) -> None:
         """Stop the averager and the tracker; ``keep_progress`` leaves the last progress record stored."""
+        if self._leaving and self._round_in_flight():
+            self.run_round()  # its group formed before the leave, and it stopped before the moment
         if self._control is not None and not self._control.done():
             self._control.cancel()
         if keep_progress:
@@ -366,3 +377,8 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
                 param.copy_(value)
         if isinstance(epoch, int):
             self._set_epoch(epoch)
+
+
+def _group_formed(control: StepControl) -> bool:
+    """The round's group is assembled: the all-reduce waits for its trigger or runs."""
+    return control.stage in (AveragingStage.AWAITING_TRIGGER, AveragingStage.RUNNING_ALLREDUCE)
