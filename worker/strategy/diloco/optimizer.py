@@ -328,7 +328,7 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
 
     def shutdown(self, keep_progress: bool = False) -> None:
         """Stop the averager and the tracker; ``keep_progress`` leaves the last progress record stored."""
-        if self._leaving and self._round_in_flight():
+        if self._leaving and self._round_in_flight() and self.averager.is_alive():
             self.run_round()  # its group formed before the leave, and it stopped before the moment
         if self._control is not None and not self._control.done():
             self._control.cancel()
