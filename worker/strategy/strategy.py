@@ -277,7 +277,8 @@ class HivemindStrategy(Strategy):
             self._optimizer.leave_rounds()
 
     def next_round_at(self) -> float | None:
-        """The wall-clock time of this peer's next DiLoCo round by time; None in other modes, with
+        """The wall-clock time by which this peer's next DiLoCo round by time has its group (its moment
+        plus the matchmaking time); None in other modes, with
         ``sync_every_steps``, before ``setup`` and once it leaves rounds. A worker with a spot notice
         leaves as soon as no round of its remains before it must go: the work it would do after its last
         round is never averaged into the swarm's model."""

@@ -173,11 +173,13 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------------------------ rounds
     @property
     def next_round_at(self) -> float | None:
-        """The DHT time (the wall clock) of this peer's next round; None when rounds come by steps or it
-        leaves them."""
+        """The DHT time (the wall clock) by which this peer's next round has its group: the round's
+        moment plus the matchmaking time, after which the round runs or ended without a group (a leave
+        from then on does not call it off, see :meth:`leave_rounds`). None when rounds come by steps or
+        it leaves them."""
         if self.schedule.by_steps or self._leaving:
             return None
-        return self.schedule.round_at
+        return self.schedule.round_at + self.matchmaking_time
 
     def _has_peers(self) -> bool:
         return int(self.tracker.global_progress.num_peers) > 1
