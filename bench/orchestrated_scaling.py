@@ -279,7 +279,7 @@ def main() -> int:
     # their own, so killing this process's group would leave them behind
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
-        args.trials, args.budget_s, args.sync_every_s, args.val_every_batches = 1, 10.0, 2.0, 10
+        args.trials, args.budget_s, args.sync_every_s, args.val_every_batches = 1, 6.0, 2.0, 10
         args.width, args.layers, args.batch_size, args.val_windows = 32, 1, 16, 16
     cores = len(os.sched_getaffinity(0))
     args.cpus_per_worker = args.cpus_per_worker or max(1, cores // 2)

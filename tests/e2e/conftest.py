@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ProcessRegistry
-from tests.support.runs import kill_local_workers, run_names, start_loop_orchestrator, stop_runs
+from tests.support.runs import kill_local_workers, runs_stopped_after, start_loop_orchestrator
 
 
 @pytest.fixture
@@ -47,11 +47,5 @@ def loop_orch(shared_loop_orchestrator: Orchestrator) -> Iterator[Orchestrator]:
     does not stop or restart the orchestrator: each test saves a server start (seconds of CPU). The runs
     a test made are stopped when it ends and their workers killed, so the next test shares nothing
     live; run names must differ between tests (a stopped run keeps its name)."""
-    orch = shared_loop_orchestrator
-    before = run_names(orch)
-    try:
+    with runs_stopped_after(shared_loop_orchestrator) as orch:
         yield orch
-    finally:
-        made = run_names(orch) - before
-        stop_runs(orch, made)
-        kill_local_workers(orch.data_dir, made)

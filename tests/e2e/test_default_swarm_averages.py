@@ -9,7 +9,8 @@ An epoch ``downloaded`` is a straggler catching up: it missed the group by a mom
 busy cores), found the swarm an epoch ahead and loaded its state, so it still holds the swarm's model. A
 worker cut off for good would download (or train alone) every epoch: the per-worker share catches that.
 
-Real `spotswarm serve` with the reconcile loop and local digits workers. The share is counted from the
+Real `spotswarm serve` with the reconcile loop and local digits workers: one for the module's cases, each
+with a run of its own, stopped and its workers killed as the case ends. The share is counted from the
 moment each worker has averaged once: epochs a worker trains before its partners are up are ``alone`` by
 necessity, not a split.
 """
@@ -17,14 +18,14 @@ necessity, not a split.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.support import api
-from tests.support.processes import ProcessRegistry
-from tests.support.runs import RunReader, admin_post, digits_run, start_loop_orchestrator
+from tests.support.orchestrator import LOOP_ENV, Orchestrator, OrchestratorFactory
+from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, runs_stopped_after
 from tests.support.waiting import BOOT_S, wait_until
 from worker.protocol.workers import AVERAGING_OUTCOMES
 
@@ -37,6 +38,24 @@ EPOCHS_PER_WORKER = {"diloco": 1, "gradients": 6}
 APART = ("alone", "no_group", "timeout", "failed")  # epochs whose gradients no other peer saw
 APART_SHARE = 0.1  # of all epochs, at most
 WORKER_AVERAGED_SHARE = 0.5  # of each worker's own epochs, at least
+
+
+@pytest.fixture(scope="module")
+def module_loop_orch(orchestrator_factory: OrchestratorFactory) -> Iterator[Orchestrator]:
+    """One `spotswarm serve` with the reconcile loop for the module's cases; killed at the end, then every
+    local worker it started."""
+    orch = orchestrator_factory({**LOOP_ENV, **ENV})
+    try:
+        yield orch
+    finally:
+        orch.kill()  # first, so that its loop launches nothing more
+        kill_local_workers(orch.data_dir)
+
+
+@pytest.fixture
+def orch(module_loop_orch: Orchestrator) -> Iterator[Orchestrator]:
+    with runs_stopped_after(module_loop_orch) as shared:
+        yield shared
 
 
 def _counts(worker: dict[str, Any]) -> dict[str, int]:
@@ -67,18 +86,18 @@ def _all_averaged_once(reader: RunReader, workers: int) -> list[dict[str, Any]] 
     ids=["four-default", "four-gradients", "two-gradients-admission-off"],
 )
 def test_workers_with_default_options_average_nearly_every_epoch(
-    processes: ProcessRegistry,
-    loop_data_dir: Path,
+    orch: Orchestrator,
+    request: pytest.FixtureRequest,
     workers: int,
     target_batch_size: int,
     options: dict[str, Any],
 ) -> None:
-    orch = start_loop_orchestrator(processes, loop_data_dir, extra_env=ENV)
+    name = f"defaults-{request.node.callspec.id}"  # a run of its own on the shared orchestrator
     spec = digits_run(
-        "defaults", target_batch_size=target_batch_size, strategy_options=options, desired_workers=workers
+        name, target_batch_size=target_batch_size, strategy_options=options, desired_workers=workers
     )
     admin_post(orch, api.runs(), spec)
-    reader = RunReader(orch, "defaults")
+    reader = RunReader(orch, name)
     formed = wait_until(
         lambda: _all_averaged_once(reader, workers),
         BOOT_S,

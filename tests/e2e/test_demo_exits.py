@@ -7,6 +7,10 @@ the stop the test takes a snapshot of the demo's family (descendants, workers in
 group, each PID with its start time); afterwards none of them may run, and no process adopted by init
 (parent PID 1) may carry this test's environment marker. Whatever a failing test leaves, the
 ``loop_data_dir`` fixture kills (the demo's workers included).
+
+Not in the swarm lane: the demo's one worker averages with no one, and the stop's bounds are those of a
+server's and a worker's own exit, which hold at the other lane's low priority as the server's own Ctrl-C
+tests there do (``tests/integration/test_clean_exits.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from tests.support.processes import (
 )
 from tests.support.waiting import BOOT_S, wait_until
 
-pytestmark = [pytest.mark.swarm]
 DEMO_BOOT_S = BOOT_S + 60  # the server and its import probe first, then a worker
 SHUTDOWN_GRACE_S = Settings().shutdown_grace_s
 REAP_S = 5.0  # for the kernel to end what was signalled, and torch's shm manager (2 s after its clients)

@@ -1,4 +1,4 @@
-"""bench/orchestrated_scaling.py in its quick mode (a tiny model, 10 s a run): a real orchestrator, the
+"""bench/orchestrated_scaling.py in its quick mode (a tiny model, 6 s a run): a real orchestrator, the
 user's project shipped with `spotswarm runs create --workdir`, one DiLoCo run of 1 worker and one of 2
 pinned workers. The script runs to the end, reads a validation loss of both runs from the API, prints
 its table with T1, T2 and the two workers' rounds averaged together, the machine, load and commit, and

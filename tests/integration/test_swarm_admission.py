@@ -34,7 +34,9 @@ from worker.admission.tokens import (
 
 pytestmark = [pytest.mark.swarm]
 INTRUDERS = ("none", "forged", "expired", "other_run")
-TOKEN_TTL_S = 60  # long enough for a killed agent to restart on its cached token, short enough to renew
+#: long enough for a killed agent to restart on its cached token (at least 0.6 of it is left at the kill),
+#: short enough that the renewals at half-life come about when the probe ends, not long after it
+TOKEN_TTL_S = 40
 DIGITS = digits_run(
     "adm-swarm",
     module_args={},  # the example's own defaults

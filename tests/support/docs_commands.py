@@ -154,7 +154,7 @@ RUN_ELSEWHERE = {
     ".venv/bin/python bench/time_to_accuracy.py --quick # 1 and 2 peers, one trial, target 0.8: about a minute": "tests/integration/test_bench_time_to_accuracy.py::test_time_to_accuracy_quick_mode_prints_its_table",
     ".venv/bin/python bench/swarm_start.py --rounds 1 # every arm once: about a minute": "tests/integration/test_bench_swarm_start.py::test_swarm_start_bench_prints_every_arm",
     ".venv/bin/python bench/diloco_steps.py --quick # a tiny model, 40 steps: checks the script, measures nothing": "tests/integration/test_bench_diloco_steps.py::test_diloco_steps_quick_mode_prints_a_row_per_arm",
-    ".venv/bin/python bench/orchestrated_scaling.py --quick # a tiny model, 10 s a run: checks the script, measures nothing": "tests/integration/test_bench_orchestrated_scaling.py::test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running",
+    ".venv/bin/python bench/orchestrated_scaling.py --quick # a tiny model, 6 s a run: checks the script, measures nothing": "tests/integration/test_bench_orchestrated_scaling.py::test_orchestrated_scaling_quick_mode_prints_t1_and_t2_and_leaves_nothing_running",
     ".venv/bin/python bench/scaling.py --quick --arms AEFG --link-mbit 10 # a tiny model, 8 s an arm: checks the script, measures nothing": "tests/integration/test_bench_scaling.py::test_scaling_quick_mode_prints_its_table",
     "make docs-build # the site built with --strict into site/, as CI does": "tests/integration/test_docs_site.py::test_make_docs_build_builds_the_site_strictly_with_its_generated_reference",
     "make docs # the documentation site on 127.0.0.1, rebuilt as you edit; prints its URL": "tests/e2e/test_docs_site.py::test_make_docs_serves_the_site_and_the_browser_asks_nothing_of_other_hosts",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,20 @@ def stop_runs(orch: Orchestrator, names: Iterable[str]) -> None:
     with orch.admin() as http:
         for name in names:
             http.post(api.run_stop(name), json={}, timeout=60)
+
+
+@contextlib.contextmanager
+def runs_stopped_after(orch: Orchestrator) -> Iterator[Orchestrator]:
+    """``orch`` for one test of several that share it: the runs the test made are stopped when it ends
+    and their local workers killed, so the next test shares nothing live (run names must differ between
+    the tests: a stopped run keeps its name)."""
+    before = run_names(orch)
+    try:
+        yield orch
+    finally:
+        made = run_names(orch) - before
+        stop_runs(orch, made)
+        kill_local_workers(orch.data_dir, made)
 
 
 def kill_worker(worker: dict[str, Any]) -> None:
