@@ -3,6 +3,12 @@ a random moment and restarted on the same data dir and ports, then workers are k
 at random, every few seconds once the swarm is whole again (a replacement has caught up: were the last
 peer holding the swarm's state killed, the swarm would by design restart from its last checkpoint).
 
+The run trains in the mode new runs get: its spec names no sync mode, so it trains in DiLoCo rounds (the
+tests' rounds of 2 s, ``ROUNDS``), and blows fall before, during and after rounds: a replacement joins by
+downloading the global state and weighs 0 in its first round, a round whose groupmate dies is discarded,
+and when the blows leave only replacements that have not averaged yet, these meet only each other (their
+first round, without any weight, is discarded; from the next they average).
+
 At the end the run has completed; the swarm epoch never went backwards, sampled throughout from the
 workers' reports (through the orchestrator, per run and per worker) and from the DHT by an observer peer
 of the test's own (which keeps sampling while the orchestrator is down; its readings count until the swarm
@@ -38,7 +44,6 @@ from tests.support import api
 from tests.support.orchestrator import Orchestrator
 from tests.support.processes import ManagedProcess, ProcessRegistry
 from tests.support.runs import (
-    GRADIENTS,
     RunReader,
     admin_post,
     digits_run,
@@ -49,17 +54,15 @@ from tests.support.waiting import BOOT_S, wait_until
 from worker.protocol.paths import CHECKSUM_HEADER
 
 pytestmark = [pytest.mark.swarm]
-#: enough epochs to outlast the blows: each waits for a replacement to boot and catch up (10-20 s on a
-#: busy machine). Once stalled rounds were fixed, 30 epochs ended a run after 2 of its 3 blows; 45 then
-#: left about 60 s of epochs after the last blow (replacements fork from the fork server now), 36 about 50.
-TARGET_EPOCHS = 36
-#: the swarm's pace: an epoch takes about as long for a lone worker (its compute: small batches, many steps)
-#: as for a pair (half the compute each, plus the averaging round), so the run outlasts the blows whichever
-#: worker boots first. At the usual digits settings a worker alone ran 30 epochs in 3 s, before the
-#: second worker joined and before the first blow.
-TARGET_BATCH_SIZE, BATCH_SIZE = 1024, 8
+#: the run's rounds (its swarm epochs). DiLoCo rounds fall on the swarm clock's 2 s boundaries
+#: (``ROUNDS["sync_every_s"]``) whoever trains, so the run ends about 2 s x this after its first round,
+#: whatever the blows do; the blows take a few seconds each (a replacement forks from the fork server and
+#: catches up at once by downloading the state). On a 2-core machine at load 7-18 the last blow fell at
+#: rounds 6-11 and the test took 62-85 s; in gradients mode (36 epochs of 1,024 samples) it took 143-202 s.
+TARGET_EPOCHS = 24
 WORKER_KILLS = 3
-PAUSE_S = (3.0, 6.0)  # between two blows
+#: between two blows: a round or two, so that the blows fall at every moment of a round's cycle
+PAUSE_S = (2.0, 4.0)
 
 
 @dataclass
@@ -163,16 +166,10 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
     replay = f"SPOTSWARM_CHAOS_SEED={seed} replays this test's choices"
     print(f"chaos seed {seed} ({replay})")
     rng = random.Random(seed)
+    started = time.monotonic()
     orch = start_loop_orchestrator(processes, loop_data_dir)
-    spec = digits_run(
-        "chaos",
-        stop={"target_epochs": TARGET_EPOCHS},
-        target_batch_size=TARGET_BATCH_SIZE,
-        batch_size=BATCH_SIZE,
-        # gradient averaging: 36 epochs of target_batch_size samples, a few seconds each (in DiLoCo rounds of
-        # 3 s the run took 124 s alone and overran the 300 s bound once in the full suite)
-        strategy_options=dict(GRADIENTS),
-    )
+    # no sync mode named: the run trains as new runs do (DiLoCo), in the tests' short rounds (ROUNDS)
+    spec = digits_run("chaos", stop={"target_epochs": TARGET_EPOCHS})
     admin_post(orch, api.runs(), spec)
     reader = RunReader(orch, "chaos")
     # both samplers read from the swarm's first epoch: two workers that have not yet seen each other step
@@ -186,8 +183,10 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         BOOT_S,
         message=f"2 workers train; {replay}",
     )
+    print(f"{time.monotonic() - started:.1f} s: 2 workers train, epoch {reader.epoch()}")
 
     time.sleep(rng.uniform(0.0, 3.0))
+    print(f"{time.monotonic() - started:.1f} s: orchestrator killed at epoch {reader.epoch()}")
     orch.kill()
     orch = start_loop_orchestrator(
         processes, loop_data_dir, port=orch.port, dht_port=orch.dht_port, name="orchestrator-2"
@@ -206,6 +205,7 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         victim = rng.choice(victims)
         kill_worker(victim)
         killed.append(victim["id"])
+        print(f"{time.monotonic() - started:.1f} s: worker {victim['id']} killed at epoch {reader.epoch()}")
 
     final = wait_until(
         lambda: (run := reader.run())["state"] in ("completed", "failed", "stopped") and run,
@@ -213,7 +213,9 @@ def test_random_worker_kills_and_an_orchestrator_kill_the_run_still_completes(
         message=f"the run completes after killing the orchestrator and workers {killed}; {replay}",
     )
     sampler.stop.set()
+    print(f"{time.monotonic() - started:.1f} s: the run {final['state']} at epoch {reader.epoch()}")
     assert final["state"] == "completed", (final["state_reason"], replay)
+    assert final["sync"] == "diloco", (final["sync"], replay)
     assert len(killed) == WORKER_KILLS, f"the run ended after {len(killed)} of {WORKER_KILLS} blows; {replay}"
     assert final["reported"]["swarm_epoch"] >= TARGET_EPOCHS, replay
 

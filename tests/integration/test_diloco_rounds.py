@@ -1,7 +1,8 @@
 """DiLoCo rounds between real hivemind peers on 127.0.0.1 (``sync="diloco"``, worker/strategy/diloco/):
 two peers hold the same weights after a round, a joiner weighs 0 in its first round, a round that breaks
-after its group formed is discarded, a peer goes on training when its groupmate is killed mid-round, and
-a round that its swarm mates miss ends a matchmaking time after its moment.
+after its group formed is discarded, a peer goes on training when its groupmate is killed mid-round, a
+round that its swarm mates miss ends a matchmaking time after its moment, and joiners that meet only each
+other average from their second round.
 
 The peers are ``DiLoCoOptimizer``s on a tiny linear model (tests/support/diloco.py); the test calls each
 round itself, in one thread per peer, so rounds start together without waiting for a clock.
@@ -279,3 +280,53 @@ def test_a_peer_told_to_leave_mid_round_ends_the_round_its_group_formed_for() ->
         assert a.optimizer.local_epoch == 1
         assert kept_samples(a) == samples > 0  # its round's training went into the model
         assert torch.equal(a.flat(), a.global_flat())
+
+
+def test_joiners_that_meet_only_each_other_average_from_their_second_round() -> None:
+    """Two workers that joined while the swarm had one peer, which then died (a kill -9 of the last
+    veteran, with replacements booting): each downloaded the global state and weighs 0 in its next round,
+    so their first round together has no weight at all and is discarded. It used to be discarded again
+    at every round after (each kept weighing 0 until a round of its counted), and the swarm's epoch stood
+    still for good; after the discard both are back on the same global weights, so they weigh their
+    samples from the next round on."""
+    first_dht = start_dht()
+    first = make_peer(first_dht)
+    joiners: list[Peer] = []
+    try:
+        first.train(4, seed=1)
+        assert first.optimizer.run_round() is Outcome.alone
+        maddrs = [str(m) for m in first_dht.get_visible_maddrs()]
+        joiners = [make_peer(start_dht(maddrs)) for _ in range(2)]
+        for joiner in joiners:
+            assert joiner.optimizer.load_state_from_peers()
+            assert joiner.optimizer.local_epoch == 1
+        first.optimizer.shutdown()  # its progress record goes with it: the joiners are the swarm
+        first_dht.shutdown()
+        see_each_other(joiners)
+        for joiner, seed in zip(joiners, (2, 3), strict=True):
+            joiner.train(4, seed=seed)
+        assert rounds_together(joiners) == [Outcome.failed, Outcome.failed]  # no weight in the group
+        global_weights = joiners[0].global_flat().clone()
+        for joiner in joiners:
+            assert torch.equal(joiner.flat(), global_weights)  # back to the global weights, the same
+
+        a, b = joiners
+        for peer in joiners:
+            peer.optimizer.samples_in_round = 0
+        a.train(5, seed=4)  # 80 samples
+        b.train(3, seed=5)  # 48 samples
+        pseudo = [p.optimizer.outer.pseudo_gradients(list(p.model.parameters())) for p in joiners]
+        mean = [(80 * x + 48 * y) / 128 for x, y in zip(pseudo[0], pseudo[1], strict=True)]
+        expected = expected_global(a, mean)
+        assert rounds_together(joiners) == [Outcome.averaged, Outcome.averaged]
+        for peer in joiners:
+            torch.testing.assert_close(peer.flat(), expected, atol=FP16_TOLERANCE, rtol=0)
+        assert a.optimizer.local_epoch == b.optimizer.local_epoch == 2
+        assert [kept_samples(p) for p in joiners] == [80, 48]
+    finally:
+        for joiner in joiners:
+            joiner.optimizer.shutdown()
+            joiner.dht.shutdown()
+        if first.optimizer.is_alive():
+            first.optimizer.shutdown()
+        first_dht.shutdown()

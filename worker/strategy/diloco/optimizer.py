@@ -17,7 +17,9 @@ outer step applies the group's mean (:mod:`.outer`). What becomes of a round:
 
 A peer that joins a swarm (or finds it ahead) downloads the global weights, the outer optimizer's
 momentum and the epoch from a peer, and weighs 0 in its next round: it computed that round's samples
-from other weights than the group's.
+from other weights than the group's. A group of joiners only (the last peer that had trained in the
+swarm died as they joined) has no weight at all: its round is discarded like a failed one, which puts
+them all back on the global weights they downloaded, and they weigh their samples from the next round.
 """
 
 from __future__ import annotations
@@ -225,6 +227,7 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
         pseudo_gradients = self.outer.pseudo_gradients(self._params)
         weight = 0.0 if self._zero_weight else float(self.samples_in_round)
         mean, group_epochs, group_size = pseudo_gradients, [self.local_epoch], 0
+        weightless = False
         if control is None and not self._has_peers():
             outcome = Outcome.alone
         else:
@@ -233,10 +236,17 @@ class DiLoCoOptimizer(torch.optim.Optimizer):
             if outcome is Outcome.averaged:
                 with self.averager.get_tensors() as tensors:
                     mean = [tensor.clone() for tensor in tensors]
-                if not all(bool(torch.isfinite(t).all()) for t in mean):  # every groupmate weighed 0
+                # every groupmate weighed 0: the mean is 0 / 0
+                weightless = not all(bool(torch.isfinite(t).all()) for t in mean)
+                if weightless:
                     outcome, group_size = Outcome.failed, 0
                 group_epochs += [v[EPOCH_KEY] for v in gathered.values() if isinstance(v, dict)]
         self._finish(outcome, mean, group_epochs)
+        if weightless:
+            # a group of joiners only: the discard put each back on the global weights all of them
+            # downloaded, so this peer's next pseudo-gradient starts from the group's; weighing 0 again
+            # would discard every round of theirs until a veteran joined, and the swarm would stand still
+            self._zero_weight = False
         self.outcomes.counter.add(outcome, group_size)
         if outcome in (Outcome.averaged, Outcome.alone) and weight > 0:
             self.outcomes.counter.add_kept(self.samples_in_round)
