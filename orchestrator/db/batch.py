@@ -74,7 +74,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class TransactionBatcher:
     """Runs ``work(session)`` callables in shared transactions of at most ``max_batch`` each."""
 
-    def __init__(self, db: Database, max_batch: int = 64, gather_s: float = 0.002) -> None:
+    def __init__(self, db: Database, max_batch: int = 64, gather_s: float = 0.005) -> None:
         self._db = db
         self._max_batch = max_batch
         self._gather_s = gather_s

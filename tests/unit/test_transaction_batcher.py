@@ -133,5 +133,5 @@ def test_awaited_units_have_their_new_rows_written_together_before_their_then_st
     assert len({transaction for _, transaction in answers}) == 1  # one shared transaction
     assert steps == ["work"] * 3 + ["insert"] * steps.count("insert") + ["then"] * 3 and "insert" in steps
     with db.read() as session:
-        kinds = dict(session.execute(select(Event.id, Event.kind).where(Event.id.in_(ids))).tuples().all())
+        kinds = dict(session.execute(select(Event.id, Event.kind).where(Event.id.in_(ids))).all())
     assert [kinds[row_id] for row_id in ids] == ["row-0", "row-1", "row-2"]
