@@ -203,7 +203,7 @@ def register_worker(
     """
     pending = bind_worker(session, token, body, now, limiter)
     session.flush()  # one INSERT (or UPDATE) of the worker, whose id its events name
-    return record_registration(session, pending, now)
+    return record_registration(session, pending)
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,7 @@ class PendingRegistration:
     registration: Registration
     joined: bool  # a new manual row (join token)
     hostname: str  # as the worker sent it
+    now: datetime  # when it registered: its events' time too
 
 
 def bind_worker(
@@ -242,13 +243,13 @@ def bind_worker(
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
     assign_worker_index(session, worker)
-    return PendingRegistration(Registration(worker, run, worker_token), joined, body.hostname)
+    return PendingRegistration(Registration(worker, run, worker_token), joined, body.hostname, now)
 
 
-def record_registration(session: Session, pending: PendingRegistration, now: datetime) -> Registration:
+def record_registration(session: Session, pending: PendingRegistration) -> Registration:
     """The second half of :func:`register_worker`, once the worker row is written: its events, and the
     run from pending to running."""
-    reg = pending.registration
+    reg, now = pending.registration, pending.now
     run, worker = reg.run, reg.worker
     if pending.joined:
         message = f"manual worker from {pending.hostname}"

@@ -87,7 +87,7 @@ async def register(
     ) -> tuple[WorkerRegistered, dict[str, Any], tuple[WorkerEntry, RunEntry]]:
         # once the batch's new workers are written (this one's id is known)
         pending, peers, stored = joined
-        reg = workers.record_registration(session, pending, clock())
+        reg = workers.record_registration(session, pending)
         run_id = reg.run.id
         spec = per_transaction(session, ("run-spec", run_id), lambda: runs.run_spec(reg.run))
         spec_json = per_transaction(session, ("run-spec-json", run_id), lambda: spec_for_workers(spec))
