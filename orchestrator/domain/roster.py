@@ -85,8 +85,20 @@ def lock_run(session: Session, run_id: int) -> None:
     per_transaction(session, ("run-locked", run_id), lock)
 
 
+def lock_run_of_join_token(session: Session, digest: str) -> Run | None:
+    """The run whose join token has this digest (None: no such run), locked as :func:`lock_run` does,
+    in the same query."""
+    run = session.scalar(select(Run).where(Run.join_token_hash == digest).with_for_update())
+    if run is not None:
+        session.info[("run-locked", run.id)] = True
+    return run
+
+
 def roster(session: Session, run_id: int) -> Roster:
     """The run's :class:`Roster`, read at its first use in this transaction (under :func:`lock_run`)."""
+    known: Roster | None = session.info.get(("roster", run_id))
+    if known is not None:  # (without building the queries: this is called for every registration)
+        return known
     live = Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES)
 
     def read_slots() -> dict[int, int]:

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from orchestrator import tokens
 from orchestrator.db.models import Run, Worker
 from orchestrator.domain import crash_budget, events, runs
-from orchestrator.domain.roster import lock_run, per_transaction, roster
+from orchestrator.domain.roster import lock_run, lock_run_of_join_token, per_transaction, roster
 from orchestrator.domain.states import ACCEPTING_RUN_STATES, ENDED_WORKER_STATES, LIVE_WORKER_STATES
 from orchestrator.errors import Conflict, Forbidden, RunNotAcceptingWorkers, Unauthorized
 from orchestrator.ratelimit import RateLimiter
@@ -141,12 +141,9 @@ def _resolve_caller(session: Session, token: str, body: WorkerRegister) -> tuple
     to hand back. See the module docstring for what each kind of token may bind."""
     digest = tokens.hash_token(token)
     if token.startswith(tokens.JOIN_PREFIX):
-        # the same join token, again and again in a burst: looked up once per transaction
-        run = per_transaction(
-            session,
-            ("join-token", digest),
-            lambda: session.scalar(select(Run).where(Run.join_token_hash == digest)),
-        )
+        # the same join token, again and again in a burst: looked up (and its run locked) once per transaction
+        lookup = ("join-token", digest)
+        run = per_transaction(session, lookup, lambda: lock_run_of_join_token(session, digest))
         if run is None:
             raise Unauthorized("unknown join token")
         if body.request_id and session.scalar(select(Worker.id).where(Worker.request_id == body.request_id)):
@@ -204,6 +201,28 @@ def register_worker(
     :class:`RunNotAcceptingWorkers` (run stopping or finished), :class:`Conflict` (worker ended, request
     id taken, run full) or :class:`TooManyRequests` (join token used too fast; ``limiter``).
     """
+    pending = bind_worker(session, token, body, now, limiter)
+    session.flush()  # one INSERT (or UPDATE) of the worker, whose id its events name
+    return record_registration(session, pending)
+
+
+@dataclass(frozen=True)
+class PendingRegistration:
+    """A registration whose worker row is in the session, not yet written (a new row has no id yet):
+    :func:`record_registration` finishes it once it is."""
+
+    registration: Registration
+    joined: bool  # a new manual row (join token)
+    hostname: str  # as the worker sent it
+    now: datetime  # when it registered: its events' time too
+
+
+def bind_worker(
+    session: Session, token: str, body: WorkerRegister, now: datetime, limiter: RateLimiter | None = None
+) -> PendingRegistration:
+    """The first half of :func:`register_worker`: every check and the worker row, left to the caller to
+    write (several registrations of one transaction are written in one INSERT), then to hand to
+    :func:`record_registration`. Raises as :func:`register_worker` does."""
     run, worker, worker_token = _resolve_caller(session, token, body)
     lock_run(session, run.id)  # before any row naming the run is written (see lock_run)
     if run.state not in ACCEPTING_RUN_STATES:
@@ -224,16 +243,23 @@ def register_worker(
     worker.registered_at = worker.registered_at or now
     worker.last_heartbeat_at = now
     assign_worker_index(session, worker)
-    session.flush()  # one INSERT (or UPDATE) of the worker, whose id its events name
-    if joined:
-        message = f"manual worker from {body.hostname}"
+    return PendingRegistration(Registration(worker, run, worker_token), joined, body.hostname, now)
+
+
+def record_registration(session: Session, pending: PendingRegistration) -> Registration:
+    """The second half of :func:`register_worker`, once the worker row is written: its events, and the
+    run from pending to running."""
+    reg, now = pending.registration, pending.now
+    run, worker = reg.run, reg.worker
+    if pending.joined:
+        message = f"manual worker from {pending.hostname}"
         events.record_event(session, run.id, "worker.joined", message, now, worker.id)
     # The start-failure streak ends when a worker contributes samples (the reconciler resets it), not
     # here: a worker can register and still fail to import the user's code.
     if run.state == RunState.pending:
         runs.set_run_state(session, run, RunState.running, f"worker {worker.id} registered", now)
     events.record_event(session, run.id, "worker.registered", f"host {worker.hostname!r}", now, worker.id)
-    return Registration(worker, run, worker_token)
+    return reg
 
 
 def deregister_worker(

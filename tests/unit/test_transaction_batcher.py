@@ -3,17 +3,19 @@ transaction, and one that fails, before or after writing, is undone alone."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.db.batch import TransactionBatcher
-from orchestrator.db.models import Event
+from orchestrator.db.models import Event, Run
 from orchestrator.db.session import Database
 from orchestrator.domain import events, runs
 from orchestrator.errors import Conflict
@@ -80,3 +82,56 @@ def test_units_arriving_together_share_a_transaction_and_a_failing_one_is_undone
     with db.read() as session:
         kinds = set(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
     assert {"ok-1", "ok-2"} <= kinds and "bad" not in kinds
+
+
+@pytest.mark.timeout(30)
+def test_awaited_units_have_their_new_rows_written_together_before_their_then_step(db: Database) -> None:
+    """The rows the units add are written in one flush after all of them ran (one multi-row INSERT on
+    PostgreSQL; SQLite's driver writes them one by one), and each unit's ``then`` sees its row's id."""
+    name, _ = new_run(db)
+    with db.read() as session:
+        run_id = runs.get_run(session, name).id
+    batcher = TransactionBatcher(db)
+    release = threading.Event()
+    steps: list[str] = []
+
+    def count_inserts(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if statement.startswith("INSERT INTO events"):
+            steps.append("insert")
+
+    def first(session: Session) -> None:  # holds the batch thread until the others wait together
+        release.wait(10)
+
+    def add(kind: str) -> Callable[[Session], Event]:
+        def work(session: Session) -> Event:
+            steps.append("work")
+            session.info.setdefault("test-run", session.get(Run, run_id))  # held, as registrations hold it
+            return events.record_event(session, run_id, kind, kind, T0)  # added, not written yet
+
+        return work
+
+    def then(session: Session, added: Event) -> tuple[int, int]:
+        steps.append("then")
+        return added.id, int(session.info.setdefault("test-number", id(session)))
+
+    async def main() -> list[tuple[int, int]]:
+        held = asyncio.ensure_future(batcher.submit(first, lambda _s, r: r))
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(batcher.submit(add(f"row-{i}"), then)) for i in range(3)]
+        await asyncio.to_thread(wait_until, lambda: batcher.waiting == 3, 10, message="the three queued")
+        sqlalchemy_event.listen(db.engine, "before_cursor_execute", count_inserts)
+        release.set()
+        await held
+        return list(await asyncio.gather(*queued))
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        sqlalchemy_event.remove(db.engine, "before_cursor_execute", count_inserts)
+    ids = [row_id for row_id, _ in answers]
+    assert all(isinstance(row_id, int) for row_id in ids) and len(set(ids)) == 3  # known in then
+    assert len({transaction for _, transaction in answers}) == 1  # one shared transaction
+    assert steps == ["work"] * 3 + ["insert"] * steps.count("insert") + ["then"] * 3 and "insert" in steps
+    with db.read() as session:
+        kinds = dict(session.execute(select(Event.id, Event.kind).where(Event.id.in_(ids))).all())
+    assert [kinds[row_id] for row_id in ids] == ["row-0", "row-1", "row-2"]

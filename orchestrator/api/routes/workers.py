@@ -6,7 +6,8 @@ database in batches; only a worker missing from the cache costs a database read.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -29,6 +30,7 @@ from orchestrator.api.deps import (
     WorkerId,
     WorkerToken,
 )
+from orchestrator.db.models import Checkpoint
 from orchestrator.domain import checkpoints, runs, views, workers
 from orchestrator.domain.roster import per_transaction, roster
 from orchestrator.errors import NotFound, Unauthorized
@@ -51,7 +53,7 @@ router = APIRouter(tags=["workers"])
 @router.post(
     ApiPath.register, summary="Join a run (join, launch or worker token)", response_model=WorkerRegistered
 )
-def register(
+async def register(
     body: WorkerRegister,
     db: DatabaseDep,
     clock: ClockDep,
@@ -68,19 +70,31 @@ def register(
     run is stopping or finished, when it has ``max_workers`` live workers (join token) or when
     ``request_id`` is taken (join token), 429 past the join token's rate (``Retry-After``)."""
 
-    def join(session: Session) -> tuple[WorkerRegistered, tuple[WorkerEntry, RunEntry]]:
+    def join(session: Session) -> tuple[workers.PendingRegistration, list[str], Sequence[Checkpoint]]:
         # may run twice (its batch again, in savepoints): it only reads and writes the session (and the
         # join token's limiter, charged again then)
-        reg = workers.register_worker(session, token, body, clock(), join_limiter)
-        run_id = reg.run.id
+        pending = workers.bind_worker(session, token, body, clock(), join_limiter)
+        run_id = pending.registration.run.id
+        # read once per transaction (the first join's own row is written first, by the read's autoflush)
         peers = per_transaction(session, ("peers", run_id), lambda: views.worker_peers(session, run_id))
         stored = per_transaction(  # newest first
             session, ("checkpoints", run_id), lambda: checkpoints.list_checkpoints(session, run_id)
         )
+        return pending, peers, stored
+
+    def answer(
+        session: Session, joined: tuple[workers.PendingRegistration, list[str], Sequence[Checkpoint]]
+    ) -> tuple[WorkerRegistered, dict[str, Any], tuple[WorkerEntry, RunEntry]]:
+        # once the batch's new workers are written (this one's id is known)
+        pending, peers, stored = joined
+        reg = workers.record_registration(session, pending)
+        run_id = reg.run.id
+        spec = per_transaction(session, ("run-spec", run_id), lambda: runs.run_spec(reg.run))
+        spec_json = per_transaction(session, ("run-spec-json", run_id), lambda: spec_for_workers(spec))
         reply = WorkerRegistered(
             worker_id=str(reg.worker.id),
             worker_token=reg.token,
-            run=runs.run_spec(reg.run),
+            run=spec,
             swarm_id=reg.run.swarm_id,
             initial_peers=own + [m for m in peers if m not in own],
             heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -90,14 +104,18 @@ def register(
             worker_index=reg.worker.worker_index or 0,
             num_workers=workers.shard_count(roster(session, run_id).running, reg.run.desired_workers),
         )
-        return reply, hub.entries_of(reg.worker)
+        return reply, spec_json, hub.entries_of(reg.worker)
 
-    reply, cached = registrations.run(join)  # with the registrations that arrive meanwhile
+    reply, spec_json, cached = await registrations.submit(join, answer)  # with those arriving meanwhile
     hub.note(cached)
     if admission is not None and not swarm_admission_requested(reply.run.strategy_options):
         # before the worker knocks on the DHT peer: one it refuses at first contact cannot join through it
-        admission.serve_opted_out(db, reply.swarm_id)
-    return JSONResponse({**reply.model_dump(mode="json"), "run": spec_for_workers(reply.run)})
+        await run_in_threadpool(admission.serve_opted_out, db, reply.swarm_id)
+    answered = reply.model_dump(mode="json", exclude={"run"})
+    return JSONResponse({name: spec_json if name == "run" else answered[name] for name in REPLY_FIELDS})
+
+
+REPLY_FIELDS = tuple(WorkerRegistered.model_fields)  # the order of a registration reply's keys
 
 
 async def authenticated_worker(hub: HeartbeatHub, worker_id: int, token: str | None) -> WorkerEntry:
