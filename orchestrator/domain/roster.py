@@ -1,6 +1,6 @@
 """What registrations of one run read about its other workers, read once per transaction.
 
-Why: registrations arrive in bursts and are written several to a transaction (``api/registrations.py``).
+Why: registrations arrive in bursts and are written several to a transaction (``db/batch.py``).
 Each needs the run's live and running counts, the slots its live workers hold, peers and checkpoints;
 reading those per registration costs a scan of the run's workers each, so a burst of N joins cost N
 scans of up to N rows. Here they are read once per transaction and kept up to date by the
