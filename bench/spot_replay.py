@@ -52,6 +52,7 @@ from orchestrator.launchers.spot_market import SpotMarket, SpotMarketSettings
 from tests.support.processes import ProcessRegistry
 from tests.support.runs import RunReader, admin_post, digits_run, kill_local_workers, start_loop_orchestrator
 from worker.protocol.sync import DEFAULT_SYNC_EVERY_S, NEW_RUN_SYNC
+from worker.protocol.workers import AVERAGING_OUTCOMES
 
 SAMPLE_S = 1.0
 QUICK_TRACE = "minute,capacity\n0,1\n2,0\n3,1\n5,1\n"  # one slot: lost at 2 min, back at 3
@@ -251,6 +252,8 @@ def report(
         f"preemptions: {len(reclaimed)} ({sum(w['state'] == 'interrupted' for w in reclaimed)} with notice)"
     )
     print(f"lost work per preemption: {lost_work(samples, reclaimed, sync)}")
+    for worker in reclaimed:
+        print(f"  worker {worker['id']}: {worker_outcomes(worker)}")
     print(f"notice to replacement: {_replacements(workers)}")
     print(f"zero-worker time: {zero_s:.0f} s")
     epochs = [e["dht_epoch"] for e in samples if e["dht_epoch"] is not None]
@@ -278,6 +281,16 @@ def lost_work(samples: list[dict[str, Any]], reclaimed: list[dict[str, Any]], sy
         return f"{statistics.mean(lost):.0f} samples (mean; most {max(lost)}; each worker's own count)"
     total = samples[-1]["samples_total"] - samples[-1]["progress"] - samples[-1]["in_flight"]
     return f"~{total / len(reclaimed):.0f} samples (estimated from the run's totals)"
+
+
+def worker_outcomes(worker: dict[str, Any]) -> str:
+    """A reclaimed worker's end, samples and rounds by outcome: where its lost work came from (in
+    DiLoCo, a worker leaves without what it trained since its last round that kept samples: a round
+    after it that found no group, or a joiner's first round, which weighs nothing, adds to it)."""
+    counts = worker["averaging"] or {}
+    outcomes = ", ".join(f"{key} {counts[key]}" for key in AVERAGING_OUTCOMES if counts.get(key))
+    kept = f", kept {kept_of(worker)}" if "kept_samples" in counts else ""
+    return f"{worker['state']}, {worker['samples']} samples{kept}; rounds: {outcomes or 'none'}"
 
 
 def _replacements(workers: list[dict[str, Any]]) -> str:
