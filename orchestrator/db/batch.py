@@ -4,9 +4,9 @@ Why: a registration is a short transaction that locks its run's row; a burst of 
 handing back capacity, thousands of workers joining) queued one by one on that lock, a commit each, and
 on PostgreSQL filled the connection pool. Here one thread (started when work arrives, gone when none
 waits) takes every unit of work waiting (up to ``max_batch``), runs them in one transaction, commits,
-hands each caller its outcome and takes the next batch. Callers hold no connection meanwhile, and an
-async caller (:meth:`TransactionBatcher.submit`) no thread either: a burst of registrations costs a
-thread hand-off per batch, not one per registration. In a burst (a batch ended a moment ago) the thread
+hands each caller its outcome and takes the next batch. Callers (:meth:`TransactionBatcher.submit`,
+awaited) hold no connection meanwhile and no thread either: a burst of registrations costs a thread
+hand-off per batch, not one per registration. In a burst (a batch ended a moment ago) the thread
 first waits ``gather_s`` for more units: each transaction's reads and commit are paid once for all.
 
 A unit that raises is undone alone and its caller gets the exception; the others go on. Most refusals
@@ -28,7 +28,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import event
@@ -46,17 +46,13 @@ BURST_GAP_S = 0.02
 @dataclass(eq=False)
 class _Job(Generic[T]):
     work: Callable[[Session], Any]
-    then: Callable[[Session, Any], T] | None = None
-    woken: threading.Event = field(default_factory=threading.Event)  # a blocking caller waits on it
-    future: asyncio.Future[None] | None = None  # an async caller awaits it instead
+    then: Callable[[Session, Any], T]
+    future: asyncio.Future[None]  # its caller awaits it
     result: T | None = None
     error: BaseException | None = None
 
     def finished(self) -> None:
         """Tell the caller its outcome is there (result or error)."""
-        if self.future is None:
-            self.woken.set()
-            return
         with contextlib.suppress(RuntimeError):  # its event loop closed: nobody waits for it any more
             self.future.get_loop().call_soon_threadsafe(_resolve, self.future)
 
@@ -88,21 +84,13 @@ class TransactionBatcher:
         with self._lock:
             return len(self._waiting)
 
-    def run(self, work: Callable[[Session], T]) -> T:
-        """``work(session)``'s result once its transaction committed; raises what it raised, or what
-        failed the transaction. Blocking: call it from a worker thread, not the event loop."""
-        job: _Job[T] = _Job(work)
-        self._add(job)
-        job.woken.wait()
-        return job.outcome()
-
     async def submit(self, work: Callable[[Session], R], then: Callable[[Session, R], T]) -> T:
-        """As :meth:`run`, awaited, in two steps: ``work(session)``, and once the rows of the whole batch
-        are written (their ids known), ``then(session, <what work returned>)``, whose result is
-        returned. The unit runs even if the awaiting task is cancelled meanwhile."""
-        job: _Job[T] = _Job(work, then, future=asyncio.get_running_loop().create_future())
+        """The unit's result once its transaction committed, in two steps: ``work(session)``, and once
+        the rows of the whole batch are written (their ids known), ``then(session, <what work
+        returned>)``, whose result is returned. Raises what either raised, or what failed the
+        transaction. The unit runs even if the awaiting task is cancelled meanwhile."""
+        job: _Job[T] = _Job(work, then, asyncio.get_running_loop().create_future())
         self._add(job)
-        assert job.future is not None
         await job.future
         return job.outcome()
 
@@ -194,7 +182,7 @@ def _then(session: Session, batch: list[_Job[Any]]) -> None:
     try:
         session.flush()
         for job in batch:
-            if job.then is not None and job.error is None:
+            if job.error is None:
                 job.result = job.then(session, job.result)
     except Exception as exc:
         raise _UndoNeeded from exc
@@ -206,8 +194,7 @@ def _run_in_savepoints(session: Session, batch: list[_Job[Any]]) -> None:
         try:
             with session.begin_nested():
                 job.result = job.work(session)
-                if job.then is not None:
-                    session.flush()
-                    job.result = job.then(session, job.result)
+                session.flush()
+                job.result = job.then(session, job.result)
         except Exception as exc:  # noqa: BLE001 - handed to the job's caller, which raises it
             job.error = exc

@@ -82,7 +82,12 @@ def lock_run(session: Session, run_id: int) -> None:
         session.execute(select(Run.id).where(Run.id == run_id).with_for_update())
         return True
 
-    per_transaction(session, ("run-locked", run_id), lock)
+    per_transaction(session, _locked(run_id), lock)
+
+
+def _locked(run_id: int) -> tuple[str, int]:
+    """The key that marks the run's row locked in this transaction (``session.info``)."""
+    return ("run-locked", run_id)
 
 
 def lock_run_of_join_token(session: Session, digest: str) -> Run | None:
@@ -90,27 +95,25 @@ def lock_run_of_join_token(session: Session, digest: str) -> Run | None:
     in the same query."""
     run = session.scalar(select(Run).where(Run.join_token_hash == digest).with_for_update())
     if run is not None:
-        session.info[("run-locked", run.id)] = True
+        session.info[_locked(run.id)] = True
     return run
 
 
 def roster(session: Session, run_id: int) -> Roster:
     """The run's :class:`Roster`, read at its first use in this transaction (under :func:`lock_run`)."""
-    known: Roster | None = session.info.get(("roster", run_id))
-    if known is not None:  # (without building the queries: this is called for every registration)
-        return known
+    return per_transaction(session, ("roster", run_id), lambda: _read_roster(session, run_id))
+
+
+def _read_roster(session: Session, run_id: int) -> Roster:
+    lock_run(session, run_id)
     live = Worker.run_id == run_id, Worker.state.in_(LIVE_WORKER_STATES)
 
     def read_slots() -> dict[int, int]:
         query = select(Worker.worker_index, Worker.id).where(*live, Worker.worker_index.is_not(None))
         return {index: worker_id for index, worker_id in session.execute(query) if index is not None}
 
-    def read() -> Roster:
-        lock_run(session, run_id)
-        running = func.count(case((Worker.state == WorkerState.running, 1)))
-        query = select(func.count(), running, func.count(Worker.worker_index), func.max(Worker.worker_index))
-        counts = session.execute(query.where(*live)).one()
-        top = -1 if counts[3] is None else int(counts[3])
-        return Roster(int(counts[0]), int(counts[1]), int(counts[2]), top, read_slots)
-
-    return per_transaction(session, ("roster", run_id), read)
+    running = func.count(case((Worker.state == WorkerState.running, 1)))
+    query = select(func.count(), running, func.count(Worker.worker_index), func.max(Worker.worker_index))
+    counts = session.execute(query.where(*live)).one()
+    top = -1 if counts[3] is None else int(counts[3])
+    return Roster(int(counts[0]), int(counts[1]), int(counts[2]), top, read_slots)

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import event as sqlalchemy_event
@@ -21,6 +20,11 @@ from orchestrator.domain import events, runs
 from orchestrator.errors import Conflict
 from tests.support.waiting import wait_until
 from tests.unit.test_runs_lifecycle import T0, new_run
+
+
+def _kept(_session: Session, result: str) -> str:
+    """A ``then`` step that hands back what the unit's work returned."""
+    return result
 
 
 def _writer(run_id: int, kind: str, fail: str | None = None) -> Callable[[Session], str]:
@@ -55,7 +59,7 @@ def test_units_arriving_together_share_a_transaction_and_a_failing_one_is_undone
     def number(session: Session) -> int:
         return int(session.info.setdefault("test-number", next(numbers)))
 
-    def first(session: Session) -> str:  # holds the lead until the three others wait together
+    def first(session: Session) -> str:  # holds the batch thread until the three others wait together
         transactions.append(number(session))
         release.wait(10)
         return "first"
@@ -67,17 +71,21 @@ def test_units_arriving_together_share_a_transaction_and_a_failing_one_is_undone
 
         return unit
 
-    with ThreadPoolExecutor(4) as pool:
-        futures: list[Future[str]] = [pool.submit(batcher.run, first)]
-        wait_until(lambda: transactions != [], 10, message="the first unit runs")
+    async def main() -> list[str | BaseException]:
+        units = [asyncio.ensure_future(batcher.submit(first, _kept))]
+        await asyncio.to_thread(wait_until, lambda: transactions != [], 10, message="the first unit runs")
         for kind, fails in (("ok-1", None), ("bad", fail), ("ok-2", None)):
-            futures.append(pool.submit(batcher.run, counted(_writer(run_id, kind, fails))))
-        wait_until(lambda: batcher.waiting == 3, 10, message="the three others queued")
+            units.append(asyncio.ensure_future(batcher.submit(counted(_writer(run_id, kind, fails)), _kept)))
+        await asyncio.to_thread(
+            wait_until, lambda: batcher.waiting == 3, 10, message="the three others queued"
+        )
         release.set()
-        assert futures[0].result(10) == "first"
-        assert futures[1].result(10) == "ok-1" and futures[3].result(10) == "ok-2"
-        with pytest.raises(Conflict, match="refused"):
-            futures[2].result(10)
+        async with asyncio.timeout(10):
+            return list(await asyncio.gather(*units, return_exceptions=True))
+
+    answers = asyncio.run(main())
+    assert answers[0] == "first" and answers[1] == "ok-1" and answers[3] == "ok-2"
+    assert isinstance(answers[2], Conflict) and "refused" in str(answers[2])
     assert len(set(transactions[1:])) == 1 + (fail == "after")  # one shared transaction (run again)
     with db.read() as session:
         kinds = set(session.scalars(select(Event.kind).where(Event.run_id == run_id)))
