@@ -8,10 +8,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.spotswarm-installed
-# `make test` runs the tests in two lanes (pytest-xdist): one process runs the tests marked `swarm` one
-# after the other, the other runs the rest beside them at the lowest priority (tests/support/lanes.py
-# says why). TEST_WORKERS=1 runs every test in one process, one at a time.
-TEST_WORKERS ?= 2
+# `make test` runs the tests in lanes (pytest-xdist, three processes): two take the modules of tests
+# marked `swarm`, one module at a time each, the third runs the rest beside them at the lowest priority
+# (tests/support/lanes.py says why). TEST_WORKERS=1 runs every test in one process, one at a time.
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?= $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # The documentation site: where `make docs-build` writes it (ignored by git), where `make docs` serves it.
 DOCS_SITE ?= site

@@ -1,4 +1,5 @@
-"""Run code of the worker-lifecycle tests: the digits example with a common user habit or a bug.
+"""Run code of the worker-lifecycle tests: the digits example (at the tests' steady pace:
+``tests/support/paced_digits.py``) with a common user habit or a bug.
 
 - :class:`SeededDigitsModule` calls ``seed_everything(42)`` in ``__init__`` and writes the first batch it
   trains on, with the worker context it saw, to ``record_dir/<worker id>.json``.
@@ -21,13 +22,14 @@ from lightning.pytorch import seed_everything
 from torch import Tensor
 
 from worker.context import current_worker
-from worker.examples.digits import DigitsDataModule, DigitsModule
+from tests.support.paced_digits import PacedDigitsModule
+from worker.examples.digits import DigitsDataModule
 from worker.files import write_json
 
 __all__ = ["CrashingDigitsModule", "DigitsDataModule", "GpuOnlyDigitsModule", "SeededDigitsModule"]
 
 
-class SeededDigitsModule(DigitsModule):
+class SeededDigitsModule(PacedDigitsModule):
     def __init__(self, record_dir: str, **kwargs: float) -> None:
         seed_everything(42)
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -51,12 +53,12 @@ class SeededDigitsModule(DigitsModule):
         return super().training_step(batch, batch_idx)
 
 
-class GpuOnlyDigitsModule(DigitsModule):
+class GpuOnlyDigitsModule(PacedDigitsModule):
     def __init__(self, **kwargs: float) -> None:
         raise ValueError("this model needs a GPU, and this worker has none")
 
 
-class CrashingDigitsModule(DigitsModule):
+class CrashingDigitsModule(PacedDigitsModule):
     def __init__(self, crash_after_batches: int = 5, crash_after_s: float = 4.0, **kwargs: float) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.crash_after_batches = crash_after_batches
@@ -77,7 +79,7 @@ def _refuse_round(**kwargs: object) -> None:
     raise RuntimeError("this worker's averager is blocked by the test")
 
 
-class NoAveragingDigitsModule(DigitsModule):
+class NoAveragingDigitsModule(PacedDigitsModule):
     """Digits whose worker can never average: its gradient averager refuses every round (hivemind then
     applies local gradients), so the swarm trains as N models."""
 
@@ -87,7 +89,7 @@ class NoAveragingDigitsModule(DigitsModule):
         averager.step = _refuse_round
 
 
-class ApartDigitsModule(DigitsModule):
+class ApartDigitsModule(PacedDigitsModule):
     """Digits whose workers never meet in a gradient round: each looks for groupmates under the group
     bits of its slot's parity (hivemind's key is ``<prefix>.0b<bits>``), so two workers of a run both
     count each other and both wait out ``averaging_timeout`` in every round."""
@@ -99,7 +101,7 @@ class ApartDigitsModule(DigitsModule):
         averager.set_group_bits(str(ctx.worker_index % 2))
 
 
-class ApartStateDigitsModule(DigitsModule):
+class ApartStateDigitsModule(PacedDigitsModule):
     """Digits whose workers never meet in a state round (run with ``average_state_every=1``): gradient
     rounds are refused (local gradients, at once) and each state averager looks for groupmates under the
     group bits of its slot's parity, so both workers wait out ``averaging_timeout`` in a state round
@@ -114,7 +116,7 @@ class ApartStateDigitsModule(DigitsModule):
         optimizer.state_averager.set_group_bits(str(ctx.worker_index % 2))
 
 
-class SplitDigitsModule(DigitsModule):
+class SplitDigitsModule(PacedDigitsModule):
     """Digits whose workers never see each other's progress, as in a split swarm: each reports and reads
     its progress records under a DHT key of its own, so each counts itself alone and applies every epoch
     on its own gradients (outcome ``alone``), however many workers the run has."""

@@ -33,14 +33,19 @@ ROUNDS = {**_ONE_MACHINE, "sync_every_s": 2.0}
 #: The same for the tests of hivemind's gradient averaging (``sync: gradients``), whose swarm epoch is a
 #: run's ``target_batch_size`` samples.
 GRADIENTS = {"sync": "gradients", **_ONE_MACHINE}
+#: the digits example as it ships, which trains flat out: the tests of the defaults and the example run it
+DIGITS = "worker.examples.digits:DigitsModule"
+#: the tests' digits model (:mod:`tests.support.paced_digits`)
+PACED_DIGITS = "tests.support.paced_digits:PacedDigitsModule"
 
 
 def digits_run(name: str, **overrides: Any) -> dict[str, Any]:
-    """A run of the digits example sized for two CPU workers on a busy 2-core machine, in the default
-    sync mode (:data:`ROUNDS`)."""
+    """A run of the digits example sized for two CPU workers on a busy 2-core machine, at a steady pace
+    (:mod:`tests.support.paced_digits`: its steps leave the CPU to the other tests), in the default sync
+    mode (:data:`ROUNDS`)."""
     spec: dict[str, Any] = {
         "name": name,
-        "module": "worker.examples.digits:DigitsModule",
+        "module": PACED_DIGITS,
         "module_args": {"hidden": 32, "lr": 0.05},
         "datamodule": "worker.examples.digits:DigitsDataModule",
         "target_batch_size": 128,
