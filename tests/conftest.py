@@ -16,8 +16,8 @@ from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFact
 from tests.support.postgres import PostgresCluster, running_postgres
 from tests.support.processes import ProcessRegistry
 
-# Plugins of tests/support modules, for every test: the moto server standing in for AWS, the two lanes
-# of a run in two processes.
+# Plugins of tests/support modules, for every test: the moto server standing in for AWS, the lanes of a
+# run in several processes.
 pytest_plugins = ["tests.support.aws", "tests.support.lanes"]
 
 _db_counter = itertools.count()

@@ -21,8 +21,8 @@ from pathlib import Path
 from lightning.pytorch import seed_everything
 from torch import Tensor
 
-from worker.context import current_worker
 from tests.support.paced_digits import PacedDigitsModule
+from worker.context import current_worker
 from worker.examples.digits import DigitsDataModule
 from worker.files import write_json
 

@@ -9,7 +9,8 @@ An epoch ``downloaded`` is a straggler catching up: it missed the group by a mom
 busy cores), found the swarm an epoch ahead and loaded its state, so it still holds the swarm's model. A
 worker cut off for good would download (or train alone) every epoch: the per-worker share catches that.
 
-Real `spotswarm serve` with the reconcile loop and local digits workers: one for the module's cases, each
+Real `spotswarm serve` with the reconcile loop and local digits workers (the tests' steadily paced digits,
+``tests/support/paced_digits.py``; the options are the defaults): one for the module's cases, each
 with a run of its own, stopped and its workers killed as the case ends. The share is counted from the
 moment each worker has averaged once: epochs a worker trains before its partners are up are ``alone`` by
 necessity, not a split.

@@ -5,8 +5,8 @@ each its own worker row, and both train; when the market takes the slot back, bo
 instance's notice through their metadata service and leave as ``interrupted``.
 
 Marked ``swarm`` though what it asserts (each peer trains, each leaves at the notice) is each worker's
-own doing: its two workers train as fast as the cores allow, which beside another swarm test would push
-that one past its time bounds (the lanes' rule, CONTRIBUTING.md). It takes about 15 s.
+own doing: its two workers' rounds and heartbeats hold their bounds only with the CPU the swarm lanes get
+(the lanes' rule, CONTRIBUTING.md). It takes about 15 s.
 """
 
 from __future__ import annotations

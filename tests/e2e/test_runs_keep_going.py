@@ -4,6 +4,7 @@ orchestrator crash: real `spotswarm serve`, real reconcile loop, real local work
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,13 @@ CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over the 10 digit
 TARGET_ROUNDS = 10  # of the run that completes: a late second worker has time to train on the swarm's model
 
 
-def _first_loss(reader: RunReader) -> float:
+def _losses(reader: RunReader) -> list[float]:
+    """The run's loss over time (each point its workers' latest one-batch losses)."""
     with reader.orch.client() as http:
         points = http.get(f"/api/v1/runs/{reader.name}/progress?max_points=500").json()["points"]
-    losses = [p["loss"] for p in points if p["loss"] is not None]
-    assert losses, "no loss was ever reported"
-    return float(losses[0])
+    losses = [float(p["loss"]) for p in points if p["loss"] is not None]
+    assert len(losses) >= 8, f"the run's loss was reported {len(losses)} times: {losses}"
+    return losses
 
 
 @pytest.mark.timeout(300)
@@ -50,7 +52,12 @@ def test_run_of_two_workers_completes_with_falling_loss(loop_orch: Orchestrator)
     # Each last loss is one batch of 32 after some 30 s of training: all below chance, the best at half.
     losses = [w["loss"] for w in workers if w["loss"] is not None and w["samples"] > 0]
     assert losses and max(losses) < CHANCE_LOSS and min(losses) < 0.5 * CHANCE_LOSS, losses
-    assert max(losses) < _first_loss(reader), (losses, _first_loss(reader))
+    # The run's loss falls: one batch's loss is heavy-tailed once the model fits the training set (one
+    # confident miss in 32 costs about 0.5), so the series is judged by its medians: the second half's
+    # below the first four points'.
+    series = _losses(reader)
+    early, late = statistics.median(series[:4]), statistics.median(series[len(series) // 2 :])
+    assert late < early, (early, late, series)
     assert max(c["epoch"] for c in reader.checkpoints()) >= TARGET_ROUNDS, "the final checkpoint is kept"
     # the workers trained one model: some rounds averaged, groups of both, no warning (the
     # run is shorter than the judged window, so the warning could only come from a bug)

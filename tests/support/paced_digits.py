@@ -1,4 +1,4 @@
-"""The digits example at a steady pace, the model of the tests' digits runs (``tests.support.runs.digits_run``).
+"""The digits example at a steady pace: the model of the tests' digits runs (``tests.support.runs``).
 
 A worker of the example trains flat out: on a 2-core machine two of them take every core, and a run's
 timeline (rounds every few seconds, heartbeats, matchmaking) is what a test waits for, not its compute.
@@ -7,7 +7,8 @@ what its computation leaves, as a worker whose accelerator does the work leaves 
 computes on one torch thread (a step of this MLP takes under a millisecond on one core, and a worker's
 default of a thread per core, on cores every other worker shares, spends most of its CPU with its
 threads waiting on each other). Two swarm tests then run side by side (``tests/support/lanes.py``). The
-tests of the defaults and of the example itself train the example as it ships.
+tests of the example itself (the demo's, the documented commands', the benchmarks' smoke tests) train it
+as it ships.
 """
 
 from __future__ import annotations

@@ -33,8 +33,6 @@ ROUNDS = {**_ONE_MACHINE, "sync_every_s": 2.0}
 #: The same for the tests of hivemind's gradient averaging (``sync: gradients``), whose swarm epoch is a
 #: run's ``target_batch_size`` samples.
 GRADIENTS = {"sync": "gradients", **_ONE_MACHINE}
-#: the digits example as it ships, which trains flat out: the tests of the defaults and the example run it
-DIGITS = "worker.examples.digits:DigitsModule"
 #: the tests' digits model (:mod:`tests.support.paced_digits`)
 PACED_DIGITS = "tests.support.paced_digits:PacedDigitsModule"
 
