@@ -16,7 +16,7 @@ import pytest
 from tests.support.lanes import OTHER_LANE_NICENESS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RECORD = '''
+RECORD = """
 import json, os
 from pathlib import Path
 
@@ -29,7 +29,7 @@ def test_case(case, request):
     line = {{"test": request.node.nodeid, "worker": os.environ["PYTEST_XDIST_WORKER"], "nice": os.nice(0)}}
     with (Path(os.environ["LANES_RECORD"])).open("a") as out:
         out.write(json.dumps(line) + "\\n")
-'''
+"""
 
 
 def _suite(root: Path, swarm_modules: int, other_tests: int) -> None:

@@ -103,10 +103,13 @@ def render_nginx(workdir: Path, **ports_and_paths: Any) -> Path:
 
 
 def proxies_or_exited(nginx: ManagedProcess, worker_port: int) -> bool:
-    """Whether nginx has exited or answers ``/readyz`` from the orchestrator behind it."""
+    """Whether nginx has exited or answers ``/readyz`` from the orchestrator behind it. The answer must
+    be nginx's (its ``Server`` header): a server of another test that holds the port answers too, while
+    this nginx retries its bind for a few seconds and then exits."""
     if not nginx.alive():
         return True
-    return httpx.get(f"http://127.0.0.1:{worker_port}/readyz", timeout=5).status_code == 200
+    answer = httpx.get(f"http://127.0.0.1:{worker_port}/readyz", timeout=5)
+    return answer.status_code == 200 and answer.headers.get("server") == "nginx"
 
 
 def start_nginx(
