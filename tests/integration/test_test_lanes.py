@@ -1,7 +1,7 @@
-"""The lanes of `make test` (``tests/support/lanes.py``), in a real pytest-xdist run of a small suite: the
+"""The lanes of `make test` (``tests/support/lanes.py``), in real pytest-xdist runs of a small suite: the
 first two of three processes take the swarm modules, each module whole in one process, at the default
 priority; the third takes the other tests from the start at the lowest priority, never a swarm test, and
-ends once only swarm modules are left."""
+ends once only swarm modules are left; ``TEST_SWARM_LANES`` sets how many lanes take swarm modules."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.lanes import OTHER_LANE_NICENESS
+from tests.support.lanes import OTHER_LANE_NICENESS, SWARM_LANES_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORD = """
@@ -40,12 +40,13 @@ def _suite(root: Path, swarm_modules: int, other_tests: int) -> None:
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    swarm: a swarm test\n")
 
 
-def _run(root: Path) -> list[dict[str, object]]:
-    record = root / "record.jsonl"
+def _pytest(root: Path, swarm_lanes: str | None = None) -> subprocess.CompletedProcess[str]:
     args = ["-n", "3", "--dist", "loadgroup", "--no-loadscope-reorder", "-p", "tests.support.lanes", "-q"]
-    env = {**os.environ, "LANES_RECORD": str(record), "PYTHONPATH": str(REPO_ROOT)}
-    env.pop("TEST_SWARM_LANES", None)
-    done = subprocess.run(
+    env = {**os.environ, "LANES_RECORD": str(root / "record.jsonl"), "PYTHONPATH": str(REPO_ROOT)}
+    env.pop(SWARM_LANES_ENV, None)
+    if swarm_lanes is not None:
+        env[SWARM_LANES_ENV] = swarm_lanes
+    return subprocess.run(
         [sys.executable, "-m", "pytest", *args, str(root)],
         cwd=root,
         env=env,
@@ -53,8 +54,12 @@ def _run(root: Path) -> list[dict[str, object]]:
         text=True,
         timeout=120,
     )
+
+
+def _run(root: Path, swarm_lanes: str | None = None) -> list[dict[str, object]]:
+    done = _pytest(root, swarm_lanes)
     assert done.returncode == 0, done.stdout + done.stderr
-    return [json.loads(line) for line in record.read_text().splitlines()]
+    return [json.loads(line) for line in (root / "record.jsonl").read_text().splitlines()]
 
 
 def _module(line: dict[str, object]) -> str:
@@ -85,3 +90,15 @@ def test_the_third_process_ends_without_a_swarm_test_when_only_swarm_modules_are
     lines = _run(tmp_path)
     assert [line["worker"] for line in lines if _module(line) == "test_other.py"] == ["gw2"], lines
     assert "gw2" not in {line["worker"] for line in lines if "test_swarm_" in _module(line)}, lines
+
+
+@pytest.mark.timeout(180)
+def test_one_swarm_lane_when_asked_and_a_clear_error_for_a_count_that_is_not_one(tmp_path: Path) -> None:
+    _suite(tmp_path, swarm_modules=2, other_tests=4)
+    lines = _run(tmp_path, swarm_lanes="1")
+    assert {line["worker"] for line in lines if "test_swarm_" in _module(line)} == {"gw0"}, lines
+    refused = _pytest(tmp_path, swarm_lanes="two")
+    assert refused.returncode == pytest.ExitCode.USAGE_ERROR, refused.stdout + refused.stderr
+    assert f"{SWARM_LANES_ENV} must be a whole number of processes, not 'two'" in refused.stderr, (
+        refused.stderr
+    )

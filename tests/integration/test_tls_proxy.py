@@ -119,6 +119,7 @@ def start_nginx(
     HTTPS and worker ports. Started again on new ports when one was taken (:mod:`tests.support.ports`).
     ``extra`` are more template variables (``domain_name``, ``http_port``).
     """
+    holders: list[str] = []
     for attempt in range(1, PORT_ATTEMPTS + 1):
         https_port, worker_port, spare_port = free_ports(3)
         conf = render_nginx(
@@ -145,7 +146,20 @@ def start_nginx(
             return conf, https_port, worker_port
         if not port_was_taken(nginx.log()):
             pytest.fail(f"nginx exited at start:\n{nginx.log()[-2000:]}")
-    pytest.fail(f"nginx found its ports taken {PORT_ATTEMPTS} times:\n{nginx.log()[-2000:]}")
+        holders.append(_holders((https_port, worker_port, spare_port)))
+    pytest.fail(
+        f"nginx found its ports taken {PORT_ATTEMPTS} times:\n{nginx.log()[-2000:]}\n"
+        + "\n".join(f"attempt {n}, the sockets on its ports:\n{h}" for n, h in enumerate(holders, 1))
+    )
+
+
+def _holders(ports: tuple[int, ...]) -> str:
+    """The sockets on ``ports`` and their processes (``ss``), for a failure message."""
+    if shutil.which("ss") is None:
+        return "(no ss on this machine)"
+    wanted = " or ".join(f"sport = :{port}" for port in ports)
+    shown = subprocess.run(["ss", "-Htanp", f"( {wanted} )"], capture_output=True, text=True, timeout=10)
+    return shown.stdout.strip() or "(none left)"
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,10 @@ def _swarm_group(item: pytest.Item) -> str:
 
 def swarm_lanes(workers: int) -> int:
     """How many of ``workers`` processes take swarm modules."""
-    wanted = int(os.environ.get(SWARM_LANES_ENV, "0") or 0) or workers - 1
+    value = os.environ.get(SWARM_LANES_ENV, "").strip()
+    if value and not value.isdigit():
+        raise pytest.UsageError(f"{SWARM_LANES_ENV} must be a whole number of processes, not {value!r}")
+    wanted = int(value or 0) or workers - 1
     return max(1, min(wanted, workers))
 
 
