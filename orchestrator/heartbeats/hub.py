@@ -84,6 +84,7 @@ class CacheRead:
     workers: dict[int, WorkerEntry]
     runs: dict[int, RunEntry]
     began_at_note: int
+    number: int = 0  # reads are numbered as they begin: a read installs only over older ones
 
 
 class HeartbeatHub:
@@ -110,6 +111,10 @@ class HeartbeatHub:
         self._notes = 0
         self._worker_noted: dict[int, int] = {}
         self._run_noted: dict[int, int] = {}
+        # reloads run in several threads (the batch writer's, each use case's "changed"): the number of
+        # the last read begun, and of the read the cache holds
+        self._reads_begun = 0
+        self._installed_read = 0
 
     # -- the hot path (memory only) ----------------------------------------------------------------
 
@@ -251,6 +256,8 @@ class HeartbeatHub:
         """Read the active runs and their unended workers (the first half of :meth:`refresh`)."""
         with self._lock:
             began_at_note = self._notes
+            self._reads_begun += 1
+            number = self._reads_begun
         with self._db.read() as session:
             active = runs.list_active_runs(session)
             run_entries = _run_entries(session, active, self._settings.swarm_admission)
@@ -264,13 +271,18 @@ class HeartbeatHub:
                 row[0]: WorkerEntry(*row[:4], row[4] is not None, row[5], row[6] or 0, row[7], bool(row[8]))
                 for row in rows
             }
-        return CacheRead(worker_entries, run_entries, began_at_note)
+        return CacheRead(worker_entries, run_entries, began_at_note, number)
 
     def install(self, read: CacheRead) -> None:
         """Replace the cache with ``read``, keeping the entries noted since it began (they are newer) and
-        the latest heartbeat times seen here (the database has them a flush later)."""
+        the latest heartbeat times seen here (the database has them a flush later). A read that began
+        before the one the cache holds is dropped: installed after it, it would undo what a commit in
+        between changed (a heartbeat reply then named the checkpoint before the one just uploaded)."""
         worker_entries, run_entries = dict(read.workers), dict(read.runs)
         with self._lock:
+            if read.number < self._installed_read:
+                return
+            self._installed_read = read.number
             for worker_id, noted in self._worker_noted.items():
                 if noted > read.began_at_note and worker_id in self._workers:
                     worker_entries[worker_id] = self._workers[worker_id]

@@ -18,7 +18,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain import runs, workers
 from orchestrator.errors import Forbidden
 from orchestrator.heartbeats.hub import HeartbeatHub
-from worker.protocol.runs import RunSpec
+from worker.protocol.runs import RunSpec, RunState
 from worker.protocol.workers import WorkerRegister, WorkerState
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -95,3 +95,21 @@ def test_a_reload_that_read_before_a_peer_binding_keeps_the_peer_id(db: Database
     hub.install(read_before)
     entry = hub.cached(worker_id)
     assert entry is not None and entry.peer_id == "12D3KooWPeer"
+
+
+@pytest.mark.timeout(30)
+def test_a_reload_that_read_before_another_reload_does_not_undo_it(db: Database) -> None:
+    """The batch writer's reload reads, a use case commits and reloads ("changed"), then the writer's
+    reload installs: a full run found a heartbeat reply naming the checkpoint before the one just stored."""
+    hub, run_id = new_hub(db)
+    _, request_id, launch_token = launch_intent(db, run_id)
+    register(db, hub, launch_token, request_id)
+    read_before = hub.read()
+    with db.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        runs.stop_run(session, run, "stopped for the test", T0)
+    hub.refresh()
+    hub.install(read_before)
+    _, cached_runs = hub.snapshot()
+    assert cached_runs[run_id].state == RunState.stopping
