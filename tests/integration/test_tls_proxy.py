@@ -7,6 +7,10 @@ CLI with ``--ca-cert``, OpenSSL's strict checks), and bounds that keep one clien
 rest. Attackers connect from 127.0.0.2 (still loopback, but another client address to nginx); users
 and workers from 127.0.0.1. The orchestrator runs with 1024 file descriptors, so the closing contrast
 (the same kind of flood sent straight to it takes all of them) is small and quick.
+
+The module's tests run one after the other in one process (an xdist group of their own in `make
+test`'s lanes): a flood's thousands of connections take ephemeral ports, among them the ones another of
+its tests had just found free for an nginx, which then cannot bind them (seen in three-lane runs).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from tests.support.terraform import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.xdist_group("tls-proxy")  # one process: see the module docstring
 DOMAIN = "spotswarm.example.com"
 HEADER_TIMEOUT_S = 10  # client_header_timeout in the template
 ORCHESTRATOR_FILES = 1024
