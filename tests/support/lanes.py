@@ -52,6 +52,10 @@ def _swarm_group(item: pytest.Item) -> str:
     return f"{SWARM_LANE}:{item.module.__name__ if item.module else item.path.name}"
 
 
+def _is_swarm_scope(scope: str) -> bool:
+    return scope.startswith(SWARM_LANE + ":")
+
+
 def swarm_lanes(workers: int) -> int:
     """How many of ``workers`` processes take swarm modules."""
     value = os.environ.get(SWARM_LANES_ENV, "").strip()
@@ -75,11 +79,11 @@ class SwarmLanesScheduling(LoadGroupScheduling):
 
     def _next_scope(self, node: Any) -> str | None:
         """The unit ``node`` takes next, or None when nothing left is for it."""
-        swarm = [scope for scope in self.workqueue if scope.startswith(SWARM_LANE + ":")]
-        other = [scope for scope in self.workqueue if not scope.startswith(SWARM_LANE + ":")]
-        if self._is_swarm_lane(node) and swarm:
-            return swarm[0]
-        return other[0] if other else None
+        if self._is_swarm_lane(node):
+            swarm = next((scope for scope in self.workqueue if _is_swarm_scope(scope)), None)
+            if swarm is not None:
+                return swarm
+        return next((scope for scope in self.workqueue if not _is_swarm_scope(scope)), None)
 
     def _assign_work_unit(self, node: Any) -> None:
         scope = self._next_scope(node)
@@ -106,7 +110,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadGroupSch
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put each module's swarm tests in a group of their own, first (the lanes' scheduler takes the
-    queue's units in this order); every other test is a unit of its own."""
+    queue's units in this order); every other test is a unit of its own, or of the group its module
+    names (``tests/integration/test_tls_proxy.py``)."""
     if not _in_lanes(config):
         return
     for item in items:
