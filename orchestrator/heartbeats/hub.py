@@ -84,7 +84,7 @@ class CacheRead:
     workers: dict[int, WorkerEntry]
     runs: dict[int, RunEntry]
     began_at_note: int
-    number: int = 0  # reads are numbered as they begin: a read installs only over older ones
+    number: int  # reads are numbered as they begin: a read installs only over older ones
 
 
 class HeartbeatHub:
