@@ -231,7 +231,8 @@ class ProgressPoint(BaseModel):
         default=None,
         description="The run's averaging outcome counts (and train_s, averaging_s seconds), summed over its "
         "workers, at that moment: the difference between two points tells which epochs between them were "
-        "averaged or local, and how much of their time the workers waited on averaging.",
+        "averaged or local, and how much of their time the workers waited on averaging. Null until a "
+        "worker reported counts (none kept, none averaged).",
     )
 
 

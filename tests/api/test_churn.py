@@ -70,6 +70,9 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orche
     )
     worker = register(api_app, join)
     assert progress(api_app, name)["goodput"] is None
+    # a sample taken between registration and the first heartbeat holds no averaging counts
+    first = wait_until(lambda: progress(api_app, name)["points"], 20, message="a sample before any heartbeat")
+    assert first[0]["averaging"] is None
     epochs = itertools.count(1)
     kept_per_epoch = TARGET_BATCH if sync == "diloco" else 0
 
@@ -91,7 +94,9 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orche
     assert goodput["window_s"] == pytest.approx((times[-1] - times[0]).total_seconds())
     epochs_done = points[-1]["swarm_epoch"] - points[0]["swarm_epoch"]
     if sync == "diloco":
-        kept = [p["averaging"]["kept_samples"] for p in points]
+        # a point without counts (no worker had reported any) holds no kept samples, as the API says
+        kept = [(p["averaging"] or {"kept_samples": 0})["kept_samples"] for p in points]
+        assert points[0]["averaging"] is None and kept[0] == 0
         assert goodput["progress_samples"] == kept[-1] - kept[0] == epochs_done * kept_per_epoch
     else:
         assert goodput["progress_samples"] == epochs_done * TARGET_BATCH
