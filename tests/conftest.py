@@ -13,12 +13,12 @@ import pytest
 
 from orchestrator.db.session import Database
 from tests.support.orchestrator import HAND_ONLY, Orchestrator, OrchestratorFactory, start_orchestrator
-from tests.support.postgres import PostgresCluster, running_postgres
+from tests.support.postgres import PostgresCluster, running_postgres, session_postgres
 from tests.support.processes import ProcessRegistry
 
-# Plugins of tests/support modules, for every test: the moto server standing in for AWS, the lanes of a
-# run in several processes.
-pytest_plugins = ["tests.support.aws", "tests.support.lanes"]
+# Plugins of tests/support modules, for every test: the moto server standing in for AWS; the lanes of a
+# run in several processes, and the PostgreSQL cluster they share.
+pytest_plugins = ["tests.support.aws", "tests.support.lanes", "tests.support.postgres"]
 
 _db_counter = itertools.count()
 
@@ -46,8 +46,9 @@ def processes(tmp_path: Path) -> Iterator[ProcessRegistry]:
 
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
-    """One PostgreSQL 15 server for the whole test run, started here and stopped at the end."""
-    with running_postgres() as cluster:
+    """One PostgreSQL 15 server for the whole test run (``tests/support/postgres.py``: started by this
+    process on first use, or by the controller of a run of several processes)."""
+    with session_postgres() as cluster:
         yield cluster
 
 

@@ -125,8 +125,13 @@ def test_url_and_token_come_from_flags_env_or_config_file(served_orch: Orchestra
     dead = f"http://127.0.0.1:{free_port()}"
     env_wins = spotswarm("runs", "list", env={"SPOTSWARM_CONFIG": str(config), "SPOTSWARM_URL": dead})
     assert env_wins.returncode == EXIT_UNREACHABLE
+    # a run of its own to list (the module's other tests may run in another process: not theirs)
+    assert (
+        cli(served_orch, "runs", "create", "--file", "-", stdin=json.dumps(run_spec("listed"))).exit_code == 0
+    )
     flag_wins = spotswarm("runs", "list", "--url", served_orch.url, env={"SPOTSWARM_URL": dead})
-    assert flag_wins.returncode == 0 and flag_wins.stdout.startswith("NAME")
+    assert flag_wins.returncode == 0 and flag_wins.stdout.startswith("NAME"), flag_wins.stdout
+    assert "listed" in flag_wins.stdout
     config.write_text("url = [broken\n")
     broken = spotswarm("runs", "list", env={"SPOTSWARM_CONFIG": str(config)})
     assert broken.returncode == EXIT_ERROR

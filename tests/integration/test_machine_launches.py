@@ -38,8 +38,10 @@ SLEEPER = textwrap.dedent(
     """
     import json, os, time
     keep = {k: v for k, v in os.environ.items() if k.startswith("SPOTSWARM_")}
-    with open(os.path.join(os.environ["SPOTSWARM_WORKER_DIR"], "env.json"), "w") as f:
+    path = os.path.join(os.environ["SPOTSWARM_WORKER_DIR"], "env.json")
+    with open(path + ".part", "w") as f:  # renamed once whole: the test reads it as soon as it exists
         json.dump(keep, f)
+    os.rename(path + ".part", path)
     time.sleep(600)
     """
 )

@@ -1,4 +1,11 @@
-"""A throwaway PostgreSQL 15 cluster for the test run: initdb in a temp dir, pg_ctl on a free port."""
+"""A throwaway PostgreSQL 15 cluster for the test run: initdb in a temp dir, pg_ctl on a free port.
+
+In a run of several processes (``make test``) the controller starts the one cluster every process uses,
+before it starts them (:func:`pytest_configure`): a cluster a lane started would run at the lane's
+lowered priority (``tests/support/lanes.py``), and beside two busy swarm lanes its ``initdb`` once took
+over a minute, failing every PostgreSQL test of that lane. Each process then prefixes the names of the
+databases it creates with its own (``PostgresCluster.names_prefix``).
+"""
 
 from __future__ import annotations
 
@@ -10,24 +17,44 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.support.ports import free_port
 
 PG_BIN = Path(os.environ.get("SPOTSWARM_PG_BIN", "/usr/lib/postgresql/15/bin"))
+#: the port of the run's shared cluster, set by the controller of a run of several processes
+SHARED_PORT_ENV = "SPOTSWARM_TEST_PG_PORT"
+_SHARED = pytest.StashKey["PostgresCluster"]()
 
 
 class PostgresCluster:
     """Starts a private cluster owned by the ``postgres`` user (when run as root) and stops it."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None, names_prefix: str = "") -> None:
+        """A new cluster on a free port, or (``port``) the one already running there, whose databases
+        this process names with ``names_prefix`` first."""
         if not (PG_BIN / "initdb").exists():
             raise RuntimeError(f"PostgreSQL binaries not found in {PG_BIN}; install postgresql-15")
-        self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="spotswarm-pg-"))
-        self.datadir = self.root / "data"
+        self.port = port or free_port()
+        self.names_prefix = names_prefix
         self._as_root = os.geteuid() == 0
-        if self._as_root:
-            shutil.chown(self.root, user="postgres", group="postgres")
-            os.chmod(self.root, 0o700)
+        self._root: Path | None = None
+        if port is None:  # a cluster of its own: its directory
+            self._root = Path(tempfile.mkdtemp(prefix="spotswarm-pg-"))
+            if self._as_root:
+                shutil.chown(self._root, user="postgres", group="postgres")
+                os.chmod(self._root, 0o700)
+
+    @property
+    def root(self) -> Path:
+        """The cluster's directory (its data, socket and log): only a cluster started here has one."""
+        if self._root is None:
+            raise RuntimeError(f"the cluster on port {self.port} was started by another process")
+        return self._root
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
 
     def _run(self, *args: str) -> None:
         cmd = [str(a) for a in args]
@@ -91,7 +118,10 @@ class PostgresCluster:
 
     def create_database(self, name: str, template: str | None = None) -> str:
         """Create database ``name`` (a copy of database ``template`` if given: nobody may be connected
-        to that one) and return its SQLAlchemy URL (psycopg 3 driver)."""
+        to that one; both named as this process names them) and return its SQLAlchemy URL (psycopg 3
+        driver)."""
+        name = self.names_prefix + name
+        template = self.names_prefix + template if template else None
         self._run(
             str(PG_BIN.parent / "bin" / "createdb"),
             "-h",
@@ -111,11 +141,47 @@ class PostgresCluster:
 
 @contextmanager
 def running_postgres() -> Iterator[PostgresCluster]:
-    """A cluster started here and stopped on exit: the session's shared one (``postgres_cluster``) or a
-    test's own (``own_postgres_cluster``, for tests that stop and start it)."""
+    """A cluster started here and stopped on exit: the session's (``postgres_cluster``) when no shared
+    one runs, or a test's own (``own_postgres_cluster``, for tests that stop and start it)."""
     cluster = PostgresCluster()
     cluster.start()
     try:
         yield cluster
     finally:
+        cluster.stop()
+
+
+@contextmanager
+def session_postgres() -> Iterator[PostgresCluster]:
+    """The cluster of this process's tests: the run's shared one where its controller started one
+    (databases named after this process), else one of its own, started on first use."""
+    port = os.environ.get(SHARED_PORT_ENV)
+    if port:
+        yield PostgresCluster(int(port), names_prefix=f"p{os.getpid()}_")
+        return
+    with running_postgres() as cluster:
+        yield cluster
+
+
+def _controller_of_several(config: pytest.Config) -> bool:
+    """Whether this process is the controller of a pytest-xdist run with worker processes."""
+    several = bool(config.getoption("numprocesses", None)) and config.getoption("dist", "no") != "no"
+    return several and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller of a run of several processes starts the cluster they share, before it starts
+    them (they inherit its port); a run inside a test's run uses the outer run's."""
+    if SHARED_PORT_ENV in os.environ or not _controller_of_several(config):
+        return
+    cluster = PostgresCluster()
+    cluster.start()
+    config.stash[_SHARED] = cluster
+    os.environ[SHARED_PORT_ENV] = str(cluster.port)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(_SHARED, None)
+    if cluster is not None:
+        os.environ.pop(SHARED_PORT_ENV, None)
         cluster.stop()
