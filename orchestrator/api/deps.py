@@ -7,7 +7,8 @@ hop per request. ``ReadSession`` is the exception: it runs in the thread pool, a
 read the database do. Writes that change what workers are told (create, scale, stop, resume, delete a
 run, revoke workers, a worker leaving, checkpoints) go through one use case (``UseCasesDep``,
 ``domain/usecases.py``), which owns its transaction and what follows the commit (deleting stored
-files, then one "changed" signal that reloads the heartbeat cache).
+files, then one "changed" signal that reloads the heartbeat cache); a registration goes through
+``RegisteringDep`` (``domain/registration.py``: batched with the registrations arriving with it).
 
 The auth rule, in one place:
 
@@ -48,6 +49,7 @@ from orchestrator.db.session import Database
 from orchestrator.domain.checkpoints import UploadSlots
 from orchestrator.domain.crash_budget import CrashPolicy
 from orchestrator.domain.packages import PackageClaims
+from orchestrator.domain.registration import Registering
 from orchestrator.domain.states import UNENDED_WORKER_STATES
 from orchestrator.domain.usecases import UseCases
 from orchestrator.errors import Forbidden, Unauthorized
@@ -134,6 +136,20 @@ async def get_use_cases(
     return UseCases(db, clock, store, swarm, changed=hub.refresh)
 
 
+async def get_registering(
+    db: Annotated[Database, Depends(get_database)],
+    clock: Annotated[Clock, Depends(get_clock)],
+    hub: Annotated[HeartbeatHub, Depends(get_hub)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    batcher: Annotated[TransactionBatcher, Depends(get_registrations)],
+    join_limiter: Annotated[RateLimiter | None, Depends(get_join_limiter)],
+    admission: Annotated[SwarmAdmission | None, Depends(get_admission)],
+) -> Registering:
+    """Registration over this app's parts: the batcher registrations share, the join tokens' limiter,
+    the heartbeat cache a new worker goes into and, under swarm admission, the DHT peer's open swarms."""
+    return Registering(db, batcher, clock, hub, settings.heartbeat_interval_s, join_limiter, admission)
+
+
 async def get_metrics(request: Request) -> ServiceMetrics:
     """The app's own Prometheus registry (made by create_app, outside the lifespan)."""
     metrics: ServiceMetrics = request.app.state.metrics
@@ -156,13 +172,12 @@ ImportsDep = Annotated[ImportChecker | None, Depends(get_imports)]
 PackageClaimsDep = Annotated[PackageClaims, Depends(get_package_claims)]
 LaunchersDep = Annotated[Mapping[str, Launcher], Depends(get_launchers)]
 AdmissionDep = Annotated[SwarmAdmission | None, Depends(get_admission)]
-JoinLimiterDep = Annotated[RateLimiter | None, Depends(get_join_limiter)]
-RegistrationsDep = Annotated[TransactionBatcher, Depends(get_registrations)]
 UploadsDep = Annotated[UploadSlots, Depends(get_uploads)]
 CrashPolicyDep = Annotated[CrashPolicy, Depends(get_crash_policy)]
 AdminTokenHash = Annotated[str, Depends(get_admin_token_hash)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 UseCasesDep = Annotated[UseCases, Depends(get_use_cases)]
+RegisteringDep = Annotated[Registering, Depends(get_registering)]
 
 
 # -- the caller -----------------------------------------------------------------------------------------

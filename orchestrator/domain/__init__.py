@@ -5,6 +5,8 @@ session and ``now``, raise the typed errors of ``orchestrator/errors.py`` and ne
 - ``usecases.py``: create a run, scale, stop, resume, delete it, replace its join token, revoke
   hand-joined workers, a worker leaves, upload and delete checkpoints, one that did not load: each
   checks once, commits, and signals "changed" when the heartbeat cache must reload.
+- ``registration.py``: a worker joins its run, in a transaction shared with the registrations arriving
+  with it; the new worker goes into the heartbeat cache at once.
 
 - ``states.py``: the allowed run and worker transitions, and every set of states a rule names.
 - ``runs.py``: run operations and the only functions that change a run's or a worker's state.
