@@ -59,20 +59,11 @@ def test_progress_shows_desired_workers_notice_and_loss_marks(api_app: Orchestra
     assert series["marks"][0]["at"] <= series["marks"][1]["at"]
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("sync", ["gradients", "diloco"])
-def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orchestrator, sync: str) -> None:
-    """In gradients mode an epoch is ``target_batch_size`` samples; in DiLoCo a round is an epoch, and
-    the samples in the model are those the workers report as kept (here half of a round's 2 x
-    ``target_batch_size``, so that reading rounds as batches would give another figure)."""
-    name, join = create_run(
-        api_app, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync}
-    )
-    worker = register(api_app, join)
-    assert progress(api_app, name)["goodput"] is None
-    # a sample taken between registration and the first heartbeat holds no averaging counts
-    first = wait_until(lambda: progress(api_app, name)["points"], 20, message="a sample before any heartbeat")
-    assert first[0]["averaging"] is None
+def steady_epochs_until_goodput(
+    api_app: Orchestrator, name: str, worker: dict[str, Any], sync: str
+) -> dict[str, Any]:
+    """Heartbeat one swarm epoch more every 0.4 s until the run's progress shows a goodput; its series.
+    In DiLoCo each epoch (round) keeps ``TARGET_BATCH`` samples of the 2 x ``TARGET_BATCH`` trained."""
     epochs = itertools.count(1)
     kept_per_epoch = TARGET_BATCH if sync == "diloco" else 0
 
@@ -84,7 +75,26 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orche
         series = progress(api_app, name)
         return series if series["goodput"] else None
 
-    series = wait_until(measured, 40, interval_s=0.4, message="goodput over steady epochs")
+    return wait_until(measured, 40, interval_s=0.4, message="goodput over steady epochs")
+
+
+def kept_samples(point: dict[str, Any]) -> int:
+    """A point's kept samples: none where it holds no counts (no worker had reported any), as the API says."""
+    return int((point["averaging"] or {"kept_samples": 0})["kept_samples"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sync", ["gradients", "diloco"])
+def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orchestrator, sync: str) -> None:
+    """In gradients mode an epoch is ``target_batch_size`` samples; in DiLoCo a round is an epoch, and
+    the samples in the model are those the workers report as kept (here half of a round's 2 x
+    ``target_batch_size``, so that reading rounds as batches would give another figure)."""
+    name, join = create_run(
+        api_app, "goodput", target_batch_size=TARGET_BATCH, strategy_options={"sync": sync}
+    )
+    worker = register(api_app, join)
+    assert progress(api_app, name)["goodput"] is None
+    series = steady_epochs_until_goodput(api_app, name, worker, sync)
     goodput, points = series["goodput"], series["points"]
     assert len(points) == series["stored_points"]  # not downsampled: the figures can be checked here
     times = [datetime.fromisoformat(p["at"]) for p in points]
@@ -94,13 +104,35 @@ def test_goodput_is_measured_once_a_steady_swarm_completed_epochs(api_app: Orche
     assert goodput["window_s"] == pytest.approx((times[-1] - times[0]).total_seconds())
     epochs_done = points[-1]["swarm_epoch"] - points[0]["swarm_epoch"]
     if sync == "diloco":
-        # a point without counts (no worker had reported any) holds no kept samples, as the API says
-        kept = [(p["averaging"] or {"kept_samples": 0})["kept_samples"] for p in points]
-        assert points[0]["averaging"] is None and kept[0] == 0
-        assert goodput["progress_samples"] == kept[-1] - kept[0] == epochs_done * kept_per_epoch
+        kept = [kept_samples(p) for p in points]
+        assert goodput["progress_samples"] == kept[-1] - kept[0] == epochs_done * TARGET_BATCH
     else:
         assert goodput["progress_samples"] == epochs_done * TARGET_BATCH
     rate = goodput["steady_samples_per_worker_s"]
     assert goodput["value"] == pytest.approx(goodput["progress_samples"] / (rate * held))
     # one worker heartbeating an epoch at a time: about its steady pace throughout
     assert 0.3 < goodput["value"] < 1.5
+
+
+@pytest.mark.timeout(60)
+def test_a_sample_before_the_first_heartbeat_has_no_counts_and_goodput_counts_from_none_kept(
+    api_app: Orchestrator,
+) -> None:
+    """A DiLoCo run sampled between its first registration and that worker's first heartbeat: the point
+    has no averaging counts, and goodput's progress counts every sample kept since (its worker-seconds
+    count the wait too: the worker was held)."""
+    name, join = create_run(
+        api_app, "early", target_batch_size=TARGET_BATCH, strategy_options={"sync": "diloco"}
+    )
+    worker = register(api_app, join)
+    first = wait_until(lambda: progress(api_app, name)["points"], 20, message="a sample before any heartbeat")
+    assert first[0]["averaging"] is None
+    series = steady_epochs_until_goodput(api_app, name, worker, "diloco")
+    points = series["points"]
+    assert len(points) == series["stored_points"] and points[0]["averaging"] is None
+    assert kept_samples(points[0]) == 0
+    assert (
+        series["goodput"]["progress_samples"]
+        == kept_samples(points[-1])
+        == points[-1]["swarm_epoch"] * TARGET_BATCH
+    )
