@@ -28,7 +28,8 @@ _SHARED = pytest.StashKey["PostgresCluster"]()
 
 
 class PostgresCluster:
-    """Starts a private cluster owned by the ``postgres`` user (when run as root) and stops it."""
+    """Starts a private cluster owned by the ``postgres`` user (when run as root) and stops it; or creates
+    databases on one another process of the run started."""
 
     def __init__(self, port: int | None = None, names_prefix: str = "") -> None:
         """A new cluster on a free port, or (``port``) the one already running there, whose databases
